@@ -1,0 +1,527 @@
+//! A cgroup per sandbox, under the husk process's own cgroup in every hierarchy, on cgroup v1,
+//! v2 and hybrid hosts.
+//!
+//! On a hybrid host (v1 controllers, v2 core files) memory/pids/cpu limits come from the v1
+//! hierarchies that carry those controllers, and the unified v2 hierarchy still gives
+//! `cgroup.kill` and `cgroup.freeze`. On a pure v2 host everything lives in one directory.
+//! Each controller is taken from v1 if a v1 hierarchy has it, else from v2.
+
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Errors of cgroup discovery and management.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// The host has no hierarchy carrying a controller husk needs.
+    #[error("cgroup controller `{0}` is not available on this host (neither v1 nor v2); enable it in the kernel/boot options")]
+    MissingController(&'static str),
+    /// Reading the process's cgroup membership or the mount table failed.
+    #[error("cannot discover cgroups: {0}")]
+    Discover(String),
+    /// A file operation on a cgroup failed.
+    #[error("cgroup {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The cgroup still had processes after the kill deadline.
+    #[error("cgroup {0} still has processes after kill")]
+    NotEmpty(PathBuf),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The controllers husk uses for limits.
+const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// Where each hierarchy's sandbox parent directory is.
+#[derive(Debug, Clone)]
+pub struct CgroupLayout {
+    /// v1 directories by controller name (memory, pids, cpu, freezer), each `<own>/husk`.
+    v1: Vec<(&'static str, PathBuf)>,
+    /// `<own>/husk` in the unified hierarchy, if one is mounted.
+    v2: Option<PathBuf>,
+    /// Controllers served by v2 (those no v1 hierarchy carries).
+    v2_controllers: Vec<&'static str>,
+}
+
+struct Mount {
+    point: PathBuf,
+    root: String,
+    v2: bool,
+    options: Vec<String>,
+}
+
+fn parse_mounts(mountinfo: &str) -> Vec<Mount> {
+    let mut out = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let post: Vec<&str> = post.split(' ').collect();
+        if pre.len() < 5 || post.len() < 3 {
+            continue;
+        }
+        let v2 = match post[0] {
+            "cgroup2" => true,
+            "cgroup" => false,
+            _ => continue,
+        };
+        out.push(Mount {
+            point: PathBuf::from(unescape(pre[4])),
+            root: unescape(pre[3]),
+            v2,
+            options: post[2].split(',').map(str::to_owned).collect(),
+        });
+    }
+    out
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            out.push(u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Joins a hierarchy mount point and a cgroup path as seen in /proc/self/cgroup, accounting for
+/// a mount whose root is not the hierarchy's root (inside a cgroup namespace).
+fn join(mount: &Mount, own: &str) -> PathBuf {
+    let rel = own.strip_prefix(mount.root.as_str()).unwrap_or(own);
+    mount.point.join(rel.trim_start_matches('/'))
+}
+
+impl CgroupLayout {
+    /// Discovers the hierarchies from /proc/self/cgroup and /proc/self/mountinfo.
+    pub fn discover() -> Result<Self, CgroupError> {
+        let cg = fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| CgroupError::Discover(format!("/proc/self/cgroup: {e}")))?;
+        let mi = fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| CgroupError::Discover(format!("/proc/self/mountinfo: {e}")))?;
+        Self::from_tables(&cg, &mi)
+    }
+
+    fn from_tables(cgroup: &str, mountinfo: &str) -> Result<Self, CgroupError> {
+        let mounts = parse_mounts(mountinfo);
+        let mut v1 = Vec::new();
+        let mut v2 = None;
+        for line in cgroup.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            if ctrls.is_empty() {
+                if let Some(m) = mounts.iter().find(|m| m.v2) {
+                    v2 = Some(join(m, path).join("husk"));
+                }
+                continue;
+            }
+            for want in ["memory", "pids", "cpu", "freezer"] {
+                if !ctrls.split(',').any(|c| c == want) {
+                    continue;
+                }
+                if let Some(m) = mounts
+                    .iter()
+                    .find(|m| !m.v2 && m.options.iter().any(|o| o == want))
+                {
+                    v1.push((want, join(m, path).join("husk")));
+                }
+            }
+        }
+        let mut v2_controllers = Vec::new();
+        for c in CONTROLLERS {
+            if v1.iter().any(|(n, _)| *n == c) {
+                continue;
+            }
+            let available = v2
+                .as_ref()
+                .and_then(|p| p.parent().map(|p| p.join("cgroup.controllers")))
+                .and_then(|p| fs::read_to_string(p).ok())
+                .is_some_and(|s| s.split_whitespace().any(|x| x == c));
+            if !available {
+                return Err(CgroupError::MissingController(c));
+            }
+            v2_controllers.push(c);
+        }
+        if v2.is_none() && !v1.iter().any(|(n, _)| *n == "freezer") {
+            return Err(CgroupError::MissingController("freezer"));
+        }
+        Ok(CgroupLayout {
+            v1,
+            v2,
+            v2_controllers,
+        })
+    }
+
+    /// The `husk` parent directories, one per hierarchy used.
+    pub fn parents(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = self.v1.iter().map(|(_, p)| p.clone()).collect();
+        out.extend(self.v2.clone());
+        out
+    }
+
+    /// Creates the parent directories and, on v2, delegates the controllers husk needs to them.
+    pub fn prepare(&self) -> Result<(), CgroupError> {
+        for p in self.parents() {
+            fs::create_dir_all(&p).map_err(io_err(&p))?;
+        }
+        if let (Some(v2), false) = (&self.v2, self.v2_controllers.is_empty()) {
+            let enable: String = self
+                .v2_controllers
+                .iter()
+                .map(|c| format!("+{c} "))
+                .collect();
+            let own = v2.parent().unwrap_or(v2);
+            // v2's "no internal processes" rule: controllers can only be delegated below a
+            // cgroup that has no processes of its own. If husk shares its cgroup, it moves itself
+            // into a leaf first.
+            let st = own.join("cgroup.subtree_control");
+            if let Err(e) = fs::write(&st, &enable) {
+                if e.raw_os_error() != Some(libc::EBUSY) {
+                    return Err(CgroupError::Io {
+                        path: st,
+                        source: e,
+                    });
+                }
+                let leaf = own.join("husk-spawner");
+                fs::create_dir_all(&leaf).map_err(io_err(&leaf))?;
+                let procs = leaf.join("cgroup.procs");
+                fs::write(&procs, "0").map_err(io_err(&procs))?;
+                fs::write(&st, &enable).map_err(io_err(&st))?;
+            }
+            let st = v2.join("cgroup.subtree_control");
+            fs::write(&st, &enable).map_err(io_err(&st))?;
+        }
+        Ok(())
+    }
+
+    /// Names of the sandbox cgroups that exist under the husk parents (for reaping).
+    pub fn existing(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for p in self.parents() {
+            let Ok(rd) = fs::read_dir(&p) else { continue };
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+            }
+        }
+        names
+    }
+
+    /// Creates the cgroup `name` with `limits` in every hierarchy.
+    pub fn create(&self, name: &str, limits: &crate::Limits) -> Result<SandboxCgroup, CgroupError> {
+        let cg = self.handle(name);
+        match cg.create_dirs(limits) {
+            Ok(()) => Ok(cg),
+            Err(e) => {
+                let _ = cg.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// A handle on the (possibly existing) cgroup `name`, without creating anything.
+    pub fn handle(&self, name: &str) -> SandboxCgroup {
+        SandboxCgroup {
+            v1: self.v1.iter().map(|(c, p)| (*c, p.join(name))).collect(),
+            v2: self.v2.as_ref().map(|p| p.join(name)),
+            v2_controllers: self.v2_controllers.clone(),
+        }
+    }
+}
+
+/// One sandbox's cgroup directories.
+#[derive(Debug)]
+pub struct SandboxCgroup {
+    v1: Vec<(&'static str, PathBuf)>,
+    v2: Option<PathBuf>,
+    v2_controllers: Vec<&'static str>,
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
+    let p = dir.join(file);
+    fs::write(&p, value).map_err(io_err(&p))
+}
+
+impl SandboxCgroup {
+    fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        self.v1.iter().map(|(_, p)| p).chain(self.v2.iter())
+    }
+
+    fn v1_dir(&self, controller: &str) -> Option<&Path> {
+        self.v1
+            .iter()
+            .find(|(c, _)| *c == controller)
+            .map(|(_, p)| p.as_path())
+    }
+
+    fn create_dirs(&self, limits: &crate::Limits) -> Result<(), CgroupError> {
+        for d in self.dirs() {
+            fs::create_dir(d).map_err(io_err(d))?;
+        }
+        let period: u64 = 100_000;
+        let quota = (limits.cpu_millis * period / 1000).max(1000);
+        if let Some(d) = self.v1_dir("memory") {
+            write(d, "memory.limit_in_bytes", &limits.memory_bytes.to_string())?;
+            // memsw exists only with swap accounting; without it there is no swap to limit.
+            if d.join("memory.memsw.limit_in_bytes").exists() {
+                write(
+                    d,
+                    "memory.memsw.limit_in_bytes",
+                    &limits.memory_bytes.to_string(),
+                )?;
+            }
+        }
+        if let Some(d) = self.v1_dir("pids") {
+            write(d, "pids.max", &limits.pids.to_string())?;
+        }
+        if let Some(d) = self.v1_dir("cpu") {
+            write(d, "cpu.cfs_period_us", &period.to_string())?;
+            write(d, "cpu.cfs_quota_us", &quota.to_string())?;
+        }
+        if let Some(d) = &self.v2 {
+            for c in &self.v2_controllers {
+                match *c {
+                    "memory" => {
+                        write(d, "memory.max", &limits.memory_bytes.to_string())?;
+                        if d.join("memory.swap.max").exists() {
+                            write(d, "memory.swap.max", "0")?;
+                        }
+                    }
+                    "pids" => write(d, "pids.max", &limits.pids.to_string())?,
+                    "cpu" => write(d, "cpu.max", &format!("{quota} {period}"))?,
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens every hierarchy's `cgroup.procs` for writing: the sandbox's first process writes
+    /// "0" to each to join before it runs anything else.
+    pub fn procs_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        self.dirs()
+            .map(|d| {
+                let p = d.join("cgroup.procs");
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map(OwnedFd::from)
+                    .map_err(io_err(&p))
+            })
+            .collect()
+    }
+
+    /// How many times the OOM killer fired in this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let from = |path: PathBuf, key: &str| -> Option<u64> {
+            let s = fs::read_to_string(path).ok()?;
+            s.lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        };
+        if let Some(d) = self.v1_dir("memory") {
+            return from(d.join("memory.oom_control"), "oom_kill ").unwrap_or(0);
+        }
+        self.v2
+            .as_ref()
+            .and_then(|d| from(d.join("memory.events"), "oom_kill "))
+            .unwrap_or(0)
+    }
+
+    /// Peak memory use in bytes, where the kernel reports it.
+    pub fn memory_peak(&self) -> Option<u64> {
+        let p = match self.v1_dir("memory") {
+            Some(d) => d.join("memory.max_usage_in_bytes"),
+            None => self.v2.as_ref()?.join("memory.peak"),
+        };
+        fs::read_to_string(p).ok()?.trim().parse().ok()
+    }
+
+    /// How many CPU periods the quota throttled the sandbox in (cpu.stat `nr_throttled`).
+    pub fn cpu_throttled_periods(&self) -> Option<u64> {
+        let p = match self.v1_dir("cpu") {
+            Some(d) => d.join("cpu.stat"),
+            None => self.v2.as_ref()?.join("cpu.stat"),
+        };
+        let s = fs::read_to_string(p).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("nr_throttled ")?.trim().parse().ok())
+    }
+
+    /// Freezes every process of the sandbox and waits until the kernel reports it frozen.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        self.set_frozen(true)
+    }
+
+    fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        if let Some(d) = self
+            .v2
+            .as_ref()
+            .filter(|d| d.join("cgroup.freeze").exists())
+        {
+            write(d, "cgroup.freeze", if frozen { "1" } else { "0" })?;
+            let want = if frozen { "frozen 1" } else { "frozen 0" };
+            return poll_until(deadline, || {
+                fs::read_to_string(d.join("cgroup.events"))
+                    .map(|s| s.lines().any(|l| l == want))
+                    .unwrap_or(true)
+            })
+            .ok_or_else(|| CgroupError::NotEmpty(d.clone()));
+        }
+        if let Some(d) = self.v1_dir("freezer") {
+            let want = if frozen { "FROZEN" } else { "THAWED" };
+            write(d, "freezer.state", want)?;
+            return poll_until(deadline, || {
+                fs::read_to_string(d.join("freezer.state"))
+                    .map(|s| s.trim() == want)
+                    .unwrap_or(true)
+            })
+            .ok_or_else(|| CgroupError::NotEmpty(d.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Kills every process in the sandbox's cgroups: `cgroup.kill` where the kernel has it,
+    /// else freeze, SIGKILL each member, thaw (so no process can fork past the kill).
+    pub fn kill_all(&self) -> Result<(), CgroupError> {
+        if let Some(d) = self.v2.as_ref().filter(|d| d.join("cgroup.kill").exists()) {
+            write(d, "cgroup.kill", "1")?;
+            return Ok(());
+        }
+        self.set_frozen(true)?;
+        for d in self.dirs() {
+            for pid in read_pids(d) {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+        }
+        self.set_frozen(false)
+    }
+
+    /// Whether any process is still a member.
+    pub fn is_populated(&self) -> bool {
+        self.dirs().any(|d| !read_pids(d).is_empty())
+    }
+
+    /// Removes every directory; waits (bounded) for exiting processes to leave first.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for d in self.dirs() {
+            let done = poll_until(deadline, || match fs::remove_dir(d) {
+                Ok(()) => true,
+                Err(e) => e.kind() == io::ErrorKind::NotFound,
+            });
+            if done.is_none() {
+                return Err(CgroupError::NotEmpty(d.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every directory of this cgroup (for tests and leak checks).
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.dirs().cloned().collect()
+    }
+}
+
+fn read_pids(dir: &Path) -> Vec<libc::pid_t> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Polls `done` with short back-off until it holds or `deadline` passes.
+pub(crate) fn poll_until(deadline: Instant, mut done: impl FnMut() -> bool) -> Option<()> {
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if done() {
+            return Some(());
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_CG: &str =
+        "9:name=systemd:/\n8:pids:/\n6:freezer:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+    const HYBRID_MI: &str = "\
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn hybrid_layout_uses_v1_controllers_and_own_cgroup() {
+        let l = CgroupLayout::from_tables(HYBRID_CG, HYBRID_MI).unwrap();
+        let mem = l.v1.iter().find(|(c, _)| *c == "memory").unwrap();
+        assert_eq!(
+            mem.1,
+            PathBuf::from("/sys/fs/cgroup/memory/process_api/abc/husk")
+        );
+        assert!(l.v1.iter().any(|(c, _)| *c == "pids"));
+        assert!(l.v1.iter().any(|(c, _)| *c == "cpu"));
+        assert_eq!(l.v2, Some(PathBuf::from("/sys/fs/cgroup/unified/husk")));
+        assert!(l.v2_controllers.is_empty());
+    }
+
+    #[test]
+    fn missing_controller_is_a_clear_error() {
+        let cg = "0::/\n";
+        let mi = "41 31 0:38 / /nonexistent-cgroup2 rw - cgroup2 cgroup2 rw\n";
+        let err = CgroupLayout::from_tables(cg, mi).unwrap_err();
+        assert!(
+            matches!(err, CgroupError::MissingController("memory")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn mount_root_inside_cgroup_namespace_is_stripped() {
+        let cg = "4:memory:/outer/inner\n6:freezer:/\n8:pids:/\n1:cpu:/\n";
+        let mi = "\
+35 31 0:32 /outer /cg/memory rw - cgroup cgroup rw,memory
+37 31 0:34 / /cg/freezer rw - cgroup cgroup rw,freezer
+39 31 0:36 / /cg/pids rw - cgroup cgroup rw,pids
+32 31 0:29 / /cg/cpu rw - cgroup cgroup rw,cpu
+";
+        let l = CgroupLayout::from_tables(cg, mi).unwrap();
+        let mem = l.v1.iter().find(|(c, _)| *c == "memory").unwrap();
+        assert_eq!(mem.1, PathBuf::from("/cg/memory/inner/husk"));
+    }
+}

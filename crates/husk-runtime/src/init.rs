@@ -1,0 +1,351 @@
+//! The sandbox's first process: it builds the sandbox from the inside, then stays on as PID 1
+//! (husk's init, the seed of the in-sandbox agent): it starts the command, reaps every zombie,
+//! forwards signals to the command and reports the command's exit to the spawner. When it dies,
+//! the kernel kills every other process of the sandbox's PID namespace.
+//!
+//! It is a fork of the spawner (the same binary image, nothing from the template is executed),
+//! so it runs before `pivot_root` with the spawner's code and no dependency on the sandbox's
+//! libc. Everything here runs in a single-threaded process.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use crate::control::{self, FromInit, ToInit};
+use crate::fences::{Fences, Rlimits};
+use crate::host_template::HostTemplate;
+use crate::rootfs::{self, RootfsPlan};
+use crate::spec::{SandboxSpec, User};
+use crate::sys;
+
+/// What the first process needs; all of it prepared by the spawner before the fork.
+pub(crate) struct ChildArgs<'a> {
+    pub spec: &'a SandboxSpec,
+    pub template: &'a HostTemplate,
+    pub staging: &'a Path,
+    pub base: u32,
+    pub fences: &'a Fences,
+    pub control: RawFd,
+    pub cgroup_procs: Vec<RawFd>,
+    pub stdio: Option<[RawFd; 3]>,
+}
+
+/// Signals PID 1 forwards to the command.
+const FORWARDED: &[libc::c_int] = &[
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+];
+
+/// Entry point of the forked first process. Never returns.
+pub(crate) fn child_main(args: ChildArgs<'_>) -> ! {
+    // SAFETY-relevant ownership: the control fd was inherited from the spawner and is owned by
+    // this process from here on.
+    // SAFETY: the fd number was valid in the parent at fork time and nothing else in this
+    // process owns it.
+    let control = unsafe { OwnedFd::from_raw_fd(args.control) };
+    match setup(&args, control.as_fd()) {
+        Ok(pty) => run(&args, control, pty),
+        Err(e) => {
+            let _ = control::send_from_init(control.as_fd(), &FromInit::SetupFailed(e.to_string()));
+            sys::exit_now(125)
+        }
+    }
+}
+
+/// Builds the sandbox from the inside; returns the PTY pair when one was asked for.
+fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(OwnedFd, OwnedFd)>> {
+    let ctx =
+        |what: &'static str| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    sys::reset_signals()?;
+    if args.spec.die_with_parent {
+        sys::set_parent_death_signal(libc::SIGKILL)?;
+    }
+    if let Some(fds) = args.stdio {
+        for (i, fd) in fds.iter().enumerate() {
+            sys::dup2(*fd, i as RawFd)?;
+        }
+    }
+    let mut keep = vec![args.control];
+    keep.extend(&args.cgroup_procs);
+    sys::close_fds_from(3, &keep);
+    for fd in &args.cgroup_procs {
+        // SAFETY: inherited fd, owned by this process from here on (closed on drop).
+        let f = unsafe { OwnedFd::from_raw_fd(*fd) };
+        sys::write_all(f.as_fd(), b"0").map_err(ctx("join cgroup"))?;
+    }
+    sys::unshare(libc::CLONE_NEWCGROUP).map_err(ctx("cgroup namespace"))?;
+    rootfs::build(&RootfsPlan {
+        spec: args.spec,
+        template: args.template,
+        staging: args.staging,
+        base: args.base,
+    })?;
+    // Enter the user namespace last: the mount, network, UTS and IPC namespaces stay owned by
+    // the host's user namespace, so sandbox root holds no capability over them.
+    sys::unshare(libc::CLONE_NEWUSER).map_err(ctx("user namespace"))?;
+    control::send_from_init(control, &FromInit::NeedIdMap)?;
+    match control::recv_to_init(control)? {
+        Some(ToInit::IdMapDone) => {}
+        _ => return Err(io::Error::other("spawner did not map ids")),
+    }
+    sys::become_user(0, 0).map_err(ctx("become sandbox root"))?;
+    let pty = if args.spec.tty {
+        let (master, slave) = crate::pty::open_pair().map_err(ctx("open pty"))?;
+        if let Some((rows, cols)) = args.spec.tty_size {
+            crate::pty::set_window_size(master.as_fd(), rows, cols)?;
+        }
+        Some((master, slave))
+    } else {
+        None
+    };
+    args.fences
+        .apply_to_init()
+        .map_err(|e| io::Error::other(format!("fences: {e}")))?;
+    Ok(pty)
+}
+
+fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) -> ! {
+    let sigfd = match sys::signalfd(&[FORWARDED, &[libc::SIGCHLD]].concat()) {
+        Ok(fd) => fd,
+        Err(e) => fail(&control, format!("signalfd: {e}")),
+    };
+    let (master, slave) = match pty {
+        Some((m, s)) => (Some(m), Some(s)),
+        None => (None, None),
+    };
+    let ready = FromInit::Ready { pty_master: master };
+    if control::send_from_init(control.as_fd(), &ready).is_err() {
+        sys::exit_now(1);
+    }
+    drop(ready);
+    let mut command = None;
+    let mut slave = slave;
+    let mut started = false;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: sigfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: control.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        if sys::poll(&mut fds, -1).is_err() {
+            continue;
+        }
+        if fds[0].revents != 0 {
+            while let Ok(Some(sig)) = sys::read_signalfd(sigfd.as_fd()) {
+                if sig == libc::SIGCHLD {
+                    reap(&control, &mut command);
+                } else if let Some(pid) = command {
+                    let _ = sys::kill(pid, sig);
+                }
+            }
+        }
+        if fds[1].revents != 0 {
+            match control::recv_to_init(&control) {
+                Ok(Some(ToInit::Signal(sig))) => {
+                    if let Some(pid) = command {
+                        let _ = sys::kill(pid, sig);
+                    }
+                }
+                Ok(Some(ToInit::Start)) => {
+                    if let (Some(argv), false) = (&args.spec.command, started) {
+                        started = true;
+                        match spawn_command(args, argv, slave.as_ref().map(|s| s.as_fd())) {
+                            Ok(pid) => command = Some(pid),
+                            Err(errno) => {
+                                let msg = FromInit::ExecFailed { errno };
+                                let _ = control::send_from_init(control.as_fd(), &msg);
+                            }
+                        }
+                        // Only the command holds the terminal's slave end.
+                        slave = None;
+                    }
+                }
+                Ok(Some(ToInit::IdMapDone)) => {}
+                // The spawner is gone: the sandbox ends with its init.
+                Ok(None) | Err(_) => sys::exit_now(0),
+            }
+        }
+    }
+}
+
+fn fail(control: &OwnedFd, msg: String) -> ! {
+    let _ = control::send_from_init(control.as_fd(), &FromInit::SetupFailed(msg));
+    sys::exit_now(125)
+}
+
+/// Reaps every exited child; reports the command's exit.
+fn reap(control: &OwnedFd, command: &mut Option<libc::pid_t>) {
+    while let Ok(Some((pid, status))) = sys::waitpid(-1, libc::WNOHANG) {
+        if Some(pid) == *command {
+            *command = None;
+            let _ = control::send_from_init(control.as_fd(), &FromInit::Exited(status));
+        }
+    }
+}
+
+/// Forks the command; returns its pid, or the errno that kept it from executing.
+fn spawn_command(
+    args: &ChildArgs<'_>,
+    argv: &[String],
+    tty: Option<BorrowedFd<'_>>,
+) -> Result<libc::pid_t, i32> {
+    let errno = |e: io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let prepared = prepare_exec(args.spec, argv).map_err(errno)?;
+    let (err_r, err_w) = sys::pipe().map_err(errno)?;
+    let pid = sys::fork().map_err(errno)?;
+    if pid == 0 {
+        drop(err_r);
+        let e = exec_command(args, &prepared, tty, err_w.as_raw_fd());
+        let code = e.raw_os_error().unwrap_or(libc::EIO);
+        let _ = sys::write_all(err_w.as_fd(), &code.to_le_bytes());
+        sys::exit_now(127);
+    }
+    drop(err_w);
+    let mut buf = [0u8; 4];
+    match sys::read(err_r.as_fd(), &mut buf) {
+        Ok(4) => {
+            // The child failed before or at execve and exits; reap it here so its status is
+            // not reported as the command's exit.
+            let _ = sys::waitpid(pid, 0);
+            Err(i32::from_le_bytes(buf))
+        }
+        _ => Ok(pid),
+    }
+}
+
+/// argv, envp and the candidate paths of the executable, built before the fork.
+struct Prepared {
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    candidates: Vec<CString>,
+    workdir: CString,
+    user: User,
+    rlimits: Rlimits,
+}
+
+fn cstr(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn prepare_exec(spec: &SandboxSpec, argv: &[String]) -> io::Result<Prepared> {
+    let user = spec.user;
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("HOME".into(), user.home().into()),
+        ("USER".into(), user.name().into()),
+        ("LOGNAME".into(), user.name().into()),
+        ("SHELL".into(), "/bin/bash".into()),
+        ("HOSTNAME".into(), spec.hostname.clone()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    if spec.tty {
+        env.push(("TERM".into(), "xterm-256color".into()));
+    }
+    for (k, v) in &spec.env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let prog = argv
+        .first()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+    let candidates = if prog.contains('/') {
+        vec![cstr(prog)?]
+    } else {
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| cstr(&format!("{d}/{prog}")))
+            .collect::<io::Result<_>>()?
+    };
+    let workdir = spec
+        .workdir
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|| user.home().into());
+    Ok(Prepared {
+        argv: argv.iter().map(|a| cstr(a)).collect::<io::Result<_>>()?,
+        envp: env
+            .iter()
+            .map(|(k, v)| cstr(&format!("{k}={v}")))
+            .collect::<io::Result<_>>()?,
+        candidates,
+        workdir: cstr(&workdir)?,
+        user,
+        rlimits: Rlimits {
+            nproc: Some(spec.limits.pids),
+            fsize: Some(spec.limits.disk_bytes),
+            ..Rlimits::default()
+        },
+    })
+}
+
+/// In the forked command process: session, terminal, user, fences, exec. Returns only on error.
+fn exec_command(
+    args: &ChildArgs<'_>,
+    p: &Prepared,
+    tty: Option<BorrowedFd<'_>>,
+    err_fd: RawFd,
+) -> io::Error {
+    let step = || -> io::Result<()> {
+        sys::reset_signals()?;
+        // A new session: the command can never reach a terminal of the host through its
+        // session (TIOCSTI is also denied by seccomp).
+        sys::setsid()?;
+        if let Some(t) = tty {
+            crate::pty::set_controlling(t)?;
+            for i in 0..3 {
+                sys::dup2(t.as_raw_fd(), i)?;
+            }
+        }
+        let root = p.user == User::Root;
+        let id = p.user.id();
+        let wd = Path::new(std::str::from_utf8(p.workdir.as_bytes()).unwrap_or("/"));
+        if std::env::set_current_dir(wd).is_err() {
+            std::fs::create_dir_all(wd)?;
+            sys::lchown(&p.workdir, id, id)?;
+            std::env::set_current_dir(wd)?;
+        }
+        args.fences
+            .drop_bounding(root)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        sys::become_user(id, id)?;
+        args.fences
+            .apply_after_setuid(root, &p.rlimits)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        sys::umask(0o022);
+        sys::close_fds_from(3, &[err_fd]);
+        Ok(())
+    };
+    if let Err(e) = step() {
+        return e;
+    }
+    let mut last = io::Error::from_raw_os_error(libc::ENOENT);
+    for path in &p.candidates {
+        let e = sys::execve(path, &p.argv, &p.envp);
+        // Keep searching PATH past missing entries, remember a permission problem.
+        if e.raw_os_error() != Some(libc::ENOENT) || last.raw_os_error() == Some(libc::ENOENT) {
+            last = e;
+        }
+    }
+    last
+}

@@ -1,0 +1,355 @@
+//! Builds a sandbox's root filesystem. Runs in the sandbox's first process while it is still
+//! host root in its new (private) mount namespace, before it enters its user namespace: the
+//! mount namespace stays owned by the host's user namespace, so nothing inside the sandbox,
+//! not even its root, can unmount, remount or move any of these mounts.
+//!
+//! Layout: a size-capped tmpfs holds the overlay's upper and work directories and the per-sandbox
+//! skeleton (owned by the sandbox's own uids); the template is the overlay's read-only lower
+//! layer; the host's `/usr` is bind-mounted read-only, nosuid, nodev; `/proc` is fresh with the
+//! files that describe the host masked; `/dev` is a minimal tmpfs with a private devpts.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use crate::host_template::{HostTemplate, TopEntry};
+use crate::spec::SandboxSpec;
+use crate::sys::{self, cpath};
+
+/// Files of a fresh /proc that describe the host rather than the sandbox (the host's tasks,
+/// timers, kernel memory, keys); each is covered by an empty read-only mount.
+pub const PROC_MASKED_FILES: &[&str] = &[
+    "kcore",
+    "keys",
+    "key-users",
+    "latency_stats",
+    "sched_debug",
+    "timer_list",
+    "sysrq-trigger",
+    "kallsyms",
+];
+/// Directories of /proc masked the same way.
+pub const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "driver", "irq", "bus", "fs"];
+
+/// Character devices of the minimal /dev: (name, major, minor).
+pub const DEVICES: &[(&str, u32, u32)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+/// Inputs of [`build`].
+pub struct RootfsPlan<'a> {
+    pub spec: &'a SandboxSpec,
+    pub template: &'a HostTemplate,
+    /// Empty host directory the staging tmpfs is mounted on (inside the private namespace).
+    pub staging: &'a Path,
+    /// Host uid/gid that sandbox id 0 maps to.
+    pub base: u32,
+}
+
+fn c(p: &Path) -> io::Result<CString> {
+    cpath(p)
+}
+
+fn ctx(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn mount_fs(fstype: &str, target: &Path, flags: libc::c_ulong, data: &str) -> io::Result<()> {
+    let t = CString::new(fstype)?;
+    let d = CString::new(data)?;
+    sys::mount(Some(&t), &c(target)?, Some(&t), flags, Some(&d))
+        .map_err(ctx(format_args!("mount {fstype} on {}", target.display())))
+}
+
+fn bind(src: &Path, target: &Path, writable: bool) -> io::Result<()> {
+    let t = c(target)?;
+    sys::mount(Some(&c(src)?), &t, None, libc::MS_BIND, None).map_err(ctx(format_args!(
+        "bind {} on {}",
+        src.display(),
+        target.display()
+    )))?;
+    let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV;
+    if !writable {
+        flags |= libc::MS_RDONLY;
+    }
+    sys::mount(None, &t, None, flags, None)
+        .map_err(ctx(format_args!("remount {}", target.display())))
+}
+
+fn mkdir(path: &Path, mode: u32, owner: (u32, u32)) -> io::Result<()> {
+    match fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ctx(format_args!("mkdir {}", path.display()))(e)),
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    sys::lchown(&c(path)?, owner.0, owner.1)
+}
+
+fn write_file(path: &Path, content: &str, owner: (u32, u32)) -> io::Result<()> {
+    fs::write(path, content).map_err(ctx(format_args!("write {}", path.display())))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
+    sys::lchown(&c(path)?, owner.0, owner.1)
+}
+
+/// The relative form of an absolute sandbox path, refusing `..` (the operator's input, but a
+/// `..` would point outside the new root before pivot_root).
+pub fn relative(sandbox_path: &Path) -> io::Result<PathBuf> {
+    let mut out = PathBuf::new();
+    for comp in sandbox_path.components() {
+        match comp {
+            Component::RootDir => {}
+            Component::Normal(p) => out.push(p),
+            Component::CurDir => {}
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: sandbox paths must be absolute without `..`",
+                        sandbox_path.display()
+                    ),
+                ))
+            }
+        }
+    }
+    if !sandbox_path.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: sandbox paths must be absolute", sandbox_path.display()),
+        ));
+    }
+    Ok(out)
+}
+
+/// Builds the root under `plan.staging/root` and pivots into it. On return the process's root
+/// is the sandbox root and the host's tree is detached.
+pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
+    let spec = plan.spec;
+    let root_ids = (plan.base, plan.base);
+    let user_ids = (plan.base + 1000, plan.base + 1000);
+    // Nothing done in this namespace may propagate back to the host.
+    sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(ctx("make / private"))?;
+
+    let stage = plan.staging;
+    let disk = spec.limits.disk_bytes;
+    // Bound inodes too, so a sandbox cannot exhaust memory with empty files.
+    let inodes = (disk / 4096).clamp(4096, 1 << 20);
+    mount_fs(
+        "tmpfs",
+        stage,
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("size={disk},nr_inodes={inodes},mode=0755"),
+    )?;
+    let upper = stage.join("upper");
+    let work = stage.join("work");
+    let root = stage.join("root");
+    for d in [&upper, &work, &root] {
+        fs::create_dir(d)?;
+    }
+    skeleton(&upper, plan, root_ids, user_ids)?;
+
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        plan.template.lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mount_fs("overlay", &root, libc::MS_NOSUID | libc::MS_NODEV, &opts)?;
+    bind(Path::new("/usr"), &root.join("usr"), false)?;
+    for (name, entry) in &plan.template.top {
+        if *entry == TopEntry::Dir {
+            bind(&Path::new("/").join(name), &root.join(name), false)?;
+        }
+    }
+    for m in &spec.mounts {
+        let target = root.join(relative(&m.sandbox)?);
+        let is_dir = fs::metadata(&m.host)
+            .map_err(ctx(format_args!("mount source {}", m.host.display())))?
+            .is_dir();
+        create_mount_point(&root, &target, is_dir, user_ids)?;
+        bind(&m.host, &target, m.writable)?;
+    }
+    dev(&root.join("dev"), plan.base)?;
+    proc(&root.join("proc"))?;
+
+    sys::sethostname(&spec.hostname).map_err(ctx("sethostname"))?;
+    sys::loopback_up().map_err(ctx("bring up loopback"))?;
+    // Let sandbox root bind low ports and ping inside its own network namespace only.
+    let _ = sys::write_file(
+        &root.join("proc/sys/net/ipv4/ip_unprivileged_port_start"),
+        b"0",
+    );
+    let _ = sys::write_file(
+        &root.join("proc/sys/net/ipv4/ping_group_range"),
+        b"0 2147483647",
+    );
+
+    std::env::set_current_dir(&root).map_err(ctx("chdir new root"))?;
+    sys::pivot_root(c".", c".").map_err(ctx("pivot_root"))?;
+    sys::umount2(c".", libc::MNT_DETACH).map_err(ctx("detach old root"))?;
+    std::env::set_current_dir("/")?;
+    Ok(())
+}
+
+/// Creates the per-sandbox skeleton in the upper layer, owned by the sandbox's uids.
+fn skeleton(
+    upper: &Path,
+    plan: &RootfsPlan<'_>,
+    root_ids: (u32, u32),
+    user_ids: (u32, u32),
+) -> io::Result<()> {
+    mkdir(upper, 0o755, root_ids)?;
+    for d in [
+        "usr", "etc", "dev", "proc", "home", "root", "var", "var/tmp", "run", "mnt", "opt", "srv",
+    ] {
+        mkdir(&upper.join(d), 0o755, root_ids)?;
+    }
+    fs::set_permissions(upper.join("root"), fs::Permissions::from_mode(0o700))?;
+    mkdir(&upper.join("tmp"), 0o1777, root_ids)?;
+    fs::set_permissions(upper.join("var/tmp"), fs::Permissions::from_mode(0o1777))?;
+    mkdir(&upper.join("home/user"), 0o750, user_ids)?;
+    for (name, entry) in &plan.template.top {
+        let p = upper.join(name);
+        match entry {
+            TopEntry::Symlink(target) => {
+                symlink(target, &p)?;
+                sys::lchown(&c(&p)?, root_ids.0, root_ids.1)?;
+            }
+            TopEntry::Dir => mkdir(&p, 0o755, root_ids)?,
+        }
+    }
+    let etc = upper.join("etc");
+    let hostname = &plan.spec.hostname;
+    write_file(
+        &etc.join("passwd"),
+        "root:x:0:0:root:/root:/bin/bash\n\
+         user:x:1000:1000:user:/home/user:/bin/bash\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        root_ids,
+    )?;
+    write_file(
+        &etc.join("group"),
+        "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n",
+        root_ids,
+    )?;
+    write_file(&etc.join("hostname"), &format!("{hostname}\n"), root_ids)?;
+    write_file(
+        &etc.join("hosts"),
+        &format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"),
+        root_ids,
+    )?;
+    // The sandbox has no network beyond loopback yet, hence no name server.
+    write_file(
+        &etc.join("resolv.conf"),
+        "# husk: this sandbox has no network access\n",
+        root_ids,
+    )?;
+    Ok(())
+}
+
+/// Creates the directory or empty file a bind mount goes on, with parents, inside `root`.
+fn create_mount_point(
+    root: &Path,
+    target: &Path,
+    is_dir: bool,
+    owner: (u32, u32),
+) -> io::Result<()> {
+    let parent = target.parent().unwrap_or(root);
+    let mut cur = root.to_path_buf();
+    for comp in parent
+        .strip_prefix(root)
+        .unwrap_or(Path::new(""))
+        .components()
+    {
+        cur.push(comp);
+        if fs::symlink_metadata(&cur).is_err() {
+            mkdir(&cur, 0o755, owner)?;
+        }
+    }
+    if fs::symlink_metadata(target).is_err() {
+        if is_dir {
+            mkdir(target, 0o755, owner)?;
+        } else {
+            write_file(target, "", owner)?;
+        }
+    }
+    Ok(())
+}
+
+fn dev(dev: &Path, base: u32) -> io::Result<()> {
+    mount_fs(
+        "tmpfs",
+        dev,
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        &format!("size=64k,nr_inodes=64,mode=0755,uid={base},gid={base}"),
+    )?;
+    for (name, major, minor) in DEVICES {
+        let p = dev.join(name);
+        sys::mknod_char(&c(&p)?, 0o666, *major, *minor)
+            .map_err(ctx(format_args!("mknod {name}")))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o666))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        symlink(target, dev.join(link))?;
+    }
+    let pts = dev.join("pts");
+    let shm = dev.join("shm");
+    fs::create_dir(&pts)?;
+    fs::create_dir(&shm)?;
+    // devpts options are read in the host's user namespace: the tty group is the host gid that
+    // sandbox gid 5 maps to.
+    mount_fs(
+        "devpts",
+        &pts,
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        &format!("newinstance,ptmxmode=0666,mode=0620,gid={}", base + 5),
+    )?;
+    mount_fs(
+        "tmpfs",
+        &shm,
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("size=64m,mode=1777,uid={base},gid={base}"),
+    )?;
+    Ok(())
+}
+
+fn proc(proc: &Path) -> io::Result<()> {
+    mount_fs(
+        "proc",
+        proc,
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        "",
+    )?;
+    for name in PROC_MASKED_FILES {
+        let p = proc.join(name);
+        if fs::symlink_metadata(&p).is_ok() {
+            bind(Path::new("/dev/null"), &p, false)?;
+        }
+    }
+    for name in PROC_MASKED_DIRS {
+        let p = proc.join(name);
+        if fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            mount_fs(
+                "tmpfs",
+                &p,
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                "size=0,nr_inodes=1,mode=0555",
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,536 @@
+//! Creating and destroying sandboxes.
+//!
+//! [`Spawner::create`] allocates a uid range, creates the cgroups, forks the sandbox's first
+//! process with `clone3` into new PID, mount, network, IPC and UTS namespaces, writes its
+//! uid/gid maps when it has entered its user namespace, and returns once it reports ready.
+//! [`Sandbox::destroy`] (also run on drop) kills every process, waits for PID 1, removes the
+//! cgroups and returns the uid range; mounts and the writable layer vanish with the mount
+//! namespace when its last process is gone.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::cgroup::{CgroupError, CgroupLayout, SandboxCgroup};
+use crate::control::{self, FromInit, ToInit};
+use crate::fences::Fences;
+use crate::host_template::{self, HostTemplate};
+use crate::init::{self, ChildArgs};
+use crate::spec::SandboxSpec;
+use crate::sys::{self, ExitStatus, Forked};
+use crate::uidrange::{self, UidRange, RANGE};
+
+/// Errors of creating, waiting for and destroying sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// husk needs root (CAP_SYS_ADMIN and friends in the host's namespaces).
+    #[error(
+        "husk must run as root (it creates namespaces, cgroups and mounts); try: sudo husk ..."
+    )]
+    NotRoot,
+    /// A kernel feature husk needs is missing.
+    #[error("kernel feature missing: {0}")]
+    KernelFeature(String),
+    /// The spec is invalid.
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The sandbox could not be set up (reported by its first process).
+    #[error("sandbox set-up failed: {0}")]
+    Setup(String),
+    /// Preparing the seccomp/Landlock fences failed.
+    #[error("preparing security fences: {0}")]
+    Fences(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> SpawnError {
+    let what = what.into();
+    move |source| SpawnError::Io { what, source }
+}
+
+/// Where husk keeps per-host runtime state (the uid slot lock, the host template, staging).
+pub const DEFAULT_RUN_DIR: &str = "/run/husk";
+
+/// Creates sandboxes. Must be used from a single-threaded process.
+pub struct Spawner {
+    run_dir: PathBuf,
+    layout: CgroupLayout,
+    template: HostTemplate,
+    fences: Fences,
+}
+
+/// How a sandbox's command ended, as far as the runtime can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// The command exited or was killed by a signal (not by the OOM killer).
+    Exited(ExitStatus),
+    /// The command was killed by the OOM killer of the sandbox's memory cgroup.
+    OutOfMemory { limit_bytes: u64 },
+    /// The deadline passed; the caller should destroy the sandbox.
+    TimedOut,
+    /// The command could not be executed (errno).
+    ExecFailed(i32),
+    /// PID 1 died unexpectedly.
+    InitDied,
+}
+
+impl Spawner {
+    /// Checks privileges and kernel features, prepares cgroup parents, the host template and
+    /// the fences, and reaps what crashed husk processes left behind.
+    pub fn new() -> Result<Spawner, SpawnError> {
+        Self::with_run_dir(Path::new(DEFAULT_RUN_DIR))
+    }
+
+    /// Like [`Spawner::new`] with another runtime directory.
+    pub fn with_run_dir(run_dir: &Path) -> Result<Spawner, SpawnError> {
+        // Effective uid 0 is required for namespaces, cgroups and id maps.
+        if fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        }) != Some(true)
+        {
+            return Err(SpawnError::NotRoot);
+        }
+        for (path, what) in [
+            ("/proc/self/ns/user", "user namespaces (CONFIG_USER_NS)"),
+            ("/proc/self/ns/pid", "PID namespaces (CONFIG_PID_NS)"),
+            ("/proc/self/ns/net", "network namespaces (CONFIG_NET_NS)"),
+            ("/proc/self/ns/cgroup", "cgroup namespaces (CONFIG_CGROUPS)"),
+        ] {
+            if fs::symlink_metadata(path).is_err() {
+                return Err(SpawnError::KernelFeature(what.into()));
+            }
+        }
+        fs::create_dir_all(run_dir.join("staging")).map_err(io_ctx("create run dir"))?;
+        let layout = CgroupLayout::discover()?;
+        layout.prepare()?;
+        let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
+        let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
+        let spawner = Spawner {
+            run_dir: run_dir.to_owned(),
+            layout,
+            template,
+            fences,
+        };
+        spawner.reap_stale();
+        Ok(spawner)
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.run_dir.join("uid-slots.lock")
+    }
+
+    /// Removes cgroups of sandboxes whose owner is gone (its uid slot is free): what a husk
+    /// process that crashed or was SIGKILLed left behind.
+    pub fn reap_stale(&self) -> usize {
+        let mut reaped = 0;
+        for name in self.layout.existing() {
+            let Some(slot) = parse_slot(&name) else {
+                continue;
+            };
+            if uidrange::is_free(&self.lock_path(), slot).unwrap_or(false) {
+                let cg = self.layout.handle(&name);
+                let _ = cg.kill_all();
+                if cg.remove().is_ok() {
+                    reaped += 1;
+                }
+            }
+        }
+        reaped
+    }
+
+    /// The cgroup layout in use.
+    pub fn cgroups(&self) -> &CgroupLayout {
+        &self.layout
+    }
+
+    /// Creates a sandbox and waits until its PID 1 reports ready (the command, if any, has been
+    /// started). `stdio` replaces the sandbox's fds 0, 1, 2 (default: the caller's own).
+    pub fn create(
+        &self,
+        spec: &SandboxSpec,
+        stdio: Option<[BorrowedFd<'_>; 3]>,
+    ) -> Result<Sandbox, SpawnError> {
+        validate(spec)?;
+        let uids = uidrange::allocate(&self.lock_path()).map_err(io_ctx("allocate uid range"))?;
+        let id = format!(
+            "s{}-{:012x}",
+            uids.slot(),
+            sys::random_u64().map_err(io_ctx("random"))? >> 16
+        );
+        let cgroup = self.layout.create(&id, &spec.limits)?;
+        // From here on, the Sandbox value owns the clean-up.
+        let mut sandbox = Sandbox {
+            id,
+            pid: 0,
+            pidfd: None,
+            control: None,
+            cgroup,
+            uids: Some(uids),
+            limits_memory: spec.limits.memory_bytes,
+            pty_master: None,
+            fate: None,
+            destroyed: false,
+        };
+        self.start(&mut sandbox, spec, stdio)?;
+        Ok(sandbox)
+    }
+
+    fn start(
+        &self,
+        sb: &mut Sandbox,
+        spec: &SandboxSpec,
+        stdio: Option<[BorrowedFd<'_>; 3]>,
+    ) -> Result<(), SpawnError> {
+        let procs = sb.cgroup.procs_files()?;
+        let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
+        let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
+        let staging = self.run_dir.join("staging");
+        let flags = libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWNET
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS;
+        match sys::clone3_fork(flags).map_err(io_ctx("clone3"))? {
+            Forked::Child => {
+                drop(parent_end);
+                init::child_main(ChildArgs {
+                    spec,
+                    template: &self.template,
+                    staging: &staging,
+                    base,
+                    fences: &self.fences,
+                    control: child_end.as_raw_fd(),
+                    cgroup_procs: procs.iter().map(AsRawFd::as_raw_fd).collect(),
+                    stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
+                })
+            }
+            Forked::Parent { pid, pidfd } => {
+                drop(child_end);
+                drop(procs);
+                sb.pid = pid;
+                sb.pidfd = Some(pidfd);
+                sb.control = Some(parent_end);
+            }
+        }
+        let control = sb
+            .control
+            .as_ref()
+            .map(|c| c.as_fd())
+            .ok_or_else(|| SpawnError::Setup("no control".into()))?;
+        loop {
+            match control::recv_from_init(control).map_err(io_ctx("sandbox control"))? {
+                Some(FromInit::NeedIdMap) => {
+                    write_id_maps(sb.pid, base).map_err(io_ctx("write uid/gid maps"))?;
+                    control::send_to_init(control, &ToInit::IdMapDone)
+                        .map_err(io_ctx("sandbox control"))?;
+                }
+                Some(FromInit::Ready { pty_master }) => {
+                    sb.pty_master = pty_master;
+                    return Ok(());
+                }
+                Some(FromInit::SetupFailed(msg)) => return Err(SpawnError::Setup(msg)),
+                Some(other) => {
+                    return Err(SpawnError::Setup(format!("unexpected message {other:?}")))
+                }
+                None => {
+                    return Err(SpawnError::Setup(
+                        "sandbox init exited during set-up".into(),
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Maps sandbox ids 0..65535 to the slot's host range (uid and gid alike).
+fn write_id_maps(pid: libc::pid_t, base: u32) -> io::Result<()> {
+    let line = format!("0 {base} {RANGE}\n");
+    sys::write_file(Path::new(&format!("/proc/{pid}/uid_map")), line.as_bytes())?;
+    sys::write_file(Path::new(&format!("/proc/{pid}/gid_map")), line.as_bytes())
+}
+
+fn parse_slot(name: &str) -> Option<u32> {
+    name.strip_prefix('s')?.split_once('-')?.0.parse().ok()
+}
+
+fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
+    let bad = |m: String| Err(SpawnError::InvalidSpec(m));
+    if let Some(cmd) = &spec.command {
+        if cmd.is_empty() {
+            return bad("no command given".into());
+        }
+    }
+    if spec.hostname.is_empty()
+        || spec.hostname.len() > 64
+        || !spec
+            .hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return bad(format!(
+            "invalid hostname {:?}: use 1-64 letters, digits, '-' and '.'",
+            spec.hostname
+        ));
+    }
+    let l = &spec.limits;
+    if l.memory_bytes < 4 << 20 {
+        return bad("memory limit must be at least 4 MiB".into());
+    }
+    if l.pids < 2 {
+        return bad("pids limit must be at least 2".into());
+    }
+    if l.cpu_millis < 10 {
+        return bad("cpu limit must be at least 0.01".into());
+    }
+    if l.disk_bytes < 1 << 20 {
+        return bad("disk size must be at least 1 MiB".into());
+    }
+    for m in &spec.mounts {
+        if !m.host.is_absolute() {
+            return bad(format!(
+                "mount source {} must be an absolute path",
+                m.host.display()
+            ));
+        }
+        if fs::metadata(&m.host).is_err() {
+            return bad(format!("mount source {} does not exist", m.host.display()));
+        }
+        crate::rootfs::relative(&m.sandbox).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
+    }
+    if let Some(w) = &spec.workdir {
+        crate::rootfs::relative(w).map_err(|e| SpawnError::InvalidSpec(format!("workdir: {e}")))?;
+    }
+    for (k, v) in &spec.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return bad(format!("invalid environment variable {k:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// A live sandbox. Dropping it destroys it.
+#[derive(Debug)]
+pub struct Sandbox {
+    id: String,
+    pid: libc::pid_t,
+    pidfd: Option<OwnedFd>,
+    control: Option<OwnedFd>,
+    cgroup: SandboxCgroup,
+    uids: Option<UidRange>,
+    limits_memory: u64,
+    pty_master: Option<OwnedFd>,
+    fate: Option<Fate>,
+    destroyed: bool,
+}
+
+/// What [`Sandbox::next_event`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Nothing yet.
+    None,
+    /// The command's fate is known.
+    Done(Fate),
+}
+
+impl Sandbox {
+    /// The sandbox id (unique on this host; names its cgroups).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Host pid of the sandbox's PID 1.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Host uid that sandbox uid 0 maps to.
+    pub fn host_uid_base(&self) -> u32 {
+        self.uids.as_ref().map(UidRange::base).unwrap_or(0)
+    }
+
+    /// The cgroup directories (for inspection and leak checks).
+    pub fn cgroup(&self) -> &SandboxCgroup {
+        &self.cgroup
+    }
+
+    /// Takes the PTY master (when the spec asked for a TTY).
+    pub fn take_pty(&mut self) -> Option<OwnedFd> {
+        self.pty_master.take()
+    }
+
+    /// The control socket: readable when init has something to report.
+    pub fn control_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.control.as_ref().map(|c| c.as_fd())
+    }
+
+    /// The pidfd of PID 1: readable when it has exited.
+    pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(|c| c.as_fd())
+    }
+
+    /// Lets init start the command (after the caller copied files in, for example).
+    pub fn start(&self) -> io::Result<()> {
+        match &self.control {
+            Some(c) => control::send_to_init(c.as_fd(), &ToInit::Start),
+            None => Err(io::Error::other("sandbox has no control channel")),
+        }
+    }
+
+    /// Asks init to forward `sig` to the command.
+    pub fn signal(&self, sig: i32) -> io::Result<()> {
+        match &self.control {
+            Some(c) => control::send_to_init(c.as_fd(), &ToInit::Signal(sig)),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads what init reported, without blocking when `block` is false.
+    pub fn next_event(&mut self, block: bool) -> io::Result<Event> {
+        if let Some(f) = self.fate {
+            return Ok(Event::Done(f));
+        }
+        let Some(control) = &self.control else {
+            return Ok(Event::Done(Fate::InitDied));
+        };
+        if !block {
+            let mut p = [libc::pollfd {
+                fd: control.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            if sys::poll(&mut p, 0)? == 0 {
+                return Ok(Event::None);
+            }
+        }
+        let fate = match control::recv_from_init(control.as_fd()) {
+            Ok(Some(FromInit::Exited(status))) => {
+                if status == ExitStatus::Signaled(libc::SIGKILL) && self.cgroup.oom_kills() > 0 {
+                    Fate::OutOfMemory {
+                        limit_bytes: self.limits_memory,
+                    }
+                } else {
+                    Fate::Exited(status)
+                }
+            }
+            Ok(Some(FromInit::ExecFailed { errno })) => Fate::ExecFailed(errno),
+            Ok(Some(_)) => return Ok(Event::None),
+            Ok(None) | Err(_) => {
+                if self.cgroup.oom_kills() > 0 {
+                    Fate::OutOfMemory {
+                        limit_bytes: self.limits_memory,
+                    }
+                } else {
+                    Fate::InitDied
+                }
+            }
+        };
+        self.fate = Some(fate);
+        Ok(Event::Done(fate))
+    }
+
+    /// Blocks until the command's fate is known or `deadline` passes.
+    pub fn wait(&mut self, deadline: Option<Instant>) -> io::Result<Fate> {
+        loop {
+            if let Some(f) = self.fate {
+                return Ok(f);
+            }
+            let timeout = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(Fate::TimedOut);
+                    }
+                    left.as_millis().min(i32::MAX as u128) as i32
+                }
+            };
+            let Some(control) = &self.control else {
+                return Ok(Fate::InitDied);
+            };
+            let mut p = [libc::pollfd {
+                fd: control.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            match sys::poll(&mut p, timeout) {
+                Ok(0) => continue,
+                Ok(_) => {
+                    self.next_event(true)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Freezes every process of the sandbox (before copying its outputs).
+    pub fn freeze(&self) -> Result<(), SpawnError> {
+        Ok(self.cgroup.freeze()?)
+    }
+
+    /// Opens the sandbox's root directory (through PID 1's `/proc/<pid>/root`) as an O_PATH fd,
+    /// for copying files in and out with lookups confined to the sandbox root.
+    pub fn root_dir(&self) -> io::Result<OwnedFd> {
+        let p = sys::cpath(Path::new(&format!("/proc/{}/root", self.pid)))?;
+        sys::open(&p, libc::O_PATH | libc::O_DIRECTORY, 0)
+    }
+
+    /// Kills everything and removes every trace of the sandbox from the host. Idempotent.
+    pub fn destroy(&mut self) -> Result<(), SpawnError> {
+        if self.destroyed {
+            return Ok(());
+        }
+        self.destroyed = true;
+        let _ = self.cgroup.kill_all();
+        if let Some(pidfd) = self.pidfd.take() {
+            // Killing PID 1 makes the kernel kill the whole PID namespace; this also covers a
+            // process that has not joined the cgroups yet.
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            sys::waitid_pidfd(pidfd.as_fd(), false).map_err(io_ctx("reap sandbox init"))?;
+        }
+        self.control = None;
+        self.pty_master = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let _ = crate::cgroup::poll_until(deadline, || {
+            if self.cgroup.is_populated() {
+                let _ = self.cgroup.kill_all();
+                false
+            } else {
+                true
+            }
+        });
+        self.cgroup.remove()?;
+        // Only now is the uid range safe to hand out again.
+        self.uids = None;
+        Ok(())
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_is_parsed_from_sandbox_id() {
+        assert_eq!(parse_slot("s42-00ab"), Some(42));
+        assert_eq!(parse_slot("husk-spawner"), None);
+        assert_eq!(parse_slot("s-1"), None);
+    }
+}

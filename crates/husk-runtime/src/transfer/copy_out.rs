@@ -1,0 +1,252 @@
+//! Sandbox → host. The sandbox side is hostile: only regular files and
+//! directories are copied, everything is bounded by [`OutputLimits`].
+
+use std::ffi::CStr;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use super::ops::{self, io_err, name_path, Ends, BUF_SIZE, MAX_DEPTH};
+use super::sys::{self, Kind};
+use super::{CopyReport, OutputLimits, Side, SkipKind, Skipped, TransferError};
+
+/// Symlink targets in the report are cut to this many bytes.
+const MAX_TARGET_BYTES: usize = 256;
+
+/// Copies the regular files and directories under `src` (absolute path
+/// inside the sandbox whose root directory is open at `root`) to host
+/// directory `dest`, which is created with its parents if missing.
+///
+/// A regular file `src` is copied to `dest/<basename>`; a directory's
+/// contents are copied recursively into `dest`. Symlinks are never followed
+/// (a symlink at or inside `src`'s path is an error; inside the tree it is
+/// skipped), special files are skipped unopened, modes keep only `0o777`.
+/// On error the partial copy is left in `dest` for the caller to remove.
+pub fn copy_out(
+    root: BorrowedFd<'_>,
+    src: &Path,
+    dest: &Path,
+    limits: &OutputLimits,
+) -> Result<CopyReport, TransferError> {
+    let comps = ops::sandbox_components(src)?;
+    let mut job = Job {
+        limits,
+        src,
+        dest,
+        report: CopyReport::default(),
+        buf: vec![0; BUF_SIZE],
+    };
+    // The host side is only touched once the source is known to be copyable.
+    let Some((name, parents)) = comps.split_last() else {
+        // `src` is "/": copy the whole root's contents.
+        let dir = ops::open_sandbox_root(root)?;
+        job.copy_dir(&dir, &open_host_dest(dest)?, Path::new(""), 0)?;
+        return Ok(job.report);
+    };
+    let parent = ops::walk_sandbox(root, parents, src, None)?;
+    let path = src.to_path_buf();
+    match ops::lookup(parent.as_fd(), name, Side::Sandbox, src)? {
+        None => return Err(TransferError::NotFound { path }),
+        Some((Kind::Symlink, _)) => return Err(TransferError::Symlink { path }),
+        Some((Kind::File, _)) => {
+            let host_dir = open_host_dest(dest)?;
+            job.copy_file(parent.as_fd(), name, &host_dir, name_path(name))?;
+        }
+        Some((Kind::Dir, _)) => {
+            let dir = ops::open_dir(parent.as_fd(), name, Side::Sandbox, src)?;
+            job.copy_dir(&dir, &open_host_dest(dest)?, Path::new(""), 0)?;
+        }
+        Some((kind, _)) => {
+            let kind = kind.name();
+            return Err(TransferError::Unsupported {
+                side: Side::Sandbox,
+                path,
+                kind,
+            });
+        }
+    }
+    Ok(job.report)
+}
+
+/// Creates (with parents) and opens the host destination directory. `dest`
+/// is trusted operator input, so it is resolved normally; everything below
+/// it is fd-relative.
+fn open_host_dest(dest: &Path) -> Result<File, TransferError> {
+    let not_dir = || TransferError::NotADirectory {
+        side: Side::Host,
+        path: dest.to_path_buf(),
+    };
+    std::fs::create_dir_all(dest).map_err(|e| match dest.exists() && !dest.is_dir() {
+        true => not_dir(),
+        false => io_err("create directory", Side::Host, dest)(e),
+    })?;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dest)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTDIR) => not_dir(),
+            _ => io_err("open", Side::Host, dest)(e),
+        })
+}
+
+/// State of one `copy_out`: paths for messages, counters, the copy buffer.
+struct Job<'a> {
+    limits: &'a OutputLimits,
+    src: &'a Path,
+    dest: &'a Path,
+    report: CopyReport,
+    buf: Vec<u8>,
+}
+
+impl Job<'_> {
+    /// Entries handled so far; all kinds count against `max_files`.
+    fn entries(&self) -> u64 {
+        self.report.files + self.report.dirs + self.report.skipped.len() as u64
+    }
+
+    fn limit(&self, what: &'static str, limit: u64) -> TransferError {
+        let (copied_files, copied_bytes) = (self.report.files, self.report.bytes);
+        TransferError::LimitExceeded {
+            what,
+            limit,
+            copied_files,
+            copied_bytes,
+        }
+    }
+
+    /// Checks that one more entry carrying `bytes` bytes fits the limits.
+    fn admit(&self, bytes: u64) -> Result<(), TransferError> {
+        if self.entries() + 1 > self.limits.max_files {
+            return Err(self.limit("files", self.limits.max_files));
+        }
+        if self.report.bytes.saturating_add(bytes) > self.limits.max_bytes {
+            return Err(self.limit("bytes", self.limits.max_bytes));
+        }
+        Ok(())
+    }
+
+    fn skip(&mut self, rel: &Path, kind: SkipKind) -> Result<(), TransferError> {
+        self.admit(0)?;
+        self.report.skipped.push(Skipped {
+            path: rel.to_path_buf(),
+            kind,
+        });
+        Ok(())
+    }
+
+    /// Copies regular file `name` in sandbox dir `dir` to `name` in `host_dir`.
+    fn copy_file(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        host_dir: &File,
+        rel: &Path,
+    ) -> Result<(), TransferError> {
+        let (src_path, dst_path) = (self.src.join(rel), self.dest.join(rel));
+        let (mut file, kind, mode, size) = ops::open_for_read(dir, name, Side::Sandbox, &src_path)?;
+        // fstat after open is what counts: the entry may have been swapped.
+        match kind {
+            Kind::File => {}
+            Kind::Special(special) => return self.skip(rel, special.into()),
+            Kind::Dir | Kind::Symlink => {
+                return Err(TransferError::Raced {
+                    side: Side::Sandbox,
+                    path: src_path,
+                })
+            }
+        }
+        self.admit(size)?;
+        let mut out = ops::create_file(host_dir.as_fd(), name, Side::Host, &dst_path)?;
+        let ends = Ends {
+            src: (Side::Sandbox, &src_path),
+            dst: (Side::Host, &dst_path),
+        };
+        let copied = ops::copy_bounded(&mut file, &mut out, size, &mut self.buf, &ends)?;
+        ops::set_mode(&out, mode, Side::Host, &dst_path)?;
+        self.report.files += 1;
+        self.report.bytes += copied;
+        Ok(())
+    }
+
+    /// Copies the contents of sandbox dir `dir` into `host_dir`.
+    fn copy_dir(
+        &mut self,
+        dir: &File,
+        host_dir: &File,
+        rel: &Path,
+        depth: usize,
+    ) -> Result<(), TransferError> {
+        if depth > MAX_DEPTH {
+            return Err(TransferError::TooDeep {
+                side: Side::Sandbox,
+                path: self.src.join(rel),
+                max: MAX_DEPTH,
+            });
+        }
+        let budget = self.limits.max_files.saturating_sub(self.entries());
+        let names = sys::list_dir(dir.as_fd(), budget).map_err(io_err(
+            "list",
+            Side::Sandbox,
+            &self.src.join(rel),
+        ))?;
+        if names.len() as u64 > budget {
+            return Err(self.limit("files", self.limits.max_files));
+        }
+        for name in &names {
+            let rel = rel.join(name_path(name));
+            let src_path = self.src.join(&rel);
+            // Vanished since listing: nothing to copy.
+            let Some((kind, _)) = ops::lookup(dir.as_fd(), name, Side::Sandbox, &src_path)? else {
+                continue;
+            };
+            match kind {
+                Kind::File => self.copy_file(dir.as_fd(), name, host_dir, &rel)?,
+                Kind::Dir => self.copy_subdir(dir, name, host_dir, &rel, depth)?,
+                Kind::Symlink => {
+                    let target = match sys::readlink_at(dir.as_fd(), name) {
+                        Ok(bytes) => truncate_lossy(&bytes, MAX_TARGET_BYTES),
+                        Err(e) => format!("<unreadable: {e}>"),
+                    };
+                    self.skip(&rel, SkipKind::Symlink { target })?;
+                }
+                Kind::Special(special) => self.skip(&rel, special.into())?,
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_subdir(
+        &mut self,
+        dir: &File,
+        name: &CStr,
+        host_dir: &File,
+        rel: &Path,
+        depth: usize,
+    ) -> Result<(), TransferError> {
+        self.admit(0)?;
+        let sub = ops::open_dir(dir.as_fd(), name, Side::Sandbox, &self.src.join(rel))?;
+        let mode = sub
+            .metadata()
+            .map_err(io_err("stat", Side::Sandbox, &self.src.join(rel)))?
+            .mode();
+        let dst_path = self.dest.join(rel);
+        let (host_sub, _) = ops::ensure_dir(host_dir.as_fd(), name, Side::Host, &dst_path)?;
+        self.report.dirs += 1;
+        self.copy_dir(&sub, &host_sub, rel, depth + 1)?;
+        // Set last, so a read-only directory can still be filled.
+        ops::set_mode(&host_sub, mode, Side::Host, &dst_path)
+    }
+}
+
+/// Lossy UTF-8 of `bytes`, cut to at most `max` bytes on a char boundary.
+fn truncate_lossy(bytes: &[u8], max: usize) -> String {
+    let mut text = String::from_utf8_lossy(&bytes[..bytes.len().min(max)]).into_owned();
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}

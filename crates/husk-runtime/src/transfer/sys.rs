@@ -1,0 +1,247 @@
+//! Thin fd-relative syscall wrappers. Each takes a directory fd plus one
+//! path component (or a path resolved under openat2's resolve flags), so no
+//! host path string is ever joined with a sandbox path.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use super::{Side, SkipKind};
+
+/// Resolve flags for every lookup: symlinks and magic links are never
+/// followed; sandbox paths are clamped to the root, host paths to beneath.
+fn resolve_flags(side: Side) -> u64 {
+    let scope = match side {
+        Side::Sandbox => libc::RESOLVE_IN_ROOT,
+        Side::Host => libc::RESOLVE_BENEATH,
+    };
+    scope | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS
+}
+
+/// `openat2` relative to `dir`; `O_CLOEXEC` is always added. `mode` only
+/// matters with `O_CREAT` (the kernel rejects a non-zero mode otherwise).
+pub(super) fn open_at(
+    dir: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+    side: Side,
+) -> io::Result<OwnedFd> {
+    // SAFETY: open_how is plain old data (three u64s); all-zero is valid.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = u64::from(mode);
+    how.resolve = resolve_flags(side);
+    // EAGAIN means a concurrent rename made the kernel unsure the lookup
+    // stayed inside the root; retrying is the documented answer, bounded
+    // here so a hostile sandbox cannot spin us forever.
+    for _ in 0..64 {
+        // SAFETY: `path` is NUL-terminated and `how` is a valid open_how whose
+        // exact size we pass; both outlive the call, which only reads them.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if ret >= 0 {
+            // SAFETY: the kernel just returned this fd; nothing else owns it.
+            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+        }
+        let err = io::Error::last_os_error();
+        if !matches!(err.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) {
+            return Err(err);
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Maps `-1` returns to the thread's errno.
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// File types we distinguish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    File,
+    Dir,
+    Symlink,
+    /// Never opened, only reported.
+    Special(Special),
+}
+
+/// Special files: opening one could block (FIFO) or have side effects (device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Special {
+    Device,
+    Fifo,
+    Socket,
+}
+
+impl Kind {
+    pub(super) fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Special(Special::Fifo),
+            libc::S_IFSOCK => Kind::Special(Special::Socket),
+            // Char/block devices, and anything unknown: never opened either way.
+            _ => Kind::Special(Special::Device),
+        }
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Kind::File => "regular file",
+            Kind::Dir => "directory",
+            Kind::Symlink => "symlink",
+            Kind::Special(Special::Device) => "device",
+            Kind::Special(Special::Fifo) => "fifo",
+            Kind::Special(Special::Socket) => "socket",
+        }
+    }
+}
+
+impl From<Special> for SkipKind {
+    fn from(special: Special) -> SkipKind {
+        match special {
+            Special::Device => SkipKind::Device,
+            Special::Fifo => SkipKind::Fifo,
+            Special::Socket => SkipKind::Socket,
+        }
+    }
+}
+
+/// `lstat` of `name` in `dir`: the type and permission bits.
+pub(super) fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(Kind, u32)> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `name` is NUL-terminated and `st` is writable memory of the
+    // right type; AT_SYMLINK_NOFOLLOW describes a symlink, never its target.
+    let ret = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    check(ret)?;
+    // SAFETY: fstatat succeeded, so it initialised the whole struct.
+    let st = unsafe { st.assume_init() };
+    Ok((Kind::from_mode(st.st_mode), st.st_mode))
+}
+
+pub(super) fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; mkdirat never follows a final symlink.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })
+}
+
+/// Removes a non-directory entry itself (a symlink is removed, not followed).
+pub(super) fn unlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; unlinkat acts on the entry itself.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+}
+
+pub(super) fn symlink_at(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated; symlinkat fails on an existing name.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })
+}
+
+/// Changes the owner of `name` itself, never of what a symlink points to.
+pub(super) fn lchown_at(dir: BorrowedFd<'_>, name: &CStr, owner: (u32, u32)) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; AT_SYMLINK_NOFOLLOW keeps us on the entry.
+    check(unsafe {
+        libc::fchownat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            owner.0,
+            owner.1,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+}
+
+/// Reads a symlink's target. Targets are at most PATH_MAX - 1 bytes, so a
+/// full buffer means something is off; report it rather than truncate.
+pub(super) fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `name` is NUL-terminated and `buf` has exactly `buf.len()`
+    // writable bytes; readlinkat writes at most that many.
+    let len = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let len = usize::try_from(len).map_err(|_| io::Error::last_os_error())?;
+    if len >= buf.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// Owns a `DIR*` so it is closed on every path out of [`list_dir`].
+struct DirStream(NonNull<libc::DIR>);
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: the stream came from fdopendir and is closed exactly once.
+        unsafe { libc::closedir(self.0.as_ptr()) };
+    }
+}
+
+/// Lists the names in the directory open at `dir` (not `.`/`..`), sorted.
+/// Stops after `max + 1` names so a hostile directory cannot exhaust memory;
+/// callers treat more than `max` as over their limit.
+pub(super) fn list_dir(dir: BorrowedFd<'_>, max: u64) -> io::Result<Vec<CString>> {
+    // fdopendir takes ownership of its fd; give it a duplicate so `dir`
+    // stays usable for the *at calls on the entries.
+    let raw = dir.try_clone_to_owned()?.into_raw_fd();
+    // SAFETY: `raw` is an open fd that we own; on success the stream owns it.
+    let ptr = unsafe { libc::fdopendir(raw) };
+    let Some(ptr) = NonNull::new(ptr) else {
+        let err = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `raw` is still ours alone to close.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        return Err(err);
+    };
+    let stream = DirStream(ptr);
+    let mut names = Vec::new();
+    while names.len() as u64 <= max {
+        // SAFETY: errno is thread-local; zeroing it lets us tell the end of
+        // the stream from an error when readdir64 returns NULL.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: the stream is valid and used by this thread only.
+        let ent = unsafe { libc::readdir64(stream.0.as_ptr()) };
+        if ent.is_null() {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(0) {
+                break;
+            }
+            return Err(err);
+        }
+        // SAFETY: readdir64 returned a valid entry whose d_name is
+        // NUL-terminated and stays valid until the next readdir64 call; we
+        // copy it before then. addr_of! avoids asserting the full array size.
+        let name = unsafe { CStr::from_ptr(std::ptr::addr_of!((*ent).d_name).cast()) };
+        if name != c"." && name != c".." {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}

@@ -1,0 +1,237 @@
+//! `husk bench`: the figures behind husk's performance budgets, each measured side by side with
+//! its peer in the same run (timings on shared machines drift; ratios hold).
+//!
+//! - one-shot: `husk run -- true` against `bwrap --unshare-all ... true`, interleaved.
+//! - creates per second: N worker processes each creating, running `true` in, and destroying
+//!   sandboxes for a fixed time.
+//! - idle density: host memory (MemAvailable) consumed per idle sandbox with many alive.
+
+use std::os::fd::AsFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use husk_runtime::{SandboxSpec, Spawner};
+
+use crate::cli::{BenchArgs, WorkerArgs};
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[idx]
+}
+
+fn time_cmd(cmd: &mut Command) -> Result<f64, String> {
+    let start = Instant::now();
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("{e}"))?;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    if !status.status.success() {
+        return Err(String::from_utf8_lossy(&status.stderr).trim().to_owned());
+    }
+    Ok(ms)
+}
+
+fn bwrap_cmd() -> Command {
+    let mut c = Command::new("bwrap");
+    c.args([
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--symlink",
+        "usr/sbin",
+        "/sbin",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--",
+        "/usr/bin/true",
+    ]);
+    c
+}
+
+fn stats(name: &str, v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let p50 = percentile(v, 0.5);
+    println!(
+        "  {name:<28} p50 {p50:7.2} ms   p90 {:7.2} ms   p99 {:7.2} ms   (n={})",
+        percentile(v, 0.9),
+        percentile(v, 0.99),
+        v.len()
+    );
+    p50
+}
+
+fn oneshot(runs: usize) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let have_bwrap = Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    println!("one-shot run of `true` ({runs} runs each, interleaved):");
+    let (mut husk, mut bwrap) = (Vec::new(), Vec::new());
+    // Warm the page cache and the host template once.
+    time_cmd(Command::new(&exe).args(["run", "--", "/usr/bin/true"]))?;
+    for _ in 0..runs {
+        husk.push(time_cmd(Command::new(&exe).args([
+            "run",
+            "--",
+            "/usr/bin/true",
+        ]))?);
+        if have_bwrap {
+            bwrap.push(time_cmd(&mut bwrap_cmd()).map_err(|e| format!("bwrap: {e}"))?);
+        }
+    }
+    let h = stats("husk run -- true", &mut husk);
+    if have_bwrap {
+        let b = stats("bwrap --unshare-all true", &mut bwrap);
+        println!("  ratio husk/bwrap (p50)       {:.2}", h / b);
+    } else {
+        println!("  bwrap: not installed (apt-get install bubblewrap) - no peer figure");
+    }
+    Ok(())
+}
+
+fn creates(parallel: usize, seconds: f64) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    println!("creates per second ({parallel} worker processes, {seconds} s, create + run `true` + destroy):");
+    let start = Instant::now();
+    let children: Vec<_> = (0..parallel)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["__bench-worker", "--seconds", &seconds.to_string()])
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut total = 0u64;
+    for c in children {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err("a bench worker failed".into());
+        }
+        total += String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| e.to_string())?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    println!(
+        "  {total} sandboxes in {elapsed:.2} s = {:.0} sandboxes/s",
+        total as f64 / elapsed
+    );
+    Ok(())
+}
+
+/// A worker: create/run/destroy sandboxes until the time is up; prints the count.
+pub fn worker(args: WorkerArgs) -> i32 {
+    let run = || -> Result<u64, String> {
+        let spawner = Spawner::new().map_err(|e| e.to_string())?;
+        let spec = SandboxSpec::new(vec!["/usr/bin/true".into()]);
+        let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+        let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
+        let end = Instant::now() + Duration::from_secs_f64(args.seconds);
+        let mut n = 0;
+        while Instant::now() < end {
+            let mut sb = spawner.create(&spec, stdio).map_err(|e| e.to_string())?;
+            sb.start().map_err(|e| e.to_string())?;
+            sb.wait(None).map_err(|e| e.to_string())?;
+            sb.destroy().map_err(|e| e.to_string())?;
+            n += 1;
+        }
+        Ok(n)
+    };
+    match run() {
+        Ok(n) => {
+            println!("{n}");
+            0
+        }
+        Err(e) => {
+            eprintln!("husk bench worker: {e}");
+            1
+        }
+    }
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn density(n: usize) -> Result<(), String> {
+    println!("idle density ({n} idle sandboxes alive at once):");
+    husk_runtime::sys::raise_nofile_limit().map_err(|e| e.to_string())?;
+    let spawner = Spawner::new().map_err(|e| e.to_string())?;
+    let spec = SandboxSpec::idle();
+    let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+    let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
+    let before = mem_available_kib();
+    let start = Instant::now();
+    let mut alive = Vec::with_capacity(n);
+    for _ in 0..n {
+        alive.push(spawner.create(&spec, stdio).map_err(|e| e.to_string())?);
+    }
+    let created = start.elapsed().as_secs_f64();
+    // Let lazily-freed memory from the creation burst settle before reading.
+    std::thread::sleep(Duration::from_millis(500));
+    let after = mem_available_kib();
+    let per = (before.saturating_sub(after)) as f64 / n as f64;
+    println!(
+        "  created {n} in {created:.2} s ({:.0}/s)",
+        n as f64 / created
+    );
+    println!(
+        "  host memory per idle sandbox: {per:.0} KiB ({:.2} MiB; MemAvailable drop {} MiB)",
+        per / 1024.0,
+        before.saturating_sub(after) / 1024
+    );
+    let start = Instant::now();
+    for mut sb in alive {
+        sb.destroy().map_err(|e| e.to_string())?;
+    }
+    println!("  destroyed all in {:.2} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `husk bench`.
+pub fn main(args: BenchArgs) -> i32 {
+    let parallel = args.parallel.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let result = oneshot(args.runs)
+        .and_then(|_| creates(parallel, args.seconds))
+        .and_then(|_| density(args.idle));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("husk bench: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Command-line flags (phase one of configuration: raw flags; `run::Config` is phase two).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// husk: run untrusted code in disposable, isolated Linux sandboxes.
+#[derive(Parser, Debug)]
+#[command(name = "husk", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run one command in a fresh sandbox; the sandbox is destroyed when it ends.
+    Run(RunArgs),
+    /// Measure sandbox start-up, throughput and density against bubblewrap.
+    Bench(BenchArgs),
+    /// (internal) a benchmark worker process.
+    #[command(hide = true, name = "__bench-worker")]
+    BenchWorker(WorkerArgs),
+}
+
+#[derive(Args, Debug, Default)]
+pub struct RunArgs {
+    /// Give the command a pseudo-terminal (interactive shells).
+    #[arg(short = 't', long)]
+    pub tty: bool,
+    /// Environment variable for the command (repeatable).
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox [default: the user's home].
+    #[arg(short = 'w', long, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+    /// User inside the sandbox: `user` (uid 1000, no capabilities) or `root`.
+    #[arg(short = 'u', long, default_value = "user", value_name = "user|root")]
+    pub user: String,
+    /// Kill the sandbox after this long (e.g. 30s, 500ms, 5m) [default: no timeout].
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// Memory limit (no swap).
+    #[arg(short = 'm', long, default_value = "512M", value_name = "SIZE")]
+    pub memory: String,
+    /// CPU quota in CPUs (e.g. 0.5, 2).
+    #[arg(long, default_value = "1", value_name = "N")]
+    pub cpus: String,
+    /// Maximum number of processes and threads.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub pids: u64,
+    /// Size of the writable layer.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub disk: String,
+    /// Hostname inside the sandbox.
+    #[arg(long, default_value = "husk", value_name = "NAME")]
+    pub hostname: String,
+    /// Bind-mount a host path, read-only unless `:rw` (always nosuid, nodev; repeatable).
+    #[arg(short = 'v', long = "mount", value_name = "HOST:SANDBOX[:rw]")]
+    pub mounts: Vec<String>,
+    /// Copy a host file or directory into the sandbox's writable layer (repeatable).
+    #[arg(long = "copy", value_name = "HOST:SANDBOX")]
+    pub copies: Vec<String>,
+    /// After the command ends, copy regular files under SANDBOX_DIR to HOST_DIR (repeatable).
+    #[arg(short = 'o', long = "output", value_name = "SANDBOX_DIR:HOST_DIR")]
+    pub outputs: Vec<String>,
+    /// Limit of copied outputs, in total: size, optionally with a file count.
+    #[arg(long, default_value = "1G:10000", value_name = "SIZE[:FILES]")]
+    pub output_limit: String,
+    /// Write the sandbox id to this file once it exists.
+    #[arg(long, value_name = "PATH")]
+    pub id_file: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// One-shot runs per contender (husk run, bwrap).
+    #[arg(long, default_value_t = 200)]
+    pub runs: usize,
+    /// Parallel workers for the creates-per-second figure [default: number of CPUs].
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Seconds each creates-per-second worker runs.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Idle sandboxes kept alive for the memory figure.
+    #[arg(long, default_value_t = 500)]
+    pub idle: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Seconds to keep creating sandboxes.
+    #[arg(long)]
+    pub seconds: f64,
+}

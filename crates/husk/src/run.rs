@@ -1,0 +1,457 @@
+//! `husk run`: one sandbox for one command, stdio passed through, outputs copied back, the
+//! sandbox destroyed whatever happens.
+
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use husk_runtime::libc;
+use husk_runtime::spawner::Event;
+use husk_runtime::sys::{self, ExitStatus};
+use husk_runtime::transfer::{self, OutputLimits, SkipKind, TransferError};
+use husk_runtime::{Fate, MountSpec, Sandbox, SandboxSpec, Spawner, User};
+
+use crate::cli::RunArgs;
+use crate::relay::{Fd, Pump};
+use crate::units::{format_duration, format_size, parse_duration, parse_size};
+
+/// Exit code for husk's own failures (set-up, bad flags), as docker uses.
+pub const EXIT_HUSK_ERROR: i32 = 125;
+/// Exit code on timeout, as timeout(1) uses.
+pub const EXIT_TIMEOUT: i32 = 124;
+
+/// Validated configuration of one run (phase two, built from the raw flags).
+pub struct Config {
+    pub spec: SandboxSpec,
+    pub timeout: Option<Duration>,
+    pub copies: Vec<(PathBuf, PathBuf)>,
+    pub outputs: Vec<(PathBuf, PathBuf)>,
+    pub output_limits: OutputLimits,
+    pub id_file: Option<PathBuf>,
+}
+
+fn split_pair<'a>(s: &'a str, what: &str, form: &str) -> Result<(&'a str, &'a str)> {
+    match s.split_once(':') {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a, b)),
+        _ => bail!("invalid {what} {s:?}: expected {form}"),
+    }
+}
+
+fn absolute_host(p: &str) -> Result<PathBuf> {
+    let path = Path::new(p);
+    let abs = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    Ok(abs)
+}
+
+impl Config {
+    /// Turns flags into a validated configuration; every error names the flag and the fix.
+    pub fn from_args(a: RunArgs) -> Result<Config> {
+        let mut spec = SandboxSpec::new(a.command);
+        spec.tty = a.tty;
+        spec.user = match a.user.as_str() {
+            "user" => User::User,
+            "root" => User::Root,
+            other => bail!("invalid --user {other:?}: use `user` or `root`"),
+        };
+        spec.hostname = a.hostname;
+        spec.workdir = a.workdir;
+        for e in a.env {
+            let Some((k, v)) = e.split_once('=') else {
+                bail!("invalid --env {e:?}: expected KEY=VALUE");
+            };
+            spec.env.push((k.to_owned(), v.to_owned()));
+        }
+        spec.limits.memory_bytes = parse_size(&a.memory).map_err(|e| anyhow!("--memory: {e}"))?;
+        spec.limits.disk_bytes = parse_size(&a.disk).map_err(|e| anyhow!("--disk: {e}"))?;
+        let cpus: f64 = a
+            .cpus
+            .parse()
+            .ok()
+            .filter(|c: &f64| c.is_finite() && *c > 0.0 && *c <= 1024.0)
+            .ok_or_else(|| {
+                anyhow!(
+                    "invalid --cpus {:?}: expected a positive number like 0.5 or 2",
+                    a.cpus
+                )
+            })?;
+        spec.limits.cpu_millis = (cpus * 1000.0).round() as u64;
+        spec.limits.pids = a.pids;
+        for m in &a.mounts {
+            let parts: Vec<&str> = m.split(':').collect();
+            let (host, sandbox, writable) = match parts.as_slice() {
+                [h, s] => (*h, *s, false),
+                [h, s, "rw"] => (*h, *s, true),
+                [h, s, "ro"] => (*h, *s, false),
+                _ => bail!("invalid --mount {m:?}: expected HOST:SANDBOX[:rw]"),
+            };
+            let host = absolute_host(host)?;
+            if !host.exists() {
+                bail!("--mount {m:?}: source {} does not exist", host.display());
+            }
+            spec.mounts.push(MountSpec {
+                host,
+                sandbox: PathBuf::from(sandbox),
+                writable,
+            });
+        }
+        let mut copies = Vec::new();
+        for c in &a.copies {
+            let (h, s) = split_pair(c, "--copy", "HOST:SANDBOX")?;
+            let host = absolute_host(h)?;
+            if !host.exists() {
+                bail!("--copy {c:?}: source {} does not exist", host.display());
+            }
+            if !s.starts_with('/') {
+                bail!("--copy {c:?}: the sandbox path must be absolute");
+            }
+            copies.push((host, PathBuf::from(s)));
+        }
+        let mut outputs = Vec::new();
+        for o in &a.outputs {
+            let (s, h) = split_pair(o, "--output", "SANDBOX_DIR:HOST_DIR")?;
+            if !s.starts_with('/') {
+                bail!("--output {o:?}: the sandbox path must be absolute");
+            }
+            outputs.push((PathBuf::from(s), absolute_host(h)?));
+        }
+        let (size, files) = match a.output_limit.split_once(':') {
+            Some((s, f)) => (s, Some(f)),
+            None => (a.output_limit.as_str(), None),
+        };
+        let mut output_limits = OutputLimits {
+            max_bytes: parse_size(size).map_err(|e| anyhow!("--output-limit: {e}"))?,
+            ..OutputLimits::default()
+        };
+        if let Some(f) = files {
+            output_limits.max_files = f
+                .parse()
+                .map_err(|_| anyhow!("invalid --output-limit file count {f:?}"))?;
+        }
+        let timeout = a
+            .timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| anyhow!("--timeout: {e}"))?;
+        if spec.tty {
+            spec.tty_size = husk_runtime::pty::window_size(io::stdout().as_fd())
+                .or_else(|| husk_runtime::pty::window_size(io::stdin().as_fd()));
+        }
+        Ok(Config {
+            spec,
+            timeout,
+            copies,
+            outputs,
+            output_limits,
+            id_file: a.id_file,
+        })
+    }
+}
+
+/// Entry point: returns the process exit code.
+pub fn main(args: RunArgs) -> i32 {
+    let result = Config::from_args(args).and_then(run);
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("husk: {e:#}");
+            EXIT_HUSK_ERROR
+        }
+    }
+}
+
+const HANDLED_SIGNALS: &[libc::c_int] = &[
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+];
+
+fn host_fd(i: i32) -> BorrowedFd<'static> {
+    sys::stdio_fd(i)
+}
+
+/// Runs the configured sandbox to its end; returns the exit code.
+pub fn run(cfg: Config) -> Result<i32> {
+    // Block the signals first, so a Ctrl-C during set-up is still handled by destroying the
+    // sandbox rather than leaving it behind.
+    let sigfd = sys::signalfd(HANDLED_SIGNALS).context("signalfd")?;
+    let spawner = Spawner::new()?;
+
+    // stdio: a host terminal is never handed to the sandbox (it could change its modes or read
+    // from it); husk relays through pipes or a PTY instead. Files and pipes pass straight through.
+    let mut pumps: Vec<Pump> = Vec::new();
+    let mut sandbox_ends: Vec<OwnedFd> = Vec::new();
+    let devnull = husk_runtime::sys::open(c"/dev/null", libc::O_RDWR, 0)?;
+    let mut stdio: [BorrowedFd<'_>; 3] = [host_fd(0), host_fd(1), host_fd(2)];
+    let mut relays: Vec<(i32, Rc<OwnedFd>)> = Vec::new();
+    if cfg.spec.tty {
+        stdio = [devnull.as_fd(), devnull.as_fd(), devnull.as_fd()];
+    } else {
+        for i in 0..3 {
+            if sys::isatty(i) {
+                let (r, w) = sys::pipe()?;
+                let (ours, theirs) = if i == 0 { (w, r) } else { (r, w) };
+                relays.push((i, Rc::new(ours)));
+                sandbox_ends.push(theirs);
+            }
+        }
+        let mut k = 0;
+        for (i, _) in &relays {
+            stdio[*i as usize] = sandbox_ends[k].as_fd();
+            k += 1;
+        }
+    }
+    let mut sandbox = spawner.create(&cfg.spec, Some(stdio))?;
+    drop(sandbox_ends);
+    for (i, fd) in relays {
+        pumps.push(if i == 0 {
+            Pump::new(Fd::Host(host_fd(0)), Fd::Owned(fd), true)?
+        } else {
+            Pump::new(Fd::Owned(fd), Fd::Host(host_fd(i)), false)?
+        });
+    }
+    if let Some(path) = &cfg.id_file {
+        std::fs::write(path, format!("{}\n", sandbox.id()))
+            .with_context(|| format!("--id-file {}", path.display()))?;
+    }
+    copy_in(&sandbox, &cfg)?;
+
+    let mut pty: Option<Rc<OwnedFd>> = None;
+    let mut _raw = None;
+    if cfg.spec.tty {
+        let master = Rc::new(
+            sandbox
+                .take_pty()
+                .ok_or_else(|| anyhow!("sandbox gave no PTY"))?,
+        );
+        if sys::isatty(0) {
+            _raw = Some(husk_runtime::pty::RawMode::enable(host_fd(0))?);
+        }
+        pumps.push(Pump::new(
+            Fd::Host(host_fd(0)),
+            Fd::Owned(master.clone()),
+            false,
+        )?);
+        pumps.push(Pump::new(
+            Fd::Owned(master.clone()),
+            Fd::Host(host_fd(1)),
+            false,
+        )?);
+        pty = Some(master);
+    }
+
+    sandbox.start().context("start command")?;
+    let deadline = cfg.timeout.map(|t| Instant::now() + t);
+    let fate = event_loop(&mut sandbox, &sigfd, &mut pumps, pty.as_deref(), deadline)?;
+    for p in &mut pumps {
+        p.drain();
+    }
+    drop(pumps);
+    drop(_raw);
+    let outputs = copy_outputs(&sandbox, &cfg);
+    sandbox.destroy()?;
+    let code = report(fate, &cfg);
+    outputs?;
+    Ok(code)
+}
+
+fn event_loop(
+    sandbox: &mut Sandbox,
+    sigfd: &OwnedFd,
+    pumps: &mut [Pump],
+    pty: Option<&OwnedFd>,
+    deadline: Option<Instant>,
+) -> Result<Fate> {
+    loop {
+        let control = sandbox
+            .control_fd()
+            .ok_or_else(|| anyhow!("sandbox lost its control channel"))?
+            .as_raw_fd();
+        let mut fds = vec![
+            libc::pollfd {
+                fd: sigfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: control,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let mut owners = Vec::new();
+        for (i, p) in pumps.iter().enumerate() {
+            if let Some(pfd) = p.interest() {
+                fds.push(pfd);
+                owners.push(i);
+            }
+        }
+        let timeout = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(Fate::TimedOut);
+                }
+                // Round up so the loop does not spin in the last millisecond.
+                (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+            }
+        };
+        match sys::poll(&mut fds, timeout) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if fds[0].revents != 0 {
+            while let Some(sig) = sys::read_signalfd(sigfd.as_fd())? {
+                match (sig, pty) {
+                    (libc::SIGWINCH, Some(m)) => {
+                        if let Some((r, c)) = husk_runtime::pty::window_size(host_fd(1)) {
+                            let _ = husk_runtime::pty::set_window_size(m.as_fd(), r, c);
+                        }
+                    }
+                    (libc::SIGWINCH, None) => {}
+                    _ => {
+                        let _ = sandbox.signal(sig);
+                    }
+                }
+            }
+        }
+        for (k, &i) in owners.iter().enumerate() {
+            pumps[i].step(fds[k + 2].revents);
+        }
+        if fds[1].revents != 0 {
+            if let Event::Done(fate) = sandbox.next_event(false)? {
+                return Ok(fate);
+            }
+        }
+    }
+}
+
+fn copy_in(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
+    if cfg.copies.is_empty() {
+        return Ok(());
+    }
+    let root = sandbox.root_dir().context("open sandbox root")?;
+    let id = sandbox.host_uid_base() + cfg.spec.user.id();
+    for (host, dest) in &cfg.copies {
+        transfer::copy_in(host, root.as_fd(), dest, (id, id))
+            .with_context(|| format!("--copy {} -> {}", host.display(), dest.display()))?;
+    }
+    Ok(())
+}
+
+/// Freezes the sandbox and copies every `--output`; reports skipped entries on stderr.
+fn copy_outputs(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
+    if cfg.outputs.is_empty() {
+        return Ok(());
+    }
+    sandbox.freeze().context("freeze sandbox for output copy")?;
+    let root = sandbox.root_dir().context("open sandbox root")?;
+    let mut left = cfg.output_limits.clone();
+    for (src, dest) in &cfg.outputs {
+        match transfer::copy_out(root.as_fd(), src, dest, &left) {
+            Ok(report) => {
+                for s in &report.skipped {
+                    let what = match &s.kind {
+                        SkipKind::Symlink { target } => format!("symlink -> {target}"),
+                        SkipKind::Device => "device".into(),
+                        SkipKind::Fifo => "fifo".into(),
+                        SkipKind::Socket => "socket".into(),
+                    };
+                    eprintln!(
+                        "husk: output {}: skipped {} ({what}, not copied)",
+                        src.display(),
+                        s.path.display()
+                    );
+                }
+                left.max_bytes -= report.bytes.min(left.max_bytes);
+                left.max_files -= report.files.min(left.max_files);
+            }
+            Err(e @ TransferError::LimitExceeded { .. }) => {
+                bail!("output {}: {e}", src.display())
+            }
+            Err(e) => bail!("output {} -> {}: {e}", src.display(), dest.display()),
+        }
+    }
+    Ok(())
+}
+
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSYS => "SIGSYS",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_owned()
+}
+
+/// Prints the fate (when it is not a plain exit) and returns husk's exit code.
+fn report(fate: Fate, cfg: &Config) -> i32 {
+    let prog = cfg
+        .spec
+        .command
+        .as_ref()
+        .and_then(|c| c.first())
+        .cloned()
+        .unwrap_or_default();
+    let mut err = io::stderr().lock();
+    match fate {
+        Fate::Exited(ExitStatus::Exited(code)) => code,
+        Fate::Exited(ExitStatus::Signaled(sig)) => {
+            let _ = writeln!(err, "husk: killed: {}", signal_name(sig));
+            128 + sig
+        }
+        Fate::OutOfMemory { limit_bytes } => {
+            let _ = writeln!(
+                err,
+                "husk: killed: out of memory (limit {})",
+                format_size(limit_bytes)
+            );
+            128 + libc::SIGKILL
+        }
+        Fate::TimedOut => {
+            let t = cfg.timeout.map(format_duration).unwrap_or_default();
+            let _ = writeln!(err, "husk: killed: timeout after {t}");
+            EXIT_TIMEOUT
+        }
+        Fate::ExecFailed(errno) => {
+            let (why, code) = match errno {
+                libc::ENOENT => ("command not found in the sandbox".to_owned(), 127),
+                libc::EACCES => ("permission denied".to_owned(), 126),
+                libc::ENOEXEC => ("not an executable format".to_owned(), 126),
+                e => (io::Error::from_raw_os_error(e).to_string(), 126),
+            };
+            let _ = writeln!(err, "husk: cannot run {prog:?}: {why}");
+            code
+        }
+        Fate::InitDied => {
+            let _ = writeln!(err, "husk: the sandbox's init process died unexpectedly");
+            EXIT_HUSK_ERROR
+        }
+    }
+}

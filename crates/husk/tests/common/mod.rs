@@ -1,0 +1,257 @@
+//! Shared helpers for husk's end-to-end tests: they run the real `husk` binary as root against
+//! the real kernel, and check from the host that nothing of a sandbox survives it.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use husk_runtime::cgroup::CgroupLayout;
+use husk_runtime::uidrange;
+
+pub const HUSK: &str = env!("CARGO_BIN_EXE_husk");
+
+/// A temporary directory removed on drop (even when the test fails).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "husk-test-{tag}-{}-{:x}",
+            std::process::id(),
+            rand()
+        ));
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn rand() -> u64 {
+    let mut b = [0u8; 8];
+    use std::io::Read;
+    fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut b)
+        .unwrap();
+    u64::from_ne_bytes(b)
+}
+
+/// The result of one `husk run`, with the sandbox id it reported.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub id: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn ok(&self) -> &Self {
+        assert_eq!(
+            self.code, 0,
+            "husk run failed\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `husk run <flags> --id-file F -- <cmd>`, checks that the sandbox left nothing behind,
+/// and returns what happened.
+pub fn husk_run(flags: &[&str], cmd: &[&str]) -> Run {
+    husk_run_stdin(flags, cmd, None)
+}
+
+pub fn husk_run_stdin(flags: &[&str], cmd: &[&str], stdin: Option<&[u8]>) -> Run {
+    let dir = TempDir::new("id");
+    let id_file = dir.path().join("id");
+    let mut c = Command::new(HUSK);
+    c.arg("run")
+        .args(flags)
+        .arg("--id-file")
+        .arg(&id_file)
+        .arg("--")
+        .args(cmd);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let start = Instant::now();
+    let mut child = c.spawn().expect("spawn husk");
+    if let Some(data) = stdin {
+        let mut si = child.stdin.take().unwrap();
+        let data = data.to_vec();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = si.write_all(&data);
+        });
+    }
+    let out = child.wait_with_output().unwrap();
+    let elapsed = start.elapsed();
+    let id = fs::read_to_string(&id_file)
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        id,
+        elapsed,
+    };
+    if !run.id.is_empty() {
+        assert_gone(&run.id);
+    }
+    run
+}
+
+/// Plain `husk <args>` (for CLI error tests).
+pub fn husk(args: &[&str]) -> Output {
+    Command::new(HUSK)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Starts `husk run` in the background; returns the child and the id once the sandbox exists.
+pub fn husk_spawn(flags: &[&str], cmd: &[&str], dir: &TempDir) -> (Child, String) {
+    let id_file = dir.path().join(format!("id-{:x}", rand()));
+    let child = Command::new(HUSK)
+        .arg("run")
+        .args(flags)
+        .arg("--id-file")
+        .arg(&id_file)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = wait_for(Duration::from_secs(10), || {
+        fs::read_to_string(&id_file)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    })
+    .expect("sandbox id file never appeared");
+    (child, id)
+}
+
+/// Polls `f` until it returns Some or the deadline passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The slot of a sandbox id (`s<slot>-<hex>`).
+pub fn slot_of(id: &str) -> u32 {
+    id.strip_prefix('s')
+        .and_then(|s| s.split_once('-'))
+        .and_then(|(s, _)| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad sandbox id {id:?}"))
+}
+
+/// Host pids of processes whose real uid is in the sandbox's range.
+pub fn sandbox_pids(id: &str) -> Vec<(i32, u32)> {
+    let base = uidrange::base_of(slot_of(id));
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let uid: Option<u32> = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|u| u.parse().ok());
+        if let Some(uid) = uid {
+            if (base..base + uidrange::RANGE).contains(&uid) {
+                out.push((pid, uid));
+            }
+        }
+    }
+    out
+}
+
+/// Asserts that nothing of sandbox `id` exists on the host any more: no process in its uid
+/// range, no cgroup directory, its uid slot free, the staging directory empty.
+pub fn assert_gone(id: &str) {
+    let pids = sandbox_pids(id);
+    assert!(
+        pids.is_empty(),
+        "processes of sandbox {id} survive: {pids:?}"
+    );
+    let layout = CgroupLayout::discover().unwrap();
+    for p in layout.handle(id).paths() {
+        assert!(
+            !p.exists(),
+            "cgroup {} of sandbox {id} survives",
+            p.display()
+        );
+    }
+    let lock = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("uid-slots.lock");
+    assert!(
+        uidrange::is_free(&lock, slot_of(id)).unwrap(),
+        "uid slot of sandbox {id} still held"
+    );
+    let staging = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("staging");
+    let left: Vec<_> = fs::read_dir(&staging).unwrap().flatten().collect();
+    assert!(left.is_empty(), "host staging dir not empty: {left:?}");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains("/run/husk/"),
+        "a husk mount leaked into the host namespace:\n{mounts}"
+    );
+}
+
+/// Asserts that no process on the host is in the namespace with this inode (e.g. "net:[4026...]").
+pub fn assert_namespace_gone(kind: &str, link: &str) {
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
+            continue;
+        }
+        if let Ok(l) = fs::read_link(e.path().join("ns").join(kind)) {
+            assert_ne!(
+                l.to_string_lossy(),
+                link,
+                "process {:?} still lives in the sandbox's {kind} namespace",
+                e.file_name()
+            );
+        }
+    }
+}
+
+/// A Python snippet run with the sandbox's python3 (from the host template's /usr).
+pub fn py(code: &str) -> Vec<String> {
+    vec!["/usr/bin/python3".into(), "-c".into(), code.into()]
+}
+
+pub fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}

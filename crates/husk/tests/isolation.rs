@@ -1,0 +1,220 @@
+//! What a sandbox can see of the host and of other sandboxes: nothing.
+
+mod common;
+use common::*;
+
+use std::fs;
+use std::net::TcpListener;
+use std::time::Duration;
+
+#[test]
+fn pid1_and_hostname_are_the_sandboxs() {
+    let r = husk_run(
+        &["--hostname", "box-one"],
+        &[
+            "/bin/sh",
+            "-c",
+            "echo pid=$$; cat /proc/1/comm; hostname; cat /etc/hostname",
+        ],
+    );
+    r.ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        ["pid=2", "husk", "box-one", "box-one"],
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn host_files_are_invisible() {
+    let name = format!("husk-marker-{:x}", rand());
+    let root_marker = std::path::Path::new("/root").join(&name);
+    let tmp_marker = std::path::Path::new("/tmp").join(&name);
+    fs::write(&root_marker, "secret").unwrap();
+    fs::write(&tmp_marker, "secret").unwrap();
+    let script = format!(
+        "for p in /root/{name} /tmp/{name} /etc/shadow /etc/ssh /var/lib /var/log /run/husk /sys/kernel; do \
+           if [ -e \"$p\" ]; then echo VISIBLE $p; fi; done; ls -A /home; ls -A /var; echo end"
+    );
+    for user in ["user", "root"] {
+        let r = husk_run(&["--user", user], &["/bin/sh", "-c", &script]);
+        r.ok();
+        assert!(!r.stdout.contains("VISIBLE"), "as {user}: {}", r.stdout);
+        let lines: Vec<&str> = r.stdout.lines().collect();
+        assert_eq!(lines, ["user", "tmp", "end"], "as {user}: {}", r.stdout);
+    }
+    fs::remove_file(&root_marker).unwrap();
+    fs::remove_file(&tmp_marker).unwrap();
+}
+
+#[test]
+fn host_processes_are_invisible() {
+    let me = std::process::id();
+    let r = husk_run(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; cat /proc/timer_list | wc -c",
+        ],
+    );
+    r.ok();
+    let mut lines = r.stdout.lines();
+    let pids: Vec<u32> = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    // init (1), sh (2) and the pipeline's children; never the host's pids.
+    assert!(pids.iter().all(|&p| p < 10), "pids {pids:?}");
+    assert!(!pids.contains(&me) || me < 10);
+    assert_eq!(
+        lines.next(),
+        Some("0"),
+        "/proc/timer_list leaks host timers"
+    );
+}
+
+#[test]
+fn host_loopback_server_is_unreachable() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "import socket,errno\n\
+         s=socket.socket(); s.settimeout(3)\n\
+         try:\n  s.connect(('127.0.0.1',{port})); print('CONNECTED')\n\
+         except OSError as e: print(errno.errorcode.get(e.errno, e))\n"
+    );
+    let r = husk_run(&[], &strs(&py(&code)));
+    r.ok();
+    assert_eq!(r.stdout.trim(), "ECONNREFUSED", "{}", r.stderr);
+    assert!(
+        listener.accept().is_err(),
+        "the host listener got a connection"
+    );
+    // The sandbox's loopback itself works.
+    let r = husk_run(
+        &[],
+        &strs(&py(
+            "import socket\nl=socket.socket(); l.bind(('127.0.0.1',0)); l.listen(1)\n\
+                  c=socket.create_connection(l.getsockname()); print('ok')",
+        )),
+    );
+    assert_eq!(r.ok().stdout.trim(), "ok");
+}
+
+#[test]
+fn concurrent_sandboxes_cannot_see_or_signal_each_other() {
+    let dir = TempDir::new("pair");
+    let (mut a, id_a) = husk_spawn(&["--user", "root"], &["/bin/sleep", "30"], &dir);
+    let a_pids = wait_for(Duration::from_secs(5), || {
+        let p = sandbox_pids(&id_a);
+        (p.len() >= 2).then_some(p)
+    })
+    .expect("sandbox A's processes not found");
+    // B, as its root, tries to kill everything it can and lists what it sees.
+    let r = husk_run(
+        &["--user", "root"],
+        &["/bin/sh", "-c", "kill -9 -1 2>/dev/null; ls /proc | grep -cE '^[0-9]+$'; cat /proc/[0-9]*/cmdline | tr '\\0' ' '"],
+    );
+    assert!(!r.stdout.contains("sleep 30"), "B sees A: {}", r.stdout);
+    // A survived B's kill -1.
+    assert!(a.try_wait().unwrap().is_none(), "sandbox A died");
+    let still = sandbox_pids(&id_a);
+    assert_eq!(
+        still.len(),
+        a_pids.len(),
+        "A's processes changed: {a_pids:?} -> {still:?}"
+    );
+    // Different host uid ranges.
+    assert_ne!(slot_of(&id_a), slot_of(&r.id));
+    let base_a = husk_runtime::uidrange::base_of(slot_of(&id_a));
+    assert!(a_pids
+        .iter()
+        .all(|(_, uid)| (base_a..base_a + 65536).contains(uid)));
+    a.kill().unwrap();
+    a.wait().unwrap();
+    wait_for(Duration::from_secs(5), || {
+        sandbox_pids(&id_a).is_empty().then_some(())
+    })
+    .expect("A's processes outlived husk");
+}
+
+#[test]
+fn sandbox_user_maps_to_an_unprivileged_host_uid() {
+    let dir = TempDir::new("uid");
+    let (mut child, id) = husk_spawn(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "id -u; id -g; cat /proc/self/uid_map; exec sleep 30",
+        ],
+        &dir,
+    );
+    let pids = wait_for(Duration::from_secs(5), || {
+        let p = sandbox_pids(&id);
+        p.iter().any(|(_, u)| *u % 65536 == 1000).then_some(p)
+    })
+    .expect("no sandbox process found");
+    let base = husk_runtime::uidrange::base_of(slot_of(&id));
+    assert!(base >= 0x4000_0000);
+    assert!(pids.iter().any(|(_, uid)| *uid == base + 1000), "{pids:?}");
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "1000");
+    assert_eq!(lines[1], "1000");
+    let map: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(map, ["0", &base.to_string(), "65536"]);
+    wait_for(Duration::from_secs(5), || {
+        sandbox_pids(&id).is_empty().then_some(())
+    })
+    .expect("sandbox outlived husk");
+}
+
+#[test]
+fn read_only_mounts_refuse_writes_and_rw_mounts_write_through() {
+    let host = TempDir::new("mnt");
+    fs::write(host.path().join("in.txt"), "input").unwrap();
+    // The sandbox's user is an unprivileged host uid: it writes where the host lets others write.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(host.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let spec = format!("{}:/data", host.path().display());
+    let r = husk_run(
+        &["--mount", &spec, "--user", "root"],
+        &["/bin/sh", "-c", "cat /data/in.txt; echo; touch /data/new 2>&1; echo x > /data/in.txt 2>&1; mount -o remount,rw /data 2>&1 >/dev/null; touch /usr/evil 2>&1; true"],
+    );
+    r.ok();
+    assert!(r.stdout.starts_with("input\n"), "{}", r.stdout);
+    assert!(
+        r.stdout.matches("Read-only file system").count() >= 3,
+        "{}",
+        r.stdout
+    );
+    assert!(!host.path().join("new").exists());
+    assert_eq!(
+        fs::read_to_string(host.path().join("in.txt")).unwrap(),
+        "input"
+    );
+    assert!(!std::path::Path::new("/usr/evil").exists());
+
+    let spec = format!("{}:/data:rw", host.path().display());
+    let r = husk_run(
+        &["--mount", &spec],
+        &["/bin/sh", "-c", "echo out > /data/out.txt"],
+    );
+    r.ok();
+    assert_eq!(
+        fs::read_to_string(host.path().join("out.txt")).unwrap(),
+        "out\n"
+    );
+    use std::os::unix::fs::MetadataExt;
+    let uid = fs::metadata(host.path().join("out.txt")).unwrap().uid();
+    assert_eq!(uid, husk_runtime::uidrange::base_of(slot_of(&r.id)) + 1000);
+}
