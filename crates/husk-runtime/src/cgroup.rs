@@ -167,6 +167,33 @@ impl CgroupLayout {
         if v2.is_none() && !v1.iter().any(|(n, _)| *n == "freezer") {
             return Err(CgroupError::MissingController("freezer"));
         }
+        let mut v2_controllers = Vec::new();
+        for c in CONTROLLERS {
+            if v1.iter().any(|(n, _)| *n == c) {
+                continue;
+            }
+            let available = v2
+                .as_ref()
+                .and_then(|p| p.parent().map(|p| p.join("cgroup.controllers")))
+                .and_then(|p| fs::read_to_string(p).ok())
+                .is_some_and(|s| s.split_whitespace().any(|x| x == c));
+            if !available {
+                return Err(CgroupError::MissingController(c));
+            }
+            v2_controllers.push(c);
+        }
+        // The v2 core files (cgroup.freeze, cgroup.kill) replace the v1 freezer where they
+        // exist, which saves a hierarchy per sandbox.
+        let v2_freeze = v2.as_ref().and_then(|p| p.parent()).is_some_and(|p| {
+            p.join("cgroup.freeze").exists()
+                || p.join("cgroup.kill").exists()
+                || p.parent().is_none()
+        });
+        if v2_freeze {
+            v1.retain(|(n, _)| *n != "freezer");
+        } else if !v1.iter().any(|(n, _)| *n == "freezer") {
+            return Err(CgroupError::MissingController("freezer"));
+        }
         Ok(CgroupLayout {
             v1,
             v2,
@@ -182,7 +209,15 @@ impl CgroupLayout {
     }
 
     /// Creates the parent directories and, on v2, delegates the controllers husk needs to them.
-    pub fn prepare(&self) -> Result<(), CgroupError> {
+    pub fn prepare(&mut self) -> Result<(), CgroupError> {
+        if let Some(v2) = &self.v2 {
+            fs::create_dir_all(v2).map_err(io_err(v2))?;
+            // The v2 core files (cgroup.freeze, cgroup.kill) replace the v1 freezer where the
+            // kernel has them, which saves a hierarchy per sandbox.
+            if v2.join("cgroup.freeze").exists() && v2.join("cgroup.kill").exists() {
+                self.v1.retain(|(n, _)| *n != "freezer");
+            }
+        }
         for p in self.parents() {
             fs::create_dir_all(&p).map_err(io_err(&p))?;
         }
@@ -255,6 +290,14 @@ impl CgroupLayout {
     }
 }
 
+/// See [`SandboxCgroup::join_handles`].
+pub struct JoinHandles {
+    /// `tasks` files of the v1 hierarchies: the child writes "0" to each.
+    pub v1_tasks: Vec<OwnedFd>,
+    /// The v2 directory, for `CLONE_INTO_CGROUP`.
+    pub v2_dir: Option<OwnedFd>,
+}
+
 /// One sandbox's cgroup directories.
 #[derive(Debug)]
 pub struct SandboxCgroup {
@@ -322,19 +365,31 @@ impl SandboxCgroup {
         Ok(())
     }
 
-    /// Opens every hierarchy's `cgroup.procs` for writing: the sandbox's first process writes
-    /// "0" to each to join before it runs anything else.
-    pub fn procs_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
-        self.dirs()
-            .map(|d| {
-                let p = d.join("cgroup.procs");
+    /// How the first process of the sandbox joins: the v2 directory as an fd for
+    /// `clone3(CLONE_INTO_CGROUP)`, and every v1 hierarchy's `tasks` file opened for writing.
+    ///
+    /// Why not `cgroup.procs`: moving a whole thread group takes the global
+    /// `cgroup_threadgroup_rwsem` for writing, which waits for an RCU grace period (~8 ms here).
+    /// A single-threaded process moving itself through `tasks` (v1), or being born into its
+    /// cgroup (v2), skips that lock.
+    pub fn join_handles(&self) -> Result<JoinHandles, CgroupError> {
+        let v1_tasks = self
+            .v1
+            .iter()
+            .map(|(_, d)| {
+                let p = d.join("tasks");
                 fs::OpenOptions::new()
                     .write(true)
                     .open(&p)
                     .map(OwnedFd::from)
                     .map_err(io_err(&p))
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        let v2_dir = match &self.v2 {
+            Some(d) => Some(fs::File::open(d).map(OwnedFd::from).map_err(io_err(d))?),
+            None => None,
+        };
+        Ok(JoinHandles { v1_tasks, v2_dir })
     }
 
     /// How many times the OOM killer fired in this cgroup.

@@ -78,7 +78,7 @@ pub fn send_from_init(sock: BorrowedFd<'_>, msg: &FromInit) -> io::Result<()> {
         FromInit::Ready { pty_master } => {
             let fds: Vec<RawFd> = pty_master
                 .iter()
-                .map(|f| std::os::fd::AsRawFd::as_raw_fd(f))
+                .map(std::os::fd::AsRawFd::as_raw_fd)
                 .collect();
             sys::send_with_fds(sock, &[T_READY], &fds)
         }

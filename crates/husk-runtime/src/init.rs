@@ -27,7 +27,8 @@ pub(crate) struct ChildArgs<'a> {
     pub base: u32,
     pub fences: &'a Fences,
     pub control: RawFd,
-    pub cgroup_procs: Vec<RawFd>,
+    /// v1 `tasks` files to write "0" to (v2 membership comes from CLONE_INTO_CGROUP).
+    pub cgroup_tasks: Vec<RawFd>,
     pub stdio: Option<[RawFd; 3]>,
 }
 
@@ -72,9 +73,9 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         }
     }
     let mut keep = vec![args.control];
-    keep.extend(&args.cgroup_procs);
+    keep.extend(&args.cgroup_tasks);
     sys::close_fds_from(3, &keep);
-    for fd in &args.cgroup_procs {
+    for fd in &args.cgroup_tasks {
         // SAFETY: inherited fd, owned by this process from here on (closed on drop).
         let f = unsafe { OwnedFd::from_raw_fd(*fd) };
         sys::write_all(f.as_fd(), b"0").map_err(ctx("join cgroup"))?;

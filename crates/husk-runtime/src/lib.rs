@@ -16,7 +16,8 @@
 //! let spawner = Spawner::new()?;
 //! let mut spec = SandboxSpec::new(vec!["/bin/echo".into(), "hello".into()]);
 //! spec.limits.memory_bytes = 256 << 20;
-//! let mut sandbox = spawner.create(&spec)?;
+//! let mut sandbox = spawner.create(&spec, None)?; // None: the caller's own stdio
+//! sandbox.start()?;                                // copy files in first, if needed
 //! let fate = sandbox.wait(None)?;
 //! sandbox.destroy()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -18,20 +18,16 @@ use crate::host_template::{HostTemplate, TopEntry};
 use crate::spec::SandboxSpec;
 use crate::sys::{self, cpath};
 
-/// Files of a fresh /proc that describe the host rather than the sandbox (the host's tasks,
-/// timers, kernel memory, keys); each is covered by an empty read-only mount.
+/// Files of a fresh /proc that describe the host rather than the sandbox (the host's tasks
+/// and timers, kernel memory) or act on it; each present one is covered by a read-only
+/// /dev/null. The rest of /proc is either per-namespace or refused to the sandbox's uids.
 pub const PROC_MASKED_FILES: &[&str] = &[
     "kcore",
-    "keys",
-    "key-users",
-    "latency_stats",
     "sched_debug",
     "timer_list",
+    "latency_stats",
     "sysrq-trigger",
-    "kallsyms",
 ];
-/// Directories of /proc masked the same way.
-pub const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "driver", "irq", "bus", "fs"];
 
 /// Character devices of the minimal /dev: (name, major, minor).
 pub const DEVICES: &[(&str, u32, u32)] = &[
@@ -338,17 +334,6 @@ fn proc(proc: &Path) -> io::Result<()> {
         let p = proc.join(name);
         if fs::symlink_metadata(&p).is_ok() {
             bind(Path::new("/dev/null"), &p, false)?;
-        }
-    }
-    for name in PROC_MASKED_DIRS {
-        let p = proc.join(name);
-        if fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-            mount_fs(
-                "tmpfs",
-                &p,
-                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                "size=0,nr_inodes=1,mode=0555",
-            )?;
         }
     }
     Ok(())

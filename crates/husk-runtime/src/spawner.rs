@@ -112,7 +112,7 @@ impl Spawner {
             }
         }
         fs::create_dir_all(run_dir.join("staging")).map_err(io_ctx("create run dir"))?;
-        let layout = CgroupLayout::discover()?;
+        let mut layout = CgroupLayout::discover()?;
         layout.prepare()?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
         let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
@@ -192,7 +192,7 @@ impl Spawner {
         spec: &SandboxSpec,
         stdio: Option<[BorrowedFd<'_>; 3]>,
     ) -> Result<(), SpawnError> {
-        let procs = sb.cgroup.procs_files()?;
+        let join = sb.cgroup.join_handles()?;
         let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
@@ -201,7 +201,9 @@ impl Spawner {
             | libc::CLONE_NEWNET
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
-        match sys::clone3_fork(flags).map_err(io_ctx("clone3"))? {
+        match sys::clone3_fork(flags, join.v2_dir.as_ref().map(|d| d.as_fd()))
+            .map_err(io_ctx("clone3"))?
+        {
             Forked::Child => {
                 drop(parent_end);
                 init::child_main(ChildArgs {
@@ -211,13 +213,13 @@ impl Spawner {
                     base,
                     fences: &self.fences,
                     control: child_end.as_raw_fd(),
-                    cgroup_procs: procs.iter().map(AsRawFd::as_raw_fd).collect(),
+                    cgroup_tasks: join.v1_tasks.iter().map(AsRawFd::as_raw_fd).collect(),
                     stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
                 })
             }
             Forked::Parent { pid, pidfd } => {
                 drop(child_end);
-                drop(procs);
+                drop(join);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
                 sb.control = Some(parent_end);

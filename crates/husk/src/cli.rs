@@ -15,7 +15,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run one command in a fresh sandbox; the sandbox is destroyed when it ends.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Measure sandbox start-up, throughput and density against bubblewrap.
     Bench(BenchArgs),
     /// (internal) a benchmark worker process.

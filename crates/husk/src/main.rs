@@ -15,7 +15,7 @@ use clap::Parser;
 fn main() {
     let cli = cli::Cli::parse();
     let code = match cli.command {
-        cli::Command::Run(args) => run::main(args),
+        cli::Command::Run(args) => run::main(*args),
         cli::Command::Bench(args) => bench::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),
     };

@@ -206,10 +206,8 @@ pub fn run(cfg: Config) -> Result<i32> {
                 sandbox_ends.push(theirs);
             }
         }
-        let mut k = 0;
-        for (i, _) in &relays {
+        for (k, (i, _)) in relays.iter().enumerate() {
             stdio[*i as usize] = sandbox_ends[k].as_fd();
-            k += 1;
         }
     }
     let mut sandbox = spawner.create(&cfg.spec, Some(stdio))?;
@@ -359,7 +357,7 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
     }
     sandbox.freeze().context("freeze sandbox for output copy")?;
     let root = sandbox.root_dir().context("open sandbox root")?;
-    let mut left = cfg.output_limits.clone();
+    let mut left = cfg.output_limits;
     for (src, dest) in &cfg.outputs {
         match transfer::copy_out(root.as_fd(), src, dest, &left) {
             Ok(report) => {

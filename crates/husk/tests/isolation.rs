@@ -157,8 +157,7 @@ fn sandbox_user_maps_to_an_unprivileged_host_uid() {
         &dir,
     );
     let pids = wait_for(Duration::from_secs(5), || {
-        let p = sandbox_pids(&id);
-        p.iter().any(|(_, u)| *u % 65536 == 1000).then_some(p)
+        sandbox_runs(&id, "sleep").then(|| sandbox_pids(&id))
     })
     .expect("no sandbox process found");
     let base = husk_runtime::uidrange::base_of(slot_of(&id));
@@ -188,12 +187,22 @@ fn read_only_mounts_refuse_writes_and_rw_mounts_write_through() {
     let spec = format!("{}:/data", host.path().display());
     let r = husk_run(
         &["--mount", &spec, "--user", "root"],
-        &["/bin/sh", "-c", "cat /data/in.txt; echo; touch /data/new 2>&1; echo x > /data/in.txt 2>&1; mount -o remount,rw /data 2>&1 >/dev/null; touch /usr/evil 2>&1; true"],
+        &[
+            "/bin/sh",
+            "-c",
+            "exec 2>&1; cat /data/in.txt; echo; \
+             touch /data/new || echo FAIL1; (echo x > /data/in.txt) || echo FAIL2; \
+             mount -o remount,rw /data >/dev/null 2>&1 || echo FAIL3; touch /usr/evil || echo FAIL4",
+        ],
     );
     r.ok();
     assert!(r.stdout.starts_with("input\n"), "{}", r.stdout);
-    assert!(
-        r.stdout.matches("Read-only file system").count() >= 3,
+    for f in ["FAIL1", "FAIL2", "FAIL3", "FAIL4"] {
+        assert!(r.stdout.contains(f), "{f} missing: {}", r.stdout);
+    }
+    assert_eq!(
+        r.stdout.matches("Read-only file system").count(),
+        3,
         "{}",
         r.stdout
     );

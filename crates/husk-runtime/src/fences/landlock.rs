@@ -78,7 +78,7 @@ fn root_identity() -> Result<(u64, u64), FenceError> {
 }
 
 fn open(path: &'static str) -> Result<PathFd, FenceError> {
-    PathFd::new(path).map_err(|source| FenceError::LandlockPath { path, source })
+    PathFd::new(path).map_err(|error| FenceError::LandlockPath { path, error })
 }
 
 /// Creates the ruleset for the current root directory.
@@ -129,9 +129,9 @@ impl LandlockFence {
             prepared
                 .ruleset
                 .try_clone()
-                .map_err(|source| FenceError::Sys {
+                .map_err(|error| FenceError::Sys {
                     op: "dup(landlock ruleset)",
-                    source,
+                    error,
                 })?
         } else {
             build_ruleset()?

@@ -17,7 +17,7 @@
 //!
 //! `prepare` allocates; `drop_bounding` and `apply_after_setuid` only make syscalls on prepared
 //! data (they allocate nothing unless the root directory changed since `prepare`, see
-//! [`Fences::apply_after_setuid`]). The policy itself is data: [`DENY_RULES`] (seccomp),
+//! [`Fences::prepare`]). The policy itself is data: [`DENY_RULES`] (seccomp),
 //! [`DEFAULT_ROOT_CAPS`] (capabilities) and the Landlock rules described on [`Fences`].
 
 mod caps;
@@ -34,41 +34,44 @@ pub use self::rlimits::Rlimits;
 pub use self::seccomp_rules::{ArgMatch, DenyRule, Probe, DENY_RULES};
 
 /// Everything that can go wrong preparing or applying the fences.
+///
+/// The message includes the underlying error (so `to_string()` tells the whole story); the
+/// underlying error is not also reported as `source()`, to avoid printing it twice.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FenceError {
     /// The seccomp policy does not compile (a bug in [`DENY_RULES`]).
-    #[error("compiling the seccomp policy")]
-    SeccompCompile(#[source] seccompiler::BackendError),
-    /// Two rules give the same syscall different errnos.
-    #[error("seccomp rule {rule} conflicts with another rule for the same syscall")]
-    ConflictingRules {
+    #[error("compiling the seccomp policy: {0}")]
+    SeccompCompile(seccompiler::BackendError),
+    /// A seccomp rule is unusable (a bug in the rule table).
+    #[error("seccomp rule {rule}: {reason}")]
+    InvalidRule {
         /// The offending rule.
         rule: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
     },
     /// `seccomp(2)` (or the `prctl` before it) failed.
-    #[error("installing the seccomp filter")]
-    SeccompInstall(#[source] seccompiler::Error),
+    #[error("installing the seccomp filter: {0}")]
+    SeccompInstall(seccompiler::Error),
     /// Building or enforcing the Landlock ruleset failed (an unsupported kernel is not an error).
-    #[error("landlock")]
-    Landlock(#[from] ::landlock::RulesetError),
+    #[error("landlock: {0}")]
+    Landlock(::landlock::RulesetError),
     /// A path needed by a Landlock rule could not be opened.
-    #[error("landlock: opening {path}")]
+    #[error("landlock: opening {path}: {error}")]
     LandlockPath {
         /// The path.
         path: &'static str,
         /// Why.
-        #[source]
-        source: ::landlock::PathFdError,
+        error: ::landlock::PathFdError,
     },
     /// Setting a resource limit failed.
-    #[error("setting RLIMIT_{resource}")]
+    #[error("setting RLIMIT_{resource}: {error}")]
     Rlimit {
         /// `NOFILE`, `NPROC`, ...
         resource: &'static str,
         /// Why.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// A capability outside the keep-set is still in the bounding set and the process can no
     /// longer drop it (call [`Fences::drop_bounding`] before `setresuid`).
@@ -80,14 +83,19 @@ pub enum FenceError {
         cap: u32,
     },
     /// Some other system call failed.
-    #[error("{op}")]
+    #[error("{op}: {error}")]
     Sys {
         /// What was being done.
         op: &'static str,
         /// Why.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
+}
+
+impl From<::landlock::RulesetError> for FenceError {
+    fn from(e: ::landlock::RulesetError) -> Self {
+        FenceError::Landlock(e)
+    }
 }
 
 impl FenceError {
@@ -95,7 +103,7 @@ impl FenceError {
     pub(crate) fn last_os(op: &'static str) -> FenceError {
         FenceError::Sys {
             op,
-            source: io::Error::last_os_error(),
+            error: io::Error::last_os_error(),
         }
     }
 }
@@ -148,14 +156,14 @@ impl Fences {
     /// In order: rlimits; capabilities (checks the bounding set holds nothing outside the
     /// keep-set, dropping leftovers if still possible; limits permitted and effective to the
     /// keep-set, clears inheritable and ambient); no_new_privs; Landlock (skipped if the kernel
-    /// does not support it); seccomp.
+    /// does not support it; the ruleset is rebuilt here if `/` is not the directory `prepare`
+    /// saw); seccomp.
     pub fn apply_after_setuid(&self, root: bool, rlimits: &Rlimits) -> Result<(), FenceError> {
         rlimits.apply()?;
         let keep = caps::keep_mask(root);
         caps::ensure_bounding_within(keep, self.last_cap)?;
         caps::restrict_process_caps(keep)?;
         set_no_new_privs()?;
-        self.landlock.apply()?;
         seccomp::install(&self.seccomp, false)
     }
 
@@ -163,8 +171,13 @@ impl Fences {
     /// needs to start commands as root or as the user ([`DEFAULT_ROOT_CAPS`] plus
     /// [`INIT_EXTRA_CAPS`]), makes the process non-dumpable (`PR_SET_DUMPABLE` 0), sets
     /// no_new_privs and installs the seccomp filter on all its threads. After this, init can no
-    /// longer mount, unshare a user namespace, etc. No Landlock: init must be able to signal
-    /// every process of the sandbox.
+    /// longer mount, unshare a user namespace, etc.
+    ///
+    /// Landlock is enforced here too, once for the whole sandbox: every command init starts
+    /// inherits the same domain, so commands of one sandbox can still signal each other (a
+    /// `pkill` of a server started by an earlier command works) and init can signal them all,
+    /// while nothing in the sandbox can signal or reach abstract sockets outside it. Doing it
+    /// once also keeps the ruleset's cost off every command start.
     pub fn apply_to_init(&self) -> Result<(), FenceError> {
         caps::drop_bounding_except(caps::init_mask(), self.last_cap)?;
         // SAFETY: PR_SET_DUMPABLE takes an integer argument and touches no memory.
@@ -172,9 +185,17 @@ impl Fences {
             return Err(FenceError::last_os("prctl(PR_SET_DUMPABLE, 0)"));
         }
         set_no_new_privs()?;
+        self.landlock.apply()?;
         seccomp::install(&self.seccomp, true)
     }
 }
+
+// Fences are prepared once and may be shared (e.g. in an Arc) with the code that forks.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Fences>();
+    assert_send_sync::<FenceError>();
+};
 
 fn set_no_new_privs() -> Result<(), FenceError> {
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments and touches no memory.

@@ -2,6 +2,12 @@
 
 use super::FenceError;
 
+/// The type of `RLIMIT_*` constants (glibc uses an enum typedef, musl a plain int).
+#[cfg(target_env = "gnu")]
+type Resource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+type Resource = libc::c_int;
+
 /// Per-process resource limits. Each one sets both the soft and the hard limit (so sandboxed
 /// code cannot raise it again), clamped to the current hard limit: a limit can only be lowered
 /// without `CAP_SYS_RESOURCE`, and lowering is the point.
@@ -43,17 +49,13 @@ impl Rlimits {
     }
 }
 
-fn set(
-    resource: libc::__rlimit_resource_t,
-    name: &'static str,
-    value: Option<u64>,
-) -> Result<(), FenceError> {
+fn set(resource: Resource, name: &'static str, value: Option<u64>) -> Result<(), FenceError> {
     let Some(value) = value else {
         return Ok(());
     };
-    let err = |source| FenceError::Rlimit {
+    let err = |error| FenceError::Rlimit {
         resource: name,
-        source,
+        error,
     };
     let mut current = libc::rlimit {
         rlim_cur: 0,
@@ -80,7 +82,7 @@ mod tests {
     use super::super::testing::in_child;
     use super::*;
 
-    fn get(resource: libc::__rlimit_resource_t) -> (u64, u64) {
+    fn get(resource: Resource) -> (u64, u64) {
         let mut r = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,

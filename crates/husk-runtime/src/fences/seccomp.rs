@@ -114,9 +114,19 @@ pub(crate) fn compile(rules: &[DenyRule]) -> Result<Vec<BpfProgram>, FenceError>
     let mut by_errno: BTreeMap<i32, BTreeMap<i64, Option<Vec<SeccompRule>>>> = BTreeMap::new();
     let mut errno_of_syscall: BTreeMap<i64, i32> = BTreeMap::new();
     for rule in rules {
+        let invalid = |reason| FenceError::InvalidRule {
+            rule: rule.name,
+            reason,
+        };
+        if !(1..=4095).contains(&rule.errno) {
+            return Err(invalid("errno must be in 1..=4095"));
+        }
+        if !(0..i64::from(X32_SYSCALL_BIT)).contains(&rule.syscall) {
+            return Err(invalid("not a native x86_64 syscall number"));
+        }
         if let Some(&other) = errno_of_syscall.get(&rule.syscall) {
             if other != rule.errno {
-                return Err(FenceError::ConflictingRules { rule: rule.name });
+                return Err(invalid("another rule gives this syscall a different errno"));
             }
         }
         errno_of_syscall.insert(rule.syscall, rule.errno);
@@ -139,9 +149,8 @@ pub(crate) fn compile(rules: &[DenyRule]) -> Result<Vec<BpfProgram>, FenceError>
 
     let mut programs = Vec::with_capacity(by_errno.len());
     for (errno, syscalls) in by_errno {
-        let errno = u32::try_from(errno).map_err(|_| FenceError::ConflictingRules {
-            rule: "negative errno",
-        })?;
+        // Validated above: 1..=4095.
+        let errno = errno as u32;
         let map: BTreeMap<i64, Vec<SeccompRule>> = syscalls
             .into_iter()
             .map(|(nr, chain)| (nr, chain.unwrap_or_default()))
@@ -229,7 +238,13 @@ mod tests {
         rules.push(other);
         assert!(matches!(
             compile(&rules),
-            Err(FenceError::ConflictingRules { .. })
+            Err(FenceError::InvalidRule { .. })
+        ));
+        let mut bad = DENY_RULES[0];
+        bad.errno = 0;
+        assert!(matches!(
+            compile(&[bad]),
+            Err(FenceError::InvalidRule { .. })
         ));
     }
 

@@ -199,6 +199,13 @@ pub fn sandbox_pids(id: &str) -> Vec<(i32, u32)> {
     out
 }
 
+/// Whether a process named `comm` runs in sandbox `id`.
+pub fn sandbox_runs(id: &str, comm: &str) -> bool {
+    sandbox_pids(id).iter().any(|(pid, _)| {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+    })
+}
+
 /// Asserts that nothing of sandbox `id` exists on the host any more: no process in its uid
 /// range, no cgroup directory, its uid slot free, the staging directory empty.
 pub fn assert_gone(id: &str) {
