@@ -1,0 +1,180 @@
+//! How a sandbox ends, and that nothing of it survives any ending.
+
+mod common;
+use common::*;
+
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn exit_codes_propagate() {
+    assert_eq!(husk_run(&[], &["/bin/sh", "-c", "exit 42"]).code, 42);
+    assert_eq!(husk_run(&[], &["/bin/true"]).code, 0);
+    assert_eq!(husk_run(&[], &["/bin/false"]).code, 1);
+    let r = husk_run(&[], &["/bin/sh", "-c", "kill -SEGV $$"]);
+    assert_eq!(r.code, 128 + 11);
+    assert!(r.stderr.contains("husk: killed: SIGSEGV"), "{}", r.stderr);
+}
+
+#[test]
+fn missing_or_non_executable_commands_are_reported() {
+    let r = husk_run(&[], &["no-such-command"]);
+    assert_eq!(r.code, 127);
+    assert!(
+        r.stderr.contains("command not found in the sandbox"),
+        "{}",
+        r.stderr
+    );
+    let r = husk_run(&[], &["/etc/hostname"]);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+    assert!(r.stderr.contains("permission denied"), "{}", r.stderr);
+}
+
+#[test]
+fn namespaces_are_gone_after_a_normal_exit() {
+    let r = husk_run(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "readlink /proc/self/ns/net /proc/self/ns/mnt /proc/self/ns/pid /proc/self/ns/user",
+        ],
+    );
+    r.ok();
+    let links: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(links.len(), 4, "{}", r.stdout);
+    for (kind, link) in ["net", "mnt", "pid", "user"].iter().zip(&links) {
+        assert!(link.starts_with(kind), "{link}");
+        // The sandbox's namespaces differ from the test's own...
+        let ours = std::fs::read_link(format!("/proc/self/ns/{kind}")).unwrap();
+        assert_ne!(ours.to_string_lossy(), *link);
+        // ...and no process on the host lives in them any more.
+        assert_namespace_gone(kind, link);
+    }
+}
+
+#[test]
+fn background_processes_die_with_the_command() {
+    let r = husk_run(
+        &[],
+        &["/bin/sh", "-c", "sleep 300 & sleep 300 & echo started"],
+    );
+    r.ok();
+    assert_eq!(r.stdout.trim(), "started");
+    // husk_run already asserted that no process of the sandbox survives.
+    assert!(r.elapsed < Duration::from_secs(30));
+}
+
+#[test]
+fn sigterm_to_husk_is_forwarded_and_everything_is_cleaned_up() {
+    let dir = TempDir::new("term");
+    let (child, id) = husk_spawn(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "trap 'echo got-term; exit 7' TERM; sleep 100 & wait",
+        ],
+        &dir,
+    );
+    wait_for(Duration::from_secs(10), || {
+        sandbox_runs(&id, "sleep").then_some(())
+    })
+    .expect("sandbox never started its sleep");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got-term");
+    assert_gone(&id);
+}
+
+#[test]
+fn sigkill_of_husk_takes_the_sandbox_down_and_the_next_run_reaps_its_cgroups() {
+    let dir = TempDir::new("kill");
+    let (mut child, id) = husk_spawn(&[], &["/bin/sleep", "100"], &dir);
+    wait_for(Duration::from_secs(10), || {
+        sandbox_runs(&id, "sleep").then_some(())
+    })
+    .expect("sandbox never started");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // PID 1 has PDEATHSIG: the kernel kills the sandbox when husk dies.
+    wait_for(Duration::from_secs(10), || {
+        sandbox_pids(&id).is_empty().then_some(())
+    })
+    .expect("sandbox processes outlived a SIGKILLed husk");
+    // Its cgroups are reaped by the next husk that starts.
+    husk_run(&[], &["/bin/true"]).ok();
+    assert_gone(&id);
+}
+
+#[test]
+fn stdin_is_passed_through() {
+    let data: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    let r = husk_run_stdin(&[], &["/usr/bin/sha256sum"], Some(&data));
+    r.ok();
+    let expected = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(&data)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(r.stdout, String::from_utf8_lossy(&expected.stdout));
+}
+
+#[test]
+fn env_workdir_user_and_hostname_flags_apply() {
+    let r = husk_run(
+        &[
+            "--env",
+            "GREETING=hi there",
+            "--workdir",
+            "/tmp/work",
+            "--user",
+            "root",
+            "--hostname",
+            "h1",
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            "echo \"$GREETING\"; pwd; id -u; hostname; echo $HOME",
+        ],
+    );
+    r.ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines, ["hi there", "/tmp/work", "0", "h1", "/root"]);
+    let r = husk_run(
+        &[],
+        &["/bin/sh", "-c", "id -un; pwd; echo $HOME; echo $PATH"],
+    );
+    let lines: Vec<&str> = r.ok().stdout.lines().collect();
+    assert_eq!(lines[..3], ["user", "/home/user", "/home/user"]);
+    assert!(lines[3].contains("/usr/bin"));
+}
+
+#[test]
+fn tty_gives_an_interactive_shell() {
+    let r = husk_run_stdin(
+        &["-t"],
+        &["/bin/bash", "-i"],
+        Some(b"echo hi-$((40+2))\ntty\nexit 3\n"),
+    );
+    assert_eq!(r.code, 3, "{}", r.stdout);
+    assert!(r.stdout.contains("hi-42"), "{}", r.stdout);
+    assert!(r.stdout.contains("/dev/pts/0"), "{}", r.stdout);
+}
