@@ -270,14 +270,25 @@ impl CgroupLayout {
 
     /// Creates the cgroup `name` with `limits` in every hierarchy.
     pub fn create(&self, name: &str, limits: &crate::Limits) -> Result<SandboxCgroup, CgroupError> {
-        let cg = self.handle(name);
-        match cg.create_dirs(limits) {
+        let cg = self.create_v2(name)?;
+        match cg.complete(limits) {
             Ok(()) => Ok(cg),
             Err(e) => {
                 let _ = cg.remove();
                 Err(e)
             }
         }
+    }
+
+    /// First half of [`CgroupLayout::create`]: only the v2 directory, which must exist before
+    /// the sandbox's first process is cloned into it. [`SandboxCgroup::complete`] does the rest
+    /// while that process builds its root filesystem.
+    pub fn create_v2(&self, name: &str) -> Result<SandboxCgroup, CgroupError> {
+        let cg = self.handle(name);
+        if let Some(d) = &cg.v2 {
+            fs::create_dir(d).map_err(io_err(d))?;
+        }
+        Ok(cg)
     }
 
     /// A handle on the (possibly existing) cgroup `name`, without creating anything.
@@ -288,14 +299,6 @@ impl CgroupLayout {
             v2_controllers: self.v2_controllers.clone(),
         }
     }
-}
-
-/// See [`SandboxCgroup::join_handles`].
-pub struct JoinHandles {
-    /// `tasks` files of the v1 hierarchies: the child writes "0" to each.
-    pub v1_tasks: Vec<OwnedFd>,
-    /// The v2 directory, for `CLONE_INTO_CGROUP`.
-    pub v2_dir: Option<OwnedFd>,
 }
 
 /// One sandbox's cgroup directories.
@@ -323,8 +326,11 @@ impl SandboxCgroup {
             .map(|(_, p)| p.as_path())
     }
 
-    fn create_dirs(&self, limits: &crate::Limits) -> Result<(), CgroupError> {
-        for d in self.dirs() {
+    /// Creates the v1 directories and writes every limit (second half of creation). Until the
+    /// sandbox's first process joins them it runs no code of the sandbox's, so the limits are in
+    /// place before anything they are meant to bound.
+    pub fn complete(&self, limits: &crate::Limits) -> Result<(), CgroupError> {
+        for (_, d) in &self.v1 {
             fs::create_dir(d).map_err(io_err(d))?;
         }
         let period: u64 = 100_000;
@@ -365,16 +371,23 @@ impl SandboxCgroup {
         Ok(())
     }
 
-    /// How the first process of the sandbox joins: the v2 directory as an fd for
-    /// `clone3(CLONE_INTO_CGROUP)`, and every v1 hierarchy's `tasks` file opened for writing.
+    /// The v2 directory as an fd, for `clone3(CLONE_INTO_CGROUP)`.
     ///
-    /// Why not `cgroup.procs`: moving a whole thread group takes the global
-    /// `cgroup_threadgroup_rwsem` for writing, which waits for an RCU grace period (~8 ms here).
-    /// A single-threaded process moving itself through `tasks` (v1), or being born into its
-    /// cgroup (v2), skips that lock.
-    pub fn join_handles(&self) -> Result<JoinHandles, CgroupError> {
-        let v1_tasks = self
-            .v1
+    /// Why not write to `cgroup.procs` later: moving a whole thread group takes the global
+    /// `cgroup_threadgroup_rwsem` for writing, which waits for an RCU grace period (~8 ms
+    /// measured here). Being born into the cgroup, or a single-threaded process moving itself
+    /// through v1's `tasks` file ([`SandboxCgroup::v1_tasks`]), skips that lock.
+    pub fn v2_dir(&self) -> Result<Option<OwnedFd>, CgroupError> {
+        match &self.v2 {
+            Some(d) => Ok(Some(fs::File::open(d).map(OwnedFd::from).map_err(io_err(d))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every v1 hierarchy's `tasks` file opened for writing: the sandbox's first process writes
+    /// "0" to each to join (see [`SandboxCgroup::v2_dir`] for why not `cgroup.procs`).
+    pub fn v1_tasks(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        self.v1
             .iter()
             .map(|(_, d)| {
                 let p = d.join("tasks");
@@ -384,12 +397,7 @@ impl SandboxCgroup {
                     .map(OwnedFd::from)
                     .map_err(io_err(&p))
             })
-            .collect::<Result<_, _>>()?;
-        let v2_dir = match &self.v2 {
-            Some(d) => Some(fs::File::open(d).map(OwnedFd::from).map_err(io_err(d))?),
-            None => None,
-        };
-        Ok(JoinHandles { v1_tasks, v2_dir })
+            .collect()
     }
 
     /// How many times the OOM killer fired in this cgroup.

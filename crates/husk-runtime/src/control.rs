@@ -32,10 +32,11 @@ pub enum FromInit {
 }
 
 /// Messages from the spawner to init.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum ToInit {
-    /// The uid/gid maps are written.
-    IdMapDone,
+    /// The uid/gid maps are written and the cgroups are complete; the attached fds are the v1
+    /// `tasks` files init writes "0" to, to join them.
+    IdMapDone { cgroup_tasks: Vec<OwnedFd> },
     /// Start the command now.
     Start,
     /// Forward this signal to the command.
@@ -150,7 +151,13 @@ pub fn recv_from_init(sock: BorrowedFd<'_>) -> io::Result<Option<FromInit>> {
 /// Sends a message to init.
 pub fn send_to_init(sock: BorrowedFd<'_>, msg: &ToInit) -> io::Result<()> {
     match msg {
-        ToInit::IdMapDone => sys::send_with_fds(sock, &[T_MAP_DONE], &[]),
+        ToInit::IdMapDone { cgroup_tasks } => {
+            let fds: Vec<RawFd> = cgroup_tasks
+                .iter()
+                .map(std::os::fd::AsRawFd::as_raw_fd)
+                .collect();
+            sys::send_with_fds(sock, &[T_MAP_DONE], &fds)
+        }
         ToInit::Signal(s) => sys::send_with_fds(sock, &int(T_SIGNAL, *s), &[]),
         ToInit::Start => sys::send_with_fds(sock, &[T_START], &[]),
     }
@@ -159,12 +166,12 @@ pub fn send_to_init(sock: BorrowedFd<'_>, msg: &ToInit) -> io::Result<()> {
 /// Receives one message from the spawner; `Ok(None)` when the spawner is gone.
 pub fn recv_to_init(sock: impl AsFd) -> io::Result<Option<ToInit>> {
     let mut buf = [0u8; 16];
-    let (n, _fds) = sys::recv_with_fds(sock.as_fd(), &mut buf)?;
+    let (n, fds) = sys::recv_with_fds(sock.as_fd(), &mut buf)?;
     if n == 0 {
         return Ok(None);
     }
     match buf[0] {
-        T_MAP_DONE => Ok(Some(ToInit::IdMapDone)),
+        T_MAP_DONE => Ok(Some(ToInit::IdMapDone { cgroup_tasks: fds })),
         T_SIGNAL => Ok(Some(ToInit::Signal(read_int(&buf[1..n])?))),
         T_START => Ok(Some(ToInit::Start)),
         _ => Err(bad("unknown tag")),
@@ -198,7 +205,7 @@ mod tests {
         sys::send_with_fds(a.as_fd(), &[200], &[]).unwrap();
         assert!(recv_from_init(b.as_fd()).is_err(), "unknown tag accepted");
         send_to_init(b.as_fd(), &ToInit::Signal(15)).unwrap();
-        assert_eq!(recv_to_init(&a).unwrap(), Some(ToInit::Signal(15)));
+        assert!(matches!(recv_to_init(&a).unwrap(), Some(ToInit::Signal(15))));
         drop(a);
         assert!(recv_from_init(b.as_fd()).unwrap().is_none());
     }

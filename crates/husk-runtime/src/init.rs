@@ -27,8 +27,6 @@ pub(crate) struct ChildArgs<'a> {
     pub base: u32,
     pub fences: &'a Fences,
     pub control: RawFd,
-    /// v1 `tasks` files to write "0" to (v2 membership comes from CLONE_INTO_CGROUP).
-    pub cgroup_tasks: Vec<RawFd>,
     pub stdio: Option<[RawFd; 3]>,
 }
 
@@ -72,15 +70,7 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
             sys::dup2(*fd, i as RawFd)?;
         }
     }
-    let mut keep = vec![args.control];
-    keep.extend(&args.cgroup_tasks);
-    sys::close_fds_from(3, &keep);
-    for fd in &args.cgroup_tasks {
-        // SAFETY: inherited fd, owned by this process from here on (closed on drop).
-        let f = unsafe { OwnedFd::from_raw_fd(*fd) };
-        sys::write_all(f.as_fd(), b"0").map_err(ctx("join cgroup"))?;
-    }
-    sys::unshare(libc::CLONE_NEWCGROUP).map_err(ctx("cgroup namespace"))?;
+    sys::close_fds_from(3, &[args.control]);
     rootfs::build(&RootfsPlan {
         spec: args.spec,
         template: args.template,
@@ -91,10 +81,16 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     // the host's user namespace, so sandbox root holds no capability over them.
     sys::unshare(libc::CLONE_NEWUSER).map_err(ctx("user namespace"))?;
     control::send_from_init(control, &FromInit::NeedIdMap)?;
-    match control::recv_to_init(control)? {
-        Some(ToInit::IdMapDone) => {}
+    let tasks = match control::recv_to_init(control)? {
+        Some(ToInit::IdMapDone { cgroup_tasks }) => cgroup_tasks,
         _ => return Err(io::Error::other("spawner did not map ids")),
+    };
+    // Join the v1 hierarchies (v2 membership came with clone3), then make this the root of
+    // the sandbox's cgroup namespace. Nothing of the sandbox has run yet.
+    for f in tasks {
+        sys::write_all(f.as_fd(), b"0").map_err(ctx("join cgroup"))?;
     }
+    sys::unshare(libc::CLONE_NEWCGROUP).map_err(ctx("cgroup namespace"))?;
     sys::become_user(0, 0).map_err(ctx("become sandbox root"))?;
     let pty = if args.spec.tty {
         let (master, slave) = crate::pty::open_pair().map_err(ctx("open pty"))?;
@@ -174,7 +170,7 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
                         slave = None;
                     }
                 }
-                Ok(Some(ToInit::IdMapDone)) => {}
+                Ok(Some(ToInit::IdMapDone { .. })) => {}
                 // The spawner is gone: the sandbox ends with its init.
                 Ok(None) | Err(_) => sys::exit_now(0),
             }

@@ -168,7 +168,7 @@ impl Spawner {
             uids.slot(),
             sys::random_u64().map_err(io_ctx("random"))? >> 16
         );
-        let cgroup = self.layout.create(&id, &spec.limits)?;
+        let cgroup = self.layout.create_v2(&id)?;
         // From here on, the Sandbox value owns the clean-up.
         let mut sandbox = Sandbox {
             id,
@@ -192,7 +192,7 @@ impl Spawner {
         spec: &SandboxSpec,
         stdio: Option<[BorrowedFd<'_>; 3]>,
     ) -> Result<(), SpawnError> {
-        let join = sb.cgroup.join_handles()?;
+        let v2_dir = sb.cgroup.v2_dir()?;
         let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
@@ -201,7 +201,7 @@ impl Spawner {
             | libc::CLONE_NEWNET
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
-        match sys::clone3_fork(flags, join.v2_dir.as_ref().map(|d| d.as_fd()))
+        match sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd()))
             .map_err(io_ctx("clone3"))?
         {
             Forked::Child => {
@@ -213,18 +213,21 @@ impl Spawner {
                     base,
                     fences: &self.fences,
                     control: child_end.as_raw_fd(),
-                    cgroup_tasks: join.v1_tasks.iter().map(AsRawFd::as_raw_fd).collect(),
                     stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
                 })
             }
             Forked::Parent { pid, pidfd } => {
                 drop(child_end);
-                drop(join);
+                drop(v2_dir);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
                 sb.control = Some(parent_end);
             }
         }
+        // While the child builds its root filesystem, finish the cgroups: the two run in
+        // parallel, and the child joins them before anything of the sandbox runs.
+        sb.cgroup.complete(&spec.limits)?;
+        let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
         let control = sb
             .control
             .as_ref()
@@ -234,7 +237,8 @@ impl Spawner {
             match control::recv_from_init(control).map_err(io_ctx("sandbox control"))? {
                 Some(FromInit::NeedIdMap) => {
                     write_id_maps(sb.pid, base).map_err(io_ctx("write uid/gid maps"))?;
-                    control::send_to_init(control, &ToInit::IdMapDone)
+                    let cgroup_tasks = cgroup_tasks.take().unwrap_or_default();
+                    control::send_to_init(control, &ToInit::IdMapDone { cgroup_tasks })
                         .map_err(io_ctx("sandbox control"))?;
                 }
                 Some(FromInit::Ready { pty_master }) => {
