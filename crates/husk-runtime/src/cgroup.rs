@@ -379,7 +379,9 @@ impl SandboxCgroup {
     /// through v1's `tasks` file ([`SandboxCgroup::v1_tasks`]), skips that lock.
     pub fn v2_dir(&self) -> Result<Option<OwnedFd>, CgroupError> {
         match &self.v2 {
-            Some(d) => Ok(Some(fs::File::open(d).map(OwnedFd::from).map_err(io_err(d))?)),
+            Some(d) => Ok(Some(
+                fs::File::open(d).map(OwnedFd::from).map_err(io_err(d))?,
+            )),
             None => Ok(None),
         }
     }

@@ -205,7 +205,10 @@ mod tests {
         sys::send_with_fds(a.as_fd(), &[200], &[]).unwrap();
         assert!(recv_from_init(b.as_fd()).is_err(), "unknown tag accepted");
         send_to_init(b.as_fd(), &ToInit::Signal(15)).unwrap();
-        assert!(matches!(recv_to_init(&a).unwrap(), Some(ToInit::Signal(15))));
+        assert!(matches!(
+            recv_to_init(&a).unwrap(),
+            Some(ToInit::Signal(15))
+        ));
         drop(a);
         assert!(recv_from_init(b.as_fd()).unwrap().is_none());
     }

@@ -11,6 +11,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -165,13 +166,26 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
             bind(&Path::new("/").join(name), &root.join(name), false)?;
         }
     }
-    for m in &spec.mounts {
-        let target = root.join(relative(&m.sandbox)?);
-        let is_dir = fs::metadata(&m.host)
-            .map_err(ctx(format_args!("mount source {}", m.host.display())))?
-            .is_dir();
-        create_mount_point(&root, &target, is_dir, user_ids)?;
-        bind(&m.host, &target, m.writable)?;
+    if !spec.mounts.is_empty() {
+        // Mount points are resolved inside the new root (a template's symlinks must not send
+        // them onto the host), and mounted onto through the fd that resolution returned.
+        let root_fd: std::os::fd::OwnedFd = fs::File::open(&root)?.into();
+        for m in &spec.mounts {
+            let is_dir = fs::metadata(&m.host)
+                .map_err(ctx(format_args!("mount source {}", m.host.display())))?
+                .is_dir();
+            let at = crate::transfer::mount_point(root_fd.as_fd(), &m.sandbox, is_dir, user_ids)
+                .map_err(|e| io::Error::other(format!("mount point: {e}")))?;
+            let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+            if !m.writable {
+                attrs |= sys::MOUNT_ATTR_RDONLY;
+            }
+            sys::bind_onto_fd(&c(&m.host)?, at.as_fd(), attrs).map_err(ctx(format_args!(
+                "mount {} on {}",
+                m.host.display(),
+                m.sandbox.display()
+            )))?;
+        }
     }
     dev(&root.join("dev"), plan.base)?;
     proc(&root.join("proc"))?;
@@ -248,35 +262,6 @@ fn skeleton(
         "# husk: this sandbox has no network access\n",
         root_ids,
     )?;
-    Ok(())
-}
-
-/// Creates the directory or empty file a bind mount goes on, with parents, inside `root`.
-fn create_mount_point(
-    root: &Path,
-    target: &Path,
-    is_dir: bool,
-    owner: (u32, u32),
-) -> io::Result<()> {
-    let parent = target.parent().unwrap_or(root);
-    let mut cur = root.to_path_buf();
-    for comp in parent
-        .strip_prefix(root)
-        .unwrap_or(Path::new(""))
-        .components()
-    {
-        cur.push(comp);
-        if fs::symlink_metadata(&cur).is_err() {
-            mkdir(&cur, 0o755, owner)?;
-        }
-    }
-    if fs::symlink_metadata(target).is_err() {
-        if is_dir {
-            mkdir(target, 0o755, owner)?;
-        } else {
-            write_file(target, "", owner)?;
-        }
-    }
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cgroup::{CgroupError, CgroupLayout, SandboxCgroup};
 use crate::control::{self, FromInit, ToInit};
@@ -498,25 +498,22 @@ impl Sandbox {
             return Ok(());
         }
         self.destroyed = true;
+        // cgroup.kill (or freezer + SIGKILL) reaches every process of the sandbox at once; the
+        // SIGKILL to PID 1 also makes the kernel kill its whole PID namespace, and covers a
+        // hierarchy without cgroup.kill.
         let _ = self.cgroup.kill_all();
         if let Some(pidfd) = self.pidfd.take() {
-            // Killing PID 1 makes the kernel kill the whole PID namespace; this also covers a
-            // process that has not joined the cgroups yet.
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             sys::waitid_pidfd(pidfd.as_fd(), false).map_err(io_ctx("reap sandbox init"))?;
         }
         self.control = None;
         self.pty_master = None;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let _ = crate::cgroup::poll_until(deadline, || {
-            if self.cgroup.is_populated() {
-                let _ = self.cgroup.kill_all();
-                false
-            } else {
-                true
-            }
-        });
-        self.cgroup.remove()?;
+        // With PID 1 reaped every process of the namespace is gone; remove() retries while the
+        // kernel finishes releasing them, and a straggler outside the namespace gets killed.
+        if self.cgroup.remove().is_err() {
+            let _ = self.cgroup.kill_all();
+            self.cgroup.remove()?;
+        }
         // Only now is the uid range safe to hand out again.
         self.uids = None;
         Ok(())

@@ -290,7 +290,7 @@ struct OpenHow {
     resolve: u64,
 }
 
-/// openat2(2) with a `RESOLVE_*` mask.
+/// openat2(2) with a `RESOLVE_*` mask; `O_CLOEXEC` is always added.
 pub fn openat2(
     dirfd: BorrowedFd<'_>,
     path: &CStr,
@@ -303,7 +303,9 @@ pub fn openat2(
         mode: mode as u64,
         resolve,
     };
-    loop {
+    // EAGAIN means a concurrent rename made the kernel unsure the lookup stayed inside the
+    // root; retrying is the documented answer, bounded so a hostile sandbox cannot spin us.
+    for _ in 0..64 {
         // SAFETY: `how` is a valid open_how of the size passed; `path` is a valid C string.
         let r = unsafe {
             libc::syscall(
@@ -317,10 +319,11 @@ pub fn openat2(
         match cvt(r) {
             // SAFETY: openat2 returned a new fd owned by nobody else.
             Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }),
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => continue,
             Err(e) => return Err(e),
         }
     }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
 }
 
 /// open(2) of a host path with O_CLOEXEC.
@@ -736,4 +739,70 @@ pub fn stdio_fd(i: RawFd) -> BorrowedFd<'static> {
     // SAFETY: fds 0-2 are open for the whole life of a process started normally, and husk never
     // closes them.
     unsafe { BorrowedFd::borrow_raw(i) }
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// mount_setattr flag: read-only.
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// mount_setattr flag: ignore set-user/group-id bits.
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// mount_setattr flag: no device files.
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// Bind-mounts `source` onto the mount point `target` (an `O_PATH` fd, so the caller resolved it
+/// safely) with `attrs` already set: open_tree(OPEN_TREE_CLONE) makes a detached copy,
+/// mount_setattr sets the flags on it, move_mount attaches it. The mount never exists writable.
+pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: `source` is a valid C string; the flags ask for a new detached tree fd.
+    let tree = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    })?;
+    // SAFETY: open_tree returned a new fd owned by nobody else.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is a valid mount_attr of the size passed; the empty path with
+    // AT_EMPTY_PATH names the tree fd itself.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    })?;
+    // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
 }

@@ -227,3 +227,17 @@ fn read_only_mounts_refuse_writes_and_rw_mounts_write_through() {
     let uid = fs::metadata(host.path().join("out.txt")).unwrap().uid();
     assert_eq!(uid, husk_runtime::uidrange::base_of(slot_of(&r.id)) + 1000);
 }
+
+#[test]
+fn mount_points_never_follow_the_sandboxs_symlinks() {
+    let host = TempDir::new("mntlink");
+    let spec = format!("{}:/bin/husk-mount-test", host.path().display());
+    let r = husk_run(&["--mount", &spec], &["/bin/true"]);
+    assert_eq!(r.code, 125, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("refusing to follow symlink"),
+        "{}",
+        r.stderr
+    );
+    assert!(!std::path::Path::new("/usr/bin/husk-mount-test").exists());
+}

@@ -155,15 +155,23 @@ impl Fences {
     ///
     /// In order: rlimits; capabilities (checks the bounding set holds nothing outside the
     /// keep-set, dropping leftovers if still possible; limits permitted and effective to the
-    /// keep-set, clears inheritable and ambient); no_new_privs; Landlock (skipped if the kernel
-    /// does not support it; the ruleset is rebuilt here if `/` is not the directory `prepare`
-    /// saw); seccomp.
+    /// keep-set, clears inheritable and ambient); no_new_privs; seccomp, unless the process is
+    /// already filtered. Landlock is not applied here: the domain comes from init
+    /// ([`Fences::apply_to_init`]).
+    ///
+    /// Commands forked by init inherit init's seccomp filter, so installing the same filter again
+    /// would only stack a second copy that every syscall of the command then runs through.
     pub fn apply_after_setuid(&self, root: bool, rlimits: &Rlimits) -> Result<(), FenceError> {
         rlimits.apply()?;
         let keep = caps::keep_mask(root);
         caps::ensure_bounding_within(keep, self.last_cap)?;
         caps::restrict_process_caps(keep)?;
         set_no_new_privs()?;
+        // SAFETY: PR_GET_SECCOMP takes no pointers; it returns the current seccomp mode.
+        let mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+        if mode == 2 {
+            return Ok(());
+        }
         seccomp::install(&self.seccomp, false)
     }
 

@@ -8,6 +8,7 @@
 
 mod copy_in;
 mod copy_out;
+mod mount_point;
 mod ops;
 mod sys;
 #[cfg(test)]
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 
 pub use copy_in::copy_in;
 pub use copy_out::copy_out;
+pub use mount_point::mount_point;
 
 /// Upper bounds for one [`copy_out`], so a sandbox cannot fill the host disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 use super::{Side, SkipKind};
@@ -29,36 +29,7 @@ pub(super) fn open_at(
     mode: libc::mode_t,
     side: Side,
 ) -> io::Result<OwnedFd> {
-    // SAFETY: open_how is plain old data (three u64s); all-zero is valid.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.mode = u64::from(mode);
-    how.resolve = resolve_flags(side);
-    // EAGAIN means a concurrent rename made the kernel unsure the lookup
-    // stayed inside the root; retrying is the documented answer, bounded
-    // here so a hostile sandbox cannot spin us forever.
-    for _ in 0..64 {
-        // SAFETY: `path` is NUL-terminated and `how` is a valid open_how whose
-        // exact size we pass; both outlive the call, which only reads them.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                path.as_ptr(),
-                &how as *const libc::open_how,
-                std::mem::size_of::<libc::open_how>(),
-            )
-        };
-        if ret >= 0 {
-            // SAFETY: the kernel just returned this fd; nothing else owns it.
-            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
-        }
-        let err = io::Error::last_os_error();
-        if !matches!(err.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) {
-            return Err(err);
-        }
-    }
-    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+    crate::sys::openat2(dir, path, flags, mode, resolve_flags(side))
 }
 
 /// Maps `-1` returns to the thread's errno.
