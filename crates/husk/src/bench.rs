@@ -2,8 +2,9 @@
 //! its peer in the same run (timings on shared machines drift; ratios hold).
 //!
 //! - one-shot: `husk run -- true` against `bwrap --unshare-all ... true`, interleaved.
-//! - creates per second: N worker processes each creating, running `true` in, and destroying
-//!   sandboxes for a fixed time.
+//! - create → ready and destroy latency of idle sandboxes, in process (the server-side figure).
+//! - throughput: N worker processes creating and destroying sandboxes for a fixed time, idle
+//!   (creates per second) and with `true` run in each (one-shot cycles per second).
 //! - idle density: host memory (MemAvailable) consumed per idle sandbox with many alive.
 
 use std::os::fd::AsFd;
@@ -111,14 +112,34 @@ fn oneshot(runs: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn creates(parallel: usize, seconds: f64) -> Result<(), String> {
+/// Sequential create → ready and destroy latency of idle sandboxes, in this process.
+fn latency(runs: usize) -> Result<(), String> {
+    println!("create -> ready and destroy of an idle sandbox, in process ({runs} each):");
+    let spawner = Spawner::new().map_err(|e| e.to_string())?;
+    let spec = SandboxSpec::idle();
+    let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+    let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
+    let (mut create, mut destroy) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        let mut sb = spawner.create(&spec, stdio).map_err(|e| e.to_string())?;
+        create.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        sb.destroy().map_err(|e| e.to_string())?;
+        destroy.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    stats("create -> ready", &mut create);
+    stats("destroy", &mut destroy);
+    Ok(())
+}
+
+fn throughput(parallel: usize, seconds: f64, mode: &str, what: &str) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    println!("creates per second ({parallel} worker processes, {seconds} s, create + run `true` + destroy):");
     let start = Instant::now();
     let children: Vec<_> = (0..parallel)
         .map(|_| {
             Command::new(&exe)
-                .args(["__bench-worker", "--seconds", &seconds.to_string()])
+                .args(["__bench-worker", "--seconds", &seconds.to_string(), "--mode", mode])
                 .stdout(Stdio::piped())
                 .spawn()
         })
@@ -137,25 +158,33 @@ fn creates(parallel: usize, seconds: f64) -> Result<(), String> {
     }
     let elapsed = start.elapsed().as_secs_f64();
     println!(
-        "  {total} sandboxes in {elapsed:.2} s = {:.0} sandboxes/s",
+        "  {what:<28} {:6.0} /s  ({total} in {elapsed:.2} s, {parallel} worker processes)",
         total as f64 / elapsed
     );
     Ok(())
 }
 
-/// A worker: create/run/destroy sandboxes until the time is up; prints the count.
+/// A worker: create (and run `true` in, with `--mode cycle`) and destroy sandboxes until the
+/// time is up; prints the count.
 pub fn worker(args: WorkerArgs) -> i32 {
     let run = || -> Result<u64, String> {
         let spawner = Spawner::new().map_err(|e| e.to_string())?;
-        let spec = SandboxSpec::new(vec!["/usr/bin/true".into()]);
+        let cycle = args.mode == "cycle";
+        let spec = if cycle {
+            SandboxSpec::new(vec!["/usr/bin/true".into()])
+        } else {
+            SandboxSpec::idle()
+        };
         let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
         let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
         let end = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut n = 0;
         while Instant::now() < end {
             let mut sb = spawner.create(&spec, stdio).map_err(|e| e.to_string())?;
-            sb.start().map_err(|e| e.to_string())?;
-            sb.wait(None).map_err(|e| e.to_string())?;
+            if cycle {
+                sb.start().map_err(|e| e.to_string())?;
+                sb.wait(None).map_err(|e| e.to_string())?;
+            }
             sb.destroy().map_err(|e| e.to_string())?;
             n += 1;
         }
@@ -225,7 +254,12 @@ pub fn main(args: BenchArgs) -> i32 {
             .unwrap_or(1)
     });
     let result = oneshot(args.runs)
-        .and_then(|_| creates(parallel, args.seconds))
+        .and_then(|_| latency(args.runs))
+        .and_then(|_| {
+            println!("throughput:");
+            throughput(parallel, args.seconds, "create", "create + destroy (idle)")?;
+            throughput(parallel, args.seconds, "cycle", "create + run `true` + destroy")
+        })
         .and_then(|_| density(args.idle));
     match result {
         Ok(()) => 0,

@@ -77,10 +77,10 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// One-shot runs per contender (husk run, bwrap).
+    /// One-shot runs per contender (husk run, bwrap), and sequential creates for the latency.
     #[arg(long, default_value_t = 200)]
     pub runs: usize,
-    /// Parallel workers for the creates-per-second figure [default: number of CPUs].
+    /// Parallel workers for the throughput figures [default: number of CPUs].
     #[arg(long)]
     pub parallel: Option<usize>,
     /// Seconds each creates-per-second worker runs.
@@ -96,4 +96,7 @@ pub struct WorkerArgs {
     /// Seconds to keep creating sandboxes.
     #[arg(long)]
     pub seconds: f64,
+    /// `create` (idle sandboxes) or `cycle` (run `true` in each).
+    #[arg(long, default_value = "create")]
+    pub mode: String,
 }
