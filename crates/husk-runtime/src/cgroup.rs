@@ -488,6 +488,11 @@ impl SandboxCgroup {
         self.set_frozen(false)
     }
 
+    /// Whether any of the directories exists.
+    pub fn exists(&self) -> bool {
+        self.dirs().any(|d| d.exists())
+    }
+
     /// Whether any process is still a member.
     pub fn is_populated(&self) -> bool {
         self.dirs().any(|d| !read_pids(d).is_empty())

@@ -138,15 +138,25 @@ impl Spawner {
             let Some(slot) = parse_slot(&name) else {
                 continue;
             };
-            if uidrange::is_free(&self.lock_path(), slot).unwrap_or(false) {
-                let cg = self.layout.handle(&name);
-                let _ = cg.kill_all();
-                if cg.remove().is_ok() {
-                    reaped += 1;
-                }
+            if uidrange::is_free(&self.lock_path(), slot).unwrap_or(false) && self.clear_slot(slot)
+            {
+                reaped += 1;
             }
         }
         reaped
+    }
+
+    /// Whether the uid range of `slot` (whose lock the caller holds) may be handed out: its
+    /// cgroup is gone, or it was left by an owner that died and can be emptied and removed now.
+    /// A range is only reused once every process that ever ran with its uids is gone; the
+    /// cgroup is the proof, as sandbox processes cannot leave it.
+    fn clear_slot(&self, slot: u32) -> bool {
+        let cg = self.layout.handle(&cgroup_name(slot));
+        if !cg.exists() {
+            return true;
+        }
+        let _ = cg.kill_all();
+        cg.remove().is_ok()
     }
 
     /// The cgroup layout in use.
@@ -162,13 +172,14 @@ impl Spawner {
         stdio: Option<[BorrowedFd<'_>; 3]>,
     ) -> Result<Sandbox, SpawnError> {
         validate(spec)?;
-        let uids = uidrange::allocate(&self.lock_path()).map_err(io_ctx("allocate uid range"))?;
+        let uids = uidrange::allocate(&self.lock_path(), |slot| self.clear_slot(slot))
+            .map_err(io_ctx("allocate uid range"))?;
         let id = format!(
             "s{}-{:012x}",
             uids.slot(),
             sys::random_u64().map_err(io_ctx("random"))? >> 16
         );
-        let cgroup = self.layout.create_v2(&id)?;
+        let cgroup = self.layout.create_v2(&cgroup_name(uids.slot()))?;
         // From here on, the Sandbox value owns the clean-up.
         let mut sandbox = Sandbox {
             id,
@@ -266,8 +277,14 @@ fn write_id_maps(pid: libc::pid_t, base: u32) -> io::Result<()> {
     sys::write_file(Path::new(&format!("/proc/{pid}/gid_map")), line.as_bytes())
 }
 
+/// The cgroup of the sandbox holding uid slot `slot`. Named by slot, not by sandbox id, so
+/// that allocating a slot can check with one lookup that nothing of its previous owner is left.
+pub fn cgroup_name(slot: u32) -> String {
+    format!("s{slot}")
+}
+
 fn parse_slot(name: &str) -> Option<u32> {
-    name.strip_prefix('s')?.split_once('-')?.0.parse().ok()
+    name.strip_prefix('s')?.parse().ok()
 }
 
 fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
@@ -532,8 +549,9 @@ mod tests {
 
     #[test]
     fn slot_is_parsed_from_sandbox_id() {
-        assert_eq!(parse_slot("s42-00ab"), Some(42));
+        assert_eq!(parse_slot(&cgroup_name(42)), Some(42));
         assert_eq!(parse_slot("husk-spawner"), None);
         assert_eq!(parse_slot("s-1"), None);
+        assert_eq!(parse_slot("s42-00ab"), None);
     }
 }

@@ -62,15 +62,16 @@ fn lock_byte(file: &File, slot: u32, kind: libc::c_short) -> io::Result<bool> {
 }
 
 /// Takes a free slot, starting the search at a random point so concurrent allocators rarely
-/// probe the same bytes.
-pub fn allocate(lock_path: &Path) -> io::Result<UidRange> {
+/// probe the same bytes. `usable` is asked, with the slot's lock held, whether the range may
+/// be handed out (the caller checks that nothing of a previous owner is left).
+pub fn allocate(lock_path: &Path, mut usable: impl FnMut(u32) -> bool) -> io::Result<UidRange> {
     let start = crate::sys::random_u64()? as u32 % SLOTS;
     for i in 0..SLOTS {
         let slot = (start + i) % SLOTS;
         // Each holder needs its own open file description: OFD locks taken through the same
         // description never conflict with each other.
         let file = open_lock_file(lock_path)?;
-        if lock_byte(&file, slot, libc::F_WRLCK as libc::c_short)? {
+        if lock_byte(&file, slot, libc::F_WRLCK as libc::c_short)? && usable(slot) {
             return Ok(UidRange { slot, _lock: file });
         }
     }
@@ -114,8 +115,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("husk-uid-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("slots.lock");
-        let a = allocate(&path).unwrap();
-        let b = allocate(&path).unwrap();
+        let a = allocate(&path, |_| true).unwrap();
+        let b = allocate(&path, |_| true).unwrap();
+        // A slot the caller finds unusable is skipped, not handed out.
+        let c = allocate(&path, |s| s != a.slot() + 1 && s % 2 == 0).unwrap();
+        assert_eq!(c.slot() % 2, 0);
+        drop(c);
         assert_ne!(a.slot(), b.slot());
         assert!(!is_free(&path, a.slot()).unwrap());
         let slot = a.slot();

@@ -139,7 +139,13 @@ fn throughput(parallel: usize, seconds: f64, mode: &str, what: &str) -> Result<(
     let children: Vec<_> = (0..parallel)
         .map(|_| {
             Command::new(&exe)
-                .args(["__bench-worker", "--seconds", &seconds.to_string(), "--mode", mode])
+                .args([
+                    "__bench-worker",
+                    "--seconds",
+                    &seconds.to_string(),
+                    "--mode",
+                    mode,
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
         })
@@ -258,7 +264,12 @@ pub fn main(args: BenchArgs) -> i32 {
         .and_then(|_| {
             println!("throughput:");
             throughput(parallel, args.seconds, "create", "create + destroy (idle)")?;
-            throughput(parallel, args.seconds, "cycle", "create + run `true` + destroy")
+            throughput(
+                parallel,
+                args.seconds,
+                "cycle",
+                "create + run `true` + destroy",
+            )
         })
         .and_then(|_| density(args.idle));
     match result {

@@ -215,7 +215,8 @@ pub fn assert_gone(id: &str) {
         "processes of sandbox {id} survive: {pids:?}"
     );
     let layout = CgroupLayout::discover().unwrap();
-    for p in layout.handle(id).paths() {
+    let cgroup = husk_runtime::spawner::cgroup_name(slot_of(id));
+    for p in layout.handle(&cgroup).paths() {
         assert!(
             !p.exists(),
             "cgroup {} of sandbox {id} survives",
