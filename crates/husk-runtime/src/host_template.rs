@@ -5,14 +5,16 @@
 //! read-only on top at sandbox creation, and `/bin`, `/lib*`, `/sbin` are reproduced as on the
 //! host. Nothing else of the host's `/etc` (no `shadow`, no `ssh`, no credentials) is copied.
 //!
-//! The copy is built once into `<state>/templates/host`, then reused; it is rebuilt when one of
-//! the host entries is newer than the copy, so package upgrades on the host show up.
+//! The copy is built once into `<state>/templates/host-<key>`, where the key hashes the name, size
+//! and modification time of every copied entry, then reused. When the host's files change (a
+//! package upgrade), the key changes and a new copy is built beside the old one: a copy is never
+//! modified or removed while a sandbox may use it as its lower layer (overlayfs forbids changes
+//! under a mounted lower layer). Old copies are removed by [`remove_unused`] when no sandbox runs.
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 /// The `/etc` entries copied from the host (missing ones are skipped). Data, not code: adding a
 /// file here is the whole change.
@@ -66,15 +68,12 @@ pub struct HostTemplate {
     pub top: Vec<(&'static str, TopEntry)>,
 }
 
-const STAMP: &str = ".husk-template";
-
-/// Makes sure the host template exists and is current under `state_dir/templates/host`.
+/// Makes sure the host template for the host's current files exists under `state_dir/templates`.
 pub fn ensure(state_dir: &Path) -> io::Result<HostTemplate> {
-    let lower = state_dir.join("templates").join("host");
-    let stamp = lower.join(STAMP);
-    let built = fs::symlink_metadata(&stamp).and_then(|m| m.modified()).ok();
-    let newest = newest_source();
-    if built.is_none_or(|b| newest.is_some_and(|n| n > b)) {
+    let lower = state_dir
+        .join("templates")
+        .join(format!("host-{:016x}", source_key()));
+    if fs::symlink_metadata(&lower).is_err() {
         build(state_dir, &lower)?;
     }
     let mut top = Vec::new();
@@ -91,21 +90,58 @@ pub fn ensure(state_dir: &Path) -> io::Result<HostTemplate> {
     Ok(HostTemplate { lower, top })
 }
 
-fn newest_source() -> Option<SystemTime> {
-    HOST_ETC
-        .iter()
-        .filter_map(|n| fs::symlink_metadata(Path::new("/etc").join(n)).ok())
-        .filter_map(|m| m.modified().ok())
-        .max()
+/// A hash of what the copy is made of (FNV-1a over name, size and mtime of each entry).
+fn source_key() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for name in HOST_ETC {
+        eat(name.as_bytes());
+        if let Ok(m) = fs::symlink_metadata(Path::new("/etc").join(name)) {
+            eat(&m.size().to_le_bytes());
+            eat(&m.mtime().to_le_bytes());
+            eat(&m.mtime_nsec().to_le_bytes());
+        }
+    }
+    h
+}
+
+/// Removes host-template copies other than `current` that are older than a minute. Call only
+/// when no sandbox of any husk process exists (a copy in use must stay); the age check covers a
+/// husk process that picked an old copy but has not created its sandbox yet.
+pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
+    let Ok(rd) = fs::read_dir(state_dir.join("templates")) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let old_enough = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > 60);
+        let name = e.file_name();
+        let ours = name.to_string_lossy().starts_with("host")
+            || name.to_string_lossy().starts_with(".building.");
+        if ours && p != current.lower && old_enough {
+            let _ = fs::remove_dir_all(&p);
+        }
+    }
 }
 
 /// Builds into a fresh directory and renames it into place, so concurrent husk processes never
-/// see a half-built template.
+/// see a half-built template (the loser of a race discards its copy).
 fn build(state_dir: &Path, lower: &Path) -> io::Result<()> {
     let parent = state_dir.join("templates");
     fs::create_dir_all(&parent)?;
     let tmp = parent.join(format!(
-        ".host.{}.{}",
+        ".building.{}.{:x}",
         std::process::id(),
         crate::sys::random_u64()?
     ));
@@ -121,22 +157,15 @@ fn build(state_dir: &Path, lower: &Path) -> io::Result<()> {
                 copy_tree(&src, &etc.join(name), 0)?;
             }
         }
-        fs::write(tmp.join(STAMP), b"host template\n")?;
-        Ok::<(), io::Error>(())
+        fs::rename(&tmp, lower)
     })();
-    if let Err(e) = result {
+    if result.is_err() {
         let _ = fs::remove_dir_all(&tmp);
-        return Err(e);
+        if fs::symlink_metadata(lower).is_ok() {
+            return Ok(());
+        }
     }
-    // Swap the new copy in; an old copy still used as a lower layer by running sandboxes stays
-    // alive through their mounts even after it is unlinked.
-    let old = parent.join(format!(".host.old.{}", crate::sys::random_u64()?));
-    let had_old = fs::rename(lower, &old).is_ok();
-    fs::rename(&tmp, lower)?;
-    if had_old {
-        let _ = fs::remove_dir_all(&old);
-    }
-    Ok(())
+    result
 }
 
 /// Copies files, directories and symlinks (as symlinks); other file types are skipped.
@@ -169,4 +198,37 @@ fn copy_tree(src: &Path, dst: &Path, depth: u32) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn copy_is_reused_and_only_unused_old_copies_are_removed() {
+        let state = std::env::temp_dir().join(format!(
+            "husk-tmpl-{}-{:x}",
+            std::process::id(),
+            crate::sys::random_u64().unwrap()
+        ));
+        let t = ensure(&state).unwrap();
+        assert!(t.lower.join("etc/ld.so.cache").exists());
+        assert!(!t.lower.join("etc/shadow").exists());
+        assert_eq!(ensure(&state).unwrap().lower, t.lower);
+        let old = state.join("templates/host-0000000000000000");
+        let fresh = state.join("templates/host-1111111111111111");
+        fs::create_dir_all(old.join("etc")).unwrap();
+        fs::create_dir_all(&fresh).unwrap();
+        let long_ago = SystemTime::now() - Duration::from_secs(3600);
+        fs::File::open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        remove_unused(&state, &t);
+        assert!(!old.exists(), "an old unused copy survived");
+        assert!(fresh.exists(), "a copy younger than a minute was removed");
+        assert!(t.lower.exists(), "the current copy was removed");
+        fs::remove_dir_all(&state).unwrap();
+    }
 }

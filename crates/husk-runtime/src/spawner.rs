@@ -7,6 +7,7 @@
 //! cgroups and returns the uid range; mounts and the writable layer vanish with the mount
 //! namespace when its last process is gone.
 
+use std::cell::Cell;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -66,6 +67,9 @@ pub struct Spawner {
     layout: CgroupLayout,
     template: HostTemplate,
     fences: Fences,
+    /// Whether leftovers of crashed husk processes were reaped yet (done once, during the first
+    /// create, while that sandbox's first process builds its root filesystem).
+    reaped: Cell<bool>,
 }
 
 /// How a sandbox's command ended, as far as the runtime can tell.
@@ -116,14 +120,13 @@ impl Spawner {
         layout.prepare()?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
         let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
-        let spawner = Spawner {
+        Ok(Spawner {
             run_dir: run_dir.to_owned(),
             layout,
             template,
             fences,
-        };
-        spawner.reap_stale();
-        Ok(spawner)
+            reaped: Cell::new(false),
+        })
     }
 
     fn lock_path(&self) -> PathBuf {
@@ -132,16 +135,32 @@ impl Spawner {
 
     /// Removes cgroups of sandboxes whose owner is gone (its uid slot is free): what a husk
     /// process that crashed or was SIGKILLed left behind.
+    /// With no other sandbox left, old host-template copies are removed too.
     pub fn reap_stale(&self) -> usize {
+        self.reap(None)
+    }
+
+    /// [`Spawner::reap_stale`], not counting `own` (the cgroup of the sandbox being created).
+    fn reap(&self, own: Option<&str>) -> usize {
+        self.reaped.set(true);
         let mut reaped = 0;
+        let mut others = 0;
         for name in self.layout.existing() {
             let Some(slot) = parse_slot(&name) else {
                 continue;
             };
+            if Some(name.as_str()) == own {
+                continue;
+            }
             if uidrange::is_free(&self.lock_path(), slot).unwrap_or(false) && self.clear_slot(slot)
             {
                 reaped += 1;
+            } else {
+                others += 1;
             }
+        }
+        if others == 0 {
+            host_template::remove_unused(&self.run_dir, &self.template);
         }
         reaped
     }
@@ -239,6 +258,10 @@ impl Spawner {
         // parallel, and the child joins them before anything of the sandbox runs.
         sb.cgroup.complete(&spec.limits)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
+        if !self.reaped.get() {
+            let own = sb.uids.as_ref().map(|u| cgroup_name(u.slot()));
+            self.reap(own.as_deref());
+        }
         let control = sb
             .control
             .as_ref()
