@@ -124,6 +124,9 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
     let mut command = None;
     let mut slave = slave;
     let mut started = false;
+    if args.spec.autostart {
+        start_once(args, &control, &mut started, &mut command, &mut slave);
+    }
     loop {
         let mut fds = [
             libc::pollfd {
@@ -157,18 +160,7 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
                     }
                 }
                 Ok(Some(ToInit::Start)) => {
-                    if let (Some(argv), false) = (&args.spec.command, started) {
-                        started = true;
-                        match spawn_command(args, argv, slave.as_ref().map(|s| s.as_fd())) {
-                            Ok(pid) => command = Some(pid),
-                            Err(errno) => {
-                                let msg = FromInit::ExecFailed { errno };
-                                let _ = control::send_from_init(control.as_fd(), &msg);
-                            }
-                        }
-                        // Only the command holds the terminal's slave end.
-                        slave = None;
-                    }
+                    start_once(args, &control, &mut started, &mut command, &mut slave);
                 }
                 Ok(Some(ToInit::IdMapDone { .. })) => {}
                 // The spawner is gone: the sandbox ends with its init.
@@ -176,6 +168,28 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
             }
         }
     }
+}
+
+/// Starts the command unless it was started already (or there is none).
+fn start_once(
+    args: &ChildArgs<'_>,
+    control: &OwnedFd,
+    started: &mut bool,
+    command: &mut Option<libc::pid_t>,
+    slave: &mut Option<OwnedFd>,
+) {
+    let (Some(argv), false) = (&args.spec.command, *started) else {
+        return;
+    };
+    *started = true;
+    match spawn_command(args, argv, slave.as_ref().map(|s| s.as_fd())) {
+        Ok(pid) => *command = Some(pid),
+        Err(errno) => {
+            let _ = control::send_from_init(control.as_fd(), &FromInit::ExecFailed { errno });
+        }
+    }
+    // Only the command holds the terminal's slave end.
+    *slave = None;
 }
 
 fn fail(control: &OwnedFd, msg: String) -> ! {

@@ -92,6 +92,9 @@ pub struct SandboxSpec {
     pub tty_size: Option<(u16, u16)>,
     /// Kill the sandbox if the process that created it dies (right for one-shot runs).
     pub die_with_parent: bool,
+    /// Start the command as soon as the sandbox is ready, without waiting for
+    /// [`crate::Sandbox::start`] (saves a round trip when nothing is copied in first).
+    pub autostart: bool,
 }
 
 impl SandboxSpec {
@@ -108,6 +111,7 @@ impl SandboxSpec {
             tty: false,
             tty_size: None,
             die_with_parent: true,
+            autostart: false,
         }
     }
 

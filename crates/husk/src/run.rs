@@ -140,6 +140,8 @@ impl Config {
             .map(parse_duration)
             .transpose()
             .map_err(|e| anyhow!("--timeout: {e}"))?;
+        // Nothing to copy in: the command may start the moment the sandbox is ready.
+        spec.autostart = a.copies.is_empty();
         if spec.tty {
             spec.tty_size = husk_runtime::pty::window_size(io::stdout().as_fd())
                 .or_else(|| husk_runtime::pty::window_size(io::stdin().as_fd()));
