@@ -22,7 +22,7 @@ pub enum CgroupError {
     #[error("cannot discover cgroups: {0}")]
     Discover(String),
     /// A file operation on a cgroup failed.
-    #[error("cgroup {path}: {source}")]
+    #[error("cgroup {}", .path.display())]
     Io {
         path: PathBuf,
         #[source]

@@ -37,6 +37,8 @@ pub enum ToInit {
     /// The uid/gid maps are written and the cgroups are complete; the attached fds are the v1
     /// `tasks` files init writes "0" to, to join them.
     IdMapDone { cgroup_tasks: Vec<OwnedFd> },
+    /// The sandbox's network namespace (created by the spawner while init builds the root).
+    NetNs { netns: OwnedFd },
     /// Start the command now.
     Start,
     /// Forward this signal to the command.
@@ -52,6 +54,7 @@ const T_SIGNALED: u8 = 6;
 const T_MAP_DONE: u8 = 101;
 const T_SIGNAL: u8 = 102;
 const T_START: u8 = 103;
+const T_NETNS: u8 = 104;
 
 fn int(tag: u8, v: i32) -> [u8; 5] {
     let b = v.to_le_bytes();
@@ -107,7 +110,12 @@ pub fn send_from_init(sock: BorrowedFd<'_>, msg: &FromInit) -> io::Result<()> {
 /// Receives one message from init; `Ok(None)` when init closed its end (it died).
 pub fn recv_from_init(sock: BorrowedFd<'_>) -> io::Result<Option<FromInit>> {
     let mut buf = [0u8; MAX_MESSAGE];
-    let (n, mut fds) = sys::recv_with_fds(sock, &mut buf)?;
+    let (n, mut fds) = match sys::recv_with_fds(sock, &mut buf) {
+        // Init exited without reading something we sent: the kernel reports that once as
+        // ECONNRESET, but what init sent before exiting (its failure report) is still queued.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => sys::recv_with_fds(sock, &mut buf)?,
+        other => other?,
+    };
     if n == 0 {
         return Ok(None);
     }
@@ -160,6 +168,9 @@ pub fn send_to_init(sock: BorrowedFd<'_>, msg: &ToInit) -> io::Result<()> {
         }
         ToInit::Signal(s) => sys::send_with_fds(sock, &int(T_SIGNAL, *s), &[]),
         ToInit::Start => sys::send_with_fds(sock, &[T_START], &[]),
+        ToInit::NetNs { netns } => {
+            sys::send_with_fds(sock, &[T_NETNS], &[std::os::fd::AsRawFd::as_raw_fd(netns)])
+        }
     }
 }
 
@@ -174,6 +185,10 @@ pub fn recv_to_init(sock: impl AsFd) -> io::Result<Option<ToInit>> {
         T_MAP_DONE => Ok(Some(ToInit::IdMapDone { cgroup_tasks: fds })),
         T_SIGNAL => Ok(Some(ToInit::Signal(read_int(&buf[1..n])?))),
         T_START => Ok(Some(ToInit::Start)),
+        T_NETNS => match <[OwnedFd; 1]>::try_from(fds) {
+            Ok([netns]) => Ok(Some(ToInit::NetNs { netns })),
+            Err(_) => Err(bad("network namespace message without exactly one fd")),
+        },
         _ => Err(bad("unknown tag")),
     }
 }
@@ -211,5 +226,19 @@ mod tests {
         ));
         drop(a);
         assert!(recv_from_init(b.as_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_report_sent_before_init_died_is_not_lost() {
+        let (init, spawner) = sys::seqpacket_pair().unwrap();
+        send_from_init(init.as_fd(), &FromInit::SetupFailed("mount failed".into())).unwrap();
+        // The spawner's message is never read: init dies with it queued.
+        send_to_init(spawner.as_fd(), &ToInit::Start).unwrap();
+        drop(init);
+        match recv_from_init(spawner.as_fd()).unwrap() {
+            Some(FromInit::SetupFailed(t)) => assert_eq!(t, "mount failed"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(recv_from_init(spawner.as_fd()).unwrap().is_none());
     }
 }

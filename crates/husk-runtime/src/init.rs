@@ -77,6 +77,14 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         staging: args.staging,
         base: args.base,
     })?;
+    // The network namespace was created by the spawner in parallel with the work above.
+    match control::recv_to_init(control)? {
+        Some(ToInit::NetNs { netns }) => {
+            sys::setns(netns.as_fd(), libc::CLONE_NEWNET).map_err(ctx("enter network namespace"))?
+        }
+        _ => return Err(io::Error::other("spawner sent no network namespace")),
+    }
+    rootfs::network()?;
     // Enter the user namespace last: the mount, network, UTS and IPC namespaces stay owned by
     // the host's user namespace, so sandbox root holds no capability over them.
     sys::unshare(libc::CLONE_NEWUSER).map_err(ctx("user namespace"))?;
@@ -162,7 +170,7 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
                 Ok(Some(ToInit::Start)) => {
                     start_once(args, &control, &mut started, &mut command, &mut slave);
                 }
-                Ok(Some(ToInit::IdMapDone { .. })) => {}
+                Ok(Some(ToInit::IdMapDone { .. } | ToInit::NetNs { .. })) => {}
                 // The spawner is gone: the sandbox ends with its init.
                 Ok(None) | Err(_) => sys::exit_now(0),
             }

@@ -125,6 +125,22 @@ pub fn relative(sandbox_path: &Path) -> io::Result<PathBuf> {
     Ok(out)
 }
 
+/// Sets up the network namespace the caller just entered: loopback up, and sandbox root may
+/// bind low ports and ping inside it (both per-namespace settings). Called after `pivot_root`,
+/// so `/proc` is the sandbox's own.
+pub fn network() -> io::Result<()> {
+    sys::loopback_up().map_err(ctx("bring up loopback"))?;
+    let _ = sys::write_file(
+        Path::new("/proc/sys/net/ipv4/ip_unprivileged_port_start"),
+        b"0",
+    );
+    let _ = sys::write_file(
+        Path::new("/proc/sys/net/ipv4/ping_group_range"),
+        b"0 2147483647",
+    );
+    Ok(())
+}
+
 /// Builds the root under `plan.staging/root` and pivots into it. On return the process's root
 /// is the sandbox root and the host's tree is detached.
 pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
@@ -191,16 +207,6 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     proc(&root.join("proc"))?;
 
     sys::sethostname(&spec.hostname).map_err(ctx("sethostname"))?;
-    sys::loopback_up().map_err(ctx("bring up loopback"))?;
-    // Let sandbox root bind low ports and ping inside its own network namespace only.
-    let _ = sys::write_file(
-        &root.join("proc/sys/net/ipv4/ip_unprivileged_port_start"),
-        b"0",
-    );
-    let _ = sys::write_file(
-        &root.join("proc/sys/net/ipv4/ping_group_range"),
-        b"0 2147483647",
-    );
 
     std::env::set_current_dir(&root).map_err(ctx("chdir new root"))?;
     sys::pivot_root(c".", c".").map_err(ctx("pivot_root"))?;

@@ -45,7 +45,7 @@ pub enum SpawnError {
     /// Preparing the seccomp/Landlock fences failed.
     #[error("preparing security fences: {0}")]
     Fences(String),
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         what: String,
         #[source]
@@ -67,6 +67,8 @@ pub struct Spawner {
     layout: CgroupLayout,
     template: HostTemplate,
     fences: Fences,
+    /// The spawner's own network namespace, to return to after creating a sandbox's.
+    host_netns: OwnedFd,
     /// Whether leftovers of crashed husk processes were reaped yet (done once, during the first
     /// create, while that sandbox's first process builds its root filesystem).
     reaped: Cell<bool>,
@@ -120,13 +122,25 @@ impl Spawner {
         layout.prepare()?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
         let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
+        let host_netns = sys::open(c"/proc/thread-self/ns/net", libc::O_RDONLY, 0)
+            .map_err(io_ctx("open own network namespace"))?;
         Ok(Spawner {
+            host_netns,
             run_dir: run_dir.to_owned(),
             layout,
             template,
             fences,
             reaped: Cell::new(false),
         })
+    }
+
+    /// A new, empty network namespace (owned by the host's user namespace). The spawner enters
+    /// it to create it and returns to its own at once, so afterwards only the sandbox holds it.
+    fn new_netns(&self) -> io::Result<OwnedFd> {
+        sys::unshare(libc::CLONE_NEWNET)?;
+        let netns = sys::open(c"/proc/thread-self/ns/net", libc::O_RDONLY, 0);
+        sys::setns(self.host_netns.as_fd(), libc::CLONE_NEWNET)?;
+        netns
     }
 
     fn lock_path(&self) -> PathBuf {
@@ -226,11 +240,8 @@ impl Spawner {
         let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
-        let flags = libc::CLONE_NEWPID
-            | libc::CLONE_NEWNS
-            | libc::CLONE_NEWNET
-            | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWUTS;
+        let flags =
+            libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         match sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd()))
             .map_err(io_ctx("clone3"))?
         {
@@ -254,8 +265,20 @@ impl Spawner {
                 sb.control = Some(parent_end);
             }
         }
-        // While the child builds its root filesystem, finish the cgroups: the two run in
-        // parallel, and the child joins them before anything of the sandbox runs.
+        // While the child builds its root filesystem, create its network namespace (the most
+        // expensive namespace, ~0.9 ms here) and finish the cgroups: the two sides run in
+        // parallel, and the child enters and joins them before anything of the sandbox runs.
+        let netns = self
+            .new_netns()
+            .map_err(io_ctx("create network namespace"))?;
+        control::send_to_init(
+            sb.control
+                .as_ref()
+                .map(|c| c.as_fd())
+                .ok_or_else(|| SpawnError::Setup("no control".into()))?,
+            &ToInit::NetNs { netns },
+        )
+        .map_err(io_ctx("sandbox control"))?;
         sb.cgroup.complete(&spec.limits)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
         if !self.reaped.get() {

@@ -806,3 +806,10 @@ pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Re
     })?;
     Ok(())
 }
+
+/// setns(2): enter the namespace behind `fd`.
+pub fn setns(fd: BorrowedFd<'_>, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    cvt_i(unsafe { libc::setns(fd.as_raw_fd(), nstype) })?;
+    Ok(())
+}

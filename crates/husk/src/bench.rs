@@ -15,6 +15,11 @@ use husk_runtime::{SandboxSpec, Spawner};
 
 use crate::cli::{BenchArgs, WorkerArgs};
 
+/// An error with its whole chain of causes, on one line.
+fn chain<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
+    format!("{:#}", anyhow::Error::new(e))
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -83,7 +88,7 @@ fn stats(name: &str, v: &mut [f64]) -> f64 {
 }
 
 fn oneshot(runs: usize) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(chain)?;
     let have_bwrap = Command::new("bwrap")
         .arg("--version")
         .output()
@@ -115,17 +120,17 @@ fn oneshot(runs: usize) -> Result<(), String> {
 /// Sequential create → ready and destroy latency of idle sandboxes, in this process.
 fn latency(runs: usize) -> Result<(), String> {
     println!("create -> ready and destroy of an idle sandbox, in process ({runs} each):");
-    let spawner = Spawner::new().map_err(|e| e.to_string())?;
+    let spawner = Spawner::new().map_err(chain)?;
     let spec = SandboxSpec::idle();
-    let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+    let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
     let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
     let (mut create, mut destroy) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let t = Instant::now();
-        let mut sb = spawner.create(&spec, stdio).map_err(|e| e.to_string())?;
+        let mut sb = spawner.create(&spec, stdio).map_err(chain)?;
         create.push(t.elapsed().as_secs_f64() * 1000.0);
         let t = Instant::now();
-        sb.destroy().map_err(|e| e.to_string())?;
+        sb.destroy().map_err(chain)?;
         destroy.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     stats("create -> ready", &mut create);
@@ -134,7 +139,7 @@ fn latency(runs: usize) -> Result<(), String> {
 }
 
 fn throughput(parallel: usize, seconds: f64, mode: &str, what: &str) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(chain)?;
     let start = Instant::now();
     let children: Vec<_> = (0..parallel)
         .map(|_| {
@@ -150,17 +155,17 @@ fn throughput(parallel: usize, seconds: f64, mode: &str, what: &str) -> Result<(
                 .spawn()
         })
         .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(chain)?;
     let mut total = 0u64;
     for c in children {
-        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        let out = c.wait_with_output().map_err(chain)?;
         if !out.status.success() {
             return Err("a bench worker failed".into());
         }
         total += String::from_utf8_lossy(&out.stdout)
             .trim()
             .parse::<u64>()
-            .map_err(|e| e.to_string())?;
+            .map_err(chain)?;
     }
     let elapsed = start.elapsed().as_secs_f64();
     println!(
@@ -174,24 +179,24 @@ fn throughput(parallel: usize, seconds: f64, mode: &str, what: &str) -> Result<(
 /// time is up; prints the count.
 pub fn worker(args: WorkerArgs) -> i32 {
     let run = || -> Result<u64, String> {
-        let spawner = Spawner::new().map_err(|e| e.to_string())?;
+        let spawner = Spawner::new().map_err(chain)?;
         let cycle = args.mode == "cycle";
         let spec = if cycle {
             SandboxSpec::new(vec!["/usr/bin/true".into()])
         } else {
             SandboxSpec::idle()
         };
-        let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+        let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
         let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
         let end = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut n = 0;
         while Instant::now() < end {
-            let mut sb = spawner.create(&spec, stdio).map_err(|e| e.to_string())?;
+            let mut sb = spawner.create(&spec, stdio).map_err(chain)?;
             if cycle {
-                sb.start().map_err(|e| e.to_string())?;
-                sb.wait(None).map_err(|e| e.to_string())?;
+                sb.start().map_err(chain)?;
+                sb.wait(None).map_err(chain)?;
             }
-            sb.destroy().map_err(|e| e.to_string())?;
+            sb.destroy().map_err(chain)?;
             n += 1;
         }
         Ok(n)
@@ -219,16 +224,16 @@ fn mem_available_kib() -> u64 {
 
 fn density(n: usize) -> Result<(), String> {
     println!("idle density ({n} idle sandboxes alive at once):");
-    husk_runtime::sys::raise_nofile_limit().map_err(|e| e.to_string())?;
-    let spawner = Spawner::new().map_err(|e| e.to_string())?;
+    husk_runtime::sys::raise_nofile_limit().map_err(chain)?;
+    let spawner = Spawner::new().map_err(chain)?;
     let spec = SandboxSpec::idle();
-    let devnull = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+    let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
     let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
     let before = mem_available_kib();
     let start = Instant::now();
     let mut alive = Vec::with_capacity(n);
     for _ in 0..n {
-        alive.push(spawner.create(&spec, stdio).map_err(|e| e.to_string())?);
+        alive.push(spawner.create(&spec, stdio).map_err(chain)?);
     }
     let created = start.elapsed().as_secs_f64();
     // Let lazily-freed memory from the creation burst settle before reading.
@@ -246,7 +251,7 @@ fn density(n: usize) -> Result<(), String> {
     );
     let start = Instant::now();
     for mut sb in alive {
-        sb.destroy().map_err(|e| e.to_string())?;
+        sb.destroy().map_err(chain)?;
     }
     println!("  destroyed all in {:.2} s", start.elapsed().as_secs_f64());
     Ok(())

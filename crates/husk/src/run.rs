@@ -380,9 +380,12 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
                 left.max_files -= report.files.min(left.max_files);
             }
             Err(e @ TransferError::LimitExceeded { .. }) => {
-                bail!("output {}: {e}", src.display())
+                return Err(anyhow::Error::new(e).context(format!("output {}", src.display())))
             }
-            Err(e) => bail!("output {} -> {}: {e}", src.display(), dest.display()),
+            Err(e) => {
+                let what = format!("output {} -> {}", src.display(), dest.display());
+                return Err(anyhow::Error::new(e).context(what));
+            }
         }
     }
     Ok(())

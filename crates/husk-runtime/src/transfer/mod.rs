@@ -182,7 +182,7 @@ pub enum TransferError {
         copied_bytes: u64,
     },
     /// A system call failed.
-    #[error("cannot {op} {side} {}: {source}", .path.display())]
+    #[error("cannot {op} {side} {}", .path.display())]
     Io {
         /// What we were doing ("open", "read", "create", ...).
         op: &'static str,
