@@ -326,6 +326,9 @@ fn exec_command(
     err_fd: RawFd,
 ) -> io::Error {
     let step = || -> io::Result<()> {
+        // Init built the root with umask 0; commands (and a workdir made for them) get the
+        // conventional 022.
+        sys::umask(0o022);
         sys::reset_signals()?;
         // A new session: the command can never reach a terminal of the host through its
         // session (TIOCSTI is also denied by seccomp).
@@ -351,7 +354,6 @@ fn exec_command(
         args.fences
             .apply_after_setuid(root, &p.rlimits)
             .map_err(|e| io::Error::other(e.to_string()))?;
-        sys::umask(0o022);
         sys::close_fds_from(3, &[err_fd]);
         Ok(())
     };

@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::symlink;
 use std::path::{Component, Path, PathBuf};
 
 use crate::host_template::{HostTemplate, TopEntry};
@@ -80,20 +80,26 @@ fn bind(src: &Path, target: &Path, writable: bool) -> io::Result<()> {
         .map_err(ctx(format_args!("remount {}", target.display())))
 }
 
-fn mkdir(path: &Path, mode: u32, owner: (u32, u32)) -> io::Result<()> {
-    match fs::create_dir(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(ctx(format_args!("mkdir {}", path.display()))(e)),
-    }
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-    sys::lchown(&c(path)?, owner.0, owner.1)
+/// mkdir with an exact mode (the caller runs with umask 0); the owner is the caller's fsuid.
+fn mkdir(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .mode(mode)
+        .create(path)
+        .map_err(ctx(format_args!("mkdir {}", path.display())))
 }
 
-fn write_file(path: &Path, content: &str, owner: (u32, u32)) -> io::Result<()> {
-    fs::write(path, content).map_err(ctx(format_args!("write {}", path.display())))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
-    sys::lchown(&c(path)?, owner.0, owner.1)
+/// Writes a new file with mode 0644; the owner is the caller's fsuid.
+fn write_file(path: &Path, content: &str) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .and_then(|mut f| f.write_all(content.as_bytes()))
+        .map_err(ctx(format_args!("write {}", path.display())))
 }
 
 /// The relative form of an absolute sandbox path, refusing `..` (the operator's input, but a
@@ -145,7 +151,6 @@ pub fn network() -> io::Result<()> {
 /// is the sandbox root and the host's tree is detached.
 pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     let spec = plan.spec;
-    let root_ids = (plan.base, plan.base);
     let user_ids = (plan.base + 1000, plan.base + 1000);
     // Nothing done in this namespace may propagate back to the host.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
@@ -155,19 +160,27 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     let disk = spec.limits.disk_bytes;
     // Bound inodes too, so a sandbox cannot exhaust memory with empty files.
     let inodes = (disk / 4096).clamp(4096, 1 << 20);
+    let base = plan.base;
     mount_fs(
         "tmpfs",
         stage,
         libc::MS_NOSUID | libc::MS_NODEV,
-        &format!("size={disk},nr_inodes={inodes},mode=0755"),
+        &format!("size={disk},nr_inodes={inodes},mode=0755,uid={base},gid={base}"),
     )?;
     let upper = stage.join("upper");
     let work = stage.join("work");
     let root = stage.join("root");
-    for d in [&upper, &work, &root] {
-        fs::create_dir(d)?;
+    sys::umask(0);
+    {
+        // Everything of the skeleton is created as the sandbox's root (fsuid), so it is owned
+        // by the sandbox without a chown per entry.
+        let _as_sandbox_root = sys::FsIds::enter(base, base)?;
+        for d in [&upper, &work, &root] {
+            mkdir(d, 0o755)?;
+        }
+        skeleton(&upper, plan)?;
     }
-    skeleton(&upper, plan, root_ids, user_ids)?;
+    sys::lchown(&c(&upper.join("home/user"))?, user_ids.0, user_ids.1)?;
 
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
@@ -215,31 +228,34 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Creates the per-sandbox skeleton in the upper layer, owned by the sandbox's uids.
-fn skeleton(
-    upper: &Path,
-    plan: &RootfsPlan<'_>,
-    root_ids: (u32, u32),
-    user_ids: (u32, u32),
-) -> io::Result<()> {
-    mkdir(upper, 0o755, root_ids)?;
-    for d in [
-        "usr", "etc", "dev", "proc", "home", "root", "var", "var/tmp", "run", "mnt", "opt", "srv",
+/// Creates the per-sandbox skeleton in the upper layer. Runs with the sandbox root's fsuid and
+/// umask 0, so every entry is owned by the sandbox with exactly the mode given.
+fn skeleton(upper: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
+    for (d, mode) in [
+        ("usr", 0o755),
+        ("etc", 0o755),
+        ("dev", 0o755),
+        ("proc", 0o755),
+        ("home", 0o755),
+        ("root", 0o700),
+        ("var", 0o755),
+        ("var/tmp", 0o1777),
+        ("run", 0o755),
+        ("mnt", 0o755),
+        ("opt", 0o755),
+        ("srv", 0o755),
+        ("tmp", 0o1777),
     ] {
-        mkdir(&upper.join(d), 0o755, root_ids)?;
+        mkdir(&upper.join(d), mode)?;
     }
-    fs::set_permissions(upper.join("root"), fs::Permissions::from_mode(0o700))?;
-    mkdir(&upper.join("tmp"), 0o1777, root_ids)?;
-    fs::set_permissions(upper.join("var/tmp"), fs::Permissions::from_mode(0o1777))?;
-    mkdir(&upper.join("home/user"), 0o750, user_ids)?;
+    // Handed to the user by the caller (a chown needs the file-system capabilities that a
+    // non-zero fsuid clears).
+    mkdir(&upper.join("home/user"), 0o750)?;
     for (name, entry) in &plan.template.top {
         let p = upper.join(name);
         match entry {
-            TopEntry::Symlink(target) => {
-                symlink(target, &p)?;
-                sys::lchown(&c(&p)?, root_ids.0, root_ids.1)?;
-            }
-            TopEntry::Dir => mkdir(&p, 0o755, root_ids)?,
+            TopEntry::Symlink(target) => symlink(target, &p)?,
+            TopEntry::Dir => mkdir(&p, 0o755)?,
         }
     }
     let etc = upper.join("etc");
@@ -249,24 +265,20 @@ fn skeleton(
         "root:x:0:0:root:/root:/bin/bash\n\
          user:x:1000:1000:user:/home/user:/bin/bash\n\
          nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        root_ids,
     )?;
     write_file(
         &etc.join("group"),
         "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n",
-        root_ids,
     )?;
-    write_file(&etc.join("hostname"), &format!("{hostname}\n"), root_ids)?;
+    write_file(&etc.join("hostname"), &format!("{hostname}\n"))?;
     write_file(
         &etc.join("hosts"),
         &format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"),
-        root_ids,
     )?;
     // The sandbox has no network beyond loopback yet, hence no name server.
     write_file(
         &etc.join("resolv.conf"),
         "# husk: this sandbox has no network access\n",
-        root_ids,
     )?;
     Ok(())
 }
@@ -279,11 +291,13 @@ fn dev(dev: &Path, base: u32) -> io::Result<()> {
         &format!("size=64k,nr_inodes=64,mode=0755,uid={base},gid={base}"),
     )?;
     for (name, major, minor) in DEVICES {
-        let p = dev.join(name);
-        sys::mknod_char(&c(&p)?, 0o666, *major, *minor)
-            .map_err(ctx(format_args!("mknod {name}")))?;
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o666))?;
+        let p = c(&dev.join(name))?;
+        sys::mknod_char(&p, 0o666, *major, *minor).map_err(ctx(format_args!("mknod {name}")))?;
+        // Owned by the sandbox's root like the rest of its tree (mknod needs CAP_MKNOD, which
+        // a non-zero fsuid would clear, so this is a chown afterwards).
+        sys::lchown(&p, base, base)?;
     }
+    let _as_sandbox_root = sys::FsIds::enter(base, base)?;
     for (link, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -295,8 +309,8 @@ fn dev(dev: &Path, base: u32) -> io::Result<()> {
     }
     let pts = dev.join("pts");
     let shm = dev.join("shm");
-    fs::create_dir(&pts)?;
-    fs::create_dir(&shm)?;
+    mkdir(&pts, 0o755)?;
+    mkdir(&shm, 0o1777)?;
     // devpts options are read in the host's user namespace: the tty group is the host gid that
     // sandbox gid 5 maps to.
     mount_fs(

@@ -813,3 +813,41 @@ pub fn setns(fd: BorrowedFd<'_>, nstype: libc::c_int) -> io::Result<()> {
     cvt_i(unsafe { libc::setns(fd.as_raw_fd(), nstype) })?;
     Ok(())
 }
+
+/// While alive, file-system operations of the calling thread run as `uid`/`gid` (setfsuid,
+/// setfsgid): new files get that owner without a chown each. Dropping restores the previous fs
+/// ids (guards nest). Only for husk's set-up code running as host root.
+pub struct FsIds {
+    prev: (u32, u32),
+}
+
+impl FsIds {
+    /// Switches the fs ids.
+    pub fn enter(uid: u32, gid: u32) -> io::Result<FsIds> {
+        // SAFETY: setfsgid/setfsuid take integers only. They return the previous id and cannot
+        // report errors, so success is checked by reading the id back (an invalid id, -1,
+        // changes nothing and returns the current one).
+        unsafe {
+            let prev_gid = libc::setfsgid(gid) as u32;
+            let prev_uid = libc::setfsuid(uid) as u32;
+            if libc::setfsuid(u32::MAX) as u32 != uid || libc::setfsgid(u32::MAX) as u32 != gid {
+                libc::setfsuid(prev_uid);
+                libc::setfsgid(prev_gid);
+                return Err(io::Error::other("setfsuid/setfsgid did not take effect"));
+            }
+            Ok(FsIds {
+                prev: (prev_uid, prev_gid),
+            })
+        }
+    }
+}
+
+impl Drop for FsIds {
+    fn drop(&mut self) {
+        // SAFETY: as in `enter`; going back to ids this process had always succeeds.
+        unsafe {
+            libc::setfsuid(self.prev.0);
+            libc::setfsgid(self.prev.1);
+        }
+    }
+}

@@ -241,3 +241,34 @@ fn mount_points_never_follow_the_sandboxs_symlinks() {
     );
     assert!(!std::path::Path::new("/usr/bin/husk-mount-test").exists());
 }
+
+#[test]
+fn the_sandbox_tree_belongs_to_the_sandbox() {
+    let r = husk_run(
+        &["--user", "root"],
+        &[
+            "/usr/bin/stat",
+            "-c",
+            "%U %a %n",
+            "/",
+            "/tmp",
+            "/root",
+            "/home/user",
+            "/etc/passwd",
+            "/dev/null",
+        ],
+    );
+    r.ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "root 755 /",
+            "root 1777 /tmp",
+            "root 700 /root",
+            "user 750 /home/user",
+            "root 644 /etc/passwd",
+            "root 666 /dev/null"
+        ]
+    );
+}
