@@ -167,33 +167,6 @@ impl CgroupLayout {
         if v2.is_none() && !v1.iter().any(|(n, _)| *n == "freezer") {
             return Err(CgroupError::MissingController("freezer"));
         }
-        let mut v2_controllers = Vec::new();
-        for c in CONTROLLERS {
-            if v1.iter().any(|(n, _)| *n == c) {
-                continue;
-            }
-            let available = v2
-                .as_ref()
-                .and_then(|p| p.parent().map(|p| p.join("cgroup.controllers")))
-                .and_then(|p| fs::read_to_string(p).ok())
-                .is_some_and(|s| s.split_whitespace().any(|x| x == c));
-            if !available {
-                return Err(CgroupError::MissingController(c));
-            }
-            v2_controllers.push(c);
-        }
-        // The v2 core files (cgroup.freeze, cgroup.kill) replace the v1 freezer where they
-        // exist, which saves a hierarchy per sandbox.
-        let v2_freeze = v2.as_ref().and_then(|p| p.parent()).is_some_and(|p| {
-            p.join("cgroup.freeze").exists()
-                || p.join("cgroup.kill").exists()
-                || p.parent().is_none()
-        });
-        if v2_freeze {
-            v1.retain(|(n, _)| *n != "freezer");
-        } else if !v1.iter().any(|(n, _)| *n == "freezer") {
-            return Err(CgroupError::MissingController("freezer"));
-        }
         Ok(CgroupLayout {
             v1,
             v2,
