@@ -43,10 +43,8 @@ const FORWARDED: &[libc::c_int] = &[
 
 /// Entry point of the forked first process. Never returns.
 pub(crate) fn child_main(args: ChildArgs<'_>) -> ! {
-    // SAFETY-relevant ownership: the control fd was inherited from the spawner and is owned by
-    // this process from here on.
-    // SAFETY: the fd number was valid in the parent at fork time and nothing else in this
-    // process owns it.
+    // SAFETY: the control fd was inherited from the spawner (valid at fork time) and nothing
+    // else in this process owns it from here on.
     let control = unsafe { OwnedFd::from_raw_fd(args.control) };
     match setup(&args, control.as_fd()) {
         Ok(pty) => run(&args, control, pty),
