@@ -426,7 +426,11 @@ fn report(fate: Fate, cfg: &Config) -> i32 {
     match fate {
         Fate::Exited(ExitStatus::Exited(code)) => code,
         Fate::Exited(ExitStatus::Signaled(sig)) => {
-            let _ = writeln!(err, "husk: killed: {}", signal_name(sig));
+            // Like a shell: a pipe closed by the reader or an interrupt the user typed needs
+            // no explanation; anything else does.
+            if sig != libc::SIGPIPE && sig != libc::SIGINT {
+                let _ = writeln!(err, "husk: killed: {}", signal_name(sig));
+            }
             128 + sig
         }
         Fate::OutOfMemory { limit_bytes } => {

@@ -155,3 +155,27 @@ fn tty_gives_an_interactive_shell() {
     assert!(r.stdout.contains("hi-42"), "{}", r.stdout);
     assert!(r.stdout.contains("/dev/pts/0"), "{}", r.stdout);
 }
+
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    use std::io::Read;
+    let mut child = Command::new(HUSK)
+        .args(["run", "--", "/usr/bin/yes"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 4];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    assert_eq!(&first, b"y\ny\n");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 13));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
