@@ -851,3 +851,22 @@ impl Drop for FsIds {
         }
     }
 }
+
+/// Whether `fd` may be handed to a sandbox as one of its stdio fds as it is: a regular file, a
+/// pipe/FIFO, or `/dev/null`. Anything else is relayed instead: a socket would give the sandbox
+/// the host's network namespace (sendto on an unconnected socket), a terminal its ioctls, other
+/// devices their own powers.
+pub fn passable_stdio(fd: RawFd) -> bool {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a valid out-buffer for one stat.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded and filled the buffer.
+    let st = unsafe { st.assume_init() };
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG | libc::S_IFIFO => true,
+        libc::S_IFCHR => st.st_rdev == libc::makedev(1, 3),
+        _ => false,
+    }
+}

@@ -190,8 +190,9 @@ pub fn run(cfg: Config) -> Result<i32> {
     let sigfd = sys::signalfd(HANDLED_SIGNALS).context("signalfd")?;
     let spawner = Spawner::new()?;
 
-    // stdio: a host terminal is never handed to the sandbox (it could change its modes or read
-    // from it); husk relays through pipes or a PTY instead. Files and pipes pass straight through.
+    // stdio: only regular files, pipes and /dev/null pass straight through. Anything else is
+    // relayed through pipes (or the PTY): a host terminal would hand the sandbox its ioctls, a
+    // socket the host's network namespace.
     let mut pumps: Vec<Pump> = Vec::new();
     let mut sandbox_ends: Vec<OwnedFd> = Vec::new();
     let devnull = husk_runtime::sys::open(c"/dev/null", libc::O_RDWR, 0)?;
@@ -201,7 +202,7 @@ pub fn run(cfg: Config) -> Result<i32> {
         stdio = [devnull.as_fd(), devnull.as_fd(), devnull.as_fd()];
     } else {
         for i in 0..3 {
-            if sys::isatty(i) {
+            if !sys::passable_stdio(i) {
                 let (r, w) = sys::pipe()?;
                 let (ours, theirs) = if i == 0 { (w, r) } else { (r, w) };
                 relays.push((i, Rc::new(ours)));

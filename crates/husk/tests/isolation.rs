@@ -272,3 +272,30 @@ fn the_sandbox_tree_belongs_to_the_sandbox() {
         ]
     );
 }
+
+#[test]
+fn a_socket_given_as_stdio_does_not_reach_the_sandbox() {
+    // A socket keeps the network namespace it was made in: passed as stdin, it would let the
+    // sandbox send from the host's namespace.
+    let listener = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let code = format!(
+        "import socket\n\
+         try:\n  socket.socket(fileno=0).sendto(b'x', ('127.0.0.1', {port})); print('SENT')\n\
+         except OSError as e: print('refused', e.errno)"
+    );
+    let out = std::process::Command::new(HUSK)
+        .args(["run", "--", "/usr/bin/python3", "-c", &code])
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(sock)))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("refused"), "{text}");
+    let mut buf = [0u8; 8];
+    assert!(
+        listener.recv(&mut buf).is_err(),
+        "the host listener got a datagram"
+    );
+}
