@@ -299,3 +299,41 @@ fn a_socket_given_as_stdio_does_not_reach_the_sandbox() {
         "the host listener got a datagram"
     );
 }
+
+#[test]
+fn no_set_id_file_can_be_left_in_a_writable_host_mount() {
+    let host = TempDir::new("setid");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(host.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let spec = format!("{}:/data:rw", host.path().display());
+    for user in ["user", "root"] {
+        // Each sandbox has its own uid range, so each works on files of its own.
+        let code = format!(
+            "import os, shutil\n\
+             shutil.copy('/usr/bin/id', '/data/id-{user}')\n\
+             os.chmod('/data/id-{user}', 0o755); print('plain chmod ok')\n\
+             for mode in (0o4755, 0o2755):\n\
+             \x20   try: os.chmod('/data/id-{user}', mode); print('CHMOD', oct(mode))\n\
+             \x20   except PermissionError: print('chmod refused')\n\
+             \x20   try: os.close(os.open('/data/new-{user}-%o' % mode, os.O_CREAT | os.O_WRONLY, mode)); print('CREATED', oct(mode))\n\
+             \x20   except PermissionError: print('create refused')\n"
+        );
+        let r = husk_run(&["--mount", &spec, "--user", user], &strs(&py(&code)));
+        r.ok();
+        assert_eq!(
+            r.stdout.lines().collect::<Vec<_>>(),
+            [
+                "plain chmod ok",
+                "chmod refused",
+                "create refused",
+                "chmod refused",
+                "create refused"
+            ],
+            "as {user}"
+        );
+    }
+    for e in fs::read_dir(host.path()).unwrap().flatten() {
+        let mode = e.metadata().unwrap().permissions().mode();
+        assert_eq!(mode & 0o6000, 0, "{} is set-id", e.path().display());
+    }
+}

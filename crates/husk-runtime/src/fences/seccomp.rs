@@ -249,10 +249,13 @@ mod tests {
     }
 
     #[test]
-    fn the_whole_policy_is_one_program_with_clone3_in_the_prefix() {
+    fn the_whole_policy_is_one_program_with_the_enosys_calls_in_the_prefix() {
         let progs = programs();
         assert_eq!(progs.len(), 1, "one program for EPERM and ENOSYS rules");
-        let direct = [(libc::SYS_clone3 as u32, libc::ENOSYS as u32)];
+        let direct = [
+            (libc::SYS_clone3 as u32, libc::ENOSYS as u32),
+            (libc::SYS_openat2 as u32, libc::ENOSYS as u32),
+        ];
         assert_eq!(&progs[0][..prefix(&direct).len()], &prefix(&direct)[..]);
         assert!(
             progs[0].len() < 4096,

@@ -99,11 +99,182 @@ const fn deny(name: &'static str, why: &'static str, syscall: i64, args: [u64; 6
 }
 
 const CLONE_NEWUSER: u32 = libc::CLONE_NEWUSER as u32;
+
+/// `fchmodat2` (Linux 6.6); not in every libc release yet.
+const SYS_FCHMODAT2: i64 = 452;
+const SETID_WHY: &str =
+    "set-user/group-id bits: a file made set-id in a writable host mount would \
+    run on the host as a sandbox uid (a later sandbox's), so sandboxed code may not create one";
+
+/// A rule denying `syscall` when its mode argument `index` carries `bit` (S_ISUID or S_ISGID).
+/// The probe passes a NULL path or a bad fd, so without the filter it fails with EFAULT/EBADF.
+const fn setid(
+    name: &'static str,
+    syscall: i64,
+    index: u8,
+    bit: u32,
+    mut args: [u64; 6],
+) -> DenyRule {
+    args[index as usize] = 0o755 | bit as u64;
+    DenyRule {
+        name,
+        why: SETID_WHY,
+        syscall,
+        arg: Some(ArgMatch::MaskedEq {
+            index,
+            mask: bit,
+            value: bit,
+        }),
+        errno: EPERM,
+        probe: probe(syscall, args),
+    }
+}
+
+const SUID: u32 = libc::S_ISUID;
+const SGID: u32 = libc::S_ISGID;
+const O_CREAT: u64 = libc::O_CREAT as u64;
+const S_IFREG: u64 = libc::S_IFREG as u64;
 const MOUNT_API_WHY: &str =
     "mount API: changing the mount tree is the sandbox supervisor's job, not the sandboxed code's";
 
 /// THE seccomp policy. Order does not matter; rules for the same syscall are OR-ed.
 pub static DENY_RULES: &[DenyRule] = &[
+    // --- Set-id files (every call that sets a file's mode) ----------------------------------------
+    setid(
+        "chmod_setuid",
+        libc::SYS_chmod,
+        1,
+        SUID,
+        [NULL, 0, 0, 0, 0, 0],
+    ),
+    setid(
+        "chmod_setgid",
+        libc::SYS_chmod,
+        1,
+        SGID,
+        [NULL, 0, 0, 0, 0, 0],
+    ),
+    setid(
+        "fchmod_setuid",
+        libc::SYS_fchmod,
+        1,
+        SUID,
+        [BAD_FD, 0, 0, 0, 0, 0],
+    ),
+    setid(
+        "fchmod_setgid",
+        libc::SYS_fchmod,
+        1,
+        SGID,
+        [BAD_FD, 0, 0, 0, 0, 0],
+    ),
+    setid(
+        "fchmodat_setuid",
+        libc::SYS_fchmodat,
+        2,
+        SUID,
+        [BAD_FD, NULL, 0, 0, 0, 0],
+    ),
+    setid(
+        "fchmodat_setgid",
+        libc::SYS_fchmodat,
+        2,
+        SGID,
+        [BAD_FD, NULL, 0, 0, 0, 0],
+    ),
+    setid(
+        "fchmodat2_setuid",
+        SYS_FCHMODAT2,
+        2,
+        SUID,
+        [BAD_FD, NULL, 0, 0, 0, 0],
+    ),
+    setid(
+        "fchmodat2_setgid",
+        SYS_FCHMODAT2,
+        2,
+        SGID,
+        [BAD_FD, NULL, 0, 0, 0, 0],
+    ),
+    setid(
+        "open_setuid",
+        libc::SYS_open,
+        2,
+        SUID,
+        [NULL, O_CREAT, 0, 0, 0, 0],
+    ),
+    setid(
+        "open_setgid",
+        libc::SYS_open,
+        2,
+        SGID,
+        [NULL, O_CREAT, 0, 0, 0, 0],
+    ),
+    setid(
+        "openat_setuid",
+        libc::SYS_openat,
+        3,
+        SUID,
+        [BAD_FD, NULL, O_CREAT, 0, 0, 0],
+    ),
+    setid(
+        "openat_setgid",
+        libc::SYS_openat,
+        3,
+        SGID,
+        [BAD_FD, NULL, O_CREAT, 0, 0, 0],
+    ),
+    setid(
+        "creat_setuid",
+        libc::SYS_creat,
+        1,
+        SUID,
+        [NULL, 0, 0, 0, 0, 0],
+    ),
+    setid(
+        "creat_setgid",
+        libc::SYS_creat,
+        1,
+        SGID,
+        [NULL, 0, 0, 0, 0, 0],
+    ),
+    setid(
+        "mknod_setuid",
+        libc::SYS_mknod,
+        1,
+        SUID,
+        [NULL, S_IFREG, 0, 0, 0, 0],
+    ),
+    setid(
+        "mknod_setgid",
+        libc::SYS_mknod,
+        1,
+        SGID,
+        [NULL, S_IFREG, 0, 0, 0, 0],
+    ),
+    setid(
+        "mknodat_setuid",
+        libc::SYS_mknodat,
+        2,
+        SUID,
+        [BAD_FD, NULL, S_IFREG, 0, 0, 0],
+    ),
+    setid(
+        "mknodat_setgid",
+        libc::SYS_mknodat,
+        2,
+        SGID,
+        [BAD_FD, NULL, S_IFREG, 0, 0, 0],
+    ),
+    DenyRule {
+        name: "openat2",
+        why: "openat2 passes its mode in memory, which seccomp cannot inspect (see the set-id \
+              rules); ENOSYS makes callers fall back to openat",
+        syscall: libc::SYS_openat2,
+        arg: None,
+        errno: libc::ENOSYS,
+        probe: probe(libc::SYS_openat2, [BAD_FD, NULL, NULL, 0, 0, 0]),
+    },
     // --- Large kernel attack surfaces with no use for sandboxed workloads -----------------------
     deny(
         "io_uring_setup",
@@ -498,13 +669,15 @@ mod tests {
                 );
             }
         }
-        // Only clone3 gets ENOSYS (so that libc falls back to clone).
-        let enosys: Vec<_> = DENY_RULES
+        // Only the calls whose arguments live in memory get ENOSYS (so that callers fall back
+        // to clone / openat, whose arguments the other rules inspect).
+        let mut enosys: Vec<_> = DENY_RULES
             .iter()
             .filter(|r| r.errno == libc::ENOSYS)
             .map(|r| r.name)
             .collect();
-        assert_eq!(enosys, ["clone3"]);
+        enosys.sort_unstable();
+        assert_eq!(enosys, ["clone3", "openat2"]);
     }
 
     #[test]
