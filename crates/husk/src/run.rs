@@ -377,8 +377,18 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
                         s.path.display()
                     );
                 }
+                if report.skipped_more > 0 {
+                    eprintln!(
+                        "husk: output {}: {} more entries skipped (not copied)",
+                        src.display(),
+                        report.skipped_more
+                    );
+                }
+                // The entry limit counts every entry the copy handled, like copy_out does.
+                let entries =
+                    report.files + report.dirs + report.skipped.len() as u64 + report.skipped_more;
                 left.max_bytes -= report.bytes.min(left.max_bytes);
-                left.max_files -= report.files.min(left.max_files);
+                left.max_files -= entries.min(left.max_files);
             }
             Err(e @ TransferError::LimitExceeded { .. }) => {
                 return Err(anyhow::Error::new(e).context(format!("output {}", src.display())))

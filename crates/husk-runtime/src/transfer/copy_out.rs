@@ -129,10 +129,14 @@ impl Job<'_> {
 
     fn skip(&mut self, rel: &Path, kind: SkipKind) -> Result<(), TransferError> {
         self.admit(0)?;
-        self.report.skipped.push(Skipped {
-            path: rel.to_path_buf(),
-            kind,
-        });
+        if self.report.skipped.len() < super::MAX_SKIPPED_LISTED {
+            self.report.skipped.push(Skipped {
+                path: rel.to_path_buf(),
+                kind,
+            });
+        } else {
+            self.report.skipped_more += 1;
+        }
         Ok(())
     }
 
@@ -164,7 +168,8 @@ impl Job<'_> {
             dst: (Side::Host, &dst_path),
         };
         let copied = ops::copy_bounded(&mut file, &mut out, size, &mut self.buf, &ends)?;
-        ops::set_mode(&out, mode, Side::Host, &dst_path)?;
+        // No write bits for group and others: a sandbox cannot leave a world-writable file.
+        ops::set_mode(&out, mode & HOST_MODE_MASK, Side::Host, &dst_path)?;
         self.report.files += 1;
         self.report.bytes += copied;
         Ok(())
@@ -232,13 +237,26 @@ impl Job<'_> {
             .map_err(io_err("stat", Side::Sandbox, &self.src.join(rel)))?
             .mode();
         let dst_path = self.dest.join(rel);
-        let (host_sub, _) = ops::ensure_dir(host_dir.as_fd(), name, Side::Host, &dst_path)?;
+        let (host_sub, created) = ops::ensure_dir(host_dir.as_fd(), name, Side::Host, &dst_path)?;
         self.report.dirs += 1;
         self.copy_dir(&sub, &host_sub, rel, depth + 1)?;
-        // Set last, so a read-only directory can still be filled.
-        ops::set_mode(&host_sub, mode, Side::Host, &dst_path)
+        // A directory that was already on the host keeps its mode: the sandbox must not open up
+        // (or lock) a host directory. New ones get the sandbox's mode, without group/other write,
+        // set last so that a read-only directory can still be filled.
+        if !created {
+            return Ok(());
+        }
+        ops::set_mode(
+            &host_sub,
+            (mode & HOST_MODE_MASK) | 0o700,
+            Side::Host,
+            &dst_path,
+        )
     }
 }
+
+/// Mode bits a copied-out file or new directory may keep on the host.
+const HOST_MODE_MASK: u32 = 0o755;
 
 /// Lossy UTF-8 of `bytes`, cut to at most `max` bytes on a char boundary.
 fn truncate_lossy(bytes: &[u8], max: usize) -> String {

@@ -78,9 +78,15 @@ pub struct CopyReport {
     pub dirs: u64,
     /// Bytes of file content copied.
     pub bytes: u64,
-    /// Entries that were not copied.
+    /// Entries that were not copied: the first [`MAX_SKIPPED_LISTED`] of them...
     pub skipped: Vec<Skipped>,
+    /// ...and how many more there were (a sandbox can make any number of symlinks, and the
+    /// report must not grow with them).
+    pub skipped_more: u64,
 }
+
+/// How many skipped entries a [`CopyReport`] lists by name.
+pub const MAX_SKIPPED_LISTED: usize = 100;
 
 /// Which side of the sandbox boundary a path in an error lives on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -118,7 +118,8 @@ fn copies_tree_with_contents_sizes_and_modes() {
             files: 3,
             dirs: 2,
             bytes: 300_005,
-            skipped: vec![]
+            skipped: vec![],
+            skipped_more: 0,
         }
     );
     assert_eq!(fs::read(dest.join("a.txt")).unwrap(), b"hello");
@@ -264,7 +265,38 @@ fn setuid_setgid_and_sticky_bits_are_stripped() {
 
     assert_eq!(mode_of(&host.join("suid")), 0o755);
     assert_eq!(mode_of(&host.join("d/sgid")), 0o711);
-    assert_eq!(mode_of(&host.join("d")), 0o777);
+    // No group/other write on the host either.
+    assert_eq!(mode_of(&host.join("d")), 0o755);
+}
+
+#[test]
+fn the_report_of_skipped_entries_is_bounded() {
+    let (root, host) = (TempDir::new("root"), TempDir::new("host"));
+    fs::create_dir_all(root.join("out")).unwrap();
+    for i in 0..(MAX_SKIPPED_LISTED + 50) {
+        std::os::unix::fs::symlink("/etc/shadow", root.join(&format!("out/l{i}"))).unwrap();
+    }
+    let report = out(&root, "/out", &host.0, &OutputLimits::default()).unwrap();
+    assert_eq!(report.skipped.len(), MAX_SKIPPED_LISTED);
+    assert_eq!(report.skipped_more, 50);
+}
+
+#[test]
+fn existing_host_directories_keep_their_mode() {
+    let (root, host) = (TempDir::new("root"), TempDir::new("host"));
+    write(&root.join("out/.ssh/authorized_keys"), b"attacker", 0o777);
+    fs::set_permissions(root.join("out/.ssh"), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::create_dir(host.join(".ssh")).unwrap();
+    fs::set_permissions(host.join(".ssh"), fs::Permissions::from_mode(0o700)).unwrap();
+
+    out(&root, "/out", &host.0, &OutputLimits::default()).unwrap();
+
+    assert_eq!(
+        mode_of(&host.join(".ssh")),
+        0o700,
+        "an existing host dir was chmod'ed"
+    );
+    assert_eq!(mode_of(&host.join(".ssh/authorized_keys")), 0o755);
 }
 
 #[test]

@@ -32,7 +32,8 @@ fn file_creates_parents_with_owner_and_modes() {
             files: 1,
             dirs: 0,
             bytes: 7,
-            skipped: vec![]
+            skipped: vec![],
+            skipped_more: 0,
         }
     );
     let file = root.join("home/u/data/f.txt");
@@ -84,7 +85,8 @@ fn tree_copies_symlinks_as_symlinks_and_skips_fifos() {
             files: 4,
             dirs: 2,
             bytes: 3,
-            skipped
+            skipped,
+            skipped_more: 0,
         }
     );
     assert_eq!(fs::read(root.join("dst/sub/b.txt")).unwrap(), b"bb");
