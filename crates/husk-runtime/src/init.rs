@@ -60,6 +60,12 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     let ctx =
         |what: &'static str| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     sys::reset_signals()?;
+    // Out of husk's session and process group: a Ctrl-C typed at husk's terminal reaches husk,
+    // which forwards it once, not init as well.
+    sys::setsid()?;
+    // What the sandbox sees in /proc/1/cmdline: not husk's host command line (host paths,
+    // --env values).
+    sys::overwrite_cmdline("husk-init")?;
     if args.spec.die_with_parent {
         sys::set_parent_death_signal(libc::SIGKILL)?;
     }

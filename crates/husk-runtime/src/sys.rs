@@ -870,3 +870,38 @@ pub fn passable_stdio(fd: RawFd) -> bool {
         _ => false,
     }
 }
+
+/// Replaces what `/proc/self/cmdline` shows with `text` by overwriting the argument area the
+/// kernel set up on the initial stack (PR_SET_MM would need CAP_SYS_RESOURCE, which not every
+/// host gives root). The rest of the area is zeroed; `text` is cut to fit.
+pub fn overwrite_cmdline(text: &str) -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name, which is in parentheses and may contain anything.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| io::Error::other("unexpected /proc/self/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // arg_start and arg_end are fields 48 and 49 of stat; `rest` starts at field 3.
+    let field = |n: usize| -> io::Result<usize> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| io::Error::other("no argument area in /proc/self/stat"))
+    };
+    let (start, end) = (field(48)?, field(49)?);
+    if start == 0 || end <= start {
+        return Err(io::Error::other("empty argument area"));
+    }
+    let len = end - start;
+    let n = text.len().min(len - 1);
+    // SAFETY: [start, end) is this process's argument area on its own stack, mapped writable
+    // for the life of the process; no Rust value owns or borrows it (std only reads argv when
+    // env::args() is called, and then sees valid NUL-terminated strings).
+    unsafe {
+        let area = start as *mut u8;
+        std::ptr::copy_nonoverlapping(text.as_ptr(), area, n);
+        std::ptr::write_bytes(area.add(n), 0, len - n);
+    }
+    Ok(())
+}

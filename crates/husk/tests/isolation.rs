@@ -337,3 +337,18 @@ fn no_set_id_file_can_be_left_in_a_writable_host_mount() {
         assert_eq!(mode & 0o6000, 0, "{} is set-id", e.path().display());
     }
 }
+
+#[test]
+fn pid1_shows_nothing_of_husks_host_command_line() {
+    let host = TempDir::new("argv");
+    let spec = format!("{}:/data", host.path().display());
+    let r = husk_run(
+        &["--env", "TOKEN=not-in-cmdline", "--mount", &spec],
+        &["/bin/sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline"],
+    );
+    r.ok();
+    assert_eq!(r.stdout.trim(), "husk-init");
+    // PID 1 is a session of its own, not in husk's process group on the host.
+    let r = husk_run(&[], &["/bin/sh", "-c", "cut -d' ' -f5,6 /proc/1/stat"]);
+    assert_eq!(r.ok().stdout.trim(), "1 1");
+}
