@@ -1,27 +1,21 @@
 //! Copying bytes between the host's stdio and a sandbox's pipes or PTY, driven by one poll loop.
-//! Writes towards the sandbox are non-blocking and buffered, so a sandbox that stops reading its
-//! stdin cannot stall husk; reads from the sandbox are bounded by one buffer per turn.
+//!
+//! Nothing here may block: the poll loop also enforces the timeout and handles signals. Writes
+//! towards the sandbox go to non-blocking pipes, buffered; writes to the host's fds (which husk
+//! must not make non-blocking: they are shared with the user's shell) happen only after poll
+//! reported them writable, and at most `PIPE_BUF` bytes at a time, which a writable pipe always
+//! takes without blocking.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::Instant;
 
 use husk_runtime::libc;
 use husk_runtime::sys;
 
 const BUF: usize = 64 * 1024;
-
-/// One direction: bytes read from `src` are written to `dst`.
-pub struct Pump {
-    src: Fd,
-    /// `None` once closed.
-    dst: Option<Fd>,
-    buf: Vec<u8>,
-    pending: std::ops::Range<usize>,
-    eof: bool,
-    /// Close `dst` once `src` hits EOF and everything is written (a sandbox's stdin pipe).
-    close_dst_on_eof: bool,
-    closed: bool,
-}
+/// Largest write to a host fd after POLLOUT (a pipe with room has at least this much).
+const HOST_WRITE: usize = libc::PIPE_BUF;
 
 /// An fd a pump reads or writes: the host's own stdio (borrowed for the process lifetime) or
 /// a sandbox-side pipe/PTY end it owns.
@@ -39,14 +33,26 @@ impl Fd {
     }
 }
 
+/// One direction: bytes read from `src` are written to `dst`.
+pub struct Pump {
+    src: Fd,
+    /// `None` once closed.
+    dst: Option<Fd>,
+    buf: Vec<u8>,
+    pending: std::ops::Range<usize>,
+    eof: bool,
+    /// Close `dst` once `src` hits EOF and everything is written (a sandbox's stdin pipe).
+    close_dst_on_eof: bool,
+    closed: bool,
+}
+
 impl Pump {
-    /// A pump from `src` to `dst`; `src` is made non-blocking when it is husk's own end.
+    /// A pump from `src` to `dst`; husk's own (sandbox-side) ends are made non-blocking.
     pub fn new(src: Fd, dst: Fd, close_dst_on_eof: bool) -> io::Result<Pump> {
-        if let Fd::Owned(f) = &dst {
-            sys::set_nonblocking(f.as_fd(), true)?;
-        }
-        if let Fd::Owned(f) = &src {
-            sys::set_nonblocking(f.as_fd(), true)?;
+        for end in [&src, &dst] {
+            if let Fd::Owned(f) = end {
+                sys::set_nonblocking(f.as_fd(), true)?;
+            }
         }
         Ok(Pump {
             src,
@@ -64,23 +70,21 @@ impl Pump {
         self.closed || (self.eof && self.pending.is_empty())
     }
 
-    /// The poll entries this pump wants: read `src` when the buffer is empty, else write `dst`.
+    /// The poll entry this pump waits on: `src` readable when nothing is pending, else `dst`
+    /// writable.
     pub fn interest(&self) -> Option<libc::pollfd> {
         if self.done() {
             return None;
         }
-        Some(if self.pending.is_empty() {
-            libc::pollfd {
-                fd: self.src.fd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }
+        let (fd, events) = if self.pending.is_empty() {
+            (self.src.fd().as_raw_fd(), libc::POLLIN)
         } else {
-            libc::pollfd {
-                fd: self.dst.as_ref()?.fd().as_raw_fd(),
-                events: libc::POLLOUT,
-                revents: 0,
-            }
+            (self.dst.as_ref()?.fd().as_raw_fd(), libc::POLLOUT)
+        };
+        Some(libc::pollfd {
+            fd,
+            events,
+            revents: 0,
         })
     }
 
@@ -97,8 +101,13 @@ impl Pump {
                 // EIO is how a PTY master reports that the slave side closed.
                 Err(_) => self.eof = true,
             }
+            // A host destination is written only once poll says it is writable.
+            if matches!(self.dst, Some(Fd::Owned(_))) {
+                self.flush();
+            }
+        } else {
+            self.flush();
         }
-        self.flush();
         if self.eof && self.pending.is_empty() && self.close_dst_on_eof {
             self.closed = true;
             // Dropping husk's end delivers EOF to the sandbox.
@@ -107,13 +116,18 @@ impl Pump {
     }
 
     fn flush(&mut self) {
+        let Some(dst) = &self.dst else {
+            self.pending = 0..0;
+            return;
+        };
+        let host = matches!(dst, Fd::Host(_));
         while !self.pending.is_empty() {
-            let Some(dst) = &self.dst else {
-                self.pending = 0..0;
-                return;
+            let end = if host {
+                self.pending.end.min(self.pending.start + HOST_WRITE)
+            } else {
+                self.pending.end
             };
-            let chunk = &self.buf[self.pending.clone()];
-            match sys::write_some(dst.fd(), chunk) {
+            match sys::write_some(dst.fd(), &self.buf[self.pending.start..end]) {
                 Ok(n) => self.pending.start += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => {
@@ -123,28 +137,33 @@ impl Pump {
                     return;
                 }
             }
+            if host {
+                return; // one bounded write per POLLOUT
+            }
         }
     }
 
-    /// After the command ended: moves whatever is already readable, without waiting.
-    pub fn drain(&mut self) {
-        if let Fd::Owned(f) = &self.src {
-            let _ = sys::set_nonblocking(f.as_fd(), true);
-        } else {
-            return; // never wait on the host's stdin once the command is gone
+    /// After the command ended: moves what the sandbox already wrote, until nothing more is
+    /// readable right now or `deadline` passes (a host reader that stopped reading cannot hold
+    /// husk). Never reads the host's stdin.
+    pub fn drain(&mut self, deadline: Instant) {
+        if matches!(self.src, Fd::Host(_)) {
+            return;
         }
-        for _ in 0..4096 {
-            if self.done() {
+        while let Some(mut pfd) = self.interest() {
+            let reading = pfd.events == libc::POLLIN;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return;
             }
-            match sys::read(self.src.fd(), &mut self.buf) {
-                Ok(0) => self.eof = true,
-                Ok(n) => {
-                    if let Some(Fd::Host(h)) = &self.dst {
-                        let _ = sys::write_all(*h, &self.buf[..n]);
-                    }
-                }
-                Err(_) => return,
+            let timeout = if reading {
+                0
+            } else {
+                left.as_millis().max(1) as i32
+            };
+            match sys::poll(std::slice::from_mut(&mut pfd), timeout) {
+                Ok(1) => self.step(pfd.revents),
+                _ => return,
             }
         }
     }

@@ -254,17 +254,49 @@ pub fn run(cfg: Config) -> Result<i32> {
 
     sandbox.start().context("start command")?;
     let deadline = cfg.timeout.map(|t| Instant::now() + t);
-    let fate = event_loop(&mut sandbox, &sigfd, &mut pumps, pty.as_deref(), deadline)?;
+    let ending = event_loop(&mut sandbox, &sigfd, &mut pumps, pty.as_deref(), deadline)?;
+    // Output the command wrote before it ended still goes out, within a bound.
+    let drain_until = Instant::now() + Duration::from_secs(2);
     for p in &mut pumps {
-        p.drain();
+        p.drain(drain_until);
     }
     drop(pumps);
     drop(_raw);
     let outputs = copy_outputs(&sandbox, &cfg);
     sandbox.destroy()?;
-    let code = report(fate, &cfg);
+    let code = match ending {
+        Ending::Fate(fate) => report(fate, &cfg),
+        Ending::Stopped { signal, second } => {
+            let why = if second {
+                format!("second {}", signal_name(signal))
+            } else {
+                format!(
+                    "still running {} after {}",
+                    format_duration(STOP_GRACE),
+                    signal_name(signal)
+                )
+            };
+            eprintln!("husk: killed: {why}");
+            128 + signal
+        }
+    };
     outputs?;
     Ok(code)
+}
+
+/// How long a command may go on after a forwarded SIGINT/SIGTERM/SIGHUP/SIGQUIT before husk
+/// destroys the sandbox anyway (docker stop's default grace period).
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// How the run ended, seen from the event loop.
+enum Ending {
+    Fate(Fate),
+    /// A stop signal was forwarded, and the command then ignored a second one or the grace
+    /// period: husk gave up on it.
+    Stopped {
+        signal: i32,
+        second: bool,
+    },
 }
 
 fn event_loop(
@@ -273,7 +305,9 @@ fn event_loop(
     pumps: &mut [Pump],
     pty: Option<&OwnedFd>,
     deadline: Option<Instant>,
-) -> Result<Fate> {
+) -> Result<Ending> {
+    // The first stop signal is forwarded; the sandbox cannot keep husk alive by ignoring it.
+    let mut stopping: Option<(i32, Instant)> = None;
     loop {
         let control = sandbox
             .control_fd()
@@ -298,12 +332,24 @@ fn event_loop(
                 owners.push(i);
             }
         }
-        let timeout = match deadline {
+        if let Some((signal, until)) = stopping {
+            if Instant::now() >= until {
+                return Ok(Ending::Stopped {
+                    signal,
+                    second: false,
+                });
+            }
+        }
+        let wake = match (deadline, stopping) {
+            (Some(d), Some((_, g))) => Some(d.min(g)),
+            (d, g) => d.or(g.map(|(_, g)| g)),
+        };
+        let timeout = match wake {
             None => -1,
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(Fate::TimedOut);
+                if left.is_zero() && deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(Ending::Fate(Fate::TimedOut));
                 }
                 // Round up so the loop does not spin in the last millisecond.
                 (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
@@ -323,6 +369,16 @@ fn event_loop(
                         }
                     }
                     (libc::SIGWINCH, None) => {}
+                    (libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT, _) => {
+                        if stopping.is_some() {
+                            return Ok(Ending::Stopped {
+                                signal: sig,
+                                second: true,
+                            });
+                        }
+                        stopping = Some((sig, Instant::now() + STOP_GRACE));
+                        let _ = sandbox.signal(sig);
+                    }
                     _ => {
                         let _ = sandbox.signal(sig);
                     }
@@ -334,7 +390,7 @@ fn event_loop(
         }
         if fds[1].revents != 0 {
             if let Event::Done(fate) = sandbox.next_event(false)? {
-                return Ok(fate);
+                return Ok(Ending::Fate(fate));
             }
         }
     }

@@ -179,3 +179,57 @@ fn a_closed_pipe_ends_the_command_quietly() {
     assert_eq!(out.status.code(), Some(128 + 13));
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
+
+#[test]
+fn a_command_ignoring_stop_signals_cannot_keep_husk_alive() {
+    let dir = TempDir::new("ignore");
+    let (child, id) = husk_spawn(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "trap '' TERM INT HUP; sleep 100 & wait; sleep 100",
+        ],
+        &dir,
+    );
+    wait_for(Duration::from_secs(10), || {
+        sandbox_runs(&id, "sleep").then_some(())
+    })
+    .expect("sandbox never started its sleep");
+    let pid = child.id().to_string();
+    for _ in 0..2 {
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 15));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("husk: killed: second SIGTERM"), "{err}");
+    assert_gone(&id);
+}
+
+#[test]
+fn timeout_holds_while_the_host_reader_stalls() {
+    // With -t, husk relays the PTY to its stdout; a reader that never reads must not stop the
+    // timeout.
+    let start = std::time::Instant::now();
+    let mut child = Command::new(HUSK)
+        .args(["run", "-t", "--timeout", "1s", "--", "/usr/bin/yes"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_for(Duration::from_secs(10), || child.try_wait().unwrap())
+        .expect("husk did not end while its stdout was not read");
+    assert_eq!(status.code(), Some(124));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
