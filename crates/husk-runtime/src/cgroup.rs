@@ -486,6 +486,54 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// A line-based description of the directories, for the sandbox registry (so that a husk
+    /// process in another cgroup can still find and clean them up).
+    pub fn to_registry(&self) -> String {
+        let mut out = String::new();
+        for (c, p) in &self.v1 {
+            out.push_str(&format!("v1 {c} {}\n", p.display()));
+        }
+        if let Some(p) = &self.v2 {
+            out.push_str(&format!("v2 {}\n", p.display()));
+        }
+        out
+    }
+
+    /// Parses [`SandboxCgroup::to_registry`]; `None` for anything malformed or outside
+    /// `/sys/fs/cgroup`.
+    pub fn from_registry(text: &str) -> Option<SandboxCgroup> {
+        let mut cg = SandboxCgroup {
+            v1: Vec::new(),
+            v2: None,
+            v2_controllers: Vec::new(),
+        };
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ' ');
+            let kind = parts.next()?;
+            let (controller, path) = match kind {
+                "v1" => (Some(parts.next()?), parts.next()?),
+                "v2" => (None, parts.next()?),
+                _ => return None,
+            };
+            let path = PathBuf::from(path);
+            if !path.starts_with("/sys/fs/cgroup")
+                || path.components().any(|c| c.as_os_str() == "..")
+            {
+                return None;
+            }
+            match controller {
+                Some(c) => {
+                    let c = ["memory", "pids", "cpu", "freezer"]
+                        .into_iter()
+                        .find(|k| *k == c)?;
+                    cg.v1.push((c, path));
+                }
+                None => cg.v2 = Some(path),
+            }
+        }
+        Some(cg)
+    }
+
     /// Every directory of this cgroup (for tests and leak checks).
     pub fn paths(&self) -> Vec<PathBuf> {
         self.dirs().cloned().collect()
@@ -541,6 +589,17 @@ mod tests {
         assert!(l.v1.iter().any(|(c, _)| *c == "cpu"));
         assert_eq!(l.v2, Some(PathBuf::from("/sys/fs/cgroup/unified/husk")));
         assert!(l.v2_controllers.is_empty());
+    }
+
+    #[test]
+    fn registry_round_trips_and_rejects_foreign_paths() {
+        let l = CgroupLayout::from_tables(HYBRID_CG, HYBRID_MI).unwrap();
+        let cg = l.handle("s7");
+        let back = SandboxCgroup::from_registry(&cg.to_registry()).unwrap();
+        assert_eq!(back.paths(), cg.paths());
+        assert!(SandboxCgroup::from_registry("v2 /etc\n").is_none());
+        assert!(SandboxCgroup::from_registry("v2 /sys/fs/cgroup/../../etc\n").is_none());
+        assert!(SandboxCgroup::from_registry("v1 devices /sys/fs/cgroup/devices/x\n").is_none());
     }
 
     #[test]

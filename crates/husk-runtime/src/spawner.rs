@@ -117,7 +117,9 @@ impl Spawner {
                 return Err(SpawnError::KernelFeature(what.into()));
             }
         }
-        fs::create_dir_all(run_dir.join("staging")).map_err(io_ctx("create run dir"))?;
+        for dir in ["staging", "sandboxes"] {
+            fs::create_dir_all(run_dir.join(dir)).map_err(io_ctx("create run dir"))?;
+        }
         let mut layout = CgroupLayout::discover()?;
         layout.prepare()?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
@@ -147,30 +149,25 @@ impl Spawner {
         self.run_dir.join("uid-slots.lock")
     }
 
-    /// Removes cgroups of sandboxes whose owner is gone (its uid slot is free): what a husk
-    /// process that crashed or was SIGKILLed left behind.
-    /// With no other sandbox left, old host-template copies are removed too.
+    /// Removes what sandboxes whose owner is gone (its uid slot is free) left behind: what a
+    /// husk process that crashed or was SIGKILLed left, in whatever cgroup it ran. With no other
+    /// sandbox left, old host-template copies are removed too.
     pub fn reap_stale(&self) -> usize {
         self.reap(None)
     }
 
-    /// [`Spawner::reap_stale`], not counting `own` (the cgroup of the sandbox being created).
-    fn reap(&self, own: Option<&str>) -> usize {
+    /// [`Spawner::reap_stale`], not counting `own` (the slot of the sandbox being created).
+    fn reap(&self, own: Option<u32>) -> usize {
         self.reaped.set(true);
-        let mut reaped = 0;
-        let mut others = 0;
-        for name in self.layout.existing() {
-            let Some(slot) = parse_slot(&name) else {
-                continue;
-            };
-            if Some(name.as_str()) == own {
+        let (mut reaped, mut others) = (0, 0);
+        for slot in self.registered_slots() {
+            if Some(slot) == own {
                 continue;
             }
-            if uidrange::is_free(&self.lock_path(), slot).unwrap_or(false) && self.clear_slot(slot)
-            {
-                reaped += 1;
-            } else {
-                others += 1;
+            // Holding the slot's lock while cleaning, so no new owner can take it meanwhile.
+            match uidrange::try_take(&self.lock_path(), slot) {
+                Ok(Some(_held)) if self.clear_slot(slot) => reaped += 1,
+                _ => others += 1,
             }
         }
         if others == 0 {
@@ -179,17 +176,46 @@ impl Spawner {
         reaped
     }
 
-    /// Whether the uid range of `slot` (whose lock the caller holds) may be handed out: its
-    /// cgroup is gone, or it was left by an owner that died and can be emptied and removed now.
-    /// A range is only reused once every process that ever ran with its uids is gone; the
-    /// cgroup is the proof, as sandbox processes cannot leave it.
+    /// Slots with an entry in the sandbox registry.
+    fn registered_slots(&self) -> Vec<u32> {
+        let Ok(rd) = fs::read_dir(self.run_dir.join("sandboxes")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| parse_slot(&e.file_name().to_string_lossy()))
+            .collect()
+    }
+
+    fn registry_entry(&self, slot: u32) -> PathBuf {
+        self.run_dir.join("sandboxes").join(cgroup_name(slot))
+    }
+
+    /// Whether the uid range of `slot` (whose lock the caller holds) may be handed out: nothing
+    /// of a previous owner is registered, or what is registered (an owner that died without
+    /// tearing down) can be emptied and removed now. A range is only reused once every process
+    /// that ever ran with its uids is gone; its cgroups are the proof, as sandbox processes
+    /// cannot leave them. The registry records them wherever they are (husk processes in
+    /// different cgroups put their sandboxes in different places).
     fn clear_slot(&self, slot: u32) -> bool {
-        let cg = self.layout.handle(&cgroup_name(slot));
-        if !cg.exists() {
-            return true;
-        }
+        let entry = self.registry_entry(slot);
+        let text = match fs::read_to_string(&entry) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
+            Err(_) => return false,
+        };
+        let Some(cg) = SandboxCgroup::from_registry(&text) else {
+            return false;
+        };
         let _ = cg.kill_all();
-        cg.remove().is_ok()
+        cg.remove().is_ok() && fs::remove_file(&entry).is_ok()
+    }
+
+    /// Records the cgroups of the sandbox in `slot` before they exist (written atomically).
+    fn register(&self, slot: u32, cgroup: &SandboxCgroup) -> io::Result<()> {
+        let entry = self.registry_entry(slot);
+        let tmp = entry.with_extension("new");
+        fs::write(&tmp, cgroup.to_registry())?;
+        fs::rename(&tmp, &entry)
     }
 
     /// The cgroup layout in use.
@@ -212,7 +238,17 @@ impl Spawner {
             uids.slot(),
             sys::random_u64().map_err(io_ctx("random"))? >> 16
         );
-        let cgroup = self.layout.create_v2(&cgroup_name(uids.slot()))?;
+        let cgroup_slot = uids.slot();
+        let name = cgroup_name(cgroup_slot);
+        self.register(uids.slot(), &self.layout.handle(&name))
+            .map_err(io_ctx("register sandbox"))?;
+        let cgroup = match self.layout.create_v2(&name) {
+            Ok(cg) => cg,
+            Err(e) => {
+                let _ = fs::remove_file(self.registry_entry(uids.slot()));
+                return Err(e.into());
+            }
+        };
         // From here on, the Sandbox value owns the clean-up.
         let mut sandbox = Sandbox {
             id,
@@ -225,6 +261,7 @@ impl Spawner {
             pty_master: None,
             fate: None,
             destroyed: false,
+            registry: Some(self.registry_entry(cgroup_slot)),
         };
         self.start(&mut sandbox, spec, stdio)?;
         Ok(sandbox)
@@ -282,8 +319,7 @@ impl Spawner {
         sb.cgroup.complete(&spec.limits)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
         if !self.reaped.get() {
-            let own = sb.uids.as_ref().map(|u| cgroup_name(u.slot()));
-            self.reap(own.as_deref());
+            self.reap(sb.uids.as_ref().map(UidRange::slot));
         }
         let control = sb
             .control
@@ -401,6 +437,8 @@ pub struct Sandbox {
     pty_master: Option<OwnedFd>,
     fate: Option<Fate>,
     destroyed: bool,
+    /// The sandbox's registry entry, removed once its cgroups are gone.
+    registry: Option<PathBuf>,
 }
 
 /// What [`Sandbox::next_event`] saw.
@@ -576,6 +614,9 @@ impl Sandbox {
         if self.cgroup.remove().is_err() {
             let _ = self.cgroup.kill_all();
             self.cgroup.remove()?;
+        }
+        if let Some(registry) = &self.registry {
+            let _ = fs::remove_file(registry);
         }
         // Only now is the uid range safe to hand out again.
         self.uids = None;

@@ -80,6 +80,16 @@ pub fn allocate(lock_path: &Path, mut usable: impl FnMut(u32) -> bool) -> io::Re
     )))
 }
 
+/// Takes `slot` if nobody holds it (to clean up after its dead owner without racing a new one).
+pub fn try_take(lock_path: &Path, slot: u32) -> io::Result<Option<UidRange>> {
+    if slot >= SLOTS {
+        return Ok(None);
+    }
+    let file = open_lock_file(lock_path)?;
+    Ok(lock_byte(&file, slot, libc::F_WRLCK as libc::c_short)?
+        .then_some(UidRange { slot, _lock: file }))
+}
+
 /// Whether `slot` is free right now (nobody holds its lock). Used to reap what a crashed husk
 /// left behind: a cgroup whose slot is free has no living owner.
 pub fn is_free(lock_path: &Path, slot: u32) -> io::Result<bool> {
@@ -127,6 +137,14 @@ mod tests {
         drop(a);
         assert!(is_free(&path, slot).unwrap());
         assert_eq!(slot_of(base_of(b.slot()) + 1000), Some(b.slot()));
+        assert!(
+            try_take(&path, b.slot()).unwrap().is_none(),
+            "a held slot was taken"
+        );
+        let free = (b.slot() + 1) % SLOTS;
+        if free != slot {
+            assert!(try_take(&path, free).unwrap().is_some());
+        }
         assert_eq!(slot_of(1000), None);
         drop(b);
         std::fs::remove_dir_all(&dir).unwrap();

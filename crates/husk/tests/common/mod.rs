@@ -228,6 +228,13 @@ pub fn assert_gone(id: &str) {
         uidrange::is_free(&lock, slot_of(id)).unwrap(),
         "uid slot of sandbox {id} still held"
     );
+    let registry = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR)
+        .join("sandboxes")
+        .join(&cgroup);
+    assert!(
+        !registry.exists(),
+        "registry entry of sandbox {id} survives"
+    );
     let staging = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("staging");
     let left: Vec<_> = fs::read_dir(&staging).unwrap().flatten().collect();
     assert!(left.is_empty(), "host staging dir not empty: {left:?}");
