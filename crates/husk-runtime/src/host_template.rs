@@ -70,11 +70,11 @@ pub struct HostTemplate {
 
 /// Makes sure the host template for the host's current files exists under `state_dir/templates`.
 pub fn ensure(state_dir: &Path) -> io::Result<HostTemplate> {
-    let lower = state_dir
-        .join("templates")
-        .join(format!("host-{:016x}", source_key()));
+    let templates = state_dir.join("templates");
+    let dirs = read_dir_list(&templates);
+    let mut lower = templates.join(format!("host-{:016x}", source_key(&dirs)));
     if fs::symlink_metadata(&lower).is_err() {
-        build(state_dir, &lower)?;
+        lower = build(state_dir)?;
     }
     let mut top = Vec::new();
     for name in HOST_TOP {
@@ -90,8 +90,23 @@ pub fn ensure(state_dir: &Path) -> io::Result<HostTemplate> {
     Ok(HostTemplate { lower, top })
 }
 
-/// A hash of what the copy is made of (FNV-1a over name, size and mtime of each entry).
-fn source_key() -> u64 {
+/// The host directories below the top-level entries, as recorded by the last build. Their
+/// modification times join the key: replacing a file inside one (by rename, as package managers
+/// and update-ca-certificates do) or adding one changes it.
+const DIR_LIST: &str = "host.dirs";
+
+fn read_dir_list(templates: &Path) -> Vec<PathBuf> {
+    fs::read_to_string(templates.join(DIR_LIST))
+        .unwrap_or_default()
+        .lines()
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with("/etc"))
+        .collect()
+}
+
+/// A hash of what the copy is made of (FNV-1a over name, size and mtime of each top-level
+/// entry, and the mtime of every directory below them).
+fn source_key(dirs: &[PathBuf]) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -100,9 +115,10 @@ fn source_key() -> u64 {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for name in HOST_ETC {
-        eat(name.as_bytes());
-        if let Ok(m) = fs::symlink_metadata(Path::new("/etc").join(name)) {
+    let top = HOST_ETC.iter().map(|n| Path::new("/etc").join(n));
+    for path in top.chain(dirs.iter().cloned()) {
+        eat(path.as_os_str().as_encoded_bytes());
+        if let Ok(m) = fs::symlink_metadata(&path) {
             eat(&m.size().to_le_bytes());
             eat(&m.mtime().to_le_bytes());
             eat(&m.mtime_nsec().to_le_bytes());
@@ -127,8 +143,8 @@ pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age.as_secs() > 60);
         let name = e.file_name();
-        let ours = name.to_string_lossy().starts_with("host")
-            || name.to_string_lossy().starts_with(".building.");
+        let name = name.to_string_lossy();
+        let ours = name == "host" || name.starts_with("host-") || name.starts_with(".building.");
         if ours && p != current.lower && old_enough {
             let _ = fs::remove_dir_all(&p);
         }
@@ -137,7 +153,7 @@ pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
 
 /// Builds into a fresh directory and renames it into place, so concurrent husk processes never
 /// see a half-built template (the loser of a race discards its copy).
-fn build(state_dir: &Path, lower: &Path) -> io::Result<()> {
+fn build(state_dir: &Path) -> io::Result<PathBuf> {
     let parent = state_dir.join("templates");
     fs::create_dir_all(&parent)?;
     let tmp = parent.join(format!(
@@ -151,25 +167,37 @@ fn build(state_dir: &Path, lower: &Path) -> io::Result<()> {
         let etc = tmp.join("etc");
         fs::create_dir(&etc)?;
         fs::set_permissions(&etc, fs::Permissions::from_mode(0o755))?;
+        let mut dirs = Vec::new();
         for name in HOST_ETC {
             let src = Path::new("/etc").join(name);
             if fs::symlink_metadata(&src).is_ok() {
-                copy_tree(&src, &etc.join(name), 0)?;
+                copy_tree(&src, &etc.join(name), 0, &mut dirs)?;
             }
         }
-        fs::rename(&tmp, lower)
+        // Record the directories first, so the key of this copy is the one the next ensure()
+        // computes from the same list.
+        let list: String = dirs.iter().map(|d| format!("{}\n", d.display())).collect();
+        let list_tmp = parent.join(format!("{DIR_LIST}.{}", std::process::id()));
+        fs::write(&list_tmp, list)?;
+        fs::rename(&list_tmp, parent.join(DIR_LIST))?;
+        let lower = parent.join(format!("host-{:016x}", source_key(&dirs)));
+        match fs::rename(&tmp, &lower) {
+            // Another husk process built the same copy first.
+            Err(_) if fs::symlink_metadata(&lower).is_ok() => {
+                let _ = fs::remove_dir_all(&tmp);
+                Ok(lower)
+            }
+            other => other.map(|()| lower),
+        }
     })();
     if result.is_err() {
         let _ = fs::remove_dir_all(&tmp);
-        if fs::symlink_metadata(lower).is_ok() {
-            return Ok(());
-        }
     }
     result
 }
 
 /// Copies files, directories and symlinks (as symlinks); other file types are skipped.
-fn copy_tree(src: &Path, dst: &Path, depth: u32) -> io::Result<()> {
+fn copy_tree(src: &Path, dst: &Path, depth: u32, dirs: &mut Vec<PathBuf>) -> io::Result<()> {
     if depth > 16 {
         return Ok(());
     }
@@ -183,9 +211,12 @@ fn copy_tree(src: &Path, dst: &Path, depth: u32) -> io::Result<()> {
             dst,
             fs::Permissions::from_mode(meta.permissions().mode() & 0o755),
         )?;
+        if depth > 0 {
+            dirs.push(src.to_path_buf());
+        }
         for entry in fs::read_dir(src)? {
             let entry = entry?;
-            copy_tree(&entry.path(), &dst.join(entry.file_name()), depth + 1)?;
+            copy_tree(&entry.path(), &dst.join(entry.file_name()), depth + 1, dirs)?;
         }
     } else if ft.is_file() {
         // Only world-readable files: anything the host protects stays on the host.
@@ -229,6 +260,19 @@ mod tests {
         assert!(!old.exists(), "an old unused copy survived");
         assert!(fresh.exists(), "a copy younger than a minute was removed");
         assert!(t.lower.exists(), "the current copy was removed");
+        assert!(
+            state.join("templates").join(DIR_LIST).exists(),
+            "the directory list was removed"
+        );
+        // A change below a top-level entry (a file replaced by rename in a subdirectory, as
+        // update-ca-certificates does) is a new key.
+        let sub = state.join("certs");
+        fs::create_dir(&sub).unwrap();
+        let before = source_key(std::slice::from_ref(&sub));
+        std::thread::sleep(Duration::from_millis(20));
+        fs::write(sub.join("new.tmp"), "x").unwrap();
+        fs::rename(sub.join("new.tmp"), sub.join("bundle.crt")).unwrap();
+        assert_ne!(before, source_key(std::slice::from_ref(&sub)));
         fs::remove_dir_all(&state).unwrap();
     }
 }

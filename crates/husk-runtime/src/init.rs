@@ -228,7 +228,9 @@ fn spawn_command(
     let errno = |e: io::Error| e.raw_os_error().unwrap_or(libc::EIO);
     let prepared = prepare_exec(args.spec, argv).map_err(errno)?;
     let (err_r, err_w) = sys::pipe().map_err(errno)?;
-    let pid = sys::fork().map_err(errno)?;
+    // SAFETY: init is single-threaded (a fork of the single-threaded spawner that never starts
+    // a thread).
+    let pid = unsafe { sys::fork() }.map_err(errno)?;
     if pid == 0 {
         drop(err_r);
         let e = exec_command(args, &prepared, tty, err_w.as_raw_fd());

@@ -279,7 +279,20 @@ impl Spawner {
         let staging = self.run_dir.join("staging");
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-        match sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd()))
+        // Forking is only sound single-threaded (see clone3_fork); checked on every create,
+        // since the process could have started a thread after Spawner::new.
+        match sys::thread_count() {
+            Ok(1) => {}
+            Ok(n) => {
+                return Err(SpawnError::Setup(format!(
+                    "the spawner must run in a single-threaded process (this one has {n} threads)"
+                )))
+            }
+            Err(e) => return Err(io_ctx("count threads")(e)),
+        }
+        // SAFETY: the process is single-threaded (checked just above; nothing in between
+        // starts a thread).
+        match unsafe { sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd())) }
             .map_err(io_ctx("clone3"))?
         {
             Forked::Child => {

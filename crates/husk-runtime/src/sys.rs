@@ -58,14 +58,27 @@ pub enum Forked {
     Child,
 }
 
+/// Number of threads of the calling process (from the link count of `/proc/self/task`, which is
+/// two plus the threads: one stat, no parsing).
+pub fn thread_count() -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata("/proc/self/task")?
+        .nlink()
+        .saturating_sub(2))
+}
+
 /// fork(2) into new namespaces with clone3(2), returning a pidfd in the parent.
 ///
-/// Only sound to call from a single-threaded process: the child is a copy of the calling
-/// thread only, and must not depend on locks other threads could have held.
+/// # Safety
+/// The calling process must be single-threaded: the child is a copy of the calling thread
+/// only, and a lock another thread held (the allocator's, say) would stay locked in it forever.
 ///
 /// With `cgroup` (an fd of a cgroup v2 directory) the child is born in that cgroup
 /// (`CLONE_INTO_CGROUP`), which is cheaper than migrating it afterwards.
-pub fn clone3_fork(namespaces: libc::c_int, cgroup: Option<BorrowedFd<'_>>) -> io::Result<Forked> {
+pub unsafe fn clone3_fork(
+    namespaces: libc::c_int,
+    cgroup: Option<BorrowedFd<'_>>,
+) -> io::Result<Forked> {
     let mut pidfd: libc::c_int = -1;
     let mut args = CloneArgs {
         flags: namespaces as u64 | libc::CLONE_PIDFD as u64,
@@ -79,7 +92,7 @@ pub fn clone3_fork(namespaces: libc::c_int, cgroup: Option<BorrowedFd<'_>>) -> i
     }
     // SAFETY: `args` is a valid clone_args of the size passed; no stack is given, so the child
     // continues on a copy of this thread's stack exactly like fork(2). The caller guarantees the
-    // process is single-threaded (documented contract of this function).
+    // process is single-threaded (this function's safety contract).
     let pid = cvt(unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -98,9 +111,13 @@ pub fn clone3_fork(namespaces: libc::c_int, cgroup: Option<BorrowedFd<'_>>) -> i
     })
 }
 
-/// Plain fork(2); same single-threaded contract as [`clone3_fork`]. Returns 0 in the child.
-pub fn fork() -> io::Result<libc::pid_t> {
-    // SAFETY: fork has no memory-safety preconditions; callers are single-threaded.
+/// Plain fork(2). Returns 0 in the child.
+///
+/// # Safety
+/// Same contract as [`clone3_fork`]: the calling process must be single-threaded.
+pub unsafe fn fork() -> io::Result<libc::pid_t> {
+    // SAFETY: fork itself has no memory-safety preconditions; the caller guarantees the
+    // process is single-threaded, so the child's copy of memory is consistent.
     cvt_i(unsafe { libc::fork() })
 }
 
