@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use husk_runtime::libc;
 use husk_runtime::spawner::Event;
 use husk_runtime::sys::{self, ExitStatus};
-use husk_runtime::transfer::{self, OutputLimits, SkipKind, TransferError};
+use husk_runtime::transfer::{self, HostDest, OutputLimits, SkipKind, TransferError};
 use husk_runtime::{Fate, MountSpec, Sandbox, SandboxSpec, Spawner, User};
 
 use crate::cli::RunArgs;
@@ -213,6 +213,21 @@ pub fn run(cfg: Config) -> Result<i32> {
             stdio[*i as usize] = sandbox_ends[k].as_fd();
         }
     }
+    // Host paths are resolved before the sandbox exists: a sandbox that can write along one of
+    // them (a `:rw` mount) must not be able to swap a component for a symlink first.
+    let dests = cfg
+        .outputs
+        .iter()
+        .map(|(_, host)| {
+            HostDest::open(host).with_context(|| format!("--output {}", host.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut id_file = match &cfg.id_file {
+        Some(path) => Some(
+            std::fs::File::create(path).with_context(|| format!("--id-file {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut sandbox = spawner.create(&cfg.spec, Some(stdio))?;
     drop(sandbox_ends);
     for (i, fd) in relays {
@@ -222,9 +237,8 @@ pub fn run(cfg: Config) -> Result<i32> {
             Pump::new(Fd::Owned(fd), Fd::Host(host_fd(i)), false)?
         });
     }
-    if let Some(path) = &cfg.id_file {
-        std::fs::write(path, format!("{}\n", sandbox.id()))
-            .with_context(|| format!("--id-file {}", path.display()))?;
+    if let Some(f) = &mut id_file {
+        writeln!(f, "{}", sandbox.id()).context("--id-file")?;
     }
     copy_in(&sandbox, &cfg)?;
 
@@ -262,7 +276,7 @@ pub fn run(cfg: Config) -> Result<i32> {
     }
     drop(pumps);
     drop(_raw);
-    let outputs = copy_outputs(&sandbox, &cfg);
+    let outputs = copy_outputs(&sandbox, &cfg, &dests);
     sandbox.destroy()?;
     let code = match ending {
         Ending::Fate(fate) => report(fate, &cfg),
@@ -410,14 +424,14 @@ fn copy_in(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
 }
 
 /// Freezes the sandbox and copies every `--output`; reports skipped entries on stderr.
-fn copy_outputs(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
+fn copy_outputs(sandbox: &Sandbox, cfg: &Config, dests: &[HostDest]) -> Result<()> {
     if cfg.outputs.is_empty() {
         return Ok(());
     }
     sandbox.freeze().context("freeze sandbox for output copy")?;
     let root = sandbox.root_dir().context("open sandbox root")?;
     let mut left = cfg.output_limits;
-    for (src, dest) in &cfg.outputs {
+    for ((src, _), dest) in cfg.outputs.iter().zip(dests) {
         match transfer::copy_out(root.as_fd(), src, dest, &left) {
             Ok(report) => {
                 for s in &report.skipped {
@@ -450,7 +464,7 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
                 return Err(anyhow::Error::new(e).context(format!("output {}", src.display())))
             }
             Err(e) => {
-                let what = format!("output {} -> {}", src.display(), dest.display());
+                let what = format!("output {} -> {}", src.display(), dest.path().display());
                 return Err(anyhow::Error::new(e).context(what));
             }
         }

@@ -130,3 +130,31 @@ fn copy_puts_files_into_the_writable_layer_owned_by_the_user() {
         "a,b\n1,2\n"
     );
 }
+
+#[test]
+fn a_sandbox_cannot_redirect_the_output_destination_through_a_writable_mount() {
+    let job = TempDir::new("job");
+    let victim = TempDir::new("victim");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(job.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let mount = format!("{}:/job:rw", job.path().display());
+    let output = format!("/home/user/out:{}", job.path().join("results").display());
+    // The sandbox swaps the destination for a symlink to a directory of its choice.
+    let script = format!(
+        "mkdir -p out && echo pwned > out/evil && rm -rf /job/results && ln -s {} /job/results",
+        victim.path().display()
+    );
+    let r = husk_run(
+        &["--mount", &mount, "--output", &output],
+        &["/bin/sh", "-c", &script],
+    );
+    // husk opened the destination before the sandbox ran: the copy goes to the directory that
+    // was there (now deleted, so it fails) and never through the symlink.
+    assert_eq!(r.code, 125, "{}", r.stderr);
+    assert!(r.stderr.contains("cannot create host path"), "{}", r.stderr);
+    assert_eq!(
+        fs::read_dir(victim.path()).unwrap().count(),
+        0,
+        "husk wrote through the sandbox's symlink"
+    );
+}

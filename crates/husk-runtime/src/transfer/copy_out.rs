@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::ops::{self, io_err, name_path, Ends, BUF_SIZE, MAX_DEPTH};
 use super::sys::{self, Kind};
@@ -26,9 +26,11 @@ const MAX_TARGET_BYTES: usize = 256;
 pub fn copy_out(
     root: BorrowedFd<'_>,
     src: &Path,
-    dest: &Path,
+    dest: &HostDest,
     limits: &OutputLimits,
 ) -> Result<CopyReport, TransferError> {
+    let host = &dest.dir;
+    let dest = dest.path.as_path();
     let comps = ops::sandbox_components(src)?;
     let mut job = Job {
         limits,
@@ -41,7 +43,7 @@ pub fn copy_out(
     let Some((name, parents)) = comps.split_last() else {
         // `src` is "/": copy the whole root's contents.
         let dir = ops::open_sandbox_root(root)?;
-        job.copy_dir(&dir, &open_host_dest(dest)?, Path::new(""), 0)?;
+        job.copy_dir(&dir, host, Path::new(""), 0)?;
         return Ok(job.report);
     };
     let parent = ops::walk_sandbox(root, parents, src, None)?;
@@ -50,12 +52,11 @@ pub fn copy_out(
         None => return Err(TransferError::NotFound { path }),
         Some((Kind::Symlink, _)) => return Err(TransferError::Symlink { path }),
         Some((Kind::File, _)) => {
-            let host_dir = open_host_dest(dest)?;
-            job.copy_file(parent.as_fd(), name, &host_dir, name_path(name))?;
+            job.copy_file(parent.as_fd(), name, host, name_path(name))?;
         }
         Some((Kind::Dir, _)) => {
             let dir = ops::open_dir(parent.as_fd(), name, Side::Sandbox, src)?;
-            job.copy_dir(&dir, &open_host_dest(dest)?, Path::new(""), 0)?;
+            job.copy_dir(&dir, host, Path::new(""), 0)?;
         }
         Some((kind, _)) => {
             let kind = kind.name();
@@ -69,9 +70,32 @@ pub fn copy_out(
     Ok(job.report)
 }
 
-/// Creates (with parents) and opens the host destination directory. `dest`
-/// is trusted operator input, so it is resolved normally; everything below
-/// it is fd-relative.
+/// A host directory outputs are copied into, opened when it is named.
+///
+/// Open it before the sandbox runs: its path is resolved then, once, so a sandbox that can
+/// write somewhere along it (a `:rw` mount) cannot swap a component for a symlink before the
+/// copy. Everything below it is reached fd-relative, never through a symlink.
+pub struct HostDest {
+    dir: File,
+    path: PathBuf,
+}
+
+impl HostDest {
+    /// Creates (with parents) and opens `path`; trusted operator input, resolved normally.
+    pub fn open(path: &Path) -> Result<HostDest, TransferError> {
+        Ok(HostDest {
+            dir: open_host_dest(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The path it was opened as.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Creates (with parents) and opens the host destination directory.
 fn open_host_dest(dest: &Path) -> Result<File, TransferError> {
     let not_dir = || TransferError::NotADirectory {
         side: Side::Host,

@@ -88,7 +88,8 @@ fn out(
     dest: &Path,
     limits: &OutputLimits,
 ) -> Result<CopyReport, TransferError> {
-    copy_out(open_root(&root.0).as_fd(), Path::new(src), dest, limits)
+    let dest = HostDest::open(dest)?;
+    copy_out(open_root(&root.0).as_fd(), Path::new(src), &dest, limits)
 }
 
 fn symlink_skip(path: &str, target: &str) -> Skipped {
@@ -201,10 +202,8 @@ fn missing_src_is_not_found_naming_the_path() {
             "{err:?}"
         );
         assert!(err.to_string().contains(src), "{err}");
-        assert!(
-            !host.join("d").exists(),
-            "dest is not created for a bad src"
-        );
+        // The destination was opened (and created) before the copy, and stays empty.
+        assert_eq!(fs::read_dir(host.join("d")).unwrap().count(), 0);
     }
 }
 
@@ -225,6 +224,7 @@ fn special_files_are_skipped_without_blocking() {
     let (root_path, dest) = (root.0.clone(), host.0.clone());
     std::thread::spawn(move || {
         let fd = open_root(&root_path);
+        let dest = HostDest::open(&dest).unwrap();
         let _ = tx.send(copy_out(
             fd.as_fd(),
             Path::new("/out"),
