@@ -224,13 +224,22 @@ impl Spawner {
     }
 
     /// Creates a sandbox and waits until its PID 1 reports ready (the command, if any, has been
-    /// started). `stdio` replaces the sandbox's fds 0, 1, 2 (default: the caller's own).
+    /// started). `stdio` replaces the sandbox's fds 0, 1, 2 (default: the caller's own); each
+    /// must be a pipe or `/dev/null` ([`sys::passable_stdio`]): relay anything else.
     pub fn create(
         &self,
         spec: &SandboxSpec,
         stdio: Option<[BorrowedFd<'_>; 3]>,
     ) -> Result<Sandbox, SpawnError> {
         validate(spec)?;
+        for (i, fd) in (0..3).map(|i| (i, stdio.map_or(i, |s| s[i as usize].as_raw_fd()))) {
+            if !sys::passable_stdio(fd) {
+                return Err(SpawnError::InvalidSpec(format!(
+                    "stdio fd {i} is not a pipe or /dev/null: terminals, sockets, files and \
+                     devices must be relayed, not handed to a sandbox"
+                )));
+            }
+        }
         let uids = uidrange::allocate(&self.lock_path(), |slot| self.clear_slot(slot))
             .map_err(io_ctx("allocate uid range"))?;
         let id = format!(

@@ -869,9 +869,10 @@ impl Drop for FsIds {
     }
 }
 
-/// Whether `fd` may be handed to a sandbox as one of its stdio fds as it is: a regular file, a
-/// pipe/FIFO, or `/dev/null`. Anything else is relayed instead: a socket would give the sandbox
-/// the host's network namespace (sendto on an unconnected socket), a terminal its ioctls, other
+/// Whether `fd` may be handed to a sandbox as one of its stdio fds as it is: a pipe/FIFO or
+/// `/dev/null`. Anything else must be relayed: a socket would give the sandbox the host's
+/// network namespace (sendto on an unconnected socket), a terminal its ioctls, a regular file
+/// its whole content and the power to rewrite it (pwrite, ftruncate, clearing O_APPEND), other
 /// devices their own powers.
 pub fn passable_stdio(fd: RawFd) -> bool {
     let mut st = MaybeUninit::<libc::stat>::zeroed();
@@ -882,7 +883,7 @@ pub fn passable_stdio(fd: RawFd) -> bool {
     // SAFETY: fstat succeeded and filled the buffer.
     let st = unsafe { st.assume_init() };
     match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG | libc::S_IFIFO => true,
+        libc::S_IFIFO => true,
         libc::S_IFCHR => st.st_rdev == libc::makedev(1, 3),
         _ => false,
     }
@@ -921,4 +922,45 @@ pub fn overwrite_cmdline(text: &str) -> io::Result<()> {
         std::ptr::write_bytes(area.add(n), 0, len - n);
     }
     Ok(())
+}
+
+/// A new, non-blocking open file description for the same pipe or terminal as `fd`, opened
+/// write-only through `/proc/self/fd` (so setting O_NONBLOCK on it does not touch the
+/// description husk shares with the user's shell). `None` for anything else: regular files
+/// never block (and reopening one would lose O_APPEND), sockets cannot be reopened this way.
+pub fn reopen_nonblocking_writer(fd: RawFd) -> io::Result<Option<OwnedFd>> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a valid out-buffer for one stat.
+    cvt_i(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded and filled the buffer.
+    let st = unsafe { st.assume_init() };
+    if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFCHR) {
+        return Ok(None);
+    }
+    let path = CString::new(format!("/proc/self/fd/{fd}")).map_err(io::Error::other)?;
+    open(&path, libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0).map(Some)
+}
+
+/// Writes to a socket without blocking (MSG_DONTWAIT); to anything else with plain write(2).
+pub fn write_dontwait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid readable slice.
+        let r = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ENOTSOCK) => return write_some(fd, buf),
+            _ => return Err(e),
+        }
+    }
 }

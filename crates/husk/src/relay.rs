@@ -1,10 +1,11 @@
 //! Copying bytes between the host's stdio and a sandbox's pipes or PTY, driven by one poll loop.
 //!
 //! Nothing here may block: the poll loop also enforces the timeout and handles signals. Writes
-//! towards the sandbox go to non-blocking pipes, buffered; writes to the host's fds (which husk
-//! must not make non-blocking: they are shared with the user's shell) happen only after poll
-//! reported them writable, and at most `PIPE_BUF` bytes at a time, which a writable pipe always
-//! takes without blocking.
+//! towards the sandbox go to non-blocking pipes, buffered. The host's own fds are shared with
+//! the user's shell, so husk never sets O_NONBLOCK on them: a host pipe or terminal is written
+//! through a non-blocking reopening of it, a socket with MSG_DONTWAIT, a regular file (which does
+//! not block) directly; and only after poll reported it writable, at most `PIPE_BUF` bytes at a
+//! time.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -47,8 +48,17 @@ pub struct Pump {
 }
 
 impl Pump {
-    /// A pump from `src` to `dst`; husk's own (sandbox-side) ends are made non-blocking.
+    /// A pump from `src` to `dst`; husk's own (sandbox-side) ends are made non-blocking, and a
+    /// host pipe or terminal as `dst` is written through a non-blocking reopening of it (a
+    /// terminal's POLLOUT does not promise room for a whole write).
     pub fn new(src: Fd, dst: Fd, close_dst_on_eof: bool) -> io::Result<Pump> {
+        let dst = match dst {
+            Fd::Host(host) => match sys::reopen_nonblocking_writer(host.as_raw_fd()) {
+                Ok(Some(own)) => Fd::Owned(std::rc::Rc::new(own)),
+                _ => Fd::Host(host),
+            },
+            owned => owned,
+        };
         for end in [&src, &dst] {
             if let Fd::Owned(f) = end {
                 sys::set_nonblocking(f.as_fd(), true)?;
@@ -127,7 +137,7 @@ impl Pump {
             } else {
                 self.pending.end
             };
-            match sys::write_some(dst.fd(), &self.buf[self.pending.start..end]) {
+            match sys::write_dontwait(dst.fd(), &self.buf[self.pending.start..end]) {
                 Ok(n) => self.pending.start += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => {

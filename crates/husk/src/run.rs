@@ -190,9 +190,9 @@ pub fn run(cfg: Config) -> Result<i32> {
     let sigfd = sys::signalfd(HANDLED_SIGNALS).context("signalfd")?;
     let spawner = Spawner::new()?;
 
-    // stdio: only regular files, pipes and /dev/null pass straight through. Anything else is
-    // relayed through pipes (or the PTY): a host terminal would hand the sandbox its ioctls, a
-    // socket the host's network namespace.
+    // stdio: only pipes and /dev/null pass straight through. Anything else is relayed through
+    // pipes (or the PTY): a host terminal would hand the sandbox its ioctls, a socket the host's
+    // network namespace, a file the power to rewrite it.
     let mut pumps: Vec<Pump> = Vec::new();
     let mut sandbox_ends: Vec<OwnedFd> = Vec::new();
     let devnull = husk_runtime::sys::open(c"/dev/null", libc::O_RDWR, 0)?;

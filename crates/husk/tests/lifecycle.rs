@@ -233,3 +233,54 @@ fn timeout_holds_while_the_host_reader_stalls() {
         start.elapsed()
     );
 }
+
+#[test]
+fn a_file_given_as_stdout_is_appended_to_and_cannot_be_rewritten() {
+    let dir = TempDir::new("log");
+    let log = dir.path().join("log.txt");
+    std::fs::write(&log, "earlier line\n").unwrap();
+    let out = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let code = "import os\n\
+        print('new line', flush=True)\n\
+        try: os.ftruncate(1, 0)\n\
+        except OSError: pass\n\
+        try: os.pwrite(1, b'XXXXXXXX', 0)\n\
+        except OSError: pass\n";
+    let status = Command::new(HUSK)
+        .args(["run", "--", "/usr/bin/python3", "-c", code])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "earlier line\nnew line\n"
+    );
+}
+
+#[test]
+fn timeout_holds_while_a_host_terminal_is_not_read() {
+    // A terminal nobody reads (a paused terminal, a hung ssh): POLLOUT on it does not promise
+    // room for a whole write, so husk must write to it without blocking.
+    let (_master, slave) = husk_runtime::pty::open_pair().unwrap();
+    let start = std::time::Instant::now();
+    let mut child = Command::new(HUSK)
+        .args(["run", "--timeout", "1s", "--", "/usr/bin/yes"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(slave))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_for(Duration::from_secs(15), || child.try_wait().unwrap());
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let status = status.expect("husk did not end while its terminal was not read");
+    assert_eq!(status.code(), Some(124));
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+}
