@@ -163,7 +163,8 @@ pub fn main(args: RunArgs) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("husk: {e:#}");
+            // Error messages can carry names from inside the sandbox.
+            eprintln!("husk: {}", without_controls(&format!("{e:#}")));
             EXIT_HUSK_ERROR
         }
     }
@@ -436,7 +437,7 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config, dests: &[HostDest]) -> Result<(
             Ok(report) => {
                 for s in &report.skipped {
                     let what = match &s.kind {
-                        SkipKind::Symlink { target } => format!("symlink -> {target}"),
+                        SkipKind::Symlink { target } => format!("symlink -> {}", printable(target)),
                         SkipKind::Device => "device".into(),
                         SkipKind::Fifo => "fifo".into(),
                         SkipKind::Socket => "socket".into(),
@@ -444,7 +445,7 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config, dests: &[HostDest]) -> Result<(
                     eprintln!(
                         "husk: output {}: skipped {} ({what}, not copied)",
                         src.display(),
-                        s.path.display()
+                        printable(&s.path.to_string_lossy())
                     );
                 }
                 if report.skipped_more > 0 {
@@ -470,6 +471,31 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config, dests: &[HostDest]) -> Result<(
         }
     }
     Ok(())
+}
+
+/// A name chosen inside the sandbox, made safe to print on the host's terminal: control
+/// characters escaped (no forged husk lines, no terminal escape sequences), length capped.
+fn printable(name: &str) -> String {
+    const MAX: usize = 200;
+    let mut out = without_controls(&name.chars().take(MAX).collect::<String>());
+    if name.chars().nth(MAX).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// `text` with control characters escaped (`\n`, `\u{1b}`), everything else as is.
+fn without_controls(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_debug().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 fn signal_name(sig: i32) -> String {
@@ -541,5 +567,21 @@ fn report(fate: Fate, cfg: &Config) -> i32 {
             let _ = writeln!(err, "husk: the sandbox's init process died unexpectedly");
             EXIT_HUSK_ERROR
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn sandbox_names_are_printed_without_control_characters() {
+        let forged = "b\n\u{1b}[1Ahusk: all outputs copied";
+        let p = printable(forged);
+        assert!(!p.chars().any(char::is_control), "{p:?}");
+        assert!(p.contains("\\n") && p.contains("\\u{1b}"), "{p}");
+        let long = "x".repeat(10_000);
+        assert!(printable(&long).chars().count() <= 201);
+        assert_eq!(printable("plain/name.txt"), "plain/name.txt");
     }
 }
