@@ -29,6 +29,8 @@ pub enum FromInit {
     ExecFailed { errno: i32 },
     /// The command ended.
     Exited(ExitStatus),
+    /// The command outlived the spec's timeout (and PID 1 killed everything).
+    TimedOut,
 }
 
 /// Messages from the spawner to init.
@@ -51,6 +53,7 @@ const T_SETUP_FAILED: u8 = 3;
 const T_EXEC_FAILED: u8 = 4;
 const T_EXITED: u8 = 5;
 const T_SIGNALED: u8 = 6;
+const T_TIMED_OUT: u8 = 7;
 const T_MAP_DONE: u8 = 101;
 const T_SIGNAL: u8 = 102;
 const T_START: u8 = 103;
@@ -104,6 +107,7 @@ pub fn send_from_init(sock: BorrowedFd<'_>, msg: &FromInit) -> io::Result<()> {
         FromInit::Exited(ExitStatus::Signaled(s)) => {
             sys::send_with_fds(sock, &int(T_SIGNALED, *s), &[])
         }
+        FromInit::TimedOut => sys::send_with_fds(sock, &[T_TIMED_OUT], &[]),
     }
 }
 
@@ -148,6 +152,7 @@ pub fn recv_from_init(sock: BorrowedFd<'_>) -> io::Result<Option<FromInit>> {
             }
             FromInit::Exited(ExitStatus::Signaled(s))
         }
+        T_TIMED_OUT => FromInit::TimedOut,
         _ => return Err(bad("unknown tag")),
     };
     if !fds.is_empty() && !matches!(msg, FromInit::Ready { .. }) {

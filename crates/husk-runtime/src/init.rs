@@ -136,8 +136,15 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
     let mut command = None;
     let mut slave = slave;
     let mut started = false;
+    let mut deadline = None;
+    // PID 1's own deadline is a backstop: a little after the creator's, which normally acts.
+    let backstop = args
+        .spec
+        .timeout
+        .map(|t| t + std::time::Duration::from_millis(500));
     if args.spec.autostart {
         start_once(args, &control, &mut started, &mut command, &mut slave);
+        deadline = backstop.map(|t| std::time::Instant::now() + t);
     }
     loop {
         let mut fds = [
@@ -152,13 +159,31 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
                 revents: 0,
             },
         ];
-        if sys::poll(&mut fds, -1).is_err() {
+        let timeout = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    // The creator did not end the sandbox in time (stopped, stuck): end it
+                    // here. From PID 1, kill(-1) reaches every other process of the namespace.
+                    let _ = sys::kill(-1, libc::SIGKILL);
+                    let _ = control::send_from_init(control.as_fd(), &FromInit::TimedOut);
+                    deadline = None;
+                    continue;
+                }
+                left.as_millis().min(i32::MAX as u128) as i32 + 1
+            }
+            None => -1,
+        };
+        if sys::poll(&mut fds, timeout).is_err() {
             continue;
         }
         if fds[0].revents != 0 {
             while let Ok(Some(sig)) = sys::read_signalfd(sigfd.as_fd()) {
                 if sig == libc::SIGCHLD {
                     reap(&control, &mut command);
+                    if started && command.is_none() {
+                        deadline = None;
+                    }
                 } else if let Some(pid) = command {
                     let _ = sys::kill(pid, sig);
                 }
@@ -172,6 +197,9 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
                     }
                 }
                 Ok(Some(ToInit::Start)) => {
+                    if !started {
+                        deadline = backstop.map(|t| std::time::Instant::now() + t);
+                    }
                     start_once(args, &control, &mut started, &mut command, &mut slave);
                 }
                 Ok(Some(ToInit::IdMapDone { .. } | ToInit::NetNs { .. })) => {}

@@ -553,6 +553,7 @@ impl Sandbox {
                 }
             }
             Ok(Some(FromInit::ExecFailed { errno })) => Fate::ExecFailed(errno),
+            Ok(Some(FromInit::TimedOut)) => Fate::TimedOut,
             Ok(Some(_)) => return Ok(Event::None),
             Ok(None) | Err(_) => {
                 if self.cgroup.oom_kills() > 0 {

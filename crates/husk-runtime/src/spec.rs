@@ -92,6 +92,9 @@ pub struct SandboxSpec {
     pub tty_size: Option<(u16, u16)>,
     /// Kill the sandbox if the process that created it dies (right for one-shot runs).
     pub die_with_parent: bool,
+    /// How long the command may run. The creator enforces it; PID 1 enforces it too, a moment
+    /// later, so the sandbox ends on time even if its creator is stopped or stuck.
+    pub timeout: Option<std::time::Duration>,
     /// Start the command as soon as the sandbox is ready, without waiting for
     /// [`crate::Sandbox::start`] (saves a round trip when nothing is copied in first).
     pub autostart: bool,
@@ -112,6 +115,7 @@ impl SandboxSpec {
             tty_size: None,
             die_with_parent: true,
             autostart: false,
+            timeout: None,
         }
     }
 

@@ -533,11 +533,27 @@ pub fn reset_signals() -> io::Result<()> {
     let set = sigset(&[]);
     // SAFETY: `set` is a valid empty sigset.
     cvt_i(unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) })?;
-    for sig in [libc::SIGPIPE, libc::SIGINT, libc::SIGTERM, libc::SIGCHLD] {
-        // SAFETY: SIG_DFL is a valid disposition for these signals.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    // Every catchable signal back to its default: an ignored disposition (husk ignores SIGTTIN
+    // and SIGTTOU) would otherwise survive execve into the command.
+    for sig in 1..libc::SIGRTMIN() {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: SIG_DFL is a valid disposition for every catchable signal.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
     }
     Ok(())
+}
+
+/// Ignores `sig` (SIG_IGN) in the calling process.
+pub fn ignore_signal(sig: libc::c_int) {
+    // SAFETY: SIG_IGN is a valid disposition; the signals passed are catchable.
+    unsafe { libc::signal(sig, libc::SIG_IGN) };
+}
+
+/// Whether the calling process is in the foreground process group of the terminal on `fd`.
+pub fn is_foreground(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: tcgetpgrp and getpgrp take no pointers.
+    unsafe { libc::tcgetpgrp(fd.as_raw_fd()) == libc::getpgrp() }
 }
 
 /// Brings the loopback interface of the caller's network namespace up.

@@ -140,6 +140,7 @@ impl Config {
             .map(parse_duration)
             .transpose()
             .map_err(|e| anyhow!("--timeout: {e}"))?;
+        spec.timeout = timeout;
         // Nothing to copy in: the command may start the moment the sandbox is ready.
         spec.autostart = a.copies.is_empty();
         if spec.tty {
@@ -189,6 +190,10 @@ pub fn run(cfg: Config) -> Result<i32> {
     // Block the signals first, so a Ctrl-C during set-up is still handled by destroying the
     // sandbox rather than leaving it behind.
     let sigfd = sys::signalfd(HANDLED_SIGNALS).context("signalfd")?;
+    // Put in the background, husk must not be stopped by its terminal (the timeout has to keep
+    // running): reads and writes there fail instead, which ends that relay.
+    sys::ignore_signal(libc::SIGTTIN);
+    sys::ignore_signal(libc::SIGTTOU);
     let spawner = Spawner::new()?;
 
     // stdio: only pipes and /dev/null pass straight through. Anything else is relayed through
@@ -251,7 +256,8 @@ pub fn run(cfg: Config) -> Result<i32> {
                 .take_pty()
                 .ok_or_else(|| anyhow!("sandbox gave no PTY"))?,
         );
-        if sys::isatty(0) {
+        // Raw mode only for a terminal husk owns right now (not when started in the background).
+        if sys::isatty(0) && sys::is_foreground(host_fd(0)) {
             _raw = Some(husk_runtime::pty::RawMode::enable(host_fd(0))?);
         }
         pumps.push(Pump::new(

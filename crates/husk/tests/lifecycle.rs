@@ -284,3 +284,36 @@ fn timeout_holds_while_a_host_terminal_is_not_read() {
         start.elapsed()
     );
 }
+
+#[test]
+fn the_timeout_holds_even_while_husk_is_stopped() {
+    let dir = TempDir::new("stopped");
+    let (child, id) = husk_spawn(&["--timeout", "1s"], &["/bin/sleep", "30"], &dir);
+    wait_for(Duration::from_secs(10), || {
+        sandbox_runs(&id, "sleep").then_some(())
+    })
+    .expect("sandbox never started its sleep");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // PID 1 enforces the timeout itself while husk cannot.
+    let gone = wait_for(Duration::from_secs(10), || {
+        (!sandbox_runs(&id, "sleep")).then_some(())
+    });
+    assert!(Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert!(
+        gone.is_some(),
+        "the command outlived its timeout while husk was stopped"
+    );
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(124));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("husk: killed: timeout after 1s"));
+    assert_gone(&id);
+}
