@@ -144,9 +144,12 @@ pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
             .is_some_and(|age| age.as_secs() > 60);
         let name = e.file_name();
         let name = name.to_string_lossy();
-        let ours = name == "host" || name.starts_with("host-") || name.starts_with(".building.");
+        let ours = name == "host"
+            || name.starts_with("host-")
+            || name.starts_with(".building.")
+            || name.starts_with(&format!("{DIR_LIST}."));
         if ours && p != current.lower && old_enough {
-            let _ = fs::remove_dir_all(&p);
+            let _ = fs::remove_dir_all(&p).or_else(|_| fs::remove_file(&p));
         }
     }
 }

@@ -207,6 +207,8 @@ impl Spawner {
             return false;
         };
         let _ = cg.kill_all();
+        // A half-written entry of a crashed register() goes too.
+        let _ = fs::remove_file(entry.with_extension("new"));
         cg.remove().is_ok() && fs::remove_file(&entry).is_ok()
     }
 

@@ -182,11 +182,11 @@ pub(super) fn ensure_dir(
             })
         }
         None => match sys::mkdir_at(dir, name, 0o700) {
-            // Lost a race with a concurrent mkdir: open_dir re-checks the type.
-            Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
-                return Err(io_err("create directory", side, path)(e))
-            }
-            _ => true,
+            Ok(()) => true,
+            // Lost a race with a concurrent mkdir: not ours (its mode is left alone), and
+            // open_dir re-checks the type.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => false,
+            Err(e) => return Err(io_err("create directory", side, path)(e)),
         },
     };
     Ok((open_dir(dir, name, side, path)?, created))
