@@ -1,0 +1,301 @@
+//! File descriptors: pipes, sockets with fd passing, poll, reads and writes, stdio policy.
+
+use std::ffi::CString;
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use super::{cvt_i, open};
+
+/// A pipe with both ends close-on-exec: (read, write).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    cvt_i(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 returned two new fds owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A connected pair of close-on-exec SOCK_SEQPACKET unix sockets.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    cvt_i(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair returned two new fds owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one datagram with optional fds attached (SCM_RIGHTS).
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    const MAX_FDS: usize = 4;
+    assert!(fds.len() <= MAX_FDS, "send_with_fds: at most {MAX_FDS} fds");
+    // u64 storage keeps the control buffer aligned for cmsghdr.
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: zeroed msghdr is a valid "empty" value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let fd_bytes = std::mem::size_of_val(fds) as u32;
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer (64 bytes) holds one cmsghdr with up to MAX_FDS fds,
+        // CMSG_FIRSTHDR points into it and CMSG_DATA has room for `fds`.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: msg points at live buffers for the duration of the call.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(());
+    }
+}
+
+/// Receives one datagram into `buf` and up to 4 fds. Returns (bytes, fds); 0 bytes = peer closed.
+/// A datagram longer than `buf` is an error (the protocol bounds every message).
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: zeroed msghdr is a valid "empty" value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: msg points at live buffers for the duration of the call.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        break r as usize;
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`, with the CMSG_* macros
+    // that bound every access by msg_controllen; each SCM_RIGHTS fd is new and owned by us.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let len = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..len {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message too long",
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// poll(2) over `fds` (fd, events) → revents per fd. Retries on EINTR only if `retry_eintr`.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usize> {
+    // SAFETY: the slice is a valid array of pollfd of the given length.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    Ok(cvt_i(r)? as usize)
+}
+
+/// Writes all of `buf` to a raw fd, retrying on EINTR.
+pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid readable slice.
+        let r = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[r as usize..];
+    }
+    Ok(())
+}
+
+/// read(2) once into `buf`, retrying on EINTR.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid writable slice.
+        let r = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(r as usize);
+    }
+}
+
+/// dup2(2) (clears close-on-exec on `to`).
+pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: no pointers; closing whatever `to` was is the intended effect.
+    cvt_i(unsafe { libc::dup2(from, to) })?;
+    Ok(())
+}
+
+/// Sets or clears O_NONBLOCK.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL take integers only.
+    unsafe {
+        let flags = cvt_i(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))?;
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        cvt_i(libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags))?;
+    }
+    Ok(())
+}
+
+/// Closes every fd >= `lowest` except those in `keep` (close_range where possible).
+pub fn close_fds_from(lowest: RawFd, keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&f| f >= lowest).collect();
+    keep.sort_unstable();
+    let mut start = lowest as u32;
+    for k in keep {
+        if k as u32 > start {
+            // SAFETY: closing descriptors this forked child will not use again.
+            unsafe { libc::syscall(libc::SYS_close_range, start, k as u32 - 1, 0) };
+        }
+        start = k as u32 + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, start, u32::MAX, 0) };
+}
+
+/// Whether `fd` refers to a terminal.
+pub fn isatty(fd: RawFd) -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// write(2) once; returns how many bytes were written.
+pub fn write_some(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid readable slice.
+        let r = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(r as usize);
+    }
+}
+
+/// The process's standard fd `i` (0, 1 or 2) for the life of the process.
+pub fn stdio_fd(i: RawFd) -> BorrowedFd<'static> {
+    assert!((0..3).contains(&i), "stdio_fd: {i} is not a standard fd");
+    // SAFETY: fds 0-2 are open for the whole life of a process started normally, and husk never
+    // closes them.
+    unsafe { BorrowedFd::borrow_raw(i) }
+}
+
+/// Whether `fd` may be handed to a sandbox as one of its stdio fds as it is: a pipe/FIFO or
+/// `/dev/null`. Anything else must be relayed: a socket would give the sandbox the host's
+/// network namespace (sendto on an unconnected socket), a terminal its ioctls, a regular file
+/// its whole content and the power to rewrite it (pwrite, ftruncate, clearing O_APPEND), other
+/// devices their own powers.
+pub fn passable_stdio(fd: RawFd) -> bool {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a valid out-buffer for one stat.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded and filled the buffer.
+    let st = unsafe { st.assume_init() };
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFIFO => true,
+        libc::S_IFCHR => st.st_rdev == libc::makedev(1, 3),
+        _ => false,
+    }
+}
+
+/// A new, non-blocking open file description for the same pipe or terminal as `fd`, opened
+/// write-only through `/proc/self/fd` (so setting O_NONBLOCK on it does not touch the
+/// description husk shares with the user's shell). `None` for anything else: regular files
+/// never block (and reopening one would lose O_APPEND), sockets cannot be reopened this way.
+pub fn reopen_nonblocking_writer(fd: RawFd) -> io::Result<Option<OwnedFd>> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a valid out-buffer for one stat.
+    cvt_i(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded and filled the buffer.
+    let st = unsafe { st.assume_init() };
+    if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFCHR) {
+        return Ok(None);
+    }
+    let path = CString::new(format!("/proc/self/fd/{fd}")).map_err(io::Error::other)?;
+    open(&path, libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0).map(Some)
+}
+
+/// Writes to a socket without blocking (MSG_DONTWAIT); to anything else with plain write(2).
+pub fn write_dontwait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid readable slice.
+        let r = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ENOTSOCK) => return write_some(fd, buf),
+            _ => return Err(e),
+        }
+    }
+}

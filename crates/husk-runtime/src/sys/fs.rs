@@ -1,0 +1,244 @@
+//! Mounts, path-based and fd-relative file operations, file-system ids.
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use super::{cvt, cvt_i};
+
+/// mount(2).
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let p = |s: Option<&CStr>| s.map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is either null or a valid NUL-terminated string that outlives the call.
+    cvt_i(unsafe { libc::mount(p(source), target.as_ptr(), p(fstype), flags, p(data).cast()) })?;
+    Ok(())
+}
+
+/// umount2(2).
+pub fn umount2(target: &CStr, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: `target` is a valid C string.
+    cvt_i(unsafe { libc::umount2(target.as_ptr(), flags) })?;
+    Ok(())
+}
+
+/// pivot_root(2).
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: both arguments are valid C strings.
+    cvt(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })?;
+    Ok(())
+}
+
+/// `struct open_how` of openat2(2) (libc's is non-exhaustive).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// openat2(2) with a `RESOLVE_*` mask; `O_CLOEXEC` is always added.
+pub fn openat2(
+    dirfd: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: mode as u64,
+        resolve,
+    };
+    // EAGAIN means a concurrent rename made the kernel unsure the lookup stayed inside the
+    // root; retrying is the documented answer, bounded so a hostile sandbox cannot spin us.
+    for _ in 0..64 {
+        // SAFETY: `how` is a valid open_how of the size passed; `path` is a valid C string.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dirfd.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const OpenHow,
+                size_of::<OpenHow>(),
+            )
+        };
+        match cvt(r) {
+            // SAFETY: openat2 returned a new fd owned by nobody else.
+            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// open(2) of a host path with O_CLOEXEC.
+pub fn open(path: &CStr, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a valid C string.
+    let fd = cvt_i(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode) })?;
+    // SAFETY: open returned a new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// mknod(2) of a character device.
+pub fn mknod_char(path: &CStr, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+    // SAFETY: `path` is a valid C string.
+    cvt_i(unsafe {
+        libc::mknod(
+            path.as_ptr(),
+            libc::S_IFCHR | mode,
+            libc::makedev(major, minor),
+        )
+    })?;
+    Ok(())
+}
+
+/// chown of an open fd.
+pub fn fchown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: no pointers.
+    cvt_i(unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) })?;
+    Ok(())
+}
+
+/// lchown of a path (never follows a final symlink).
+pub fn lchown(path: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: `path` is a valid C string.
+    cvt_i(unsafe { libc::lchown(path.as_ptr(), uid, gid) })?;
+    Ok(())
+}
+
+/// Writes `value` to /proc/<pid>/oom_score_adj or similar small proc files.
+pub fn write_file(path: &Path, value: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(value)
+}
+
+/// fcntl record-lock commands (F_OFD_SETLK / F_OFD_GETLK). For SETLK returns `Ok(false)` when
+/// the range is held by someone else.
+pub fn fcntl_lock(fd: RawFd, cmd: libc::c_int, fl: &mut libc::flock) -> io::Result<bool> {
+    // SAFETY: `fl` is a valid flock for the duration of the call.
+    let r = unsafe { libc::fcntl(fd, cmd, fl as *mut libc::flock) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(true)
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// mount_setattr flag: read-only.
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// mount_setattr flag: ignore set-user/group-id bits.
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+
+/// mount_setattr flag: no device files.
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// Bind-mounts `source` onto the mount point `target` (an `O_PATH` fd, so the caller resolved it
+/// safely) with `attrs` already set: open_tree(OPEN_TREE_CLONE) makes a detached copy,
+/// mount_setattr sets the flags on it, move_mount attaches it. The mount never exists writable.
+pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: `source` is a valid C string; the flags ask for a new detached tree fd.
+    let tree = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    })?;
+    // SAFETY: open_tree returned a new fd owned by nobody else.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is a valid mount_attr of the size passed; the empty path with
+    // AT_EMPTY_PATH names the tree fd itself.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    })?;
+    // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// While alive, file-system operations of the calling thread run as `uid`/`gid` (setfsuid,
+/// setfsgid): new files get that owner without a chown each. Dropping restores the previous fs
+/// ids (guards nest). Only for husk's set-up code running as host root.
+pub struct FsIds {
+    prev: (u32, u32),
+}
+
+impl FsIds {
+    /// Switches the fs ids.
+    pub fn enter(uid: u32, gid: u32) -> io::Result<FsIds> {
+        // SAFETY: setfsgid/setfsuid take integers only. They return the previous id and cannot
+        // report errors, so success is checked by reading the id back (an invalid id, -1,
+        // changes nothing and returns the current one).
+        unsafe {
+            let prev_gid = libc::setfsgid(gid) as u32;
+            let prev_uid = libc::setfsuid(uid) as u32;
+            if libc::setfsuid(u32::MAX) as u32 != uid || libc::setfsgid(u32::MAX) as u32 != gid {
+                libc::setfsuid(prev_uid);
+                libc::setfsgid(prev_gid);
+                return Err(io::Error::other("setfsuid/setfsgid did not take effect"));
+            }
+            Ok(FsIds {
+                prev: (prev_uid, prev_gid),
+            })
+        }
+    }
+}
+
+impl Drop for FsIds {
+    fn drop(&mut self) {
+        // SAFETY: as in `enter`; going back to ids this process had always succeeds.
+        unsafe {
+            libc::setfsuid(self.prev.0);
+            libc::setfsgid(self.prev.1);
+        }
+    }
+}

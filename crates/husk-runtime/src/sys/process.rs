@@ -1,0 +1,432 @@
+//! Processes, namespaces, credentials and signals.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use super::{cvt, cvt_i};
+
+/// `struct clone_args` of clone3(2), for the fields husk uses.
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The result of [`clone3_fork`].
+pub enum Forked {
+    /// In the parent: the child's pid and a pidfd for it.
+    Parent { pid: libc::pid_t, pidfd: OwnedFd },
+    /// In the child.
+    Child,
+}
+
+/// Number of threads of the calling process (from the link count of `/proc/self/task`, which is
+/// two plus the threads: one stat, no parsing).
+pub fn thread_count() -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata("/proc/self/task")?
+        .nlink()
+        .saturating_sub(2))
+}
+
+/// fork(2) into new namespaces with clone3(2), returning a pidfd in the parent.
+///
+/// # Safety
+/// The calling process must be single-threaded: the child is a copy of the calling thread
+/// only, and a lock another thread held (the allocator's, say) would stay locked in it forever.
+///
+/// With `cgroup` (an fd of a cgroup v2 directory) the child is born in that cgroup
+/// (`CLONE_INTO_CGROUP`), which is cheaper than migrating it afterwards.
+pub unsafe fn clone3_fork(
+    namespaces: libc::c_int,
+    cgroup: Option<BorrowedFd<'_>>,
+) -> io::Result<Forked> {
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: namespaces as u64 | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    if let Some(cg) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = cg.as_raw_fd() as u64;
+    }
+    // SAFETY: `args` is a valid clone_args of the size passed; no stack is given, so the child
+    // continues on a copy of this thread's stack exactly like fork(2). The caller guarantees the
+    // process is single-threaded (this function's safety contract).
+    let pid = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            size_of::<CloneArgs>(),
+        )
+    })?;
+    if pid == 0 {
+        return Ok(Forked::Child);
+    }
+    // SAFETY: on success the kernel stored a fresh pidfd that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok(Forked::Parent {
+        pid: pid as libc::pid_t,
+        pidfd,
+    })
+}
+
+/// Plain fork(2). Returns 0 in the child.
+///
+/// # Safety
+/// Same contract as [`clone3_fork`]: the calling process must be single-threaded.
+pub unsafe fn fork() -> io::Result<libc::pid_t> {
+    // SAFETY: fork itself has no memory-safety preconditions; the caller guarantees the
+    // process is single-threaded, so the child's copy of memory is consistent.
+    cvt_i(unsafe { libc::fork() })
+}
+
+/// unshare(2).
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare takes no pointers.
+    cvt_i(unsafe { libc::unshare(flags) })?;
+    Ok(())
+}
+
+/// sethostname(2) (in the caller's UTS namespace).
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`'s bytes.
+    cvt_i(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+/// setresuid/setresgid/setgroups: become `uid`/`gid` with no supplementary groups.
+pub fn become_user(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: setgroups with size 0 reads no memory; the id calls take plain integers.
+    unsafe {
+        cvt_i(libc::setgroups(0, std::ptr::null()))?;
+        cvt_i(libc::setresgid(gid, gid, gid))?;
+        cvt_i(libc::setresuid(uid, uid, uid))?;
+    }
+    Ok(())
+}
+
+/// prctl(PR_SET_PDEATHSIG).
+pub fn set_parent_death_signal(sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes an integer argument only.
+    cvt_i(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) })?;
+    Ok(())
+}
+
+/// The calling process's pid.
+pub fn getpid() -> libc::pid_t {
+    // SAFETY: getpid cannot fail and takes no arguments.
+    unsafe { libc::getpid() }
+}
+
+/// The calling process's parent pid.
+pub fn getppid() -> libc::pid_t {
+    // SAFETY: getppid cannot fail and takes no arguments.
+    unsafe { libc::getppid() }
+}
+
+/// setsid(2): a new session, detached from any controlling terminal.
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: no arguments.
+    cvt_i(unsafe { libc::setsid() })?;
+    Ok(())
+}
+
+/// kill(2).
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: no pointers.
+    cvt_i(unsafe { libc::kill(pid, sig) })?;
+    Ok(())
+}
+
+/// pidfd_send_signal(2): signal a process through its pidfd (immune to pid reuse).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: null siginfo is allowed; the fd is valid for the call.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+/// How a child ended, as waitpid reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl ExitStatus {
+    fn from_wait(status: libc::c_int) -> Self {
+        if libc::WIFSIGNALED(status) {
+            ExitStatus::Signaled(libc::WTERMSIG(status))
+        } else {
+            ExitStatus::Exited(libc::WEXITSTATUS(status))
+        }
+    }
+
+    /// The shell convention: the exit code, or 128 + signal.
+    pub fn code(self) -> i32 {
+        match self {
+            ExitStatus::Exited(c) => c,
+            ExitStatus::Signaled(s) => 128 + s,
+        }
+    }
+}
+
+/// waitpid(pid, flags); `Ok(None)` when WNOHANG finds nothing.
+pub fn waitpid(
+    pid: libc::pid_t,
+    flags: libc::c_int,
+) -> io::Result<Option<(libc::pid_t, ExitStatus)>> {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    let r = cvt_i(unsafe { libc::waitpid(pid, &mut status, flags) })?;
+    if r == 0 {
+        return Ok(None);
+    }
+    Ok(Some((r, ExitStatus::from_wait(status))))
+}
+
+/// waitid(P_PIDFD, ...): reap the child behind a pidfd; `Ok(None)` if it has not exited and
+/// `nohang` is set.
+pub fn waitid_pidfd(pidfd: BorrowedFd<'_>, nohang: bool) -> io::Result<Option<ExitStatus>> {
+    let mut info = MaybeUninit::<libc::siginfo_t>::zeroed();
+    let flags = libc::WEXITED | if nohang { libc::WNOHANG } else { 0 };
+    loop {
+        // SAFETY: `info` is a valid, zeroed out-buffer for a siginfo_t.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                info.as_mut_ptr(),
+                flags,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        break;
+    }
+    // SAFETY: waitid succeeded, so the buffer is initialised (zeroed when nothing was reaped).
+    let info = unsafe { info.assume_init() };
+    // SAFETY: for WEXITED results the kernel fills si_pid and si_status.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(if info.si_code == libc::CLD_EXITED {
+        ExitStatus::Exited(status)
+    } else {
+        ExitStatus::Signaled(status)
+    }))
+}
+
+/// Blocks `signals` for the calling thread and returns a signalfd that reports them.
+pub fn signalfd(signals: &[libc::c_int]) -> io::Result<OwnedFd> {
+    let set = sigset(signals);
+    // SAFETY: `set` is an initialised sigset; the old-mask pointer may be null.
+    cvt_i(unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) })?;
+    // SAFETY: -1 asks for a new fd; `set` is valid.
+    let fd = cvt_i(unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
+    // SAFETY: signalfd returned a new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads one pending signal number from a signalfd, if any.
+pub fn read_signalfd(fd: BorrowedFd<'_>) -> io::Result<Option<libc::c_int>> {
+    let mut info = MaybeUninit::<libc::signalfd_siginfo>::zeroed();
+    // SAFETY: the buffer is exactly one signalfd_siginfo.
+    let r = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            info.as_mut_ptr().cast(),
+            size_of::<libc::signalfd_siginfo>(),
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    // SAFETY: the kernel wrote a full signalfd_siginfo.
+    Ok(Some(unsafe { info.assume_init() }.ssi_signo as libc::c_int))
+}
+
+fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
+    let mut set = MaybeUninit::<libc::sigset_t>::zeroed();
+    // SAFETY: sigemptyset initialises the set; sigaddset only writes into it.
+    unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        for &s in signals {
+            libc::sigaddset(set.as_mut_ptr(), s);
+        }
+        set.assume_init()
+    }
+}
+
+/// Unblocks every signal and restores default dispositions for the ones husk touches: a forked
+/// child must not inherit the spawner's signal mask.
+pub fn reset_signals() -> io::Result<()> {
+    let set = sigset(&[]);
+    // SAFETY: `set` is a valid empty sigset.
+    cvt_i(unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) })?;
+    // Every catchable signal back to its default: an ignored disposition (husk ignores SIGTTIN
+    // and SIGTTOU) would otherwise survive execve into the command.
+    for sig in 1..libc::SIGRTMIN() {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: SIG_DFL is a valid disposition for every catchable signal.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    Ok(())
+}
+
+/// Ignores `sig` (SIG_IGN) in the calling process.
+pub fn ignore_signal(sig: libc::c_int) {
+    // SAFETY: SIG_IGN is a valid disposition; the signals passed are catchable.
+    unsafe { libc::signal(sig, libc::SIG_IGN) };
+}
+
+/// Whether the calling process is in the foreground process group of the terminal on `fd`.
+pub fn is_foreground(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: tcgetpgrp and getpgrp take no pointers.
+    unsafe { libc::tcgetpgrp(fd.as_raw_fd()) == libc::getpgrp() }
+}
+
+/// Brings the loopback interface of the caller's network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket creation.
+    let fd =
+        cvt_i(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the fd is new and ours.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: zeroed ifreq is valid; the name fits in IFNAMSIZ.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads a valid ifreq.
+    cvt_i(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })?;
+    Ok(())
+}
+
+/// execve(2); returns only on failure.
+pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
+    let mut a: Vec<*const libc::c_char> = argv.iter().map(|s| s.as_ptr()).collect();
+    a.push(std::ptr::null());
+    let mut e: Vec<*const libc::c_char> = envp.iter().map(|s| s.as_ptr()).collect();
+    e.push(std::ptr::null());
+    // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), a.as_ptr(), e.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// _exit(2): leave without running destructors or atexit handlers (a forked child must not
+/// flush or free state it shares by copy with its parent).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and has no preconditions.
+    unsafe { libc::_exit(code) }
+}
+
+/// umask(2).
+pub fn umask(mask: u32) -> u32 {
+    // SAFETY: no pointers.
+    unsafe { libc::umask(mask) }
+}
+
+/// 64 random bits from the kernel.
+pub fn random_u64() -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    // SAFETY: the buffer is valid for 8 bytes.
+    let r = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if r != 8 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(buf))
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (a process holding many sandboxes holds two
+/// fds for each).
+pub fn raise_nofile_limit() -> io::Result<()> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `rl` is a valid out-pointer.
+    cvt_i(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) })?;
+    rl.rlim_cur = rl.rlim_max;
+    // SAFETY: `rl` is a valid rlimit.
+    cvt_i(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) })?;
+    Ok(())
+}
+
+/// setns(2): enter the namespace behind `fd`.
+pub fn setns(fd: BorrowedFd<'_>, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    cvt_i(unsafe { libc::setns(fd.as_raw_fd(), nstype) })?;
+    Ok(())
+}
+
+/// Replaces what `/proc/self/cmdline` shows with `text` by overwriting the argument area the
+/// kernel set up on the initial stack (PR_SET_MM would need CAP_SYS_RESOURCE, which not every
+/// host gives root). The rest of the area is zeroed; `text` is cut to fit.
+pub fn overwrite_cmdline(text: &str) -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name, which is in parentheses and may contain anything.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| io::Error::other("unexpected /proc/self/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // arg_start and arg_end are fields 48 and 49 of stat; `rest` starts at field 3.
+    let field = |n: usize| -> io::Result<usize> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| io::Error::other("no argument area in /proc/self/stat"))
+    };
+    let (start, end) = (field(48)?, field(49)?);
+    if start == 0 || end <= start {
+        return Err(io::Error::other("empty argument area"));
+    }
+    let len = end - start;
+    let n = text.len().min(len - 1);
+    // SAFETY: [start, end) is this process's argument area on its own stack, mapped writable
+    // for the life of the process; no Rust value owns or borrows it (std only reads argv when
+    // env::args() is called, and then sees valid NUL-terminated strings).
+    unsafe {
+        let area = start as *mut u8;
+        std::ptr::copy_nonoverlapping(text.as_ptr(), area, n);
+        std::ptr::write_bytes(area.add(n), 0, len - n);
+    }
+    Ok(())
+}
