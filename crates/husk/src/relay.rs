@@ -45,6 +45,10 @@ pub struct Pump {
     /// Close `dst` once `src` hits EOF and everything is written (a sandbox's stdin pipe).
     close_dst_on_eof: bool,
     closed: bool,
+    /// `dst` is a host fd that must be written in bounded steps after POLLOUT (a socket, or
+    /// anything that could not be reopened non-blocking); `false` for fds whose writes never
+    /// block: husk's non-blocking ends and regular files.
+    careful: bool,
 }
 
 impl Pump {
@@ -64,7 +68,12 @@ impl Pump {
                 sys::set_nonblocking(f.as_fd(), true)?;
             }
         }
+        let careful = match &dst {
+            Fd::Host(h) => !sys::is_regular_file(h.as_fd()),
+            Fd::Owned(_) => false,
+        };
         Ok(Pump {
+            careful,
             src,
             dst: Some(dst),
             buf: vec![0; BUF],
@@ -111,8 +120,8 @@ impl Pump {
                 // EIO is how a PTY master reports that the slave side closed.
                 Err(_) => self.eof = true,
             }
-            // A host destination is written only once poll says it is writable.
-            if matches!(self.dst, Some(Fd::Owned(_))) {
+            // A careful destination is written only once poll says it is writable.
+            if !self.careful {
                 self.flush();
             }
         } else {
@@ -130,9 +139,9 @@ impl Pump {
             self.pending = 0..0;
             return;
         };
-        let host = matches!(dst, Fd::Host(_));
+        let careful = self.careful;
         while !self.pending.is_empty() {
-            let end = if host {
+            let end = if careful {
                 self.pending.end.min(self.pending.start + HOST_WRITE)
             } else {
                 self.pending.end
@@ -147,7 +156,7 @@ impl Pump {
                     return;
                 }
             }
-            if host {
+            if careful {
                 return; // one bounded write per POLLOUT
             }
         }

@@ -299,3 +299,14 @@ pub fn write_dontwait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
         }
     }
 }
+
+/// Whether `fd` is a regular file (whose writes never block).
+pub fn is_regular_file(fd: BorrowedFd<'_>) -> bool {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a valid out-buffer for one stat.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded and filled the buffer.
+    unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
+}
