@@ -25,9 +25,12 @@ pub enum Command {
 
 #[derive(Args, Debug, Default)]
 pub struct RunArgs {
-    /// Give the command a pseudo-terminal (interactive shells).
+    /// Give the command a pseudo-terminal (interactive shells); implies -i.
     #[arg(short = 't', long)]
     pub tty: bool,
+    /// Attach a terminal on stdin to the command (pipes and files are always attached).
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
     /// Environment variable for the command (repeatable).
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,

@@ -34,6 +34,17 @@ impl Fd {
     }
 }
 
+/// What a pump does when its source ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum OnEof {
+    /// Close the destination (a sandbox's stdin pipe: the command sees end of file).
+    Close,
+    /// Write this byte (VEOF, ^D, to a PTY: the command's terminal reports end of file).
+    Send(u8),
+    /// Nothing.
+    Keep,
+}
+
 /// One direction: bytes read from `src` are written to `dst`.
 pub struct Pump {
     src: Fd,
@@ -42,9 +53,12 @@ pub struct Pump {
     buf: Vec<u8>,
     pending: std::ops::Range<usize>,
     eof: bool,
-    /// Close `dst` once `src` hits EOF and everything is written (a sandbox's stdin pipe).
-    close_dst_on_eof: bool,
+    on_eof: OnEof,
     closed: bool,
+    /// Writing to `dst` failed (its reader is gone).
+    broken: bool,
+    /// `dst` is one of the host's fds (husk's stdout or stderr).
+    to_host: bool,
     /// `dst` is a host fd that must be written in bounded steps after POLLOUT (a socket, or
     /// anything that could not be reopened non-blocking); `false` for fds whose writes never
     /// block: husk's non-blocking ends and regular files.
@@ -55,9 +69,19 @@ impl Pump {
     /// A pump from `src` to `dst`; husk's own (sandbox-side) ends are made non-blocking, and a
     /// host pipe or terminal as `dst` is written through a non-blocking reopening of it (a
     /// terminal's POLLOUT does not promise room for a whole write).
-    pub fn new(src: Fd, dst: Fd, close_dst_on_eof: bool) -> io::Result<Pump> {
+    pub fn new(src: Fd, dst: Fd, on_eof: OnEof) -> io::Result<Pump> {
+        let to_host = matches!(dst, Fd::Host(_));
         let dst = match dst {
-            Fd::Host(host) => match sys::reopen_nonblocking_writer(host.as_raw_fd()) {
+            Fd::Host(host) => match sys::reopen_nonblocking(host.as_raw_fd(), libc::O_WRONLY) {
+                Ok(Some(own)) => Fd::Owned(std::rc::Rc::new(own)),
+                _ => Fd::Host(host),
+            },
+            owned => owned,
+        };
+        // The same for a host source: a read after POLLIN can still block when another
+        // process shares the fd and took the bytes first.
+        let src = match src {
+            Fd::Host(host) => match sys::reopen_nonblocking(host.as_raw_fd(), libc::O_RDONLY) {
                 Ok(Some(own)) => Fd::Owned(std::rc::Rc::new(own)),
                 _ => Fd::Host(host),
             },
@@ -79,9 +103,17 @@ impl Pump {
             buf: vec![0; BUF],
             pending: 0..0,
             eof: false,
-            close_dst_on_eof,
+            on_eof,
             closed: false,
+            broken: false,
+            to_host,
         })
+    }
+
+    /// Whether this pump writes to the host and its reader went away (like SIGPIPE for a
+    /// pipeline: the output has nowhere to go).
+    pub fn host_reader_gone(&self) -> bool {
+        self.to_host && self.broken
     }
 
     /// Whether this pump has finished for good.
@@ -113,8 +145,15 @@ impl Pump {
             return;
         }
         if self.pending.is_empty() {
-            match sys::read(self.src.fd(), &mut self.buf) {
-                Ok(0) => self.eof = true,
+            match sys::read_dontwait(self.src.fd(), &mut self.buf) {
+                Ok(0) => {
+                    // The source is finished; an end-of-file byte still goes out.
+                    self.eof = true;
+                    if let OnEof::Send(byte) = self.on_eof {
+                        self.buf[0] = byte;
+                        self.pending = 0..1;
+                    }
+                }
                 Ok(n) => self.pending = 0..n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 // EIO is how a PTY master reports that the slave side closed.
@@ -127,7 +166,7 @@ impl Pump {
         } else {
             self.flush();
         }
-        if self.eof && self.pending.is_empty() && self.close_dst_on_eof {
+        if self.eof && self.pending.is_empty() && self.on_eof == OnEof::Close {
             self.closed = true;
             // Dropping husk's end delivers EOF to the sandbox.
             self.dst = None;
@@ -153,6 +192,7 @@ impl Pump {
                     // The reader is gone (EPIPE): drop what it will never read.
                     self.pending = 0..0;
                     self.closed = true;
+                    self.broken = true;
                     return;
                 }
             }

@@ -15,7 +15,7 @@ use husk_runtime::transfer::{self, HostDest, OutputLimits, SkipKind, TransferErr
 use husk_runtime::{Fate, MountSpec, Sandbox, SandboxSpec, Spawner, User};
 
 use crate::cli::RunArgs;
-use crate::relay::{Fd, Pump};
+use crate::relay::{Fd, OnEof, Pump};
 use crate::units::{format_duration, format_size, parse_duration, parse_size};
 
 /// Exit code for husk's own failures (set-up, bad flags), as docker uses.
@@ -31,6 +31,8 @@ pub struct Config {
     pub outputs: Vec<(PathBuf, PathBuf)>,
     pub output_limits: OutputLimits,
     pub id_file: Option<PathBuf>,
+    /// Attach a terminal on stdin (implied by a PTY).
+    pub interactive: bool,
 }
 
 fn split_pair<'a>(s: &'a str, what: &str, form: &str) -> Result<(&'a str, &'a str)> {
@@ -154,6 +156,7 @@ impl Config {
             outputs,
             output_limits,
             id_file: a.id_file,
+            interactive: a.interactive || a.tty,
         })
     }
 }
@@ -207,8 +210,13 @@ pub fn run(cfg: Config) -> Result<i32> {
     if cfg.spec.tty {
         stdio = [devnull.as_fd(), devnull.as_fd(), devnull.as_fd()];
     } else {
+        // A terminal on stdin is attached only when asked for (-i), as in docker: otherwise
+        // typeahead meant for the next program would go to the sandbox.
+        if sys::isatty(0) && !cfg.interactive {
+            stdio[0] = devnull.as_fd();
+        }
         for i in 0..3 {
-            if !sys::passable_stdio(i) {
+            if stdio[i as usize].as_raw_fd() == i && !sys::passable_stdio(i) {
                 let (r, w) = sys::pipe()?;
                 let (ours, theirs) = if i == 0 { (w, r) } else { (r, w) };
                 relays.push((i, Rc::new(ours)));
@@ -238,9 +246,9 @@ pub fn run(cfg: Config) -> Result<i32> {
     drop(sandbox_ends);
     for (i, fd) in relays {
         pumps.push(if i == 0 {
-            Pump::new(Fd::Host(host_fd(0)), Fd::Owned(fd), true)?
+            Pump::new(Fd::Host(host_fd(0)), Fd::Owned(fd), OnEof::Close)?
         } else {
-            Pump::new(Fd::Owned(fd), Fd::Host(host_fd(i)), false)?
+            Pump::new(Fd::Owned(fd), Fd::Host(host_fd(i)), OnEof::Keep)?
         });
     }
     if let Some(f) = &mut id_file {
@@ -260,15 +268,16 @@ pub fn run(cfg: Config) -> Result<i32> {
         if sys::isatty(0) && sys::is_foreground(host_fd(0)) {
             _raw = Some(husk_runtime::pty::RawMode::enable(host_fd(0))?);
         }
+        // End of input becomes the terminal's end-of-file character (^D), as typed.
         pumps.push(Pump::new(
             Fd::Host(host_fd(0)),
             Fd::Owned(master.clone()),
-            false,
+            OnEof::Send(0x04),
         )?);
         pumps.push(Pump::new(
             Fd::Owned(master.clone()),
             Fd::Host(host_fd(1)),
-            false,
+            OnEof::Keep,
         )?);
         pty = Some(master);
     }
@@ -300,6 +309,8 @@ pub fn run(cfg: Config) -> Result<i32> {
             eprintln!("husk: killed: {why}");
             128 + signal
         }
+        // Quietly, as a shell's SIGPIPE.
+        Ending::OutputGone => 128 + libc::SIGPIPE,
     };
     outputs?;
     Ok(code)
@@ -318,6 +329,8 @@ enum Ending {
         signal: i32,
         second: bool,
     },
+    /// The reader of husk's output went away (like SIGPIPE in a pipeline).
+    OutputGone,
 }
 
 fn event_loop(
@@ -408,6 +421,9 @@ fn event_loop(
         }
         for (k, &i) in owners.iter().enumerate() {
             pumps[i].step(fds[k + 2].revents);
+        }
+        if pumps.iter().any(Pump::host_reader_gone) {
+            return Ok(Ending::OutputGone);
         }
         if fds[1].revents != 0 {
             if let Event::Done(fate) = sandbox.next_event(false)? {

@@ -317,3 +317,35 @@ fn the_timeout_holds_even_while_husk_is_stopped() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("husk: killed: timeout after 1s"));
     assert_gone(&id);
 }
+
+#[test]
+fn end_of_piped_input_reaches_a_command_on_a_pty() {
+    let r = husk_run_stdin(&["-t"], &["/bin/cat"], Some(b"one\ntwo\n"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("two"), "{}", r.stdout);
+}
+
+#[test]
+fn the_run_ends_when_nobody_reads_its_output_any_more() {
+    use std::io::Read;
+    let mut child = Command::new(HUSK)
+        .args(["run", "-t", "--", "/usr/bin/yes"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 4];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let status = wait_for(Duration::from_secs(10), || child.try_wait().unwrap());
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    assert_eq!(status.expect("husk kept running").code(), Some(128 + 13));
+}

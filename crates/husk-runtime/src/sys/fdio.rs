@@ -259,11 +259,12 @@ pub fn passable_stdio(fd: RawFd) -> bool {
     }
 }
 
-/// A new, non-blocking open file description for the same pipe or terminal as `fd`, opened
-/// write-only through `/proc/self/fd` (so setting O_NONBLOCK on it does not touch the
-/// description husk shares with the user's shell). `None` for anything else: regular files
-/// never block (and reopening one would lose O_APPEND), sockets cannot be reopened this way.
-pub fn reopen_nonblocking_writer(fd: RawFd) -> io::Result<Option<OwnedFd>> {
+/// A new, non-blocking open file description for the same pipe or terminal as `fd`, opened with
+/// `access` (O_RDONLY or O_WRONLY) through `/proc/self/fd` (so setting O_NONBLOCK on it does not
+/// touch the description husk shares with the user's shell). `None` for anything else: regular
+/// files never block (and reopening one would lose O_APPEND and the offset), sockets cannot be
+/// reopened this way.
+pub fn reopen_nonblocking(fd: RawFd, access: libc::c_int) -> io::Result<Option<OwnedFd>> {
     let mut st = MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: `st` is a valid out-buffer for one stat.
     cvt_i(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
@@ -273,7 +274,7 @@ pub fn reopen_nonblocking_writer(fd: RawFd) -> io::Result<Option<OwnedFd>> {
         return Ok(None);
     }
     let path = CString::new(format!("/proc/self/fd/{fd}")).map_err(io::Error::other)?;
-    open(&path, libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0).map(Some)
+    open(&path, access | libc::O_NONBLOCK | libc::O_NOCTTY, 0).map(Some)
 }
 
 /// Writes to a socket without blocking (MSG_DONTWAIT); to anything else with plain write(2).
@@ -309,4 +310,28 @@ pub fn is_regular_file(fd: BorrowedFd<'_>) -> bool {
     }
     // SAFETY: fstat succeeded and filled the buffer.
     unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+/// Reads from a socket without blocking (MSG_DONTWAIT); from anything else with plain read(2).
+pub fn read_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid writable slice.
+        let r = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ENOTSOCK) => return read(fd, buf),
+            _ => return Err(e),
+        }
+    }
 }
