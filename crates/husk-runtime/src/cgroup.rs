@@ -473,7 +473,12 @@ impl SandboxCgroup {
 
     /// Removes every directory; waits (bounded) for exiting processes to leave first.
     pub fn remove(&self) -> Result<(), CgroupError> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.remove_within(Duration::from_secs(10))
+    }
+
+    /// [`SandboxCgroup::remove`] with another bound on the wait.
+    pub fn remove_within(&self, limit: Duration) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + limit;
         for d in self.dirs() {
             let done = poll_until(deadline, || match fs::remove_dir(d) {
                 Ok(()) => true,

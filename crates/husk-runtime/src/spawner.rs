@@ -11,8 +11,9 @@ use std::cell::Cell;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cgroup::{CgroupError, CgroupLayout, SandboxCgroup};
 use crate::control::{self, FromInit, ToInit};
@@ -117,8 +118,17 @@ impl Spawner {
                 return Err(SpawnError::KernelFeature(what.into()));
             }
         }
-        for dir in ["staging", "sandboxes"] {
-            fs::create_dir_all(run_dir.join(dir)).map_err(io_ctx("create run dir"))?;
+        // Writable by root alone (the registry tells husk which cgroups to kill), listable by
+        // root alone; traversable, because sandbox set-up works below staging/ with the
+        // sandbox's fsuid.
+        for (dir, mode) in [
+            (run_dir.to_path_buf(), 0o711),
+            (run_dir.join("staging"), 0o711),
+            (run_dir.join("sandboxes"), 0o700),
+        ] {
+            fs::create_dir_all(&dir).map_err(io_ctx("create run dir"))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+                .map_err(io_ctx("protect run dir"))?;
         }
         let mut layout = CgroupLayout::discover()?;
         layout.prepare()?;
@@ -203,13 +213,21 @@ impl Spawner {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
             Err(_) => return false,
         };
-        let Some(cg) = SandboxCgroup::from_registry(&text) else {
+        // Only a sandbox cgroup of this very slot is touched: `.../husk/s<slot>`.
+        let Some(cg) = SandboxCgroup::from_registry(&text).filter(|cg| {
+            cg.paths().iter().all(|p| {
+                p.file_name().is_some_and(|n| *n == *cgroup_name(slot))
+                    && p.parent()
+                        .and_then(Path::file_name)
+                        .is_some_and(|n| n == "husk")
+            })
+        }) else {
             return false;
         };
         let _ = cg.kill_all();
         // A half-written entry of a crashed register() goes too.
         let _ = fs::remove_file(entry.with_extension("new"));
-        cg.remove().is_ok() && fs::remove_file(&entry).is_ok()
+        cg.remove_within(Duration::from_secs(2)).is_ok() && fs::remove_file(&entry).is_ok()
     }
 
     /// Records the cgroups of the sandbox in `slot` before they exist (written atomically).
@@ -658,6 +676,30 @@ impl Drop for Sandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registry_entry_naming_a_foreign_cgroup_is_not_acted_on() {
+        let run = std::env::temp_dir().join(format!(
+            "husk-reg-test-{}-{:x}",
+            std::process::id(),
+            sys::random_u64().unwrap()
+        ));
+        let spawner = Spawner::with_run_dir(&run).unwrap();
+        // A cgroup that is not a sandbox's: an entry pointing at it must not get it killed.
+        let victim = std::path::PathBuf::from(format!(
+            "/sys/fs/cgroup/unified/husk-test-victim-{:x}",
+            sys::random_u64().unwrap()
+        ));
+        fs::create_dir(&victim).unwrap();
+        let entry = spawner.registry_entry(5);
+        fs::write(&entry, format!("v2 {}\n", victim.display())).unwrap();
+        let cleared = spawner.clear_slot(5);
+        let survived = victim.exists();
+        let _ = fs::remove_dir(&victim);
+        let _ = fs::remove_dir_all(&run);
+        assert!(!cleared, "a foreign cgroup was accepted as slot 5's");
+        assert!(survived, "a foreign cgroup was removed");
+    }
 
     #[test]
     fn slot_is_parsed_from_sandbox_id() {
