@@ -46,13 +46,31 @@ pub(crate) fn child_main(args: ChildArgs<'_>) -> ! {
     // SAFETY: the control fd was inherited from the spawner (valid at fork time) and nothing
     // else in this process owns it from here on.
     let control = unsafe { OwnedFd::from_raw_fd(args.control) };
-    match setup(&args, control.as_fd()) {
-        Ok(pty) => run(&args, control, pty),
-        Err(e) => {
-            let _ = control::send_from_init(control.as_fd(), &FromInit::SetupFailed(e.to_string()));
-            sys::exit_now(125)
+    // A panic must end this process here: unwinding would run the spawner's code (and
+    // destructors) on the copy of its stack this forked child still has.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        match setup(&args, control.as_fd()) {
+            Ok(pty) => match control.try_clone() {
+                Ok(own) => run(&args, own, pty),
+                Err(e) => {
+                    let msg = FromInit::SetupFailed(format!("dup control socket: {e}"));
+                    let _ = control::send_from_init(control.as_fd(), &msg);
+                    sys::exit_now(125)
+                }
+            },
+            Err(e) => {
+                let msg = FromInit::SetupFailed(e.to_string());
+                let _ = control::send_from_init(control.as_fd(), &msg);
+                sys::exit_now(125)
+            }
         }
-    }
+    }));
+    let _ = outcome;
+    let _ = control::send_from_init(
+        control.as_fd(),
+        &FromInit::SetupFailed("husk's init panicked".into()),
+    );
+    sys::exit_now(125)
 }
 
 /// Builds the sandbox from the inside; returns the PTY pair when one was asked for.

@@ -7,7 +7,7 @@
 //! cgroups and returns the uid range; mounts and the writable layer vanish with the mount
 //! namespace when its last process is gone.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -66,7 +66,7 @@ pub const DEFAULT_RUN_DIR: &str = "/run/husk";
 pub struct Spawner {
     run_dir: PathBuf,
     layout: CgroupLayout,
-    template: HostTemplate,
+    template: RefCell<HostTemplate>,
     fences: Fences,
     /// The spawner's own network namespace, to return to after creating a sandbox's.
     host_netns: OwnedFd,
@@ -140,7 +140,7 @@ impl Spawner {
             host_netns,
             run_dir: run_dir.to_owned(),
             layout,
-            template,
+            template: RefCell::new(template),
             fences,
             reaped: Cell::new(false),
         })
@@ -181,7 +181,7 @@ impl Spawner {
             }
         }
         if others == 0 {
-            host_template::remove_unused(&self.run_dir, &self.template);
+            host_template::remove_unused(&self.run_dir, &self.template.borrow());
         }
         reaped
     }
@@ -252,6 +252,13 @@ impl Spawner {
         stdio: Option<[BorrowedFd<'_>; 3]>,
     ) -> Result<Sandbox, SpawnError> {
         validate(spec)?;
+        // A long-lived spawner's template copy may have been replaced and removed after a
+        // change of the host's /etc (see host_template::remove_unused): take the current one.
+        if fs::symlink_metadata(&self.template.borrow().lower).is_err() {
+            let fresh =
+                host_template::ensure(&self.run_dir).map_err(io_ctx("build host template"))?;
+            *self.template.borrow_mut() = fresh;
+        }
         for (i, fd) in (0..3).map(|i| (i, stdio.map_or(i, |s| s[i as usize].as_raw_fd()))) {
             if !sys::passable_stdio(fd) {
                 return Err(SpawnError::InvalidSpec(format!(
@@ -328,7 +335,7 @@ impl Spawner {
                 drop(parent_end);
                 init::child_main(ChildArgs {
                     spec,
-                    template: &self.template,
+                    template: &self.template.borrow(),
                     staging: &staging,
                     base,
                     fences: &self.fences,

@@ -194,7 +194,7 @@ pub fn run(cfg: Config) -> Result<i32> {
     // sandbox rather than leaving it behind.
     let sigfd = sys::signalfd(HANDLED_SIGNALS).context("signalfd")?;
     // Put in the background, husk must not be stopped by its terminal (the timeout has to keep
-    // running): reads and writes there fail instead, which ends that relay.
+    // running): a read there then fails (EIO), which ends the stdin relay; writes go through.
     sys::ignore_signal(libc::SIGTTIN);
     sys::ignore_signal(libc::SIGTTOU);
     let spawner = Spawner::new()?;
@@ -285,15 +285,19 @@ pub fn run(cfg: Config) -> Result<i32> {
     sandbox.start().context("start command")?;
     let deadline = cfg.timeout.map(|t| Instant::now() + t);
     let ending = event_loop(&mut sandbox, &sigfd, &mut pumps, pty.as_deref(), deadline)?;
-    // Output the command wrote before it ended still goes out, within a bound.
-    let drain_until = Instant::now() + Duration::from_secs(2);
+    // Output the command wrote before it ended still goes out, within a bound per stream (a
+    // stalled stdout must not cost stderr's tail, often the error message).
     for p in &mut pumps {
-        p.drain(drain_until);
+        p.drain(Instant::now() + Duration::from_secs(1));
     }
     drop(pumps);
     drop(_raw);
-    let outputs = copy_outputs(&sandbox, &cfg, &dests);
+    let mut notes = Vec::new();
+    let outputs = copy_outputs(&sandbox, &cfg, &dests, &mut notes);
     sandbox.destroy()?;
+    for note in notes {
+        eprintln!("{note}");
+    }
     let code = match ending {
         Ending::Fate(fate) => report(fate, &cfg),
         Ending::Stopped { signal, second } => {
@@ -446,8 +450,14 @@ fn copy_in(sandbox: &Sandbox, cfg: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Freezes the sandbox and copies every `--output`; reports skipped entries on stderr.
-fn copy_outputs(sandbox: &Sandbox, cfg: &Config, dests: &[HostDest]) -> Result<()> {
+/// Freezes the sandbox and copies every `--output`. What was skipped is returned as lines to
+/// print once the sandbox is gone (a stalled stderr must not keep a frozen sandbox alive).
+fn copy_outputs(
+    sandbox: &Sandbox,
+    cfg: &Config,
+    dests: &[HostDest],
+    notes: &mut Vec<String>,
+) -> Result<()> {
     if cfg.outputs.is_empty() {
         return Ok(());
     }
@@ -464,18 +474,18 @@ fn copy_outputs(sandbox: &Sandbox, cfg: &Config, dests: &[HostDest]) -> Result<(
                         SkipKind::Fifo => "fifo".into(),
                         SkipKind::Socket => "socket".into(),
                     };
-                    eprintln!(
+                    notes.push(format!(
                         "husk: output {}: skipped {} ({what}, not copied)",
                         src.display(),
                         printable(&s.path.to_string_lossy())
-                    );
+                    ));
                 }
                 if report.skipped_more > 0 {
-                    eprintln!(
+                    notes.push(format!(
                         "husk: output {}: {} more entries skipped (not copied)",
                         src.display(),
                         report.skipped_more
-                    );
+                    ));
                 }
                 // The entry limit counts every entry the copy handled, like copy_out does.
                 let entries =

@@ -5,8 +5,6 @@
 //! rules name inodes, so if `/` is no longer the directory seen at prepare time (prepare ran
 //! before `pivot_root`/`chroot`), the child builds a fresh ruleset for its own root instead.
 
-use std::ffi::CStr;
-
 use ::landlock::{
     Access, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated,
     RulesetCreatedAttr, Scope, ABI,
@@ -44,10 +42,12 @@ pub(super) struct LandlockFence {
     prepared: Option<Prepared>,
 }
 
+/// A ruleset built at prepare time. Kept only to show (in a test) why `apply` never uses it:
+/// built before pivot_root, its rules point at the host's directories.
 #[derive(Debug)]
 struct Prepared {
+    #[cfg_attr(not(test), allow(dead_code))]
     ruleset: RulesetCreated,
-    root: (u64, u64),
 }
 
 /// The kernel's Landlock ABI version, or <= 0 if unsupported.
@@ -63,18 +63,6 @@ fn kernel_abi() -> i32 {
         )
     };
     i32::try_from(v).unwrap_or(0).max(0)
-}
-
-/// `(st_dev, st_ino)` of `/`. Does not allocate.
-fn root_identity() -> Result<(u64, u64), FenceError> {
-    const ROOT: &CStr = c"/";
-    // SAFETY: an all-zero struct stat is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: ROOT is NUL-terminated; stat writes one struct stat.
-    if unsafe { libc::stat(ROOT.as_ptr(), &mut st) } != 0 {
-        return Err(FenceError::last_os("stat(/)"));
-    }
-    Ok((st.st_dev, st.st_ino))
 }
 
 fn open(path: &'static str) -> Result<PathFd, FenceError> {
@@ -102,7 +90,6 @@ impl LandlockFence {
         let abi = kernel_abi();
         let prepared = if abi > 0 {
             Some(Prepared {
-                root: root_identity()?,
                 ruleset: build_ruleset()?,
             })
         } else {
@@ -122,21 +109,12 @@ impl LandlockFence {
     /// Restricts the calling thread (and its future children). Also sets no_new_privs.
     /// Does nothing if the kernel does not support Landlock.
     pub(super) fn apply(&self) -> Result<(), FenceError> {
-        let Some(prepared) = &self.prepared else {
+        if self.prepared.is_none() {
             return Ok(());
-        };
-        let ruleset = if root_identity()? == prepared.root {
-            prepared
-                .ruleset
-                .try_clone()
-                .map_err(|error| FenceError::Sys {
-                    op: "dup(landlock ruleset)",
-                    error,
-                })?
-        } else {
-            build_ruleset()?
-        };
-        ruleset.restrict_self()?;
+        }
+        // Always built here, for the root the caller has now: a ruleset prepared before
+        // pivot_root points at the host's directories (and its fd may have been closed since).
+        build_ruleset()?.restrict_self()?;
         Ok(())
     }
 }

@@ -131,7 +131,8 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
     Ok((n, fds))
 }
 
-/// poll(2) over `fds` (fd, events) → revents per fd. Retries on EINTR only if `retry_eintr`.
+/// poll(2) over `fds`; fills each entry's `revents` and returns how many are ready. EINTR is
+/// returned to the caller (its loop decides).
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usize> {
     // SAFETY: the slice is a valid array of pollfd of the given length.
     let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
@@ -234,8 +235,8 @@ pub fn write_some(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 /// The process's standard fd `i` (0, 1 or 2) for the life of the process.
 pub fn stdio_fd(i: RawFd) -> BorrowedFd<'static> {
     assert!((0..3).contains(&i), "stdio_fd: {i} is not a standard fd");
-    // SAFETY: fds 0-2 are open for the whole life of a process started normally, and husk never
-    // closes them.
+    // SAFETY: fds 0-2 are open for the whole life of a process started normally, and the husk
+    // process never closes them (a forked sandbox init replaces them only in its own copy).
     unsafe { BorrowedFd::borrow_raw(i) }
 }
 
