@@ -28,6 +28,8 @@ pub(crate) struct ChildArgs<'a> {
     pub fences: &'a Fences,
     pub control: RawFd,
     pub stdio: Option<[RawFd; 3]>,
+    /// The spawner's argument area (the same addresses in this fork), to hide its contents.
+    pub arg_area: Option<sys::ArgArea>,
 }
 
 /// Signals PID 1 forwards to the command.
@@ -83,7 +85,9 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     sys::setsid()?;
     // What the sandbox sees in /proc/1/cmdline: not husk's host command line (host paths,
     // --env values).
-    sys::overwrite_cmdline("husk-init")?;
+    if let Some(area) = args.arg_area {
+        sys::overwrite_cmdline(area, "husk-init");
+    }
     if args.spec.die_with_parent {
         sys::set_parent_death_signal(libc::SIGKILL)?;
     }

@@ -70,6 +70,8 @@ pub struct Spawner {
     fences: Fences,
     /// The spawner's own network namespace, to return to after creating a sandbox's.
     host_netns: OwnedFd,
+    /// Where this process's command line lives (read once; a sandbox's init overwrites its copy).
+    arg_area: Option<sys::ArgArea>,
     /// Whether leftovers of crashed husk processes were reaped yet (done once, during the first
     /// create, while that sandbox's first process builds its root filesystem).
     reaped: Cell<bool>,
@@ -138,6 +140,7 @@ impl Spawner {
             .map_err(io_ctx("open own network namespace"))?;
         Ok(Spawner {
             host_netns,
+            arg_area: sys::arg_area().ok(),
             run_dir: run_dir.to_owned(),
             layout,
             template: RefCell::new(template),
@@ -341,6 +344,7 @@ impl Spawner {
                     fences: &self.fences,
                     control: child_end.as_raw_fd(),
                     stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
+                    arg_area: self.arg_area,
                 })
             }
             Forked::Parent { pid, pidfd } => {

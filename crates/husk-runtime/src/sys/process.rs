@@ -396,10 +396,16 @@ pub fn setns(fd: BorrowedFd<'_>, nstype: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// Replaces what `/proc/self/cmdline` shows with `text` by overwriting the argument area the
-/// kernel set up on the initial stack (PR_SET_MM would need CAP_SYS_RESOURCE, which not every
-/// host gives root). The rest of the area is zeroed; `text` is cut to fit.
-pub fn overwrite_cmdline(text: &str) -> io::Result<()> {
+/// Where the kernel put this process's argument strings (what `/proc/self/cmdline` shows):
+/// `[start, end)` on the initial stack. The same addresses hold in a forked child.
+#[derive(Debug, Clone, Copy)]
+pub struct ArgArea {
+    start: usize,
+    end: usize,
+}
+
+/// Finds the argument area from `/proc/self/stat`.
+pub fn arg_area() -> io::Result<ArgArea> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     // Fields after the command name, which is in parentheses and may contain anything.
     let rest = stat
@@ -418,15 +424,24 @@ pub fn overwrite_cmdline(text: &str) -> io::Result<()> {
     if start == 0 || end <= start {
         return Err(io::Error::other("empty argument area"));
     }
-    let len = end - start;
+    Ok(ArgArea { start, end })
+}
+
+/// Replaces what `/proc/self/cmdline` shows with `text` by overwriting the argument area the
+/// kernel set up on the initial stack (PR_SET_MM would need CAP_SYS_RESOURCE, which not every
+/// host gives root). The rest of the area is zeroed; `text` is cut to fit. `area` must be this
+/// process's own, from [`arg_area`] here or in the process this one was forked from.
+pub fn overwrite_cmdline(area: ArgArea, text: &str) {
+    let len = area.end - area.start;
     let n = text.len().min(len - 1);
-    // SAFETY: [start, end) is this process's argument area on its own stack, mapped writable
-    // for the life of the process; no Rust value owns or borrows it (std only reads argv when
-    // env::args() is called, and then sees valid NUL-terminated strings).
+    // SAFETY: [start, end) is this process's argument area on its own stack (found by
+    // arg_area in this process or in its parent before the fork, which copies the stack at
+    // the same addresses), mapped writable for the life of the process; no Rust value owns or
+    // borrows it (std only reads argv when env::args() is called, and then sees valid
+    // NUL-terminated strings).
     unsafe {
-        let area = start as *mut u8;
-        std::ptr::copy_nonoverlapping(text.as_ptr(), area, n);
-        std::ptr::write_bytes(area.add(n), 0, len - n);
+        let p = area.start as *mut u8;
+        std::ptr::copy_nonoverlapping(text.as_ptr(), p, n);
+        std::ptr::write_bytes(p.add(n), 0, len - n);
     }
-    Ok(())
 }
