@@ -194,7 +194,9 @@ impl Spawner {
         let Ok(rd) = fs::read_dir(self.run_dir.join("sandboxes")) else {
             return Vec::new();
         };
+        // An empty entry is a slot in use by nobody (entries are kept, see `register`).
         rd.flatten()
+            .filter(|e| e.metadata().is_ok_and(|m| m.len() > 0))
             .filter_map(|e| parse_slot(&e.file_name().to_string_lossy()))
             .collect()
     }
@@ -212,6 +214,7 @@ impl Spawner {
     fn clear_slot(&self, slot: u32) -> bool {
         let entry = self.registry_entry(slot);
         let text = match fs::read_to_string(&entry) {
+            Ok(t) if t.is_empty() => return true,
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
             Err(_) => return false,
@@ -228,17 +231,23 @@ impl Spawner {
             return false;
         };
         let _ = cg.kill_all();
-        // A half-written entry of a crashed register() goes too.
-        let _ = fs::remove_file(entry.with_extension("new"));
-        cg.remove_within(Duration::from_secs(2)).is_ok() && fs::remove_file(&entry).is_ok()
+        cg.remove_within(Duration::from_secs(2)).is_ok() && unregister(&entry).is_ok()
     }
 
-    /// Records the cgroups of the sandbox in `slot` before they exist (written atomically).
+    /// Records the cgroups of the sandbox in `slot` before they exist. The entry file is kept
+    /// from one owner of the slot to the next and only rewritten (truncate, then one write),
+    /// which is cheaper than creating and deleting a file per sandbox. A crash between the two
+    /// leaves it empty, which is right: nothing was created yet.
     fn register(&self, slot: u32, cgroup: &SandboxCgroup) -> io::Result<()> {
-        let entry = self.registry_entry(slot);
-        let tmp = entry.with_extension("new");
-        fs::write(&tmp, cgroup.to_registry())?;
-        fs::rename(&tmp, &entry)
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(self.registry_entry(slot))?;
+        f.write_all(cgroup.to_registry().as_bytes())
     }
 
     /// The cgroup layout in use.
@@ -284,7 +293,7 @@ impl Spawner {
         let cgroup = match self.layout.create_v2(&name) {
             Ok(cg) => cg,
             Err(e) => {
-                let _ = fs::remove_file(self.registry_entry(uids.slot()));
+                let _ = unregister(&self.registry_entry(uids.slot()));
                 return Err(e.into());
             }
         };
@@ -410,6 +419,15 @@ fn write_id_maps(pid: libc::pid_t, base: u32) -> io::Result<()> {
     let line = format!("0 {base} {RANGE}\n");
     sys::write_file(Path::new(&format!("/proc/{pid}/uid_map")), line.as_bytes())?;
     sys::write_file(Path::new(&format!("/proc/{pid}/gid_map")), line.as_bytes())
+}
+
+/// Empties a registry entry: its sandbox's cgroups are gone.
+fn unregister(entry: &Path) -> io::Result<()> {
+    match fs::OpenOptions::new().write(true).open(entry) {
+        Ok(f) => f.set_len(0),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The cgroup of the sandbox holding uid slot `slot`. Named by slot, not by sandbox id, so
@@ -670,7 +688,7 @@ impl Sandbox {
             self.cgroup.remove()?;
         }
         if let Some(registry) = &self.registry {
-            let _ = fs::remove_file(registry);
+            let _ = unregister(registry);
         }
         // Only now is the uid range safe to hand out again.
         self.uids = None;
