@@ -194,9 +194,7 @@ impl Spawner {
         let Ok(rd) = fs::read_dir(self.run_dir.join("sandboxes")) else {
             return Vec::new();
         };
-        // An empty entry is a slot in use by nobody (entries are kept, see `register`).
         rd.flatten()
-            .filter(|e| e.metadata().is_ok_and(|m| m.len() > 0))
             .filter_map(|e| parse_slot(&e.file_name().to_string_lossy()))
             .collect()
     }
@@ -214,7 +212,7 @@ impl Spawner {
     fn clear_slot(&self, slot: u32) -> bool {
         let entry = self.registry_entry(slot);
         let text = match fs::read_to_string(&entry) {
-            Ok(t) if t.is_empty() => return true,
+            Ok(t) if t.is_empty() => return unregister(&entry).is_ok(),
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
             Err(_) => return false,
@@ -234,10 +232,10 @@ impl Spawner {
         cg.remove_within(Duration::from_secs(2)).is_ok() && unregister(&entry).is_ok()
     }
 
-    /// Records the cgroups of the sandbox in `slot` before they exist. The entry file is kept
-    /// from one owner of the slot to the next and only rewritten (truncate, then one write),
-    /// which is cheaper than creating and deleting a file per sandbox. A crash between the two
-    /// leaves it empty, which is right: nothing was created yet.
+    /// Records the cgroups of the sandbox in `slot` before they exist, in one write: a crash
+    /// before it leaves an empty entry, which is right (nothing was created yet). The entry is
+    /// deleted after the cgroups are removed, so the registry only ever lists live sandboxes and
+    /// leftovers (every husk process reads it once).
     fn register(&self, slot: u32, cgroup: &SandboxCgroup) -> io::Result<()> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
@@ -421,12 +419,11 @@ fn write_id_maps(pid: libc::pid_t, base: u32) -> io::Result<()> {
     sys::write_file(Path::new(&format!("/proc/{pid}/gid_map")), line.as_bytes())
 }
 
-/// Empties a registry entry: its sandbox's cgroups are gone.
+/// Deletes a registry entry: its sandbox's cgroups are gone.
 fn unregister(entry: &Path) -> io::Result<()> {
-    match fs::OpenOptions::new().write(true).open(entry) {
-        Ok(f) => f.set_len(0),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+    match fs::remove_file(entry) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 
