@@ -54,10 +54,7 @@ fn sigterm_to_husk_is_forwarded_and_everything_is_cleaned_up() {
         ],
         &dir,
     );
-    wait_for(Duration::from_secs(10), || {
-        sandbox_runs(&id, "sleep").then_some(())
-    })
-    .expect("sandbox never started its sleep");
+    wait_until_running(&id, "sleep");
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -79,10 +76,7 @@ fn sigterm_to_husk_is_forwarded_and_everything_is_cleaned_up() {
 fn sigkill_of_husk_takes_the_sandbox_down_and_the_next_run_reaps_its_cgroups() {
     let dir = TempDir::new("kill");
     let (mut child, id) = husk_spawn(&[], &["/bin/sleep", "100"], &dir);
-    wait_for(Duration::from_secs(10), || {
-        sandbox_runs(&id, "sleep").then_some(())
-    })
-    .expect("sandbox never started");
+    wait_until_running(&id, "sleep");
     child.kill().unwrap();
     child.wait().unwrap();
     // PID 1 has PDEATHSIG: the kernel kills the sandbox when husk dies.
@@ -192,10 +186,7 @@ fn a_command_ignoring_stop_signals_cannot_keep_husk_alive() {
         ],
         &dir,
     );
-    wait_for(Duration::from_secs(10), || {
-        sandbox_runs(&id, "sleep").then_some(())
-    })
-    .expect("sandbox never started its sleep");
+    wait_until_running(&id, "sleep");
     let pid = child.id().to_string();
     for _ in 0..2 {
         assert!(Command::new("kill")
@@ -289,10 +280,7 @@ fn timeout_holds_while_a_host_terminal_is_not_read() {
 fn the_timeout_holds_even_while_husk_is_stopped() {
     let dir = TempDir::new("stopped");
     let (child, id) = husk_spawn(&["--timeout", "1s"], &["/bin/sleep", "30"], &dir);
-    wait_for(Duration::from_secs(10), || {
-        sandbox_runs(&id, "sleep").then_some(())
-    })
-    .expect("sandbox never started its sleep");
+    wait_until_running(&id, "sleep");
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-STOP", &pid])

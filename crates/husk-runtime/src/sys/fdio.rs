@@ -246,16 +246,9 @@ pub fn stdio_fd(i: RawFd) -> BorrowedFd<'static> {
 /// its whole content and the power to rewrite it (pwrite, ftruncate, clearing O_APPEND), other
 /// devices their own powers.
 pub fn passable_stdio(fd: RawFd) -> bool {
-    let mut st = MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: `st` is a valid out-buffer for one stat.
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-        return false;
-    }
-    // SAFETY: fstat succeeded and filled the buffer.
-    let st = unsafe { st.assume_init() };
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFIFO => true,
-        libc::S_IFCHR => st.st_rdev == libc::makedev(1, 3),
+    match file_type(fd) {
+        Ok((libc::S_IFIFO, _)) => true,
+        Ok((libc::S_IFCHR, rdev)) => rdev == libc::makedev(1, 3),
         _ => false,
     }
 }
@@ -266,12 +259,7 @@ pub fn passable_stdio(fd: RawFd) -> bool {
 /// files never block (and reopening one would lose O_APPEND and the offset), sockets cannot be
 /// reopened this way.
 pub fn reopen_nonblocking(fd: RawFd, access: libc::c_int) -> io::Result<Option<OwnedFd>> {
-    let mut st = MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: `st` is a valid out-buffer for one stat.
-    cvt_i(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
-    // SAFETY: fstat succeeded and filled the buffer.
-    let st = unsafe { st.assume_init() };
-    if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFCHR) {
+    if !matches!(file_type(fd)?.0, libc::S_IFIFO | libc::S_IFCHR) {
         return Ok(None);
     }
     let path = CString::new(format!("/proc/self/fd/{fd}")).map_err(io::Error::other)?;
@@ -304,13 +292,17 @@ pub fn write_dontwait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 
 /// Whether `fd` is a regular file (whose writes never block).
 pub fn is_regular_file(fd: BorrowedFd<'_>) -> bool {
+    file_type(fd.as_raw_fd()).is_ok_and(|(t, _)| t == libc::S_IFREG)
+}
+
+/// The file type bits (`S_IFMT` part of the mode) and device number of `fd`.
+fn file_type(fd: RawFd) -> io::Result<(libc::mode_t, libc::dev_t)> {
     let mut st = MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: `st` is a valid out-buffer for one stat.
-    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-        return false;
-    }
+    cvt_i(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
     // SAFETY: fstat succeeded and filled the buffer.
-    unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_mode & libc::S_IFMT, st.st_rdev))
 }
 
 /// Reads from a socket without blocking (MSG_DONTWAIT); from anything else with plain read(2).

@@ -206,6 +206,14 @@ pub fn sandbox_runs(id: &str, comm: &str) -> bool {
     })
 }
 
+/// Waits (bounded) until a process named `comm` runs in sandbox `id`.
+pub fn wait_until_running(id: &str, comm: &str) {
+    wait_for(Duration::from_secs(10), || {
+        sandbox_runs(id, comm).then_some(())
+    })
+    .unwrap_or_else(|| panic!("sandbox {id} never ran {comm}"));
+}
+
 /// Asserts that nothing of sandbox `id` exists on the host any more: no process in its uid
 /// range, no cgroup directory, its uid slot free, the staging directory empty.
 pub fn assert_gone(id: &str) {
