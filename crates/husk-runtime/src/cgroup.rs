@@ -391,26 +391,6 @@ impl SandboxCgroup {
             .unwrap_or(0)
     }
 
-    /// Peak memory use in bytes, where the kernel reports it.
-    pub fn memory_peak(&self) -> Option<u64> {
-        let p = match self.v1_dir("memory") {
-            Some(d) => d.join("memory.max_usage_in_bytes"),
-            None => self.v2.as_ref()?.join("memory.peak"),
-        };
-        fs::read_to_string(p).ok()?.trim().parse().ok()
-    }
-
-    /// How many CPU periods the quota throttled the sandbox in (cpu.stat `nr_throttled`).
-    pub fn cpu_throttled_periods(&self) -> Option<u64> {
-        let p = match self.v1_dir("cpu") {
-            Some(d) => d.join("cpu.stat"),
-            None => self.v2.as_ref()?.join("cpu.stat"),
-        };
-        let s = fs::read_to_string(p).ok()?;
-        s.lines()
-            .find_map(|l| l.strip_prefix("nr_throttled ")?.trim().parse().ok())
-    }
-
     /// Freezes every process of the sandbox and waits until the kernel reports it frozen.
     pub fn freeze(&self) -> Result<(), CgroupError> {
         self.set_frozen(true)
@@ -464,11 +444,6 @@ impl SandboxCgroup {
     /// Whether any of the directories exists.
     pub fn exists(&self) -> bool {
         self.dirs().any(|d| d.exists())
-    }
-
-    /// Whether any process is still a member.
-    pub fn is_populated(&self) -> bool {
-        self.dirs().any(|d| !read_pids(d).is_empty())
     }
 
     /// Removes every directory; waits (bounded) for exiting processes to leave first.

@@ -248,11 +248,6 @@ impl Spawner {
         f.write_all(cgroup.to_registry().as_bytes())
     }
 
-    /// The cgroup layout in use.
-    pub fn cgroups(&self) -> &CgroupLayout {
-        &self.layout
-    }
-
     /// Creates a sandbox and waits until its PID 1 reports ready (the command, if any, has been
     /// started). `stdio` replaces the sandbox's fds 0, 1, 2 (default: the caller's own); each
     /// must be a pipe or `/dev/null` ([`sys::passable_stdio`]): relay anything else.
@@ -524,19 +519,9 @@ impl Sandbox {
         &self.id
     }
 
-    /// Host pid of the sandbox's PID 1.
-    pub fn pid(&self) -> libc::pid_t {
-        self.pid
-    }
-
     /// Host uid that sandbox uid 0 maps to.
     pub fn host_uid_base(&self) -> u32 {
         self.uids.as_ref().map(UidRange::base).unwrap_or(0)
-    }
-
-    /// The cgroup directories (for inspection and leak checks).
-    pub fn cgroup(&self) -> &SandboxCgroup {
-        &self.cgroup
     }
 
     /// Takes the PTY master (when the spec asked for a TTY).
@@ -547,11 +532,6 @@ impl Sandbox {
     /// The control socket: readable when init has something to report.
     pub fn control_fd(&self) -> Option<BorrowedFd<'_>> {
         self.control.as_ref().map(|c| c.as_fd())
-    }
-
-    /// The pidfd of PID 1: readable when it has exited.
-    pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
-        self.pidfd.as_ref().map(|c| c.as_fd())
     }
 
     /// Lets init start the command (after the caller copied files in, for example).
