@@ -78,17 +78,18 @@ fn bad(what: &str) -> io::Error {
     )
 }
 
+/// The fd numbers to attach to a message (valid while the owners are borrowed).
+fn raw<'a>(fds: impl IntoIterator<Item = &'a OwnedFd>) -> Vec<RawFd> {
+    fds.into_iter()
+        .map(std::os::fd::AsRawFd::as_raw_fd)
+        .collect()
+}
+
 /// Sends a message from init.
 pub fn send_from_init(sock: BorrowedFd<'_>, msg: &FromInit) -> io::Result<()> {
     match msg {
         FromInit::NeedIdMap => sys::send_with_fds(sock, &[T_NEED_MAP], &[]),
-        FromInit::Ready { pty_master } => {
-            let fds: Vec<RawFd> = pty_master
-                .iter()
-                .map(std::os::fd::AsRawFd::as_raw_fd)
-                .collect();
-            sys::send_with_fds(sock, &[T_READY], &fds)
-        }
+        FromInit::Ready { pty_master } => sys::send_with_fds(sock, &[T_READY], &raw(pty_master)),
         FromInit::SetupFailed(text) => {
             let mut buf = vec![T_SETUP_FAILED];
             let mut end = text.len().min(MAX_MESSAGE - 1);
@@ -165,17 +166,11 @@ pub fn recv_from_init(sock: BorrowedFd<'_>) -> io::Result<Option<FromInit>> {
 pub fn send_to_init(sock: BorrowedFd<'_>, msg: &ToInit) -> io::Result<()> {
     match msg {
         ToInit::IdMapDone { cgroup_tasks } => {
-            let fds: Vec<RawFd> = cgroup_tasks
-                .iter()
-                .map(std::os::fd::AsRawFd::as_raw_fd)
-                .collect();
-            sys::send_with_fds(sock, &[T_MAP_DONE], &fds)
+            sys::send_with_fds(sock, &[T_MAP_DONE], &raw(cgroup_tasks))
         }
         ToInit::Signal(s) => sys::send_with_fds(sock, &int(T_SIGNAL, *s), &[]),
         ToInit::Start => sys::send_with_fds(sock, &[T_START], &[]),
-        ToInit::NetNs { netns } => {
-            sys::send_with_fds(sock, &[T_NETNS], &[std::os::fd::AsRawFd::as_raw_fd(netns)])
-        }
+        ToInit::NetNs { netns } => sys::send_with_fds(sock, &[T_NETNS], &raw([netns])),
     }
 }
 

@@ -11,6 +11,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::control::{self, FromInit, ToInit};
 use crate::fences::{Fences, Rlimits};
@@ -52,14 +53,7 @@ pub(crate) fn child_main(args: ChildArgs<'_>) -> ! {
     // destructors) on the copy of its stack this forked child still has.
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         match setup(&args, control.as_fd()) {
-            Ok(pty) => match control.try_clone() {
-                Ok(own) => run(&args, own, pty),
-                Err(e) => {
-                    let msg = FromInit::SetupFailed(format!("dup control socket: {e}"));
-                    let _ = control::send_from_init(control.as_fd(), &msg);
-                    sys::exit_now(125)
-                }
-            },
+            Ok(pty) => run(&args, control.as_fd(), pty),
             Err(e) => {
                 let msg = FromInit::SetupFailed(e.to_string());
                 let _ = control::send_from_init(control.as_fd(), &msg);
@@ -141,32 +135,28 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     Ok(pty)
 }
 
-fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) -> ! {
+fn run(args: &ChildArgs<'_>, control: BorrowedFd<'_>, pty: Option<(OwnedFd, OwnedFd)>) -> ! {
     let sigfd = match sys::signalfd(&[FORWARDED, &[libc::SIGCHLD]].concat()) {
         Ok(fd) => fd,
-        Err(e) => fail(&control, format!("signalfd: {e}")),
+        Err(e) => fail(control, format!("signalfd: {e}")),
     };
     let (master, slave) = match pty {
         Some((m, s)) => (Some(m), Some(s)),
         None => (None, None),
     };
     let ready = FromInit::Ready { pty_master: master };
-    if control::send_from_init(control.as_fd(), &ready).is_err() {
+    if control::send_from_init(control, &ready).is_err() {
         sys::exit_now(1);
     }
     drop(ready);
-    let mut command = None;
-    let mut slave = slave;
-    let mut started = false;
-    let mut deadline = None;
-    // PID 1's own deadline is a backstop: a little after the creator's, which normally acts.
-    let backstop = args
-        .spec
-        .timeout
-        .map(|t| t + std::time::Duration::from_millis(500));
+    let mut job = Job {
+        started: false,
+        pid: None,
+        slave,
+        deadline: None,
+    };
     if args.spec.autostart {
-        start_once(args, &control, &mut started, &mut command, &mut slave);
-        deadline = backstop.map(|t| std::time::Instant::now() + t);
+        job.start(args, control);
     }
     loop {
         let mut fds = [
@@ -181,15 +171,15 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
                 revents: 0,
             },
         ];
-        let timeout = match deadline {
+        let timeout = match job.deadline {
             Some(d) => {
-                let left = d.saturating_duration_since(std::time::Instant::now());
+                let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     // The creator did not end the sandbox in time (stopped, stuck): end it
                     // here. From PID 1, kill(-1) reaches every other process of the namespace.
                     let _ = sys::kill(-1, libc::SIGKILL);
-                    let _ = control::send_from_init(control.as_fd(), &FromInit::TimedOut);
-                    deadline = None;
+                    let _ = control::send_from_init(control, &FromInit::TimedOut);
+                    job.deadline = None;
                     continue;
                 }
                 left.as_millis().min(i32::MAX as u128) as i32 + 1
@@ -202,28 +192,16 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
         if fds[0].revents != 0 {
             while let Ok(Some(sig)) = sys::read_signalfd(sigfd.as_fd()) {
                 if sig == libc::SIGCHLD {
-                    reap(&control, &mut command);
-                    if started && command.is_none() {
-                        deadline = None;
-                    }
-                } else if let Some(pid) = command {
-                    let _ = sys::kill(pid, sig);
+                    job.reap(control);
+                } else {
+                    job.signal(sig);
                 }
             }
         }
         if fds[1].revents != 0 {
-            match control::recv_to_init(&control) {
-                Ok(Some(ToInit::Signal(sig))) => {
-                    if let Some(pid) = command {
-                        let _ = sys::kill(pid, sig);
-                    }
-                }
-                Ok(Some(ToInit::Start)) => {
-                    if !started {
-                        deadline = backstop.map(|t| std::time::Instant::now() + t);
-                    }
-                    start_once(args, &control, &mut started, &mut command, &mut slave);
-                }
+            match control::recv_to_init(control) {
+                Ok(Some(ToInit::Signal(sig))) => job.signal(sig),
+                Ok(Some(ToInit::Start)) => job.start(args, control),
                 Ok(Some(ToInit::IdMapDone { .. } | ToInit::NetNs { .. })) => {}
                 // The spawner is gone: the sandbox ends with its init.
                 Ok(None) | Err(_) => sys::exit_now(0),
@@ -232,41 +210,60 @@ fn run(args: &ChildArgs<'_>, control: OwnedFd, pty: Option<(OwnedFd, OwnedFd)>) 
     }
 }
 
-/// Starts the command unless it was started already (or there is none).
-fn start_once(
-    args: &ChildArgs<'_>,
-    control: &OwnedFd,
-    started: &mut bool,
-    command: &mut Option<libc::pid_t>,
-    slave: &mut Option<OwnedFd>,
-) {
-    let (Some(argv), false) = (&args.spec.command, *started) else {
-        return;
-    };
-    *started = true;
-    match spawn_command(args, argv, slave.as_ref().map(|s| s.as_fd())) {
-        Ok(pid) => *command = Some(pid),
-        Err(errno) => {
-            let _ = control::send_from_init(control.as_fd(), &FromInit::ExecFailed { errno });
-        }
-    }
-    // Only the command holds the terminal's slave end.
-    *slave = None;
+/// The one command init runs, and what supervising it takes.
+struct Job {
+    started: bool,
+    /// Its pid while it runs.
+    pid: Option<libc::pid_t>,
+    /// The PTY's slave end, until the command has it.
+    slave: Option<OwnedFd>,
+    /// PID 1's backstop for the timeout: a little after the creator's, which normally acts.
+    deadline: Option<Instant>,
 }
 
-fn fail(control: &OwnedFd, msg: String) -> ! {
-    let _ = control::send_from_init(control.as_fd(), &FromInit::SetupFailed(msg));
+impl Job {
+    /// Starts the command unless it was started already (or there is none).
+    fn start(&mut self, args: &ChildArgs<'_>, control: BorrowedFd<'_>) {
+        let (Some(argv), false) = (&args.spec.command, self.started) else {
+            return;
+        };
+        self.started = true;
+        self.deadline = args
+            .spec
+            .timeout
+            .map(|t| Instant::now() + t + Duration::from_millis(500));
+        match spawn_command(args, argv, self.slave.as_ref().map(|s| s.as_fd())) {
+            Ok(pid) => self.pid = Some(pid),
+            Err(errno) => {
+                let _ = control::send_from_init(control, &FromInit::ExecFailed { errno });
+            }
+        }
+        // Only the command holds the terminal's slave end.
+        self.slave = None;
+    }
+
+    /// Forwards `sig` to the command while it runs.
+    fn signal(&self, sig: libc::c_int) {
+        if let Some(pid) = self.pid {
+            let _ = sys::kill(pid, sig);
+        }
+    }
+
+    /// Reaps every exited child; reports the command's exit (which ends the backstop).
+    fn reap(&mut self, control: BorrowedFd<'_>) {
+        while let Ok(Some((pid, status))) = sys::waitpid(-1, libc::WNOHANG) {
+            if Some(pid) == self.pid {
+                self.pid = None;
+                self.deadline = None;
+                let _ = control::send_from_init(control, &FromInit::Exited(status));
+            }
+        }
+    }
+}
+
+fn fail(control: BorrowedFd<'_>, msg: String) -> ! {
+    let _ = control::send_from_init(control, &FromInit::SetupFailed(msg));
     sys::exit_now(125)
-}
-
-/// Reaps every exited child; reports the command's exit.
-fn reap(control: &OwnedFd, command: &mut Option<libc::pid_t>) {
-    while let Ok(Some((pid, status))) = sys::waitpid(-1, libc::WNOHANG) {
-        if Some(pid) == *command {
-            *command = None;
-            let _ = control::send_from_init(control.as_fd(), &FromInit::Exited(status));
-        }
-    }
 }
 
 /// Forks the command; returns its pid, or the errno that kept it from executing.

@@ -55,12 +55,7 @@ fn sigterm_to_husk_is_forwarded_and_everything_is_cleaned_up() {
         &dir,
     );
     wait_until_running(&id, "sleep");
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    signal_process(&child, "TERM");
     let out = child.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -187,13 +182,8 @@ fn a_command_ignoring_stop_signals_cannot_keep_husk_alive() {
         &dir,
     );
     wait_until_running(&id, "sleep");
-    let pid = child.id().to_string();
     for _ in 0..2 {
-        assert!(Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success());
+        signal_process(&child, "TERM");
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = child.wait_with_output().unwrap();
@@ -281,21 +271,12 @@ fn the_timeout_holds_even_while_husk_is_stopped() {
     let dir = TempDir::new("stopped");
     let (child, id) = husk_spawn(&["--timeout", "1s"], &["/bin/sleep", "30"], &dir);
     wait_until_running(&id, "sleep");
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success());
+    signal_process(&child, "STOP");
     // PID 1 enforces the timeout itself while husk cannot.
     let gone = wait_for(Duration::from_secs(10), || {
         (!sandbox_runs(&id, "sleep")).then_some(())
     });
-    assert!(Command::new("kill")
-        .args(["-CONT", &pid])
-        .status()
-        .unwrap()
-        .success());
+    signal_process(&child, "CONT");
     assert!(
         gone.is_some(),
         "the command outlived its timeout while husk was stopped"

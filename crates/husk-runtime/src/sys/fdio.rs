@@ -66,18 +66,9 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Re
             );
         }
     }
-    loop {
-        // SAFETY: msg points at live buffers for the duration of the call.
-        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        return Ok(());
-    }
+    // SAFETY: msg points at live buffers for the duration of the call.
+    retry_eintr(|| unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })?;
+    Ok(())
 }
 
 /// Receives one datagram into `buf` and up to 4 fds. Returns (bytes, fds); 0 bytes = peer closed.
@@ -94,18 +85,10 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
-    let n = loop {
-        // SAFETY: msg points at live buffers for the duration of the call.
-        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        break r as usize;
-    };
+    // SAFETY: msg points at live buffers for the duration of the call.
+    let n = retry_eintr(|| unsafe {
+        libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC)
+    })?;
     let mut fds = Vec::new();
     // SAFETY: walking the control messages the kernel wrote into `cbuf`, with the CMSG_* macros
     // that bound every access by msg_controllen; each SCM_RIGHTS fd is new and owned by us.
@@ -142,34 +125,16 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usi
 /// Writes all of `buf` to a raw fd, retrying on EINTR.
 pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        // SAFETY: buf is a valid readable slice.
-        let r = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        buf = &buf[r as usize..];
+        let n = write_some(fd, buf)?;
+        buf = &buf[n..];
     }
     Ok(())
 }
 
 /// read(2) once into `buf`, retrying on EINTR.
 pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: buf is a valid writable slice.
-        let r = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        return Ok(r as usize);
-    }
+    // SAFETY: buf is a valid writable slice of the length passed.
+    retry_eintr(|| unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
 }
 
 /// dup2(2) (clears close-on-exec on `to`).
@@ -218,17 +183,22 @@ pub fn isatty(fd: RawFd) -> bool {
 
 /// write(2) once; returns how many bytes were written.
 pub fn write_some(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf is a valid readable slice of the length passed.
+    retry_eintr(|| unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
+}
+
+/// Runs a byte-count syscall until it is not interrupted; a negative result is the thread's
+/// errno.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
     loop {
-        // SAFETY: buf is a valid readable slice.
-        let r = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
+        let r = call();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
-        return Ok(r as usize);
     }
 }
 
@@ -268,25 +238,13 @@ pub fn reopen_nonblocking(fd: RawFd, access: libc::c_int) -> io::Result<Option<O
 
 /// Writes to a socket without blocking (MSG_DONTWAIT); to anything else with plain write(2).
 pub fn write_dontwait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: buf is a valid readable slice.
-        let r = unsafe {
-            libc::send(
-                fd.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::ENOTSOCK) => return write_some(fd, buf),
-            _ => return Err(e),
-        }
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    // SAFETY: buf is a valid readable slice of the length passed.
+    match retry_eintr(|| unsafe {
+        libc::send(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), flags)
+    }) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => write_some(fd, buf),
+        other => other,
     }
 }
 
@@ -307,24 +265,11 @@ fn file_type(fd: RawFd) -> io::Result<(libc::mode_t, libc::dev_t)> {
 
 /// Reads from a socket without blocking (MSG_DONTWAIT); from anything else with plain read(2).
 pub fn read_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: buf is a valid writable slice.
-        let r = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::ENOTSOCK) => return read(fd, buf),
-            _ => return Err(e),
-        }
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    // SAFETY: ptr/len describe `buf`, a valid writable slice, for the duration of the call.
+    match retry_eintr(|| unsafe { libc::recv(fd.as_raw_fd(), ptr.cast(), len, libc::MSG_DONTWAIT) })
+    {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => read(fd, buf),
+        other => other,
     }
 }

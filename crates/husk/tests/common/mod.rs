@@ -206,6 +206,16 @@ pub fn sandbox_runs(id: &str, comm: &str) -> bool {
     })
 }
 
+/// Sends signal `sig` (a name, e.g. "TERM") to a husk process the test started.
+pub fn signal_process(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {} failed", child.id());
+}
+
 /// Waits (bounded) until a process named `comm` runs in sandbox `id`.
 pub fn wait_until_running(id: &str, comm: &str) {
     wait_for(Duration::from_secs(10), || {
