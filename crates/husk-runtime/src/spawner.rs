@@ -279,14 +279,14 @@ impl Spawner {
             uids.slot(),
             sys::random_u64().map_err(io_ctx("random"))? >> 16
         );
-        let cgroup_slot = uids.slot();
-        let name = cgroup_name(cgroup_slot);
-        self.register(uids.slot(), &self.layout.handle(&name))
+        let slot = uids.slot();
+        let name = cgroup_name(slot);
+        self.register(slot, &self.layout.handle(&name))
             .map_err(io_ctx("register sandbox"))?;
         let cgroup = match self.layout.create_v2(&name) {
             Ok(cg) => cg,
             Err(e) => {
-                let _ = unregister(&self.registry_entry(uids.slot()));
+                let _ = unregister(&self.registry_entry(slot));
                 return Err(e.into());
             }
         };
@@ -302,7 +302,7 @@ impl Spawner {
             pty_master: None,
             fate: None,
             destroyed: false,
-            registry: Some(self.registry_entry(cgroup_slot)),
+            registry: Some(self.registry_entry(slot)),
         };
         self.start(&mut sandbox, spec, stdio)?;
         Ok(sandbox)
@@ -354,33 +354,22 @@ impl Spawner {
                 drop(v2_dir);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
-                sb.control = Some(parent_end);
             }
         }
+        let control = parent_end.as_fd();
         // While the child builds its root filesystem, create its network namespace (the most
         // expensive namespace, ~0.9 ms here) and finish the cgroups: the two sides run in
         // parallel, and the child enters and joins them before anything of the sandbox runs.
         let netns = self
             .new_netns()
             .map_err(io_ctx("create network namespace"))?;
-        control::send_to_init(
-            sb.control
-                .as_ref()
-                .map(|c| c.as_fd())
-                .ok_or_else(|| SpawnError::Setup("no control".into()))?,
-            &ToInit::NetNs { netns },
-        )
-        .map_err(io_ctx("sandbox control"))?;
+        // A child that already failed has closed its end; its report is read below.
+        let _ = control::send_to_init(control, &ToInit::NetNs { netns });
         sb.cgroup.complete(&spec.limits)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
         if !self.reaped.get() {
             self.reap(sb.uids.as_ref().map(UidRange::slot));
         }
-        let control = sb
-            .control
-            .as_ref()
-            .map(|c| c.as_fd())
-            .ok_or_else(|| SpawnError::Setup("no control".into()))?;
         loop {
             match control::recv_from_init(control).map_err(io_ctx("sandbox control"))? {
                 Some(FromInit::NeedIdMap) => {
@@ -391,6 +380,7 @@ impl Spawner {
                 }
                 Some(FromInit::Ready { pty_master }) => {
                     sb.pty_master = pty_master;
+                    sb.control = Some(parent_end);
                     return Ok(());
                 }
                 Some(FromInit::SetupFailed(msg)) => return Err(SpawnError::Setup(msg)),
