@@ -298,24 +298,7 @@ pub fn run(cfg: Config) -> Result<i32> {
     for note in notes {
         eprintln!("{note}");
     }
-    let code = match ending {
-        Ending::Fate(fate) => report(fate, &cfg),
-        Ending::Stopped { signal, second } => {
-            let why = if second {
-                format!("second {}", signal_name(signal))
-            } else {
-                format!(
-                    "still running {} after {}",
-                    format_duration(STOP_GRACE),
-                    signal_name(signal)
-                )
-            };
-            eprintln!("husk: killed: {why}");
-            128 + signal
-        }
-        // Quietly, as a shell's SIGPIPE.
-        Ending::OutputGone => 128 + libc::SIGPIPE,
-    };
+    let code = report(ending, &cfg);
     outputs?;
     Ok(code)
 }
@@ -552,8 +535,26 @@ fn signal_name(sig: i32) -> String {
     name.to_owned()
 }
 
-/// Prints the fate (when it is not a plain exit) and returns husk's exit code.
-fn report(fate: Fate, cfg: &Config) -> i32 {
+/// Prints how the run ended (when it is not a plain exit) and returns husk's exit code.
+fn report(ending: Ending, cfg: &Config) -> i32 {
+    let fate = match ending {
+        Ending::Fate(fate) => fate,
+        Ending::Stopped { signal, second } => {
+            let why = if second {
+                format!("second {}", signal_name(signal))
+            } else {
+                format!(
+                    "still running {} after {}",
+                    format_duration(STOP_GRACE),
+                    signal_name(signal)
+                )
+            };
+            eprintln!("husk: killed: {why}");
+            return 128 + signal;
+        }
+        // Quietly, as a shell's SIGPIPE.
+        Ending::OutputGone => return 128 + libc::SIGPIPE,
+    };
     let prog = cfg
         .spec
         .command
