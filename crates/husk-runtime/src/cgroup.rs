@@ -274,6 +274,17 @@ impl CgroupLayout {
     }
 }
 
+/// A sandbox's resource usage, read from its cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// Memory charged to the sandbox, page cache included.
+    pub memory_bytes: u64,
+    /// Of which page cache.
+    pub memory_cache: u64,
+    /// CPU time used by all its processes, in nanoseconds.
+    pub cpu_usage_ns: u64,
+}
+
 /// One sandbox's cgroup directories.
 #[derive(Debug)]
 pub struct SandboxCgroup {
@@ -512,6 +523,37 @@ impl SandboxCgroup {
             }
         }
         Some(cg)
+    }
+
+    /// Current usage, from whichever hierarchy has each figure (v1 memory and v2 `cpu.stat` on
+    /// hybrid hosts; all from v2 on pure v2 hosts). Missing figures read as 0.
+    pub fn stats(&self) -> CgroupStats {
+        let read = |p: PathBuf| fs::read_to_string(p).ok();
+        let num = |p: PathBuf| read(p).and_then(|s| s.trim().parse::<u64>().ok());
+        let key = |p: PathBuf, k: &str| {
+            read(p).and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse().ok())
+            })
+        };
+        let mut st = CgroupStats::default();
+        if let Some(d) = self.v1_dir("memory") {
+            st.memory_bytes = num(d.join("memory.usage_in_bytes")).unwrap_or(0);
+            st.memory_cache = key(d.join("memory.stat"), "total_cache").unwrap_or(0);
+        } else if let Some(d) = &self.v2 {
+            st.memory_bytes = num(d.join("memory.current")).unwrap_or(0);
+            st.memory_cache = key(d.join("memory.stat"), "file").unwrap_or(0);
+        }
+        if let Some(usec) = self
+            .v2
+            .as_ref()
+            .and_then(|d| key(d.join("cpu.stat"), "usage_usec"))
+        {
+            st.cpu_usage_ns = usec * 1000;
+        } else if let Some(d) = self.v1_dir("cpu") {
+            st.cpu_usage_ns = num(d.join("cpuacct.usage")).unwrap_or(0);
+        }
+        st
     }
 
     /// Every directory of this cgroup (for tests and leak checks).

@@ -7,17 +7,17 @@
 //! so it runs before `pivot_root` with the spawner's code and no dependency on the sandbox's
 //! libc. Everything here runs in a single-threaded process.
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::control::{self, FromInit, ToInit};
-use crate::fences::{Fences, Rlimits};
+use crate::exec::{self, ExecPlan, Stdio};
+use crate::fences::Fences;
 use crate::host_template::HostTemplate;
 use crate::rootfs::{self, RootfsPlan};
-use crate::spec::{SandboxSpec, User};
+use crate::spec::SandboxSpec;
 use crate::sys;
 
 /// What the first process needs; all of it prepared by the spawner before the fork.
@@ -29,6 +29,8 @@ pub(crate) struct ChildArgs<'a> {
     pub fences: &'a Fences,
     pub control: RawFd,
     pub stdio: Option<[RawFd; 3]>,
+    /// For agent sandboxes: the entry point and PID 1's end of the stream socket to the creator.
+    pub agent: Option<(crate::agent::AgentEntry, RawFd)>,
     /// The spawner's argument area (the same addresses in this fork), to hide its contents.
     pub arg_area: Option<sys::ArgArea>,
 }
@@ -53,6 +55,10 @@ pub(crate) fn child_main(args: ChildArgs<'_>) -> ! {
     // destructors) on the copy of its stack this forked child still has.
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         match setup(&args, control.as_fd()) {
+            Ok(_) if args.agent.is_some() => match control.try_clone() {
+                Ok(c) => enter_agent(&args, c),
+                Err(e) => fail(control.as_fd(), format!("agent control socket: {e}")),
+            },
             Ok(pty) => run(&args, control.as_fd(), pty),
             Err(e) => {
                 let msg = FromInit::SetupFailed(e.to_string());
@@ -90,7 +96,8 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
             sys::dup2(*fd, i as RawFd)?;
         }
     }
-    sys::close_fds_from(3, &[args.control]);
+    let agent_fd = args.agent.map_or(args.control, |(_, fd)| fd);
+    sys::close_fds_from(3, &[args.control, agent_fd]);
     rootfs::build(&RootfsPlan {
         spec: args.spec,
         template: args.template,
@@ -133,6 +140,26 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         .apply_to_init()
         .map_err(|e| io::Error::other(format!("fences: {e}")))?;
     Ok(pty)
+}
+
+/// Reports ready, then hands PID 1 to the agent for good.
+fn enter_agent(args: &ChildArgs<'_>, control: OwnedFd) -> ! {
+    let Some((entry, fd)) = args.agent else {
+        sys::exit_now(125)
+    };
+    // SAFETY: the agent's socket end was inherited from the spawner (kept open by
+    // close_fds_from above) and nothing else in this process owns it.
+    let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+    if control::send_from_init(control.as_fd(), &FromInit::Ready { pty_master: None }).is_err() {
+        sys::exit_now(1);
+    }
+    entry(crate::agent::AgentContext {
+        conn: Some(conn),
+        control,
+        fences: args.fences,
+        limits: args.spec.limits.clone(),
+        hostname: args.spec.hostname.clone(),
+    })
 }
 
 fn run(args: &ChildArgs<'_>, control: BorrowedFd<'_>, pty: Option<(OwnedFd, OwnedFd)>) -> ! {
@@ -266,59 +293,11 @@ fn fail(control: BorrowedFd<'_>, msg: String) -> ! {
     sys::exit_now(125)
 }
 
-/// Forks the command; returns its pid, or the errno that kept it from executing.
-fn spawn_command(
-    args: &ChildArgs<'_>,
-    argv: &[String],
-    tty: Option<BorrowedFd<'_>>,
-) -> Result<libc::pid_t, i32> {
-    let errno = |e: io::Error| e.raw_os_error().unwrap_or(libc::EIO);
-    let prepared = prepare_exec(args.spec, argv).map_err(errno)?;
-    let (err_r, err_w) = sys::pipe().map_err(errno)?;
-    // SAFETY: init is single-threaded (a fork of the single-threaded spawner that never starts
-    // a thread).
-    let pid = unsafe { sys::fork() }.map_err(errno)?;
-    if pid == 0 {
-        drop(err_r);
-        let e = exec_command(args, &prepared, tty, err_w.as_raw_fd());
-        let code = e.raw_os_error().unwrap_or(libc::EIO);
-        let _ = sys::write_all(err_w.as_fd(), &code.to_le_bytes());
-        sys::exit_now(127);
-    }
-    drop(err_w);
-    let mut buf = [0u8; 4];
-    match sys::read(err_r.as_fd(), &mut buf) {
-        Ok(4) => {
-            // The child failed before or at execve and exits; reap it here so its status is
-            // not reported as the command's exit.
-            let _ = sys::waitpid(pid, 0);
-            Err(i32::from_le_bytes(buf))
-        }
-        _ => Ok(pid),
-    }
-}
-
-/// argv, envp and the candidate paths of the executable, built before the fork.
-struct Prepared {
-    argv: Vec<CString>,
-    envp: Vec<CString>,
-    candidates: Vec<CString>,
-    workdir: CString,
-    user: User,
-    rlimits: Rlimits,
-}
-
-fn cstr(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn prepare_exec(spec: &SandboxSpec, argv: &[String]) -> io::Result<Prepared> {
+/// The command's environment: defaults for a login, then the spec's variables.
+fn command_env(spec: &SandboxSpec) -> Vec<(String, String)> {
     let user = spec.user;
     let mut env: Vec<(String, String)> = vec![
-        (
-            "PATH".into(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        ),
+        ("PATH".into(), crate::exec::DEFAULT_PATH.into()),
         ("HOME".into(), user.home().into()),
         ("USER".into(), user.name().into()),
         ("LOGNAME".into(), user.name().into()),
@@ -333,93 +312,27 @@ fn prepare_exec(spec: &SandboxSpec, argv: &[String]) -> io::Result<Prepared> {
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v.clone()));
     }
-    let path = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default();
-    let prog = argv
-        .first()
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-    let candidates = if prog.contains('/') {
-        vec![cstr(prog)?]
-    } else {
-        path.split(':')
-            .filter(|d| !d.is_empty())
-            .map(|d| cstr(&format!("{d}/{prog}")))
-            .collect::<io::Result<_>>()?
-    };
+    env
+}
+
+/// Forks the command; returns its pid, or the errno that kept it from executing.
+fn spawn_command(
+    args: &ChildArgs<'_>,
+    argv: &[String],
+    tty: Option<BorrowedFd<'_>>,
+) -> Result<libc::pid_t, i32> {
+    let errno = |e: io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let spec = args.spec;
     let workdir = spec
         .workdir
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_else(|| user.home().into());
-    Ok(Prepared {
-        argv: argv.iter().map(|a| cstr(a)).collect::<io::Result<_>>()?,
-        envp: env
-            .iter()
-            .map(|(k, v)| cstr(&format!("{k}={v}")))
-            .collect::<io::Result<_>>()?,
-        candidates,
-        workdir: cstr(&workdir)?,
-        user,
-        rlimits: Rlimits {
-            nproc: Some(spec.limits.pids),
-            fsize: Some(spec.limits.disk_bytes),
-            ..Rlimits::default()
-        },
-    })
-}
-
-/// In the forked command process: session, terminal, user, fences, exec. Returns only on error.
-fn exec_command(
-    args: &ChildArgs<'_>,
-    p: &Prepared,
-    tty: Option<BorrowedFd<'_>>,
-    err_fd: RawFd,
-) -> io::Error {
-    let step = || -> io::Result<()> {
-        // Init built the root with umask 0; commands (and a workdir made for them) get the
-        // conventional 022.
-        sys::umask(0o022);
-        sys::reset_signals()?;
-        // A new session: the command can never reach a terminal of the host through its
-        // session (TIOCSTI is also denied by seccomp).
-        sys::setsid()?;
-        if let Some(t) = tty {
-            crate::pty::set_controlling(t)?;
-            for i in 0..3 {
-                sys::dup2(t.as_raw_fd(), i)?;
-            }
-        }
-        let root = p.user == User::Root;
-        let id = p.user.id();
-        let wd = Path::new(std::str::from_utf8(p.workdir.as_bytes()).unwrap_or("/"));
-        if std::env::set_current_dir(wd).is_err() {
-            std::fs::create_dir_all(wd)?;
-            sys::lchown(&p.workdir, id, id)?;
-            std::env::set_current_dir(wd)?;
-        }
-        args.fences
-            .drop_bounding(root)
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        sys::become_user(id, id)?;
-        args.fences
-            .apply_after_setuid(root, &p.rlimits)
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        sys::close_fds_from(3, &[err_fd]);
-        Ok(())
+        .unwrap_or_else(|| spec.user.home().into());
+    let plan = ExecPlan::new(argv, &command_env(spec), &workdir, spec.user, &spec.limits)
+        .map_err(errno)?;
+    let stdio = match tty {
+        Some(t) => Stdio::Tty(t.as_raw_fd()),
+        None => Stdio::Inherit,
     };
-    if let Err(e) = step() {
-        return e;
-    }
-    let mut last = io::Error::from_raw_os_error(libc::ENOENT);
-    for path in &p.candidates {
-        let e = sys::execve(path, &p.argv, &p.envp);
-        // Keep searching PATH past missing entries, remember a permission problem.
-        if e.raw_os_error() != Some(libc::ENOENT) || last.raw_os_error() == Some(libc::ENOENT) {
-            last = e;
-        }
-    }
-    last
+    exec::spawn(args.fences, &plan, stdio).map_err(errno)
 }

@@ -23,13 +23,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod agent;
 pub mod cgroup;
 pub mod control;
+pub mod exec;
 pub mod fences;
 pub mod host_template;
 mod init;
 pub mod pty;
 pub mod rootfs;
+pub mod service;
 pub mod spawner;
 pub mod spec;
 pub mod sys;

@@ -75,6 +75,8 @@ pub struct Spawner {
     /// Whether leftovers of crashed husk processes were reaped yet (done once, during the first
     /// create, while that sandbox's first process builds its root filesystem).
     reaped: Cell<bool>,
+    /// What PID 1 of `agent` specs runs (see [`crate::agent`]).
+    agent: Option<crate::agent::AgentEntry>,
 }
 
 /// How a sandbox's command ended, as far as the runtime can tell.
@@ -146,6 +148,7 @@ impl Spawner {
             template: RefCell::new(template),
             fences,
             reaped: Cell::new(false),
+            agent: None,
         })
     }
 
@@ -248,6 +251,11 @@ impl Spawner {
         f.write_all(cgroup.to_registry().as_bytes())
     }
 
+    /// Registers the agent that PID 1 of specs with `agent: true` hands over to.
+    pub fn set_agent(&mut self, entry: crate::agent::AgentEntry) {
+        self.agent = Some(entry);
+    }
+
     /// Creates a sandbox and waits until its PID 1 reports ready (the command, if any, has been
     /// started). `stdio` replaces the sandbox's fds 0, 1, 2 (default: the caller's own); each
     /// must be a pipe or `/dev/null` ([`sys::passable_stdio`]): relay anything else.
@@ -303,6 +311,7 @@ impl Spawner {
             fate: None,
             destroyed: false,
             registry: Some(self.registry_entry(slot)),
+            agent_conn: None,
         };
         self.start(&mut sandbox, spec, stdio)?;
         Ok(sandbox)
@@ -316,6 +325,19 @@ impl Spawner {
     ) -> Result<(), SpawnError> {
         let v2_dir = sb.cgroup.v2_dir()?;
         let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
+        let agent = match (spec.agent, self.agent) {
+            (false, _) => None,
+            (true, Some(entry)) => {
+                let (ours, theirs) = sys::stream_pair().map_err(io_ctx("agent socket"))?;
+                sb.agent_conn = Some(ours);
+                Some((entry, theirs))
+            }
+            (true, None) => {
+                return Err(SpawnError::InvalidSpec(
+                    "an agent sandbox needs a spawner with an agent registered".into(),
+                ))
+            }
+        };
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
         let flags =
@@ -346,11 +368,13 @@ impl Spawner {
                     fences: &self.fences,
                     control: child_end.as_raw_fd(),
                     stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
+                    agent: agent.as_ref().map(|(entry, fd)| (*entry, fd.as_raw_fd())),
                     arg_area: self.arg_area,
                 })
             }
             Forked::Parent { pid, pidfd } => {
                 drop(child_end);
+                drop(agent);
                 drop(v2_dir);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
@@ -492,6 +516,8 @@ pub struct Sandbox {
     destroyed: bool,
     /// The sandbox's registry entry, removed once its cgroups are gone.
     registry: Option<PathBuf>,
+    /// The creator's end of the agent's stream socket (agent sandboxes), until taken.
+    agent_conn: Option<OwnedFd>,
 }
 
 /// What [`Sandbox::next_event`] saw.
@@ -512,6 +538,21 @@ impl Sandbox {
     /// Host uid that sandbox uid 0 maps to.
     pub fn host_uid_base(&self) -> u32 {
         self.uids.as_ref().map(UidRange::base).unwrap_or(0)
+    }
+
+    /// Takes the creator's end of the agent's stream socket (specs with `agent: true`).
+    pub fn take_agent_conn(&mut self) -> Option<OwnedFd> {
+        self.agent_conn.take()
+    }
+
+    /// PID 1's pid (in the caller's PID namespace).
+    pub fn init_pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// The sandbox's cgroup directories (to read its usage from another process).
+    pub fn cgroup(&self) -> &SandboxCgroup {
+        &self.cgroup
     }
 
     /// Takes the PTY master (when the spec asked for a TTY).

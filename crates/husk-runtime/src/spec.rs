@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 /// Which user the command runs as inside the sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum User {
     /// uid/gid 1000, home `/home/user`, no capabilities at all (the default).
     User,
@@ -39,7 +41,7 @@ impl User {
 }
 
 /// Resource limits enforced by the sandbox's cgroups and rlimits.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Memory (and memory+swap: no swap) limit in bytes.
     pub memory_bytes: u64,
@@ -63,7 +65,7 @@ impl Default for Limits {
 }
 
 /// A host path bind-mounted into the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountSpec {
     /// Absolute host path (file or directory); the operator's input, trusted.
     pub host: PathBuf,
@@ -74,7 +76,7 @@ pub struct MountSpec {
 }
 
 /// Everything the spawner needs to create one sandbox.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxSpec {
     /// The command and its arguments; `None` leaves PID 1 idle until the sandbox is destroyed.
     pub command: Option<Vec<String>>,
@@ -98,6 +100,9 @@ pub struct SandboxSpec {
     /// Start the command as soon as the sandbox is ready, without waiting for
     /// [`crate::Sandbox::start`] (saves a round trip when nothing is copied in first).
     pub autostart: bool,
+    /// PID 1 becomes the agent registered with [`crate::Spawner::set_agent`] (server
+    /// sandboxes): it gets a stream socket to the creator instead of running `command`.
+    pub agent: bool,
 }
 
 impl SandboxSpec {
@@ -116,6 +121,7 @@ impl SandboxSpec {
             die_with_parent: true,
             autostart: false,
             timeout: None,
+            agent: false,
         }
     }
 

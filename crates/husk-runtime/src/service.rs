@@ -1,0 +1,307 @@
+//! The spawner as a separate process, for multithreaded callers (`husk serve`).
+//!
+//! Forking a multithreaded process is unsafe, so a server cannot create sandboxes itself.
+//! [`start`] forks a small single-threaded spawner process while the caller is still
+//! single-threaded (before any async runtime starts); the server then sends it typed requests
+//! over a SOCK_SEQPACKET socket and gets back, for each sandbox, its id, its cgroups and the
+//! stream socket to its agent (passed with SCM_RIGHTS).
+//!
+//! Lifetimes are chained so nothing outlives its owner: the spawner gets SIGKILL when the
+//! server dies (parent-death signal), every sandbox's PID 1 gets SIGKILL when the spawner dies,
+//! and what a killed spawner leaves on the host (cgroups, registry entries) is reaped by the
+//! next one. An orderly [`SpawnerService::shutdown`] destroys every sandbox first.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::AgentEntry;
+use crate::cgroup::SandboxCgroup;
+use crate::spawner::{Sandbox, Spawner};
+use crate::spec::SandboxSpec;
+use crate::sys;
+
+/// Largest request or reply datagram.
+const MAX_MESSAGE: usize = 128 << 10;
+
+/// Errors of talking to the spawner process.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The spawner could not start, or refused or failed a request; the text says why.
+    #[error("{0}")]
+    Spawner(String),
+    /// The request is larger than the service accepts.
+    #[error("sandbox description too large ({0} bytes, at most {MAX_MESSAGE})")]
+    TooLarge(usize),
+    /// The spawner process is gone.
+    #[error("the spawner process is gone")]
+    Gone,
+    #[error("spawner protocol: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Request {
+    Create(Box<SandboxSpec>),
+    Destroy(String),
+    Shutdown,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Reply {
+    Ready {
+        reaped: usize,
+    },
+    /// The agent socket is attached.
+    Created {
+        id: String,
+        init_pid: i32,
+        cgroup: String,
+    },
+    Destroyed,
+    Failed(String),
+    ShutDown,
+}
+
+/// A sandbox created by the service.
+#[derive(Debug)]
+pub struct Created {
+    /// The runtime's id of the sandbox (names its cgroups).
+    pub id: String,
+    /// PID 1 of the sandbox, in the host's PID namespace.
+    pub init_pid: i32,
+    /// The server's end of the stream socket to the sandbox's agent.
+    pub agent: OwnedFd,
+    /// The sandbox's cgroups, for reading its usage.
+    pub cgroup: SandboxCgroup,
+}
+
+/// The server's handle to the spawner process. Requests are served one at a time.
+#[derive(Debug)]
+pub struct SpawnerService {
+    sock: Mutex<OwnedFd>,
+    pid: libc::pid_t,
+    /// Sandboxes whose leftovers of an earlier, crashed run were reaped at start.
+    reaped: usize,
+}
+
+/// Forks the spawner process. Must be called while the process is single-threaded.
+pub fn start(agent: AgentEntry) -> Result<SpawnerService, ServiceError> {
+    let (ours, theirs) = sys::seqpacket_pair()?;
+    match sys::thread_count()? {
+        1 => {}
+        n => {
+            return Err(ServiceError::Spawner(format!(
+                "the spawner must be started before any thread (this process has {n})"
+            )))
+        }
+    }
+    let parent = sys::getpid();
+    // SAFETY: the process is single-threaded (checked just above).
+    let pid = unsafe { sys::fork() }?;
+    if pid == 0 {
+        drop(ours);
+        serve(theirs, parent, agent)
+    }
+    drop(theirs);
+    let service = SpawnerService {
+        sock: Mutex::new(ours),
+        pid,
+        reaped: 0,
+    };
+    let sock = service.sock.lock().map_err(|_| ServiceError::Gone)?;
+    let (reply, _) = recv(sock.as_fd())?;
+    drop(sock);
+    match reply {
+        Reply::Ready { reaped } => Ok(SpawnerService { reaped, ..service }),
+        Reply::Failed(msg) => {
+            let _ = sys::waitpid(pid, 0);
+            Err(ServiceError::Spawner(msg))
+        }
+        other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+    }
+}
+
+impl SpawnerService {
+    /// How many sandboxes of an earlier, crashed husk were cleaned up at start.
+    pub fn reaped_at_start(&self) -> usize {
+        self.reaped
+    }
+
+    /// Creates a sandbox (`spec.agent` must be set). Blocks for the few milliseconds that takes.
+    pub fn create(&self, spec: &SandboxSpec) -> Result<Created, ServiceError> {
+        let (reply, mut fds) = self.call(&Request::Create(Box::new(spec.clone())))?;
+        match reply {
+            Reply::Created {
+                id,
+                init_pid,
+                cgroup,
+            } => {
+                let agent = match (fds.pop(), fds.is_empty()) {
+                    (Some(fd), true) => fd,
+                    _ => return Err(ServiceError::Protocol("expected one agent socket".into())),
+                };
+                let cgroup = SandboxCgroup::from_registry(&cgroup)
+                    .ok_or_else(|| ServiceError::Protocol("bad cgroup description".into()))?;
+                Ok(Created {
+                    id,
+                    init_pid,
+                    agent,
+                    cgroup,
+                })
+            }
+            Reply::Failed(msg) => Err(ServiceError::Spawner(msg)),
+            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+
+    /// Destroys a sandbox: every process, mount, cgroup and its uid range.
+    pub fn destroy(&self, id: &str) -> Result<(), ServiceError> {
+        match self.call(&Request::Destroy(id.into()))?.0 {
+            Reply::Destroyed => Ok(()),
+            Reply::Failed(msg) => Err(ServiceError::Spawner(msg)),
+            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+
+    /// Destroys every sandbox, stops the spawner and waits for it to exit.
+    pub fn shutdown(self) -> Result<(), ServiceError> {
+        let result = self.call(&Request::Shutdown);
+        let _ = sys::waitpid(self.pid, 0);
+        match result?.0 {
+            Reply::ShutDown => Ok(()),
+            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+
+    fn call(&self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
+        let bytes = postcard::to_stdvec(req).map_err(|e| ServiceError::Protocol(e.to_string()))?;
+        if bytes.len() > MAX_MESSAGE {
+            return Err(ServiceError::TooLarge(bytes.len()));
+        }
+        let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
+        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
+        recv(sock.as_fd())
+    }
+}
+
+fn gone(e: io::Error) -> ServiceError {
+    match e.raw_os_error() {
+        Some(libc::EPIPE) | Some(libc::ECONNRESET) => ServiceError::Gone,
+        _ => ServiceError::Io(e),
+    }
+}
+
+fn recv(sock: std::os::fd::BorrowedFd<'_>) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let (n, fds) = sys::recv_with_fds(sock, &mut buf).map_err(gone)?;
+    if n == 0 {
+        return Err(ServiceError::Gone);
+    }
+    let reply =
+        postcard::from_bytes(&buf[..n]).map_err(|e| ServiceError::Protocol(e.to_string()))?;
+    Ok((reply, fds))
+}
+
+fn send_reply(sock: &OwnedFd, reply: &Reply, fds: &[std::os::fd::RawFd]) -> io::Result<()> {
+    let bytes = postcard::to_stdvec(reply).map_err(|e| io::Error::other(e.to_string()))?;
+    sys::send_with_fds(sock.as_fd(), &bytes, fds)
+}
+
+/// The spawner process's main loop. Never returns.
+fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
+    // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
+    // shuts the spawner down in order. If the server dies, the spawner dies with it.
+    let _ = sys::setsid();
+    if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != parent {
+        sys::exit_now(1);
+    }
+    let mut spawner = match Spawner::new() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
+            sys::exit_now(1)
+        }
+    };
+    spawner.set_agent(agent);
+    let reaped = spawner.reap_stale();
+    // Sandbox processes get /dev/null as stdio, never the server's terminal or log.
+    let null = match sys::open(c"/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = send_reply(&sock, &Reply::Failed(format!("open /dev/null: {e}")), &[]);
+            sys::exit_now(1)
+        }
+    };
+    if send_reply(&sock, &Reply::Ready { reaped }, &[]).is_err() {
+        sys::exit_now(1);
+    }
+    let mut sandboxes: HashMap<String, Sandbox> = HashMap::new();
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let req = match sys::recv_with_fds(sock.as_fd(), &mut buf) {
+            Ok((0, _)) => break,
+            Ok((n, _)) => match postcard::from_bytes::<Request>(&buf[..n]) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = send_reply(&sock, &Reply::Failed(format!("bad request: {e}")), &[]);
+                    continue;
+                }
+            },
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let sent = match req {
+            Request::Create(spec) => {
+                let stdio = [null.as_fd(), null.as_fd(), null.as_fd()];
+                match spawner.create(&spec, Some(stdio)) {
+                    Ok(mut sb) => match sb.take_agent_conn() {
+                        Some(conn) => {
+                            let reply = Reply::Created {
+                                id: sb.id().to_string(),
+                                init_pid: sb.init_pid(),
+                                cgroup: sb.cgroup().to_registry(),
+                            };
+                            let sent = send_reply(&sock, &reply, &[conn.as_raw_fd()]);
+                            sandboxes.insert(sb.id().to_string(), sb);
+                            sent
+                        }
+                        None => send_reply(
+                            &sock,
+                            &Reply::Failed("not an agent sandbox (spec.agent is false)".into()),
+                            &[],
+                        ),
+                    },
+                    Err(e) => send_reply(&sock, &Reply::Failed(e.to_string()), &[]),
+                }
+            }
+            Request::Destroy(id) => match sandboxes.remove(&id) {
+                Some(mut sb) => match sb.destroy() {
+                    Ok(()) => send_reply(&sock, &Reply::Destroyed, &[]),
+                    Err(e) => send_reply(&sock, &Reply::Failed(e.to_string()), &[]),
+                },
+                None => send_reply(&sock, &Reply::Failed(format!("no sandbox {id}")), &[]),
+            },
+            Request::Shutdown => {
+                for (_, mut sb) in sandboxes.drain() {
+                    let _ = sb.destroy();
+                }
+                let _ = send_reply(&sock, &Reply::ShutDown, &[]);
+                sys::exit_now(0)
+            }
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+    // The server is gone: nothing it created may outlive it.
+    for (_, mut sb) in sandboxes.drain() {
+        let _ = sb.destroy();
+    }
+    sys::exit_now(0)
+}
