@@ -1,1 +1,221 @@
+//! husk's agent: PID 1 of every server sandbox.
+//!
+//! The runtime builds the sandbox, then hands PID 1 to [`main`] (registered with
+//! `husk_runtime::Spawner::set_agent`). From then on this single-threaded loop serves the
+//! server's calls (see `husk_proto`) over one stream socket: it starts processes as `user`
+//! or `root` inside the sandbox's fences ([`procs`]), relays their output and input, runs
+//! file operations ([`fs`]) and inotify watches ([`watch`]), and reaps every zombie of the
+//! sandbox. When the server closes the socket, or the spawner goes away, the agent exits and
+//! the kernel ends every process of the sandbox with it.
+//!
+//! The agent trusts the server (it is the only peer, on a socket created for it) but bounds
+//! what it keeps for it: queued output, stdin buffers, handles, watches and processes.
 #![forbid(unsafe_code)]
+
+pub mod conn;
+pub mod fs;
+pub mod procs;
+pub mod watch;
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::Instant;
+
+use husk_proto::{AgentError, ErrorKind, FromAgent, Hello, Reply, Request, ToAgent, VERSION};
+use husk_runtime::agent::AgentContext;
+use husk_runtime::sys;
+
+use crate::conn::{Conn, HIGH_WATER};
+use crate::procs::Procs;
+
+/// The agent's entry point (an `husk_runtime::agent::AgentEntry`). Never returns.
+pub fn main(mut ctx: AgentContext<'_>) -> ! {
+    let code = match run(&mut ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    sys::exit_now(code)
+}
+
+struct Agent {
+    hello: Hello,
+    procs: Procs,
+    files: fs::Files,
+    watches: watch::Watches,
+}
+
+fn poll_in(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Waits for the server's hello (the first frame).
+fn handshake(conn: &mut Conn, ctx: &AgentContext<'_>) -> Result<Hello, String> {
+    loop {
+        let mut fds = [
+            poll_in(conn.fd().as_raw_fd()),
+            poll_in(ctx.control().as_raw_fd()),
+        ];
+        match sys::poll(&mut fds, -1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+        if fds[1].revents != 0 {
+            return Err("spawner gone".into());
+        }
+        let msgs = conn.receive().map_err(|e| e.to_string())?;
+        if let Some(first) = msgs.into_iter().next() {
+            return match first {
+                ToAgent::Hello(h) if h.version == VERSION => {
+                    conn.send(&FromAgent::Hello { version: VERSION });
+                    Ok(h)
+                }
+                ToAgent::Hello(h) => Err(format!("protocol version {} not spoken", h.version)),
+                ToAgent::Call { .. } => Err("call before hello".into()),
+            };
+        }
+        if conn.closed {
+            return Err("server closed the connection".into());
+        }
+    }
+}
+
+fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
+    let fd = ctx.take_conn().ok_or("no connection")?;
+    let mut conn = Conn::new(fd).map_err(|e| e.to_string())?;
+    let sigfd = sys::signalfd(&[libc::SIGCHLD]).map_err(|e| e.to_string())?;
+    let hello = handshake(&mut conn, ctx)?;
+    let mut agent = Agent {
+        hello,
+        procs: Procs::default(),
+        files: fs::Files::new(),
+        watches: watch::Watches::new().map_err(|e| e.to_string())?,
+    };
+    loop {
+        conn.flush().map_err(|e| e.to_string())?;
+        if conn.closed {
+            return Ok(());
+        }
+        let mut out_events = libc::POLLIN;
+        if conn.queued() > 0 {
+            out_events |= libc::POLLOUT;
+        }
+        let mut fds = vec![
+            libc::pollfd {
+                fd: conn.fd().as_raw_fd(),
+                events: out_events,
+                revents: 0,
+            },
+            poll_in(ctx.control().as_raw_fd()),
+            poll_in(sigfd.as_raw_fd()),
+            poll_in(agent.watches.fd().as_raw_fd()),
+        ];
+        let proc_fds = agent.procs.poll_set(conn.queued() < HIGH_WATER);
+        fds.extend(proc_fds.iter().map(|&(_, _, fd, events)| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        }));
+        let timeout = match agent.procs.next_deadline() {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                left.as_millis().min(i32::MAX as u128) as i32 + 1
+            }
+            None => -1,
+        };
+        match sys::poll(&mut fds, timeout) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+        if fds[1].revents != 0 {
+            // The spawner is gone: the sandbox ends with its PID 1.
+            return Ok(());
+        }
+        if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            for msg in conn.receive().map_err(|e| e.to_string())? {
+                match msg {
+                    ToAgent::Call { id, req } => {
+                        let result = agent.call(ctx, req);
+                        conn.send(&FromAgent::Reply { id, result });
+                    }
+                    ToAgent::Hello(_) => return Err("second hello".into()),
+                }
+            }
+        }
+        for (i, &(pid, which, _, _)) in proc_fds.iter().enumerate() {
+            if fds[4 + i].revents != 0 {
+                agent.procs.ready(pid, which, &mut conn);
+            }
+        }
+        if fds[2].revents != 0 {
+            while let Ok(Some(_)) = sys::read_signalfd(sigfd.as_fd()) {}
+        }
+        // Reaping every round is cheap (one WNOHANG waitpid) and never misses a coalesced
+        // SIGCHLD.
+        agent.procs.reap(&mut conn);
+        if fds[3].revents != 0 {
+            for (watch, events) in agent.watches.drain() {
+                conn.send(&FromAgent::Watch { watch, events });
+            }
+        }
+        agent.procs.enforce_deadlines(Instant::now());
+    }
+}
+
+impl Agent {
+    fn call(&mut self, ctx: &AgentContext<'_>, req: Request) -> Result<Reply, AgentError> {
+        match req {
+            Request::Start(p) => {
+                if p.cmd.is_empty() {
+                    return Err(AgentError::new(ErrorKind::InvalidArgument, "empty command"));
+                }
+                let env = procs::process_env(p.user, &self.hello.env, &p.envs);
+                let workdir = match (&p.cwd, &self.hello.default_workdir) {
+                    (Some(cwd), _) => fs::resolve(cwd, p.user)?,
+                    (None, Some(wd)) => fs::resolve(wd, p.user)?,
+                    (None, None) => p.user.home().into(),
+                };
+                let workdir = workdir.to_string_lossy().into_owned();
+                let pid = self.procs.start(ctx, &p, env, &workdir)?;
+                Ok(Reply::Started { pid })
+            }
+            Request::Find(sel) => Ok(Reply::Started {
+                pid: self.procs.lookup(&sel)?,
+            }),
+            Request::List => Ok(Reply::Processes(self.procs.list())),
+            Request::Input { sel, data, pty } => {
+                self.procs.input(&sel, &data, pty)?;
+                Ok(Reply::Done)
+            }
+            Request::CloseStdin(sel) => {
+                self.procs.close_stdin(&sel)?;
+                Ok(Reply::Done)
+            }
+            Request::Signal { sel, signal } => {
+                self.procs.signal(&sel, signal)?;
+                Ok(Reply::Done)
+            }
+            Request::Resize { sel, cols, rows } => {
+                self.procs.resize(&sel, cols, rows)?;
+                Ok(Reply::Done)
+            }
+            Request::WatchStart {
+                path,
+                recursive,
+                user,
+            } => Ok(Reply::Watch {
+                watch: self.watches.start(&path, recursive, user)?,
+            }),
+            Request::WatchStop { watch } => {
+                self.watches.stop(watch)?;
+                Ok(Reply::Done)
+            }
+            Request::Env => Ok(Reply::Env(self.hello.env.clone())),
+            other => self.files.handle(&other),
+        }
+    }
+}

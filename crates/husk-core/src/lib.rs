@@ -1,1 +1,9 @@
+//! husk's core: the sandbox manager (lifecycle, tenancy, quotas, timeouts), the server's side
+//! of the agent protocol, API keys and the SQLite store. It never sees HTTP types; the
+//! adapters in `husk-server` turn requests into calls here.
 #![forbid(unsafe_code)]
+
+pub mod agent;
+pub mod keys;
+pub mod manager;
+pub mod store;

@@ -50,7 +50,10 @@ fn garbage_payloads_are_errors_not_panics() {
     })
     .unwrap();
     for cut in 4..frame.len() - 1 {
-        assert!(decode::<FromAgent>(&frame[4..cut]).is_err(), "prefix {cut} decoded");
+        assert!(
+            decode::<FromAgent>(&frame[4..cut]).is_err(),
+            "prefix {cut} decoded"
+        );
     }
 }
 

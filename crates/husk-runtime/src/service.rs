@@ -218,6 +218,12 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
     // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
     // shuts the spawner down in order. If the server dies, the spawner dies with it.
     let _ = sys::setsid();
+    // A stop signal sent to the whole process group or service (Ctrl-C, `pkill husk`, a
+    // service manager) must not kill the spawner under the server: the server destroys its
+    // sandboxes through it, then stops it.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+        sys::ignore_signal(sig);
+    }
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != parent {
         sys::exit_now(1);
     }

@@ -16,6 +16,10 @@ pub struct Cli {
 pub enum Command {
     /// Run one command in a fresh sandbox; the sandbox is destroyed when it ends.
     Run(Box<RunArgs>),
+    /// Serve the E2B-compatible API: sandboxes for the stock E2B SDKs and husk's own clients.
+    Serve(Box<crate::serve::ServeArgs>),
+    /// Manage API keys (and teams' sandbox quotas) in the server's state directory.
+    Key(crate::keys::KeyArgs),
     /// Measure sandbox start-up, throughput and density against bubblewrap.
     Bench(BenchArgs),
     /// (internal) a benchmark worker process.

@@ -6,8 +6,10 @@
 
 mod bench;
 mod cli;
+mod keys;
 mod relay;
 mod run;
+mod serve;
 mod units;
 
 use clap::Parser;
@@ -16,6 +18,8 @@ fn main() {
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(*args),
+        cli::Command::Serve(args) => serve::main(*args),
+        cli::Command::Key(args) => keys::main(args),
         cli::Command::Bench(args) => bench::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),
     };

@@ -72,18 +72,7 @@ impl Config {
         }
         spec.limits.memory_bytes = parse_size(&a.memory).map_err(|e| anyhow!("--memory: {e}"))?;
         spec.limits.disk_bytes = parse_size(&a.disk).map_err(|e| anyhow!("--disk: {e}"))?;
-        let cpus: f64 = a
-            .cpus
-            .parse()
-            .ok()
-            .filter(|c: &f64| c.is_finite() && *c > 0.0 && *c <= 1024.0)
-            .ok_or_else(|| {
-                anyhow!(
-                    "invalid --cpus {:?}: expected a positive number like 0.5 or 2",
-                    a.cpus
-                )
-            })?;
-        spec.limits.cpu_millis = (cpus * 1000.0).round() as u64;
+        spec.limits.cpu_millis = crate::units::parse_cpus(&a.cpus).map_err(|e| anyhow!("{e}"))?;
         spec.limits.pids = a.pids;
         for m in &a.mounts {
             let parts: Vec<&str> = m.split(':').collect();

@@ -28,6 +28,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// Formats bytes the way the limits were most likely given: `512 MiB`, `1 GiB`, `1.5 GiB`.
+/// Parses a CPU quota given in CPUs (`0.5`, `2`) into millicpus.
+pub fn parse_cpus(s: &str) -> Result<u64, String> {
+    let cpus: f64 = s
+        .parse()
+        .ok()
+        .filter(|c: &f64| c.is_finite() && *c > 0.0 && *c <= 1024.0)
+        .ok_or_else(|| format!("invalid --cpus {s:?}: expected a positive number like 0.5 or 2"))?;
+    Ok((cpus * 1000.0).round() as u64)
+}
+
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
         ("TiB", 1 << 40),

@@ -242,3 +242,19 @@ impl Drop for FsIds {
         }
     }
 }
+
+/// statvfs(2) of `path`: `(total, free)` in bytes. `free` counts every free block (`f_bfree`,
+/// including those reserved for root), so `total - free` is the used space as `df` shows it.
+pub fn statvfs(path: &CStr) -> io::Result<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `path` is a valid C string and `st` is a valid out-buffer for one statvfs.
+    cvt_i(unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) })?;
+    // SAFETY: statvfs succeeded and filled the buffer (it was zeroed before, too).
+    let st = unsafe { st.assume_init() };
+    // All three are u64 on the 64-bit targets husk supports.
+    let frsize = st.f_frsize;
+    Ok((
+        st.f_blocks.saturating_mul(frsize),
+        st.f_bfree.saturating_mul(frsize),
+    ))
+}

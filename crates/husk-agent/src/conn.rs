@@ -1,0 +1,117 @@
+//! The agent's end of its connection to the server: a non-blocking stream socket carrying
+//! husk-proto frames, with an outgoing queue so a slow server never blocks the agent's loop.
+//! The queue's size is the agent's back-pressure signal: while it is above [`HIGH_WATER`],
+//! the loop stops reading process output, so a process that writes faster than the server
+//! reads ends up blocked in its own `write`, not growing the agent's memory.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use husk_proto::{FromAgent, ProtoError, ToAgent, MAX_FRAME};
+use husk_runtime::sys;
+
+/// Above this many queued bytes the loop stops reading process output.
+pub const HIGH_WATER: usize = 4 << 20;
+
+/// The framed connection.
+pub struct Conn {
+    fd: OwnedFd,
+    inbuf: Vec<u8>,
+    out: VecDeque<Vec<u8>>,
+    /// Bytes of `out[0]` already written.
+    out_pos: usize,
+    queued: usize,
+    /// The server closed its end.
+    pub closed: bool,
+}
+
+impl Conn {
+    pub fn new(fd: OwnedFd) -> io::Result<Conn> {
+        sys::set_nonblocking(fd.as_fd(), true)?;
+        Ok(Conn {
+            fd,
+            inbuf: Vec::with_capacity(64 << 10),
+            out: VecDeque::new(),
+            out_pos: 0,
+            queued: 0,
+            closed: false,
+        })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Bytes waiting to be written.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Queues a message. Encoding cannot fail for the agent's own bounded messages; if it
+    /// does, the message is dropped (and the server sees a missing reply as a failed call when
+    /// the sandbox ends).
+    pub fn send(&mut self, msg: &FromAgent) {
+        if let Ok(frame) = husk_proto::encode(msg) {
+            self.queued += frame.len();
+            self.out.push_back(frame);
+        }
+    }
+
+    /// Writes as much of the queue as the socket takes now.
+    pub fn flush(&mut self) -> io::Result<()> {
+        while let Some(front) = self.out.front() {
+            match sys::write_some(self.fd.as_fd(), &front[self.out_pos..]) {
+                Ok(n) => {
+                    self.out_pos += n;
+                    self.queued -= n;
+                    if self.out_pos == front.len() {
+                        self.out.pop_front();
+                        self.out_pos = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what is available and returns the complete messages received. Sets `closed` at
+    /// end of stream.
+    pub fn receive(&mut self) -> Result<Vec<ToAgent>, ProtoError> {
+        let mut buf = [0u8; 64 << 10];
+        loop {
+            match sys::read(self.fd.as_fd(), &mut buf) {
+                Ok(0) => {
+                    self.closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    self.inbuf.extend_from_slice(&buf[..n]);
+                    // Never buffer more than one maximal frame plus a read.
+                    if self.inbuf.len() > MAX_FRAME + 4 + buf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut msgs = Vec::new();
+        let mut pos = 0;
+        while self.inbuf.len() - pos >= 4 {
+            let header: [u8; 4] = self.inbuf[pos..pos + 4].try_into().unwrap_or([0xff; 4]);
+            let len = husk_proto::frame_len(header)?;
+            if self.inbuf.len() - pos - 4 < len {
+                break;
+            }
+            msgs.push(husk_proto::decode(&self.inbuf[pos + 4..pos + 4 + len])?);
+            pos += 4 + len;
+        }
+        self.inbuf.drain(..pos);
+        Ok(msgs)
+    }
+}

@@ -1,0 +1,333 @@
+//! The server's side of a sandbox's agent connection.
+//!
+//! One reader task per sandbox decodes the agent's frames and routes them: replies to the
+//! waiting call, process output to the streams subscribed to that process, watch events to
+//! their watch. Subscriptions are registered by the reader itself when it sees the reply to
+//! `Start`/`Find`/`WatchStart`, before it reads the next frame, so no event that the agent
+//! sends after its reply can be missed.
+//!
+//! The agent runs inside the sandbox: every frame is bounded (`husk_proto::read_frame`
+//! limits), decoding is fallible, data sizes are checked, and a protocol violation closes the
+//! connection, which ends the sandbox.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use husk_proto::{
+    AgentError, FromAgent, FsEvent, Hello, ProcEvent, Reply, Request, Selector, StartProc, ToAgent,
+    User, CHUNK, VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Events buffered per subscriber before the reader waits for it (back-pressure).
+const SUBSCRIBER_BUFFER: usize = 64;
+/// How long the agent has to answer the hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// The agent answered with an error.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The sandbox is gone (its agent closed the connection or broke the protocol).
+    #[error("the sandbox is gone")]
+    Gone,
+}
+
+enum Subscribe {
+    None,
+    Proc(mpsc::Sender<ProcEvent>),
+    Watch(mpsc::Sender<Vec<FsEvent>>),
+}
+
+struct Pending {
+    reply: oneshot::Sender<Result<Reply, CallError>>,
+    subscribe: Subscribe,
+}
+
+#[derive(Default)]
+struct Routes {
+    pending: HashMap<u64, Pending>,
+    procs: HashMap<u32, Vec<mpsc::Sender<ProcEvent>>>,
+    watches: HashMap<u32, mpsc::Sender<Vec<FsEvent>>>,
+    closed: bool,
+}
+
+struct Inner {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    routes: Mutex<Routes>,
+    next_id: AtomicU64,
+    closed: watch::Sender<bool>,
+}
+
+/// A cheap, cloneable handle to one sandbox's agent.
+#[derive(Clone)]
+pub struct AgentClient {
+    inner: Arc<Inner>,
+}
+
+/// Output of one process, until its `End` (or until the sandbox is gone: `None` without `End`).
+pub struct ProcStream {
+    rx: mpsc::Receiver<ProcEvent>,
+}
+
+impl ProcStream {
+    pub async fn next(&mut self) -> Option<ProcEvent> {
+        self.rx.recv().await
+    }
+}
+
+/// Events of one watch; the watch is stopped in the agent when this is dropped.
+pub struct WatchStream {
+    id: u32,
+    rx: mpsc::Receiver<Vec<FsEvent>>,
+    client: AgentClient,
+}
+
+impl WatchStream {
+    /// The next batch of events; `None` when the sandbox is gone.
+    pub async fn next(&mut self) -> Option<Vec<FsEvent>> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let watch = self.id;
+        if let Ok(mut r) = client.inner.routes.lock() {
+            r.watches.remove(&watch);
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = client.call(Request::WatchStop { watch }).await;
+            });
+        }
+    }
+}
+
+fn lock(m: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
+    // A panic while holding the lock cannot leave the routes inconsistent in a way that
+    // matters more than losing the sandbox's streams; keep serving.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn read_msg(r: &mut OwnedReadHalf) -> Option<FromAgent> {
+    let mut header = [0u8; 4];
+    r.read_exact(&mut header).await.ok()?;
+    let len = husk_proto::frame_len(header).ok()?;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await.ok()?;
+    husk_proto::decode(&payload).ok()
+}
+
+/// Whether a message from the agent stays within what the protocol allows.
+fn valid(msg: &FromAgent) -> bool {
+    match msg {
+        FromAgent::Reply {
+            result: Ok(Reply::Data(d)),
+            ..
+        } => d.len() <= CHUNK,
+        FromAgent::Proc {
+            event: ProcEvent::Stdout(d) | ProcEvent::Stderr(d) | ProcEvent::Pty(d),
+            ..
+        } => d.len() <= CHUNK,
+        FromAgent::Watch { events, .. } => events.len() <= 100_000,
+        _ => true,
+    }
+}
+
+impl AgentClient {
+    /// Takes over the server's end of an agent socket, says hello and waits for the answer.
+    pub async fn connect(fd: OwnedFd, hello: Hello) -> Result<AgentClient, CallError> {
+        let std = std::os::unix::net::UnixStream::from(fd);
+        std.set_nonblocking(true).map_err(|_| CallError::Gone)?;
+        let stream = UnixStream::from_std(std).map_err(|_| CallError::Gone)?;
+        let (mut r, mut w) = stream.into_split();
+        let frame = husk_proto::encode(&ToAgent::Hello(hello)).map_err(|_| CallError::Gone)?;
+        w.write_all(&frame).await.map_err(|_| CallError::Gone)?;
+        match tokio::time::timeout(HELLO_TIMEOUT, read_msg(&mut r)).await {
+            Ok(Some(FromAgent::Hello { version })) if version == VERSION => {}
+            _ => return Err(CallError::Gone),
+        }
+        let (closed, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            writer: tokio::sync::Mutex::new(w),
+            routes: Mutex::new(Routes::default()),
+            next_id: AtomicU64::new(1),
+            closed,
+        });
+        tokio::spawn(reader(r, inner.clone()));
+        Ok(AgentClient { inner })
+    }
+
+    /// Whether the agent connection has ended.
+    pub fn is_closed(&self) -> bool {
+        *self.inner.closed.borrow()
+    }
+
+    /// Resolves when the agent connection ends.
+    pub async fn closed(&self) {
+        let mut rx = self.inner.closed.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    async fn send_call(&self, req: Request, subscribe: Subscribe) -> Result<Reply, CallError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut routes = lock(&self.inner.routes);
+            if routes.closed {
+                return Err(CallError::Gone);
+            }
+            routes.pending.insert(
+                id,
+                Pending {
+                    reply: tx,
+                    subscribe,
+                },
+            );
+        }
+        let frame = husk_proto::encode(&ToAgent::Call { id, req }).map_err(|_| {
+            lock(&self.inner.routes).pending.remove(&id);
+            CallError::Agent(AgentError::new(
+                husk_proto::ErrorKind::InvalidArgument,
+                "request too large",
+            ))
+        })?;
+        {
+            let mut w = self.inner.writer.lock().await;
+            if w.write_all(&frame).await.is_err() {
+                lock(&self.inner.routes).pending.remove(&id);
+                return Err(CallError::Gone);
+            }
+        }
+        rx.await.unwrap_or(Err(CallError::Gone))
+    }
+
+    /// One call and its reply.
+    pub async fn call(&self, req: Request) -> Result<Reply, CallError> {
+        self.send_call(req, Subscribe::None).await
+    }
+
+    /// Starts a process and subscribes to its output.
+    pub async fn start(&self, p: StartProc) -> Result<(u32, ProcStream), CallError> {
+        self.subscribe_call(Request::Start(p)).await
+    }
+
+    /// Re-attaches to a running process's output.
+    pub async fn attach(&self, sel: Selector) -> Result<(u32, ProcStream), CallError> {
+        self.subscribe_call(Request::Find(sel)).await
+    }
+
+    async fn subscribe_call(&self, req: Request) -> Result<(u32, ProcStream), CallError> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        match self.send_call(req, Subscribe::Proc(tx)).await? {
+            Reply::Started { pid } => Ok((pid, ProcStream { rx })),
+            _ => Err(CallError::Gone),
+        }
+    }
+
+    /// Starts watching a directory.
+    pub async fn watch(
+        &self,
+        path: String,
+        recursive: bool,
+        user: User,
+    ) -> Result<WatchStream, CallError> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        let req = Request::WatchStart {
+            path,
+            recursive,
+            user,
+        };
+        match self.send_call(req, Subscribe::Watch(tx)).await? {
+            Reply::Watch { watch } => Ok(WatchStream {
+                id: watch,
+                rx,
+                client: self.clone(),
+            }),
+            _ => Err(CallError::Gone),
+        }
+    }
+
+    /// Closes the connection from the server's side (the agent exits, ending the sandbox).
+    pub async fn close(&self) {
+        let _ = self.inner.writer.lock().await.shutdown().await;
+    }
+}
+
+async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
+    while let Some(msg) = read_msg(&mut r).await {
+        if !valid(&msg) {
+            break;
+        }
+        match msg {
+            FromAgent::Reply { id, result } => {
+                let pending = lock(&inner.routes).pending.remove(&id);
+                let Some(p) = pending else { continue };
+                let result = result.map_err(CallError::Agent);
+                {
+                    let mut routes = lock(&inner.routes);
+                    match (&result, p.subscribe) {
+                        (Ok(Reply::Started { pid }), Subscribe::Proc(tx)) => {
+                            routes.procs.entry(*pid).or_default().push(tx);
+                        }
+                        (Ok(Reply::Watch { watch }), Subscribe::Watch(tx)) => {
+                            routes.watches.insert(*watch, tx);
+                        }
+                        _ => {}
+                    }
+                }
+                let _ = p.reply.send(result);
+            }
+            FromAgent::Proc { pid, event } => {
+                let end = matches!(event, ProcEvent::End(_));
+                let subs = {
+                    let mut routes = lock(&inner.routes);
+                    if end {
+                        routes.procs.remove(&pid).unwrap_or_default()
+                    } else {
+                        routes.procs.get(&pid).cloned().unwrap_or_default()
+                    }
+                };
+                let mut gone = Vec::new();
+                for (i, tx) in subs.iter().enumerate() {
+                    if tx.send(event.clone()).await.is_err() {
+                        gone.push(i);
+                    }
+                }
+                if !end && !gone.is_empty() {
+                    let mut routes = lock(&inner.routes);
+                    if let Some(list) = routes.procs.get_mut(&pid) {
+                        list.retain(|tx| !tx.is_closed());
+                    }
+                }
+            }
+            FromAgent::Watch { watch, events } => {
+                let tx = lock(&inner.routes).watches.get(&watch).cloned();
+                if let Some(tx) = tx {
+                    let _ = tx.send(events).await;
+                }
+            }
+            // A second hello is a protocol violation.
+            FromAgent::Hello { .. } => break,
+        }
+    }
+    let mut routes = lock(&inner.routes);
+    routes.closed = true;
+    for (_, p) in routes.pending.drain() {
+        let _ = p.reply.send(Err(CallError::Gone));
+    }
+    routes.procs.clear();
+    routes.watches.clear();
+    drop(routes);
+    let _ = inner.closed.send(true);
+}

@@ -1,0 +1,479 @@
+//! The sandbox manager: creation, lookup under tenancy, timeouts, kill, usage figures.
+//!
+//! Tenancy is enforced here, not in the HTTP layer: every lookup takes the caller's team, and a
+//! sandbox of another team is indistinguishable from one that does not exist
+//! ([`CoreError::NotFound`]). Timeouts are enforced by one task per sandbox, which also notices
+//! a sandbox whose agent died, and destroys it exactly like a kill.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use husk_proto::{Hello, Reply, Request, User, VERSION};
+use husk_runtime::cgroup::SandboxCgroup;
+use husk_runtime::service::SpawnerService;
+use husk_runtime::{Limits, SandboxSpec};
+use time::OffsetDateTime;
+use tokio::sync::Notify;
+
+use crate::agent::{AgentClient, CallError};
+use crate::store::{Principal, SandboxRecord, Store};
+
+/// The envd API version whose features husk implements (the SDKs gate features on it).
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// Templates that exist before any is built: both are the host's own `/usr`.
+pub const BUILTIN_TEMPLATES: &[&str] = &["base", "host"];
+
+/// Errors of the core, each mapped to one HTTP answer by the adapters.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    /// No such sandbox for this team (whether it exists for another team is not said).
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("template '{0}' not found")]
+    TemplateNotFound(String),
+    #[error("team {team} has reached its limit of {limit} concurrent sandboxes; kill one first")]
+    QuotaExceeded { team: String, limit: u32 },
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A feature husk does not offer (pause, snapshots, fork...).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The sandbox could not be created.
+    #[error("creating the sandbox failed: {0}")]
+    Spawn(String),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Server-wide settings of the manager.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Concurrent sandboxes per team unless the team has its own quota.
+    pub default_quota: u32,
+    /// Longest timeout a client may ask for.
+    pub max_timeout: Duration,
+    /// Resources of every sandbox.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            default_quota: 100,
+            max_timeout: Duration::from_secs(24 * 3600),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What a client asks for when creating a sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    pub timeout: Duration,
+    pub metadata: BTreeMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub allow_internet_access: Option<bool>,
+}
+
+/// A running sandbox.
+pub struct LiveSandbox {
+    pub id: String,
+    pub team: String,
+    pub template: String,
+    pub runtime_id: String,
+    pub agent: AgentClient,
+    /// Required as `X-Access-Token` by the in-sandbox API, and the key of signed file URLs.
+    pub access_token: String,
+    pub env: Vec<(String, String)>,
+    pub metadata: BTreeMap<String, String>,
+    pub allow_internet_access: Option<bool>,
+    pub started_at: OffsetDateTime,
+    pub limits: Limits,
+    end_at: Mutex<OffsetDateTime>,
+    timeout_changed: Notify,
+    cgroup: SandboxCgroup,
+    /// (when, cpu ns) of the previous metrics sample, for the CPU percentage.
+    cpu_sample: Mutex<(Instant, u64)>,
+}
+
+impl LiveSandbox {
+    pub fn end_at(&self) -> OffsetDateTime {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_end_at(&self, t: OffsetDateTime) {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        self.timeout_changed.notify_one();
+    }
+
+    /// CPUs of the sandbox's quota, rounded up.
+    pub fn cpu_count(&self) -> u32 {
+        self.limits.cpu_millis.div_ceil(1000).max(1) as u32
+    }
+
+    pub fn memory_mb(&self) -> u64 {
+        self.limits.memory_bytes >> 20
+    }
+
+    pub fn disk_mb(&self) -> u64 {
+        self.limits.disk_bytes >> 20
+    }
+}
+
+/// One usage sample.
+#[derive(Debug, Clone, Copy)]
+pub struct Metrics {
+    pub timestamp: OffsetDateTime,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+/// Filters of a list call.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub metadata: Vec<(String, String)>,
+    pub template: Option<String>,
+    pub started_after: Option<OffsetDateTime>,
+}
+
+/// The manager.
+pub struct Manager {
+    store: Arc<Store>,
+    spawner: Arc<SpawnerService>,
+    config: Config,
+    sandboxes: RwLock<HashMap<String, Arc<LiveSandbox>>>,
+    /// Sandboxes being created, per team (they count against the quota).
+    creating: Mutex<HashMap<String, u32>>,
+}
+
+fn random_string(alphabet: &[u8], len: usize) -> String {
+    let mut bytes = vec![0u8; len];
+    // getrandom failing means the kernel's CSPRNG is unusable: nothing secure can go on.
+    getrandom::fill(&mut bytes).expect("kernel random number generator unavailable");
+    bytes
+        .iter()
+        .map(|b| alphabet[*b as usize % alphabet.len()] as char)
+        .collect()
+}
+
+/// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
+pub fn new_sandbox_id() -> String {
+    random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Manager {
+    /// A manager over a started spawner. Forgets records of sandboxes a crashed earlier run
+    /// left (the spawner has already reaped what they left on the host).
+    pub fn new(
+        store: Arc<Store>,
+        spawner: Arc<SpawnerService>,
+        config: Config,
+    ) -> Result<Arc<Manager>, CoreError> {
+        let stale = store.clear_sandboxes()?;
+        if stale > 0 {
+            tracing::info!(count = stale, "forgot sandboxes of an earlier run");
+        }
+        Ok(Arc::new(Manager {
+            store,
+            spawner,
+            config,
+            sandboxes: RwLock::new(HashMap::new()),
+            creating: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn quota(&self, team: &str) -> u32 {
+        self.store
+            .team_quota(team)
+            .ok()
+            .flatten()
+            .unwrap_or(self.config.default_quota)
+    }
+
+    /// Clamps a requested timeout to (0, max].
+    fn clamp_timeout(&self, t: Duration) -> Duration {
+        t.clamp(Duration::from_secs(1), self.config.max_timeout)
+    }
+
+    /// Creates a sandbox for `who`'s team.
+    pub async fn create(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        if !BUILTIN_TEMPLATES.contains(&req.template.as_str()) {
+            return Err(CoreError::TemplateNotFound(req.template));
+        }
+        for (k, _) in &req.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(CoreError::InvalidArgument(format!(
+                    "invalid environment variable name '{k}'"
+                )));
+            }
+        }
+        // Reserve a place in the team's quota for the time of the creation.
+        {
+            let limit = self.quota(&who.team);
+            let live = read(&self.sandboxes)
+                .values()
+                .filter(|s| s.team == who.team)
+                .count() as u32;
+            let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+            let pending = creating.entry(who.team.clone()).or_default();
+            if live + *pending >= limit {
+                return Err(CoreError::QuotaExceeded {
+                    team: who.team.clone(),
+                    limit,
+                });
+            }
+            *pending += 1;
+        }
+        let result = self.create_reserved(who, req).await;
+        let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = creating.get_mut(&who.team) {
+            *n = n.saturating_sub(1);
+        }
+        result
+    }
+
+    async fn create_reserved(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let id = new_sandbox_id();
+        let mut spec = SandboxSpec::idle();
+        spec.agent = true;
+        spec.hostname = id.clone();
+        spec.limits = self.config.limits.clone();
+        let spawner = self.spawner.clone();
+        let created = tokio::task::spawn_blocking(move || spawner.create(&spec))
+            .await
+            .map_err(|e| CoreError::Spawn(e.to_string()))?
+            .map_err(|e| CoreError::Spawn(e.to_string()))?;
+        let runtime_id = created.id.clone();
+        let hello = Hello {
+            version: VERSION,
+            env: req.env.clone(),
+            default_user: User::User,
+            default_workdir: None,
+        };
+        let agent = match AgentClient::connect(created.agent, hello).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.destroy_runtime(runtime_id).await;
+                return Err(CoreError::Spawn(format!("agent did not start: {e}")));
+            }
+        };
+        let now = OffsetDateTime::now_utc();
+        let timeout = self.clamp_timeout(req.timeout);
+        let sb = Arc::new(LiveSandbox {
+            id: id.clone(),
+            team: who.team.clone(),
+            template: req.template,
+            runtime_id,
+            agent,
+            access_token: random_string(b"0123456789abcdef", 40),
+            env: req.env,
+            metadata: req.metadata,
+            allow_internet_access: req.allow_internet_access,
+            started_at: now,
+            limits: self.config.limits.clone(),
+            end_at: Mutex::new(now + timeout),
+            timeout_changed: Notify::new(),
+            cgroup: created.cgroup,
+            cpu_sample: Mutex::new((Instant::now(), 0)),
+        });
+        let record = SandboxRecord {
+            id: id.clone(),
+            team: sb.team.clone(),
+            template: sb.template.clone(),
+            runtime_id: sb.runtime_id.clone(),
+            created_at: now,
+            end_at: sb.end_at(),
+            metadata: sb.metadata.clone(),
+        };
+        if let Err(e) = self.store.insert_sandbox(&record) {
+            tracing::warn!(sandbox = %id, error = %e, "could not record sandbox");
+        }
+        write(&self.sandboxes).insert(id.clone(), sb.clone());
+        tokio::spawn(self.clone().supervise(sb.clone()));
+        Ok(sb)
+    }
+
+    /// Ends the sandbox at its timeout, or when its agent dies.
+    async fn supervise(self: Arc<Self>, sb: Arc<LiveSandbox>) {
+        loop {
+            let left = sb.end_at() - OffsetDateTime::now_utc();
+            if left <= time::Duration::ZERO {
+                tracing::info!(sandbox = %sb.id, "timeout: destroying sandbox");
+                break;
+            }
+            let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
+            tokio::select! {
+                _ = tokio::time::sleep(left) => {}
+                _ = sb.timeout_changed.notified() => {}
+                _ = sb.agent.closed() => {
+                    tracing::info!(sandbox = %sb.id, "agent gone: destroying sandbox");
+                    break;
+                }
+            }
+        }
+        self.remove(&sb.id).await;
+    }
+
+    async fn destroy_runtime(&self, runtime_id: String) {
+        let spawner = self.spawner.clone();
+        let res = tokio::task::spawn_blocking(move || spawner.destroy(&runtime_id)).await;
+        if let Ok(Err(e)) = res {
+            tracing::warn!(error = %e, "destroying sandbox failed");
+        }
+    }
+
+    /// Removes and destroys a sandbox (no tenancy check). Idempotent.
+    async fn remove(&self, id: &str) -> bool {
+        let Some(sb) = write(&self.sandboxes).remove(id) else {
+            return false;
+        };
+        sb.agent.close().await;
+        self.destroy_runtime(sb.runtime_id.clone()).await;
+        let _ = self.store.delete_sandbox(id);
+        true
+    }
+
+    /// A live sandbox of `who`'s team.
+    pub fn get(&self, who: &Principal, id: &str) -> Result<Arc<LiveSandbox>, CoreError> {
+        read(&self.sandboxes)
+            .get(id)
+            .filter(|s| s.team == who.team)
+            .cloned()
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))
+    }
+
+    /// A live sandbox by id alone (the in-sandbox API authenticates by the sandbox's access
+    /// token instead of an API key).
+    pub fn get_any(&self, id: &str) -> Option<Arc<LiveSandbox>> {
+        read(&self.sandboxes).get(id).cloned()
+    }
+
+    /// The team's sandboxes matching `filter`, oldest first.
+    pub fn list(&self, who: &Principal, filter: &ListFilter) -> Vec<Arc<LiveSandbox>> {
+        let mut v: Vec<Arc<LiveSandbox>> = read(&self.sandboxes)
+            .values()
+            .filter(|s| s.team == who.team)
+            .filter(|s| {
+                filter
+                    .metadata
+                    .iter()
+                    .all(|(k, v)| s.metadata.get(k) == Some(v))
+            })
+            .filter(|s| filter.template.as_ref().is_none_or(|t| &s.template == t))
+            .filter(|s| filter.started_after.is_none_or(|t| s.started_at > t))
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        v
+    }
+
+    /// Kills a sandbox of `who`'s team.
+    pub async fn kill(&self, who: &Principal, id: &str) -> Result<(), CoreError> {
+        self.get(who, id)?;
+        if self.remove(id).await {
+            Ok(())
+        } else {
+            Err(CoreError::NotFound(id.to_string()))
+        }
+    }
+
+    /// Sets the sandbox to end `timeout` from now (may shorten).
+    pub fn set_timeout(
+        &self,
+        who: &Principal,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<(), CoreError> {
+        let sb = self.get(who, id)?;
+        let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
+        sb.set_end_at(end);
+        let _ = self.store.update_sandbox_end(id, end);
+        Ok(())
+    }
+
+    /// Connecting extends the timeout to `timeout` from now, never shortens it.
+    pub fn connect(
+        &self,
+        who: &Principal,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let sb = self.get(who, id)?;
+        let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
+        if end > sb.end_at() {
+            sb.set_end_at(end);
+            let _ = self.store.update_sandbox_end(id, end);
+        }
+        Ok(sb)
+    }
+
+    /// A usage sample: memory and CPU from the cgroups, disk from the agent.
+    pub async fn metrics(&self, who: &Principal, id: &str) -> Result<Metrics, CoreError> {
+        let sb = self.get(who, id)?;
+        let st = sb.cgroup.stats();
+        let now = Instant::now();
+        let cpu_used_pct = {
+            let mut prev = sb.cpu_sample.lock().unwrap_or_else(|p| p.into_inner());
+            let wall = now.duration_since(prev.0).as_nanos().max(1) as f64;
+            let used = st.cpu_usage_ns.saturating_sub(prev.1) as f64;
+            *prev = (now, st.cpu_usage_ns);
+            (used / wall / sb.cpu_count() as f64 * 100.0).clamp(0.0, 100.0)
+        };
+        let (disk_used, disk_total) = match sb.agent.call(Request::Disk).await {
+            Ok(Reply::Disk { used, total }) => (used, total),
+            Ok(_) | Err(CallError::Agent(_)) => (0, sb.limits.disk_bytes),
+            Err(CallError::Gone) => return Err(CoreError::NotFound(id.to_string())),
+        };
+        Ok(Metrics {
+            timestamp: OffsetDateTime::now_utc(),
+            cpu_count: sb.cpu_count(),
+            cpu_used_pct,
+            mem_used: st.memory_bytes,
+            mem_total: sb.limits.memory_bytes,
+            mem_cache: st.memory_cache,
+            disk_used,
+            disk_total,
+        })
+    }
+
+    /// How many sandboxes are alive.
+    pub fn count(&self) -> usize {
+        read(&self.sandboxes).len()
+    }
+
+    /// Destroys every sandbox (server shutdown).
+    pub async fn shutdown(&self) {
+        let ids: Vec<String> = read(&self.sandboxes).keys().cloned().collect();
+        for id in ids {
+            self.remove(&id).await;
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The record of live sandboxes: written when a sandbox is created, removed when it is
+//! destroyed, and read at start-up to find what a crashed server left behind.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{ffi, params};
+use time::OffsetDateTime;
+
+use super::{from_db_time, to_db_time, SandboxRecord, Store, StoreError};
+
+impl Store {
+    /// Records a new sandbox. Its id must not be recorded already.
+    pub fn insert_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
+        // A map of strings always serialises; the error arm is only there to avoid a panic path.
+        let metadata = serde_json::to_string(&record.metadata)
+            .map_err(|e| StoreError::Corrupt(format!("metadata: {e}")))?;
+        let created_at = to_db_time(record.created_at)?;
+        let end_at = to_db_time(record.end_at)?;
+        let conn = self.conn();
+        let inserted = conn
+            .prepare_cached(
+                "INSERT INTO sandboxes (id, team, template, runtime_id, created_at, end_at, metadata)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                record.id,
+                record.team,
+                record.template,
+                record.runtime_id,
+                created_at,
+                end_at,
+                metadata
+            ]);
+        match inserted {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.sqlite_error().map(|e| e.extended_code)
+                    == Some(ffi::SQLITE_CONSTRAINT_PRIMARYKEY) =>
+            {
+                Err(StoreError::SandboxExists(record.id.clone()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Moves a sandbox's end (its timeout was changed). Returns whether it is recorded.
+    pub fn update_sandbox_end(&self, id: &str, end_at: OffsetDateTime) -> Result<bool, StoreError> {
+        let end_at = to_db_time(end_at)?;
+        let changed = self
+            .conn()
+            .prepare_cached("UPDATE sandboxes SET end_at = ?2 WHERE id = ?1")?
+            .execute(params![id, end_at])?;
+        Ok(changed > 0)
+    }
+
+    /// Forgets a destroyed sandbox. Returns whether it was recorded.
+    pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn()
+            .prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?
+            .execute([id])?;
+        Ok(changed > 0)
+    }
+
+    /// Every recorded sandbox, oldest first.
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, team, template, runtime_id, created_at, end_at, metadata FROM sandboxes
+             ORDER BY created_at, id",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, i64>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, String>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, team, template, runtime_id, created_at, end_at, metadata) = row?;
+            let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata)
+                .map_err(|e| StoreError::Corrupt(format!("metadata of sandbox {id:?}: {e}")))?;
+            out.push(SandboxRecord {
+                id,
+                team,
+                template,
+                runtime_id,
+                created_at: from_db_time(created_at)?,
+                end_at: from_db_time(end_at)?,
+                metadata,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Forgets every sandbox (after a restart has destroyed what was left). Returns how many.
+    pub fn clear_sandboxes(&self) -> Result<usize, StoreError> {
+        Ok(self.conn().execute("DELETE FROM sandboxes", [])?)
+    }
+}

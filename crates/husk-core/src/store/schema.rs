@@ -1,0 +1,93 @@
+//! Versioned schema migrations, counted in `PRAGMA user_version`.
+//!
+//! `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`. Migrations are append-only:
+//! once released, an entry never changes, and a change to the schema is a new entry. All pending
+//! migrations and the new version number are committed in one transaction, so a crash leaves the
+//! database at the old version or the new one, never in between.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::StoreError;
+
+/// Version 1: teams, keys and the sandbox record.
+///
+/// Tables are `STRICT`, so SQLite refuses a value of the wrong type instead of storing it.
+/// Times are Unix nanoseconds (see the module documentation of `store`).
+/// `sandboxes.team` deliberately has no foreign key: the record must never refuse a sandbox
+/// that exists (for example one created while the server runs without keys), or a crash would
+/// leave it untracked.
+const V1: &str = "
+CREATE TABLE teams (
+    name          TEXT PRIMARY KEY NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+    created_at    INTEGER NOT NULL,
+    max_sandboxes INTEGER NULL CHECK (max_sandboxes IS NULL OR max_sandboxes >= 0)
+) STRICT;
+
+CREATE TABLE keys (
+    id           TEXT PRIMARY KEY NOT NULL,
+    hash         TEXT NOT NULL UNIQUE,
+    team         TEXT NOT NULL REFERENCES teams(name),
+    admin        INTEGER NOT NULL DEFAULT 0 CHECK (admin IN (0, 1)),
+    name         TEXT NULL,
+    created_at   INTEGER NOT NULL,
+    revoked_at   INTEGER NULL,
+    last_used_at INTEGER NULL
+) STRICT;
+
+CREATE INDEX keys_by_team ON keys(team);
+
+CREATE TABLE sandboxes (
+    id         TEXT PRIMARY KEY NOT NULL,
+    team       TEXT NOT NULL,
+    template   TEXT NOT NULL,
+    runtime_id TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    end_at     INTEGER NOT NULL,
+    metadata   TEXT NOT NULL DEFAULT '{}'
+) STRICT;
+";
+
+const MIGRATIONS: &[&str] = &[V1];
+
+/// The schema version this husk writes and understands.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the schema up to [`SCHEMA_VERSION`]. A database that is already current costs one read
+/// and takes no write lock, so opening the store next to a busy server stays cheap.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    if check(version(conn)?)? {
+        return Ok(());
+    }
+    // Another process may be migrating at the same moment: take the write lock first, then
+    // read the version again and apply only what is still missing.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found = version(&tx)?;
+    if !check(found)? {
+        // `found` is in 0..SCHEMA_VERSION here, checked above.
+        let done = usize::try_from(found).unwrap_or(0);
+        for sql in MIGRATIONS.iter().skip(done) {
+            tx.execute_batch(sql)?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// The stored schema version.
+pub(super) fn version(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn.pragma_query_value(None, "user_version", |row| row.get(0))?)
+}
+
+/// Whether `found` is current; an error if it is newer than this husk or nonsense.
+fn check(found: i64) -> Result<bool, StoreError> {
+    match found {
+        v if v == SCHEMA_VERSION => Ok(true),
+        v if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        v if v < 0 => Err(StoreError::Corrupt(format!("schema version {v}"))),
+        _ => Ok(false),
+    }
+}

@@ -1,0 +1,364 @@
+//! `GET /files` (download) and `POST /files` (upload) of the in-sandbox API.
+//!
+//! Data moves through the agent in chunks of up to `husk_proto::CHUNK`: a download pulls one
+//! chunk at a time as the client reads (so a slow client holds one chunk, not the file), an
+//! upload sends each chunk once enough of the body has arrived. Handles are closed in the
+//! agent even when the client goes away mid-transfer.
+
+use std::io::Write;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::{stream, StreamExt};
+use husk_core::agent::{AgentClient, CallError};
+use husk_proto::{ErrorKind, Reply, Request as AgentRequest, User, CHUNK};
+
+use super::Sandbox;
+use crate::files::encoding::{negotiate_encoding, request_encoding, Coding};
+use crate::files::multipart::UploadForm;
+use crate::files::range::{parse_range, unsatisfiable, ByteRange};
+use crate::files::upload::UploadedEntry;
+use crate::files::{authorize, FilesError, FilesQuery, Operation};
+
+/// Largest upload body read at once before it is sent on to the agent.
+const WRITE_BATCH: usize = CHUNK;
+
+fn agent_error(e: CallError, path: &str) -> FilesError {
+    match e {
+        CallError::Gone => FilesError::new(StatusCode::BAD_GATEWAY, "The sandbox was not found"),
+        CallError::Agent(a) => match a.kind {
+            ErrorKind::NotFound => FilesError::not_found(format!("path '{path}' does not exist")),
+            ErrorKind::InvalidArgument | ErrorKind::AlreadyExists => {
+                FilesError::bad_request(a.message)
+            }
+            ErrorKind::PermissionDenied => FilesError::new(StatusCode::FORBIDDEN, a.message),
+            ErrorKind::NoSpace => FilesError::insufficient_storage(format!(
+                "not enough disk space in the sandbox: {}",
+                a.message
+            )),
+            ErrorKind::ResourceExhausted => {
+                FilesError::new(StatusCode::TOO_MANY_REQUESTS, a.message)
+            }
+            ErrorKind::Internal => FilesError::internal(a.message),
+        },
+    }
+}
+
+/// Closes an agent handle when dropped (a client that goes away mid-transfer included).
+struct HandleGuard {
+    agent: AgentClient,
+    handle: Option<u32>,
+}
+
+impl HandleGuard {
+    async fn close(mut self) -> Result<Reply, CallError> {
+        match self.handle.take() {
+            Some(handle) => self.agent.call(AgentRequest::Close { handle }).await,
+            None => Ok(Reply::Done),
+        }
+    }
+}
+
+impl Drop for HandleGuard {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            let agent = self.agent.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = agent.call(AgentRequest::Close { handle }).await;
+                });
+            }
+        }
+    }
+}
+
+pub async fn handle(sb: Sandbox, req: Request<Body>, has_token: bool) -> Response {
+    match serve(sb, req, has_token).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn serve(sb: Sandbox, req: Request<Body>, has_token: bool) -> Result<Response, FilesError> {
+    let query = FilesQuery::parse(req.uri().query())?;
+    let op = if req.method() == Method::GET {
+        Operation::Read
+    } else {
+        Operation::Write
+    };
+    if !has_token {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        authorize(req.headers(), &query, op, Some(&sb.access_token), now)?;
+    }
+    let user = crate::files::auth::resolve_user(&query, User::User)?;
+    match op {
+        Operation::Read => download(sb, req.headers(), query, user).await,
+        Operation::Write => upload(sb, req, query, user).await,
+    }
+}
+
+async fn download(
+    sb: Sandbox,
+    headers: &HeaderMap,
+    query: FilesQuery,
+    user: User,
+) -> Result<Response, FilesError> {
+    let path = query
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| FilesError::bad_request("the path query parameter is required"))?;
+    let coding = negotiate_encoding(headers)?;
+    let (handle, entry) = match sb
+        .agent
+        .call(AgentRequest::OpenRead {
+            path: path.clone(),
+            user,
+        })
+        .await
+    {
+        Ok(Reply::Opened { handle, entry }) => (handle, entry),
+        Ok(_) => return Err(FilesError::internal("unexpected reply")),
+        Err(e) => return Err(agent_error(e, &path)),
+    };
+    let guard = HandleGuard {
+        agent: sb.agent.clone(),
+        handle: Some(handle),
+    };
+    let size = entry.size;
+    let (start, end, status) = match (coding, parse_range(headers, size)) {
+        (Coding::Identity, ByteRange::Partial { start, end }) => {
+            (start, end + 1, StatusCode::PARTIAL_CONTENT)
+        }
+        (Coding::Identity, ByteRange::Unsatisfiable) => return Ok(unsatisfiable(size)),
+        _ => (0, size, StatusCode::OK),
+    };
+    let agent = sb.agent.clone();
+    // Pull chunks from the agent as the client reads; the guard closes the handle at the end
+    // (or when the body is dropped).
+    let chunks = stream::unfold((start, Some(guard)), move |(offset, guard)| {
+        let agent = agent.clone();
+        async move {
+            let guard = guard?;
+            if offset >= end {
+                let _ = guard.close().await;
+                return None;
+            }
+            let len = (end - offset).min(CHUNK as u64) as u32;
+            let h = guard.handle?;
+            match agent
+                .call(AgentRequest::Read {
+                    handle: h,
+                    offset,
+                    len,
+                })
+                .await
+            {
+                Ok(Reply::Data(d)) if !d.is_empty() => {
+                    let n = d.len() as u64;
+                    Some((
+                        Ok::<Bytes, std::io::Error>(Bytes::from(d)),
+                        (offset + n, Some(guard)),
+                    ))
+                }
+                // The file shrank while being read: end here.
+                Ok(_) => {
+                    let _ = guard.close().await;
+                    None
+                }
+                Err(e) => Some((Err(std::io::Error::other(e.to_string())), (end, None))),
+            }
+        }
+    });
+    let mut builder = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(
+            header::CONTENT_DISPOSITION,
+            crate::files::disposition::content_disposition(&entry.name),
+        )
+        .header(header::ACCEPT_RANGES, "bytes");
+    let body = match coding {
+        Coding::Identity => {
+            builder = builder.header(header::CONTENT_LENGTH, end - start);
+            if status == StatusCode::PARTIAL_CONTENT {
+                builder = builder.header(
+                    header::CONTENT_RANGE,
+                    ByteRange::content_range(start, end - 1, size),
+                );
+            }
+            Body::from_stream(chunks)
+        }
+        Coding::Gzip => {
+            builder = builder.header(header::CONTENT_ENCODING, "gzip");
+            Body::from_stream(gzip_stream(chunks))
+        }
+    };
+    builder
+        .body(body)
+        .map_err(|e| FilesError::internal(e.to_string()))
+}
+
+/// Compresses a byte stream with gzip, chunk by chunk.
+fn gzip_stream(
+    input: impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    stream::unfold(
+        (Box::pin(input), Some(enc)),
+        |(mut input, enc)| async move {
+            let mut enc = enc?;
+            match input.next().await {
+                Some(Ok(chunk)) => {
+                    if let Err(e) = enc.write_all(&chunk) {
+                        return Some((Err(e), (input, None)));
+                    }
+                    let out = std::mem::take(enc.get_mut());
+                    Some((Ok(Bytes::from(out)), (input, Some(enc))))
+                }
+                Some(Err(e)) => Some((Err(e), (input, None))),
+                None => match enc.finish() {
+                    Ok(out) => Some((Ok(Bytes::from(out)), (input, None))),
+                    Err(e) => Some((Err(e), (input, None))),
+                },
+            }
+        },
+    )
+}
+
+/// Writes one file's data, from successive chunks, through the agent.
+struct FileWriter {
+    agent: AgentClient,
+    guard: HandleGuard,
+    buf: Vec<u8>,
+    gunzip: Option<flate2::write::GzDecoder<Vec<u8>>>,
+    path: String,
+}
+
+impl FileWriter {
+    async fn open(
+        sb: &Sandbox,
+        path: String,
+        user: User,
+        metadata: Vec<(String, String)>,
+        gzip: bool,
+    ) -> Result<FileWriter, FilesError> {
+        let req = AgentRequest::OpenWrite {
+            path: path.clone(),
+            user,
+            metadata,
+        };
+        let handle = match sb.agent.call(req).await {
+            Ok(Reply::Opened { handle, .. }) => handle,
+            Ok(_) => return Err(FilesError::internal("unexpected reply")),
+            Err(e) => return Err(agent_error(e, &path)),
+        };
+        Ok(FileWriter {
+            agent: sb.agent.clone(),
+            guard: HandleGuard {
+                agent: sb.agent.clone(),
+                handle: Some(handle),
+            },
+            buf: Vec::with_capacity(WRITE_BATCH),
+            gunzip: gzip.then(|| flate2::write::GzDecoder::new(Vec::new())),
+            path,
+        })
+    }
+
+    async fn push(&mut self, chunk: &[u8]) -> Result<(), FilesError> {
+        match &mut self.gunzip {
+            Some(dec) => {
+                dec.write_all(chunk)
+                    .map_err(|e| FilesError::bad_request(format!("invalid gzip body: {e}")))?;
+                let out = std::mem::take(dec.get_mut());
+                self.buf.extend_from_slice(&out);
+            }
+            None => self.buf.extend_from_slice(chunk),
+        }
+        while self.buf.len() >= WRITE_BATCH {
+            let rest = self.buf.split_off(WRITE_BATCH);
+            let data = std::mem::replace(&mut self.buf, rest);
+            self.write(data).await?;
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, data: Vec<u8>) -> Result<(), FilesError> {
+        let Some(handle) = self.guard.handle else {
+            return Err(FilesError::internal("file already closed"));
+        };
+        self.agent
+            .call(AgentRequest::Write { handle, data })
+            .await
+            .map(|_| ())
+            .map_err(|e| agent_error(e, &self.path))
+    }
+
+    async fn finish(mut self) -> Result<UploadedEntry, FilesError> {
+        if let Some(dec) = self.gunzip.take() {
+            let out = dec
+                .finish()
+                .map_err(|e| FilesError::bad_request(format!("invalid gzip body: {e}")))?;
+            self.buf.extend_from_slice(&out);
+        }
+        while !self.buf.is_empty() {
+            let rest = self.buf.split_off(self.buf.len().min(WRITE_BATCH));
+            let data = std::mem::replace(&mut self.buf, rest);
+            self.write(data).await?;
+        }
+        let path = self.path.clone();
+        match self.guard.close().await {
+            Ok(Reply::Entry(entry)) => Ok(UploadedEntry::from(entry)),
+            Ok(_) => Err(FilesError::internal("unexpected reply")),
+            Err(e) => Err(agent_error(e, &path)),
+        }
+    }
+}
+
+async fn upload(
+    sb: Sandbox,
+    req: Request<Body>,
+    query: FilesQuery,
+    user: User,
+) -> Result<Response, FilesError> {
+    let metadata = crate::files::metadata::extract_metadata(req.headers())?;
+    let gzip = request_encoding(req.headers())? == Coding::Gzip;
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut written = Vec::new();
+    if content_type
+        .to_ascii_lowercase()
+        .starts_with("multipart/form-data")
+    {
+        let mut form = UploadForm::new(&content_type, req.into_body(), query.path.as_deref())?;
+        while let Some(mut file) = form.next_file().await? {
+            let mut w =
+                FileWriter::open(&sb, file.path.clone(), user, metadata.clone(), gzip).await?;
+            while let Some(chunk) = file.chunk().await? {
+                w.push(&chunk).await?;
+            }
+            written.push(w.finish().await?);
+        }
+    } else {
+        let path = query.path.filter(|p| !p.is_empty()).ok_or_else(|| {
+            FilesError::bad_request("the path query parameter is required for a raw upload")
+        })?;
+        let mut w = FileWriter::open(&sb, path, user, metadata, gzip).await?;
+        let mut body = req.into_body().into_data_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|e| FilesError::bad_request(format!("reading the body: {e}")))?;
+            w.push(&chunk).await?;
+        }
+        written.push(w.finish().await?);
+    }
+    let mut resp = axum::Json(written).into_response();
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(resp)
+}

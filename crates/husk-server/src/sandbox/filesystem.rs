@@ -1,0 +1,282 @@
+//! `filesystem.Filesystem` over Connect-JSON.
+//!
+//! WatchDir streams (`start{}` first, then events and keepalives). The polling watchers of the
+//! synchronous Python SDK (CreateWatcher / GetWatcherEvents / RemoveWatcher) are the same agent
+//! watch, drained by a task into a bounded buffer that each GetWatcherEvents empties.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures_util::stream;
+use husk_core::agent::WatchStream;
+use husk_proto::{FsEvent, Reply, User};
+
+use super::process::call_error;
+use super::Sandbox;
+use crate::connect::{
+    parse_stream_request, parse_unary, read_body, stream_error, stream_response, unary_err,
+    unary_ok, ConnectError,
+};
+use crate::envd::filesystem::{
+    EntryInfo, EntryResponse, FilesystemEvent, GetWatcherEventsResponse, ListDirRequest,
+    ListDirResponse, MakeDirRequest, MoveRequest, RemoveRequest, StatRequest, WatchDirRequest,
+    WatchDirResponse, WatcherId,
+};
+use crate::envd::ToAgentRequest;
+
+/// Events a polling watcher keeps between two polls; older ones are dropped beyond it.
+const MAX_BUFFERED_EVENTS: usize = 10_000;
+/// Polling watchers per sandbox.
+const MAX_WATCHERS: usize = 64;
+const KEEPALIVE: Duration = Duration::from_secs(30);
+
+type Buffer = Arc<Mutex<VecDeque<FsEvent>>>;
+
+/// The polling watchers of every sandbox: (sandbox id, watcher id) → buffered events.
+#[derive(Default)]
+pub struct Watchers {
+    map: Mutex<HashMap<(String, String), (Buffer, tokio::task::AbortHandle)>>,
+}
+
+impl Watchers {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Buffer, tokio::task::AbortHandle)>>
+    {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn events_json(events: Vec<FsEvent>) -> Vec<FilesystemEvent> {
+    events.into_iter().map(FilesystemEvent::from).collect()
+}
+
+pub async fn handle(
+    sb: Sandbox,
+    watchers: Arc<Watchers>,
+    method: String,
+    user: User,
+    req: Request<Body>,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    let streaming = method == "WatchDir";
+    let limit = if streaming {
+        crate::connect::request::MAX_STREAM_REQUEST_BODY
+    } else {
+        crate::connect::request::MAX_UNARY_BODY
+    };
+    let bytes = match read_body(body, limit).await {
+        Ok(b) => b,
+        Err(e) if streaming => return stream_error(e),
+        Err(e) => return unary_err(e),
+    };
+    match method.as_str() {
+        "Stat" => entry_call::<StatRequest>(sb, &headers, &bytes, user).await,
+        "MakeDir" => entry_call::<MakeDirRequest>(sb, &headers, &bytes, user).await,
+        "Move" => entry_call::<MoveRequest>(sb, &headers, &bytes, user).await,
+        "Remove" => {
+            let req = match parse_unary::<RemoveRequest>(&headers, &bytes)
+                .and_then(|r| r.into_request(user))
+            {
+                Ok(r) => r,
+                Err(e) => return unary_err(e),
+            };
+            match sb.agent.call(req).await {
+                Ok(_) => unary_ok(&serde_json::json!({})),
+                Err(e) => unary_err(call_error(e)),
+            }
+        }
+        "ListDir" => {
+            let req = match parse_unary::<ListDirRequest>(&headers, &bytes)
+                .and_then(|r| r.into_request(user))
+            {
+                Ok(r) => r,
+                Err(e) => return unary_err(e),
+            };
+            match sb.agent.call(req).await {
+                Ok(Reply::Entries(entries)) => unary_ok(&ListDirResponse {
+                    entries: entries.into_iter().map(EntryInfo::from).collect(),
+                }),
+                Ok(_) => unary_err(ConnectError::internal("unexpected reply")),
+                Err(e) => unary_err(call_error(e)),
+            }
+        }
+        "WatchDir" => {
+            let req = match parse_stream_request::<WatchDirRequest>(&headers, &bytes) {
+                Ok(r) => r,
+                Err(e) => return stream_error(e),
+            };
+            match start_watch(&sb, req, user).await {
+                Ok(w) => watch_stream(w),
+                Err(e) => stream_error(e),
+            }
+        }
+        "CreateWatcher" => {
+            let req = match parse_unary::<WatchDirRequest>(&headers, &bytes) {
+                Ok(r) => r,
+                Err(e) => return unary_err(e),
+            };
+            create_watcher(sb, watchers, req, user).await
+        }
+        "GetWatcherEvents" => {
+            let req = match parse_unary::<WatcherId>(&headers, &bytes) {
+                Ok(r) => r,
+                Err(e) => return unary_err(e),
+            };
+            let buf = watchers
+                .lock()
+                .get(&(sb.id.clone(), req.watcher_id.clone()))
+                .map(|(b, _)| b.clone());
+            match buf {
+                Some(b) => {
+                    let events: Vec<FsEvent> = b
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .drain(..)
+                        .collect();
+                    unary_ok(&GetWatcherEventsResponse {
+                        events: events_json(events),
+                    })
+                }
+                None => unary_err(ConnectError::not_found(format!(
+                    "watcher {} not found",
+                    req.watcher_id
+                ))),
+            }
+        }
+        "RemoveWatcher" => {
+            let req = match parse_unary::<WatcherId>(&headers, &bytes) {
+                Ok(r) => r,
+                Err(e) => return unary_err(e),
+            };
+            match watchers
+                .lock()
+                .remove(&(sb.id.clone(), req.watcher_id.clone()))
+            {
+                Some((_, task)) => {
+                    // Aborting the task drops its WatchStream, which stops the agent's watch.
+                    task.abort();
+                    unary_ok(&serde_json::json!({}))
+                }
+                None => unary_err(ConnectError::not_found(format!(
+                    "watcher {} not found",
+                    req.watcher_id
+                ))),
+            }
+        }
+        other => unary_err(ConnectError::unimplemented(format!(
+            "filesystem.Filesystem/{other} is not implemented"
+        ))),
+    }
+}
+
+/// A unary call answered by one entry.
+async fn entry_call<T>(sb: Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Response
+where
+    T: serde::de::DeserializeOwned + ToAgentRequest,
+{
+    let req = match parse_unary::<T>(headers, body).and_then(|r| r.into_request(user)) {
+        Ok(r) => r,
+        Err(e) => return unary_err(e),
+    };
+    match sb.agent.call(req).await {
+        Ok(Reply::Entry(entry)) => unary_ok(&EntryResponse::from(EntryInfo::from(entry))),
+        Ok(_) => unary_err(ConnectError::internal("unexpected reply")),
+        Err(e) => unary_err(call_error(e)),
+    }
+}
+
+async fn start_watch(
+    sb: &Sandbox,
+    req: WatchDirRequest,
+    user: User,
+) -> Result<WatchStream, ConnectError> {
+    match req.into_request(user)? {
+        husk_proto::Request::WatchStart {
+            path,
+            recursive,
+            user,
+        } => sb
+            .agent
+            .watch(path, recursive, user)
+            .await
+            .map_err(call_error),
+        _ => Err(ConnectError::internal("unexpected request")),
+    }
+}
+
+fn watch_stream(w: WatchStream) -> Response {
+    // Start, then each batch's events one message each, keepalives while idle.
+    let s = stream::unfold(
+        (true, w, VecDeque::<FsEvent>::new()),
+        |(first, mut w, mut queue)| async move {
+            if first {
+                return Some((Ok(WatchDirResponse::Start), (false, w, queue)));
+            }
+            if let Some(ev) = queue.pop_front() {
+                let msg = WatchDirResponse::Filesystem(FilesystemEvent::from(ev));
+                return Some((Ok(msg), (false, w, queue)));
+            }
+            tokio::select! {
+                batch = w.next() => match batch {
+                    Some(events) => {
+                        queue.extend(events);
+                        match queue.pop_front() {
+                            Some(ev) => Some((
+                                Ok(WatchDirResponse::Filesystem(FilesystemEvent::from(ev))),
+                                (false, w, queue),
+                            )),
+                            None => Some((Ok(WatchDirResponse::Keepalive), (false, w, queue))),
+                        }
+                    }
+                    None => None,
+                },
+                _ = tokio::time::sleep(KEEPALIVE) => {
+                    Some((Ok::<_, ConnectError>(WatchDirResponse::Keepalive), (false, w, queue)))
+                }
+            }
+        },
+    );
+    stream_response(s)
+}
+
+async fn create_watcher(
+    sb: Sandbox,
+    watchers: Arc<Watchers>,
+    req: WatchDirRequest,
+    user: User,
+) -> Response {
+    let count = watchers.lock().keys().filter(|(s, _)| *s == sb.id).count();
+    if count >= MAX_WATCHERS {
+        return unary_err(ConnectError::resource_exhausted("too many watchers"));
+    }
+    let mut w = match start_watch(&sb, req, user).await {
+        Ok(w) => w,
+        Err(e) => return unary_err(e),
+    };
+    let id = husk_core::manager::new_sandbox_id();
+    let buf: Buffer = Arc::default();
+    let task_buf = buf.clone();
+    let key = (sb.id.clone(), id.clone());
+    let task_watchers = watchers.clone();
+    let task_key = key.clone();
+    let task = tokio::spawn(async move {
+        while let Some(events) = w.next().await {
+            let mut b = task_buf.lock().unwrap_or_else(|p| p.into_inner());
+            b.extend(events);
+            while b.len() > MAX_BUFFERED_EVENTS {
+                b.pop_front();
+            }
+        }
+        // The sandbox is gone: forget the watcher.
+        task_watchers.lock().remove(&task_key);
+    });
+    watchers.lock().insert(key, (buf, task.abort_handle()));
+    unary_ok(&WatcherId { watcher_id: id })
+}

@@ -1,0 +1,183 @@
+//! `husk serve`: the E2B-compatible server.
+//!
+//! Order matters: the spawner process is forked first, while this process is still
+//! single-threaded; only then does the async runtime (and its threads) start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use husk_core::manager::{Config, Manager};
+use husk_core::store::Store;
+use husk_server::AppState;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (HTTP/1.1 and h2c). Port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// Where the database and the admin key live.
+    #[arg(long, value_name = "DIR", default_value = husk_core::store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Concurrent sandboxes per team (a team's own quota, set with `husk key quota`, wins).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub max_sandboxes: u32,
+    /// Memory limit of each sandbox.
+    #[arg(long, default_value = "512M", value_name = "SIZE")]
+    pub memory: String,
+    /// CPU quota of each sandbox, in CPUs.
+    #[arg(long, default_value = "1", value_name = "N")]
+    pub cpus: String,
+    /// Size of each sandbox's writable layer.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub disk: String,
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("husk: {msg}");
+    1
+}
+
+pub fn main(args: ServeArgs) -> i32 {
+    let mut config = Config {
+        default_quota: args.max_sandboxes,
+        ..Config::default()
+    };
+    match (
+        crate::units::parse_size(&args.memory),
+        crate::units::parse_cpus(&args.cpus),
+        crate::units::parse_size(&args.disk),
+    ) {
+        (Ok(m), Ok(c), Ok(d)) => {
+            config.limits.memory_bytes = m;
+            config.limits.cpu_millis = c;
+            config.limits.disk_bytes = d;
+        }
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            eprintln!("husk: {e}");
+            return 125;
+        }
+    }
+    let spawner = match husk_runtime::service::start(husk_agent::main) {
+        Ok(s) => Arc::new(s),
+        Err(e) => return fail(e),
+    };
+    if spawner.reaped_at_start() > 0 {
+        eprintln!(
+            "husk: cleaned up {} sandbox(es) left by an earlier run",
+            spawner.reaped_at_start()
+        );
+    }
+    let store = match Store::open(&args.state_dir) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            return fail(format_args!(
+                "state directory {}: {e}",
+                args.state_dir.display()
+            ))
+        }
+    };
+    if let Err(e) = ensure_admin_key(&store, &args.state_dir) {
+        return fail(e);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(format_args!("async runtime: {e}")),
+    };
+    let code = runtime.block_on(run(args, store, spawner.clone(), config));
+    drop(runtime);
+    match Arc::try_unwrap(spawner) {
+        Ok(s) => {
+            if let Err(e) = s.shutdown() {
+                eprintln!("husk: stopping the spawner: {e}");
+            }
+        }
+        Err(_) => eprintln!("husk: spawner still in use at exit"),
+    }
+    code
+}
+
+/// On first start (no active key), creates the admin key, prints it once and saves it.
+fn ensure_admin_key(store: &Store, dir: &std::path::Path) -> Result<(), String> {
+    if store.has_active_keys().map_err(|e| e.to_string())? {
+        return Ok(());
+    }
+    let (_, key) = store
+        .create_key("default", true, Some("admin"))
+        .map_err(|e| e.to_string())?;
+    let path = dir.join("admin.key");
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{key}").map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!(
+        "husk: created the admin key (team \"default\"), shown only this once and saved to {}:\n{key}",
+        path.display()
+    );
+    Ok(())
+}
+
+async fn run(
+    args: ServeArgs,
+    store: Arc<Store>,
+    spawner: Arc<husk_runtime::service::SpawnerService>,
+    config: Config,
+) -> i32 {
+    let manager = match Manager::new(store, spawner, config) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(format_args!("listen on {}: {e}", args.listen)),
+    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    eprintln!(
+        "husk: listening on http://{addr} (state in {})",
+        args.state_dir.display()
+    );
+    let state = AppState::new(manager.clone());
+    let shutdown_manager = manager.clone();
+    let shutdown = async move {
+        wait_for_stop().await;
+        eprintln!(
+            "husk: stopping: destroying {} sandbox(es)",
+            shutdown_manager.count()
+        );
+        shutdown_manager.shutdown().await;
+    };
+    if let Err(e) = husk_server::serve(listener, state, shutdown).await {
+        return fail(format_args!("server: {e}"));
+    }
+    manager.shutdown().await;
+    eprintln!("husk: stopped");
+    0
+}
+
+async fn wait_for_stop() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the server can still be killed; it then cleans up at the
+        // next start.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
