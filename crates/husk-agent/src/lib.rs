@@ -20,9 +20,10 @@ pub mod watch;
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
-use husk_proto::{AgentError, ErrorKind, FromAgent, Hello, Reply, Request, ToAgent, VERSION};
+use husk_proto::{AgentError, ErrorKind, FromAgent, Hello, Reply, Request, ToAgent, User, VERSION};
 use husk_runtime::agent::AgentContext;
 use husk_runtime::sys;
+use husk_runtime::sys::FsIds;
 
 use crate::conn::{Conn, HIGH_WATER};
 use crate::procs::Procs;
@@ -111,7 +112,16 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
             },
             poll_in(ctx.control().as_raw_fd()),
             poll_in(sigfd.as_raw_fd()),
-            poll_in(agent.watches.fd().as_raw_fd()),
+            libc::pollfd {
+                fd: agent.watches.fd().as_raw_fd(),
+                // While the server is behind, inotify's own bounded queue holds the events.
+                events: if conn.queued() < HIGH_WATER {
+                    libc::POLLIN
+                } else {
+                    0
+                },
+                revents: 0,
+            },
         ];
         let proc_fds = agent.procs.poll_set(conn.queued() < HIGH_WATER);
         fds.extend(proc_fds.iter().map(|&(_, _, fd, events)| libc::pollfd {
@@ -179,6 +189,12 @@ impl Agent {
                     (None, Some(wd)) => fs::resolve(wd, p.user)?,
                     (None, None) => p.user.home().into(),
                 };
+                if p.cwd.is_some() && !workdir.is_dir() {
+                    return Err(AgentError::new(
+                        ErrorKind::InvalidArgument,
+                        format!("cwd '{}' does not exist", workdir.display()),
+                    ));
+                }
                 let workdir = workdir.to_string_lossy().into_owned();
                 let pid = self.procs.start(ctx, &p, env, &workdir)?;
                 Ok(Reply::Started { pid })
@@ -207,15 +223,46 @@ impl Agent {
                 path,
                 recursive,
                 user,
-            } => Ok(Reply::Watch {
-                watch: self.watches.start(&path, recursive, user)?,
-            }),
+            } => {
+                let _ids = match user {
+                    User::User => Some(
+                        FsIds::enter(User::User.id(), User::User.id())
+                            .map_err(|e| AgentError::new(ErrorKind::Internal, e.to_string()))?,
+                    ),
+                    User::Root => None,
+                };
+                Ok(Reply::Watch {
+                    watch: self.watches.start(&path, recursive, user)?,
+                })
+            }
             Request::WatchStop { watch } => {
                 self.watches.stop(watch)?;
                 Ok(Reply::Done)
             }
             Request::Env => Ok(Reply::Env(self.hello.env.clone())),
-            other => self.files.handle(&other),
+            other => {
+                // File operations are checked with the permissions of the user they act for,
+                // and what they create is that user's: the agent's fs ids become the user's
+                // for the call (handles opened this way keep those rights).
+                let user = match &other {
+                    Request::Stat { user, .. }
+                    | Request::MakeDir { user, .. }
+                    | Request::Move { user, .. }
+                    | Request::ListDir { user, .. }
+                    | Request::Remove { user, .. }
+                    | Request::OpenRead { user, .. }
+                    | Request::OpenWrite { user, .. } => *user,
+                    _ => User::Root,
+                };
+                let _ids = match user {
+                    User::User => Some(
+                        FsIds::enter(User::User.id(), User::User.id())
+                            .map_err(|e| AgentError::new(ErrorKind::Internal, e.to_string()))?,
+                    ),
+                    User::Root => None,
+                };
+                self.files.handle(&other)
+            }
         }
     }
 }

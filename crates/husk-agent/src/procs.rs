@@ -392,7 +392,7 @@ impl Procs {
         for (pid, p) in self.table.iter_mut() {
             if p.exit.is_none() && p.deadline.is_some_and(|d| d <= now) {
                 p.deadline = None;
-                p.error = Some("process timed out".into());
+                p.error = Some(husk_proto::PROCESS_TIMED_OUT.into());
                 let _ = sys::kill(-(*pid as i32), libc::SIGKILL);
                 let _ = sys::kill(*pid as i32, libc::SIGKILL);
             }

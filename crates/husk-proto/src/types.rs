@@ -103,6 +103,9 @@ pub enum ProcEvent {
     End(ProcEnd),
 }
 
+/// [`ProcEnd::error`] of a process the agent killed because its `timeout_ms` passed.
+pub const PROCESS_TIMED_OUT: &str = "process timed out";
+
 /// How a process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcEnd {

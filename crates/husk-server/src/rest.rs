@@ -114,8 +114,15 @@ fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T,
             "request body too large",
         ));
     }
-    if body.iter().all(|b| b.is_ascii_whitespace()) {
-        return Ok(T::default());
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => return Ok(T::default()),
+        Some(b'{') => {}
+        Some(_) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "invalid request body: expected a JSON object",
+            ))
+        }
     }
     serde_json::from_slice(body).map_err(|e| {
         error(

@@ -77,8 +77,8 @@ pub(crate) fn entry_from(
         size: meta.len(),
         mode: meta.mode() & 0o7777,
         permissions: permissions(meta.mode()),
-        owner: id_name(meta.uid()),
-        group: id_name(meta.gid()),
+        owner: id_name(meta.uid(), false),
+        group: id_name(meta.gid(), true),
         mtime_secs: meta.mtime(),
         mtime_nanos: u32::try_from(meta.mtime_nsec().clamp(0, 999_999_999)).unwrap_or(0),
         symlink_target,
@@ -86,14 +86,17 @@ pub(crate) fn entry_from(
     }
 }
 
-/// The name of a uid or gid. The sandbox has exactly two users, `root` (0) and `user`
-/// (1000); its `/etc/passwd` is written by the sandbox and is not to be parsed by PID 1, so
-/// any other id is reported as its number.
-pub(crate) fn id_name(id: u32) -> String {
-    match id {
-        0 => "root".to_owned(),
-        1000 => "user".to_owned(),
-        other => other.to_string(),
+/// The name of a uid or gid, as the sandbox's generated `/etc/passwd` and `/etc/group` name
+/// them: `root` (0), `user` (1000), and the overflow id 65534 (`nobody`/`nogroup`) that host
+/// files outside the sandbox's id range appear as. Those files are written by the sandbox
+/// afterwards and are not to be parsed by PID 1, so any other id is reported as its number.
+pub(crate) fn id_name(id: u32, group: bool) -> String {
+    match (id, group) {
+        (0, _) => "root".to_owned(),
+        (1000, _) => "user".to_owned(),
+        (65534, false) => "nobody".to_owned(),
+        (65534, true) => "nogroup".to_owned(),
+        (other, _) => other.to_string(),
     }
 }
 

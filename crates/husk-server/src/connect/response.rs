@@ -75,10 +75,13 @@ fn json_response(status: StatusCode, content_type: &'static str, body: Body) -> 
     response
 }
 
+/// The messages of a streaming response, boxed so [`EnvelopeStream`] is `Unpin`.
+type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, ConnectError>> + Send>>;
+
 /// Frames a stream of messages as envelopes and appends the end-stream envelope exactly once.
 pub struct EnvelopeStream<T> {
     /// `None` once the end-stream envelope was produced.
-    inner: Option<Pin<Box<dyn Stream<Item = Result<T, ConnectError>> + Send>>>,
+    inner: Option<Messages<T>>,
 }
 
 impl<T> EnvelopeStream<T> {

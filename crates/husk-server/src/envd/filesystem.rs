@@ -252,6 +252,10 @@ pub struct FilesystemEvent {
 
 /// `filesystem.WatchDirResponse`: the `event` oneof is the message itself (`{"start":{}}`,
 /// `{"filesystem":{...}}`, `{"keepalive":{}}`).
+///
+/// The size difference between variants is accepted: a response lives only until it is
+/// serialized, and boxing would cost an allocation per event instead.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "WatchDirResponseRaw")]
 pub enum WatchDirResponse {

@@ -4,7 +4,7 @@
 //! Negotiation follows RFC 9110 §12.5.3: codings are case-insensitive and weighted by `q`
 //! (default 1); `*` stands for every coding not listed; `identity` is acceptable unless given
 //! `q=0` (directly, or via `*;q=0` without its own entry). gzip is chosen when it is acceptable
-//! and weighted at least as high as identity; nothing acceptable is 406.
+//! and identity is not listed, or listed with no higher weight; nothing acceptable is 406.
 
 use axum::http::{header, HeaderMap};
 
@@ -66,10 +66,13 @@ pub fn negotiate_encoding(headers: &HeaderMap) -> Result<Coding, FilesError> {
         }
     }
     let gzip = gzip.or(star).unwrap_or(0);
-    let identity = identity.or(star.filter(|&q| q == 0)).unwrap_or(1000);
+    // Unlisted, identity is acceptable but least preferred; `*;q=0` excludes it.
+    let identity = identity.or(star.filter(|&q| q == 0));
     match (gzip, identity) {
-        (g, i) if g > 0 && g >= i => Ok(Coding::Gzip),
-        (_, i) if i > 0 => Ok(Coding::Identity),
+        (g, None) if g > 0 => Ok(Coding::Gzip),
+        (g, Some(i)) if g > 0 && g >= i => Ok(Coding::Gzip),
+        (_, None) => Ok(Coding::Identity),
+        (_, Some(i)) if i > 0 => Ok(Coding::Identity),
         _ => Err(FilesError::not_acceptable(
             "no acceptable content encoding: this server offers gzip and identity",
         )),

@@ -5,8 +5,10 @@
 //! names are skipped. Two bounds protect the server from a hostile body:
 //! - at most [`MAX_PARTS`] parts;
 //! - `multer` buffers a part's headers (and any preamble) until it finds their end, without a
-//!   limit of its own, so the body stream is wrapped: once [`MAX_STALLED_BYTES`] arrive without
-//!   `multer` yielding a part or a chunk of data, the upload fails instead of buffering on.
+//!   limit of its own, and reads every chunk the body has ready before parsing. So the body
+//!   stream is wrapped: it hands `multer` at most [`YIELD_EVERY`] bytes per poll (then yields,
+//!   so `multer` parses and passes file data on), and once [`MAX_STALLED_BYTES`] arrive without
+//!   `multer` producing a part or a chunk of data, the upload fails instead of buffering on.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +25,8 @@ use super::error::FilesError;
 pub const MAX_PARTS: usize = 1000;
 /// Most bytes `multer` may take in without producing a part or data.
 pub const MAX_STALLED_BYTES: usize = 16 << 20;
+/// Bytes handed to `multer` before the stream yields so that it parses what it has.
+pub const YIELD_EVERY: usize = 1 << 20;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -72,6 +76,7 @@ impl UploadForm {
         let guarded = StallGuard {
             inner: Box::pin(stream),
             stalled: Arc::clone(&stalled),
+            mark: 0,
         };
         Ok(UploadForm {
             multipart: multer::Multipart::new(guarded, boundary),
@@ -148,15 +153,21 @@ fn multipart_error(err: multer::Error) -> FilesError {
         multer::Error::LockFailure => {
             FilesError::internal("multipart parts must be read one at a time")
         }
+        multer::Error::StreamReadFailed(inner) => {
+            FilesError::bad_request(format!("reading the multipart body: {inner}"))
+        }
         other => FilesError::bad_request(format!("malformed multipart body: {other}")),
     }
 }
 
 /// The body stream as `multer` sees it: counts bytes handed over since `multer` last made
-/// progress and fails the stream beyond [`MAX_STALLED_BYTES`].
+/// progress (the reader resets `stalled` to 0), yields every [`YIELD_EVERY`] bytes, and fails
+/// the stream beyond [`MAX_STALLED_BYTES`].
 struct StallGuard<E> {
     inner: Pin<Box<dyn Stream<Item = Result<Bytes, E>> + Send>>,
     stalled: Arc<AtomicUsize>,
+    /// The value of `stalled` when this stream last yielded.
+    mark: usize,
 }
 
 impl<E: Into<BoxError>> Stream for StallGuard<E> {
@@ -164,10 +175,22 @@ impl<E: Into<BoxError>> Stream for StallGuard<E> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        let stalled = this.stalled.load(Ordering::Relaxed);
+        if stalled < this.mark {
+            // The reader made progress since the last yield.
+            this.mark = 0;
+        }
+        if stalled >= this.mark + YIELD_EVERY {
+            // Let multer parse what it has; it is polled again right away.
+            this.mark = stalled;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         match this.inner.as_mut().poll_next(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
-                let before = this.stalled.fetch_add(chunk.len(), Ordering::Relaxed);
-                if before.saturating_add(chunk.len()) > MAX_STALLED_BYTES {
+                let total = stalled.saturating_add(chunk.len());
+                this.stalled.store(total, Ordering::Relaxed);
+                if total > MAX_STALLED_BYTES {
                     return Poll::Ready(Some(Err(format!(
                         "more than {MAX_STALLED_BYTES} bytes without a complete part header"
                     )

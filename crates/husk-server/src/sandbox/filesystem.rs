@@ -36,24 +36,44 @@ const MAX_WATCHERS: usize = 64;
 const KEEPALIVE: Duration = Duration::from_secs(30);
 
 type Buffer = Arc<Mutex<VecDeque<FsEvent>>>;
+type WatcherEntry = (Buffer, tokio::task::AbortHandle, EntryBase);
 
 /// The polling watchers of every sandbox: (sandbox id, watcher id) → buffered events.
 #[derive(Default)]
 pub struct Watchers {
-    map: Mutex<HashMap<(String, String), (Buffer, tokio::task::AbortHandle)>>,
+    map: Mutex<HashMap<(String, String), WatcherEntry>>,
 }
 
 impl Watchers {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Buffer, tokio::task::AbortHandle)>>
-    {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), WatcherEntry>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-fn events_json(events: Vec<FsEvent>) -> Vec<FilesystemEvent> {
-    events.into_iter().map(FilesystemEvent::from).collect()
+/// Where a watch with `include_entry` finds its events' entries: (watched path, user).
+type EntryBase = Option<(String, User)>;
+
+/// The wire events, each with the entry of its path when asked for (a path that is gone by
+/// now, e.g. after a remove, has none).
+async fn events_json(sb: &Sandbox, base: &EntryBase, events: Vec<FsEvent>) -> Vec<FilesystemEvent> {
+    let mut out = Vec::with_capacity(events.len());
+    for ev in events {
+        let path = base
+            .as_ref()
+            .map(|(dir, user)| (format!("{}/{}", dir.trim_end_matches('/'), ev.name), *user));
+        let mut wire = FilesystemEvent::from(ev);
+        if let Some((path, user)) = path {
+            if let Ok(Reply::Entry(e)) = sb
+                .agent
+                .call(husk_proto::Request::Stat { path, user })
+                .await
+            {
+                wire.entry = Some(EntryInfo::from(e));
+            }
+        }
+        out.push(wire);
+    }
+    out
 }
 
 pub async fn handle(
@@ -112,8 +132,9 @@ pub async fn handle(
                 Ok(r) => r,
                 Err(e) => return stream_error(e),
             };
+            let base = req.include_entry.then(|| (req.path.clone(), user));
             match start_watch(&sb, req, user).await {
-                Ok(w) => watch_stream(w),
+                Ok(w) => watch_stream(sb, base, w),
                 Err(e) => stream_error(e),
             }
         }
@@ -132,16 +153,16 @@ pub async fn handle(
             let buf = watchers
                 .lock()
                 .get(&(sb.id.clone(), req.watcher_id.clone()))
-                .map(|(b, _)| b.clone());
+                .map(|(b, _, base)| (b.clone(), base.clone()));
             match buf {
-                Some(b) => {
+                Some((b, base)) => {
                     let events: Vec<FsEvent> = b
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .drain(..)
                         .collect();
                     unary_ok(&GetWatcherEventsResponse {
-                        events: events_json(events),
+                        events: events_json(&sb, &base, events).await,
                     })
                 }
                 None => unary_err(ConnectError::not_found(format!(
@@ -159,7 +180,7 @@ pub async fn handle(
                 .lock()
                 .remove(&(sb.id.clone(), req.watcher_id.clone()))
             {
-                Some((_, task)) => {
+                Some((_, task, _)) => {
                     // Aborting the task drops its WatchStream, which stops the agent's watch.
                     task.abort();
                     unary_ok(&serde_json::json!({}))
@@ -170,8 +191,9 @@ pub async fn handle(
                 ))),
             }
         }
-        other => unary_err(ConnectError::unimplemented(format!(
-            "filesystem.Filesystem/{other} is not implemented"
+        // Like any Connect server: a procedure that does not exist is not found.
+        other => unary_err(ConnectError::not_found(format!(
+            "no such procedure: filesystem.Filesystem/{other}"
         ))),
     }
 }
@@ -211,34 +233,36 @@ async fn start_watch(
     }
 }
 
-fn watch_stream(w: WatchStream) -> Response {
+fn watch_stream(sb: Sandbox, base: EntryBase, w: WatchStream) -> Response {
     // Start, then each batch's events one message each, keepalives while idle.
     let s = stream::unfold(
-        (true, w, VecDeque::<FsEvent>::new()),
-        |(first, mut w, mut queue)| async move {
-            if first {
-                return Some((Ok(WatchDirResponse::Start), (false, w, queue)));
-            }
-            if let Some(ev) = queue.pop_front() {
-                let msg = WatchDirResponse::Filesystem(FilesystemEvent::from(ev));
-                return Some((Ok(msg), (false, w, queue)));
-            }
-            tokio::select! {
-                batch = w.next() => match batch {
-                    Some(events) => {
-                        queue.extend(events);
-                        match queue.pop_front() {
-                            Some(ev) => Some((
-                                Ok(WatchDirResponse::Filesystem(FilesystemEvent::from(ev))),
-                                (false, w, queue),
-                            )),
-                            None => Some((Ok(WatchDirResponse::Keepalive), (false, w, queue))),
+        (true, w, VecDeque::<FilesystemEvent>::new()),
+        move |(first, mut w, mut queue)| {
+            let (sb, base) = (sb.clone(), base.clone());
+            async move {
+                if first {
+                    return Some((Ok(WatchDirResponse::Start), (false, w, queue)));
+                }
+                if let Some(ev) = queue.pop_front() {
+                    return Some((Ok(WatchDirResponse::Filesystem(ev)), (false, w, queue)));
+                }
+                tokio::select! {
+                    batch = w.next() => match batch {
+                        Some(events) => {
+                            queue.extend(events_json(&sb, &base, events).await);
+                            match queue.pop_front() {
+                                Some(ev) => Some((
+                                    Ok(WatchDirResponse::Filesystem(ev)),
+                                    (false, w, queue),
+                                )),
+                                None => Some((Ok(WatchDirResponse::Keepalive), (false, w, queue))),
+                            }
                         }
+                        None => None,
+                    },
+                    _ = tokio::time::sleep(KEEPALIVE) => {
+                        Some((Ok::<_, ConnectError>(WatchDirResponse::Keepalive), (false, w, queue)))
                     }
-                    None => None,
-                },
-                _ = tokio::time::sleep(KEEPALIVE) => {
-                    Some((Ok::<_, ConnectError>(WatchDirResponse::Keepalive), (false, w, queue)))
                 }
             }
         },
@@ -256,6 +280,7 @@ async fn create_watcher(
     if count >= MAX_WATCHERS {
         return unary_err(ConnectError::resource_exhausted("too many watchers"));
     }
+    let base = req.include_entry.then(|| (req.path.clone(), user));
     let mut w = match start_watch(&sb, req, user).await {
         Ok(w) => w,
         Err(e) => return unary_err(e),
@@ -277,6 +302,8 @@ async fn create_watcher(
         // The sandbox is gone: forget the watcher.
         task_watchers.lock().remove(&task_key);
     });
-    watchers.lock().insert(key, (buf, task.abort_handle()));
+    watchers
+        .lock()
+        .insert(key, (buf, task.abort_handle(), base));
     unary_ok(&WatcherId { watcher_id: id })
 }

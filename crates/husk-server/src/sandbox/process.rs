@@ -18,7 +18,7 @@ use husk_proto::{ProcEvent, Reply, Selector, User};
 use super::Sandbox;
 use crate::connect::{
     parse_stream_request, parse_timeout_ms, parse_unary, read_body, stream_error, stream_response,
-    unary_err, unary_ok, ClientStream, ConnectError,
+    unary_err, unary_ok, ClientStream, Code, ConnectError,
 };
 use crate::envd::process::{
     CloseStdinRequest, ConnectRequest, ListRequest, ListResponse, ProcessInfo, SendInputRequest,
@@ -26,6 +26,9 @@ use crate::envd::process::{
     UpdateRequest,
 };
 use crate::envd::ToAgentRequest;
+
+/// The `error` of an `End` the agent sends for a process it killed at its deadline.
+const TIMED_OUT: &str = husk_proto::PROCESS_TIMED_OUT;
 
 /// Keepalive interval when the client names none (envd's default).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
@@ -71,8 +74,9 @@ pub async fn handle(sb: Sandbox, method: String, user: User, req: Request<Body>)
         "CloseStdin" => unary::<CloseStdinRequest>(sb, &headers, &bytes, user).await,
         "SendSignal" => unary::<SendSignalRequest>(sb, &headers, &bytes, user).await,
         "Update" => unary::<UpdateRequest>(sb, &headers, &bytes, user).await,
-        other => unary_err(ConnectError::unimplemented(format!(
-            "process.Process/{other} is not implemented"
+        // Like any Connect server: a procedure that does not exist is not found.
+        other => unary_err(ConnectError::not_found(format!(
+            "no such procedure: process.Process/{other}"
         ))),
     }
 }
@@ -150,6 +154,17 @@ fn event_stream(pid: u32, events: ProcStream, keepalive: Duration) -> Response {
             Phase::Running => {
                 tokio::select! {
                     ev = events.next() => match ev {
+                        // The agent ended it at the call's deadline: the call timed out (the
+                        // SDKs raise their timeout error for this code).
+                        Some(ProcEvent::End(end)) if end.error.as_deref() == Some(TIMED_OUT) => {
+                            Some((
+                                Err(ConnectError::new(
+                                    Code::DeadlineExceeded,
+                                    "the process exceeded the call's deadline and was killed",
+                                )),
+                                (Phase::Done, events),
+                            ))
+                        }
                         Some(ev @ ProcEvent::End(_)) => {
                             Some((Ok(StartResponse::from(ev)), (Phase::Done, events)))
                         }

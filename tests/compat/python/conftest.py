@@ -1,0 +1,128 @@
+"""Fixtures for husk's compatibility tests with the stock `e2b` Python SDK (pinned 2.63.0).
+
+One `husk serve` per test session (fresh state dir, random port on 127.0.0.1), stopped with
+SIGTERM at the end. Every sandbox a test creates is killed in teardown, pass or fail."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable, List, Tuple
+
+import pytest
+
+from e2b import Sandbox
+
+from husk_compat import HuskServer, create_raw_sandbox, kill_raw_sandbox, start_server
+
+
+@pytest.fixture(scope="session")
+def husk() -> HuskServer:
+    if os.geteuid() != 0:
+        pytest.exit("husk serve needs root (namespaces, cgroups, mounts): run as root", 2)
+    try:
+        server = start_server()
+    except RuntimeError as e:
+        pytest.exit(str(e), 2)
+    # Safety net: an SDK call that forgot its per-call URLs still reaches this server and
+    # nothing else. No API key is set here, so such a call fails loudly instead of passing.
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG")}
+    os.environ["E2B_API_URL"] = server.url
+    os.environ["E2B_SANDBOX_URL"] = server.url
+    for k in ("E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG"):
+        os.environ.pop(k, None)
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        try:
+            rc = server.stop()
+        finally:
+            log_tail = server.log_tail()
+            shutil.rmtree(server.state_dir, ignore_errors=True)
+            try:
+                server.log_path.unlink()
+            except OSError:
+                pass
+        if rc not in (0, None):
+            print(f"\nhusk serve exited with {rc}; last log lines:\n{log_tail}")
+
+
+@pytest.fixture(scope="session")
+def other_key(husk: HuskServer) -> str:
+    """An API key of a second team (`husk key create --team other`)."""
+    return husk.create_key("other")
+
+
+@pytest.fixture
+def opts(husk: HuskServer) -> dict:
+    return husk.opts()
+
+
+@pytest.fixture
+def sandbox_factory(husk: HuskServer) -> Callable[..., Sandbox]:
+    """Creates sandboxes with the stock SDK (admin key unless `api_key=` is given); kills
+    every one of them in teardown."""
+    made: List[Tuple[str, str]] = []
+
+    def make(**kwargs) -> Sandbox:
+        api_key = kwargs.pop("api_key", None) or husk.admin_key
+        kwargs.setdefault("timeout", 120)
+        sbx = Sandbox.create(**kwargs, **husk.opts(api_key=api_key))
+        made.append((sbx.sandbox_id, api_key))
+        return sbx
+
+    yield make
+    for sandbox_id, api_key in made:
+        try:
+            Sandbox.kill(sandbox_id, **husk.opts(api_key=api_key))
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def sandbox(sandbox_factory) -> Sandbox:
+    return sandbox_factory()
+
+
+@pytest.fixture
+def cleanup_ids(husk: HuskServer):
+    """A list tests (e.g. async or raw-HTTP ones) append (sandbox_id, api_key) to; each is
+    killed in teardown with the sync SDK."""
+    ids: List[Tuple[str, str]] = []
+    yield ids
+    for sandbox_id, api_key in ids:
+        try:
+            Sandbox.kill(sandbox_id, **husk.opts(api_key=api_key))
+        except Exception:
+            pass
+
+
+class TokenedSandbox:
+    """A sandbox created with plain HTTP (so the test knows its envd access token) and
+    driven with the stock SDK through `Sandbox.connect`."""
+
+    def __init__(self, sbx: Sandbox, token: str):
+        self.sbx = sbx
+        self.token = token
+        self.id = sbx.sandbox_id
+
+
+@pytest.fixture
+def tokened_sandbox(husk: HuskServer):
+    made = []
+
+    def make(api_key=None, **kwargs) -> TokenedSandbox:
+        key = api_key or husk.admin_key
+        raw = create_raw_sandbox(husk.port, key, **kwargs)
+        made.append((raw["sandboxID"], key))
+        sbx = Sandbox.connect(raw["sandboxID"], **husk.opts(api_key=key))
+        return TokenedSandbox(sbx, raw["envdAccessToken"])
+
+    yield make
+    for sandbox_id, key in made:
+        kill_raw_sandbox(husk.port, key, sandbox_id)

@@ -1,0 +1,346 @@
+"""Helpers shared by husk's Python compatibility tests: starting `husk serve`, polling with a
+deadline, and plain-HTTP access to the server for the tests that look below the SDK."""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_BIN = REPO_ROOT / "target" / "x86_64-unknown-linux-gnu" / "debug" / "husk"
+LISTEN_RE = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
+KEY_RE = re.compile(r"^e2b_[0-9a-f]{40}$")
+ENVD_PORT = 49983
+
+T = TypeVar("T")
+
+
+class Deadline(Exception):
+    pass
+
+
+def wait_for(
+    check: Callable[[], Optional[T]],
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+) -> T:
+    """Calls `check` until it returns something truthy (returned) or `timeout` seconds pass
+    (raises with `what`). Exceptions from `check` propagate."""
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            raise Deadline(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+
+
+def _pdeathsig_term() -> None:
+    """Runs in the child before exec: if the test process dies without stopping the server
+    (e.g. pytest-timeout ends the run), the kernel sends the server SIGTERM, so it still
+    cleans up its sandboxes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class HuskServer:
+    """A running `husk serve` on 127.0.0.1 with a fresh state directory."""
+
+    bin: Path
+    state_dir: Path
+    url: str
+    port: int
+    admin_key: str
+    proc: subprocess.Popen
+    log_path: Path
+    extra_keys: Dict[str, str] = field(default_factory=dict)
+
+    def opts(self, api_key: Optional[str] = None, **extra) -> dict:
+        """Per-call SDK connection kwargs pointing at this server."""
+        return dict(
+            api_url=self.url,
+            sandbox_url=self.url,
+            api_key=api_key or self.admin_key,
+            request_timeout=30,
+            **extra,
+        )
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "<no server log>"
+        return data[-n:].decode("utf-8", "replace")
+
+    def create_key(self, team: str) -> str:
+        """`husk key create --team NAME`: a key of another team (cached per team)."""
+        if team in self.extra_keys:
+            return self.extra_keys[team]
+        out = subprocess.run(
+            [str(self.bin), "key", "create", "--team", team, "--state-dir", str(self.state_dir)],
+            capture_output=True,
+            timeout=30,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(
+                f"husk key create failed ({out.returncode}): {out.stderr.decode(errors='replace')}"
+            )
+        key = out.stdout.decode().strip()
+        if not KEY_RE.match(key):
+            raise RuntimeError(f"husk key create printed {key!r}, not a key e2b_<40 hex>")
+        self.extra_keys[team] = key
+        return key
+
+    def stop(self, timeout: float = 60) -> Optional[int]:
+        """SIGTERM, then wait for the exit (the server kills its sandboxes first)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+                raise RuntimeError(
+                    f"husk serve did not exit within {timeout:.0f}s of SIGTERM; killed it"
+                )
+        return self.proc.returncode
+
+
+def husk_binary() -> Path:
+    path = Path(os.environ.get("HUSK_BIN") or DEFAULT_BIN)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise RuntimeError(f"husk binary not found at {path}: build husk first: cargo build")
+    return path
+
+
+def start_server(startup_timeout: float = 30) -> HuskServer:
+    binary = husk_binary()
+    state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
+    log_path = state_dir.parent / f"{state_dir.name}.log"
+    log = open(log_path, "wb")
+    try:
+        proc = subprocess.Popen(
+            [str(binary), "serve", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_pdeathsig_term,
+        )
+    except BaseException:
+        log.close()
+        shutil.rmtree(state_dir, ignore_errors=True)
+        raise
+    log.close()
+
+    def listening() -> Optional[int]:
+        m = LISTEN_RE.search(log_path.read_bytes())
+        if m:
+            return int(m.group(1))
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"husk serve exited with {proc.returncode} before listening:\n"
+                + log_path.read_bytes()[-4000:].decode("utf-8", "replace")
+            )
+        return None
+
+    try:
+        port = wait_for(listening, startup_timeout, "husk serve to log 'listening on'", 0.05)
+        key_file = state_dir / "admin.key"
+        wait_for(lambda: key_file.is_file() and key_file.read_text().strip(), 10, "admin.key")
+        admin_key = key_file.read_text().strip()
+        if not KEY_RE.match(admin_key):
+            raise RuntimeError(f"admin.key holds {admin_key!r}, not e2b_<40 hex>")
+    except BaseException:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(state_dir, ignore_errors=True)
+        raise
+    return HuskServer(
+        bin=binary,
+        state_dir=state_dir,
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        admin_key=admin_key,
+        proc=proc,
+        log_path=log_path,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Plain HTTP
+
+
+@dataclass
+class Response:
+    status: int
+    headers: Dict[str, str]
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    headers: Optional[Dict[str, str]] = None,
+    body: Optional[bytes] = None,
+    timeout: float = 20,
+) -> Response:
+    """One request to 127.0.0.1:port, the whole response body read."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        data = r.read()
+        return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
+    finally:
+        conn.close()
+
+
+def sandbox_headers(sandbox_id: str, token: Optional[str] = None, port: int = ENVD_PORT) -> dict:
+    h = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)}
+    if token is not None:
+        h["X-Access-Token"] = token
+    return h
+
+
+def envelope(payload: bytes, flags: int = 0) -> bytes:
+    """One Connect streaming envelope: flags (1 byte) | big-endian length (4 bytes) | payload."""
+    return bytes([flags]) + len(payload).to_bytes(4, "big") + payload
+
+
+def parse_envelopes(data: bytes) -> list:
+    """Splits a Connect streaming response body into [(flags, payload)]. Raises on a torn one."""
+    out = []
+    i = 0
+    while i < len(data):
+        if len(data) - i < 5:
+            raise ValueError(f"torn envelope header at {i}: {data[i:]!r}")
+        flags = data[i]
+        n = int.from_bytes(data[i + 1 : i + 5], "big")
+        payload = data[i + 5 : i + 5 + n]
+        if len(payload) != n:
+            raise ValueError(f"torn envelope at {i}: want {n} bytes, have {len(payload)}")
+        out.append((flags, payload))
+        i += 5 + n
+    return out
+
+
+def connect_stream_error(resp: Response) -> Tuple[str, str]:
+    """For a streaming Connect call that must fail: returns (code, message) whether the server
+    refused it with an HTTP 4xx (Connect unary-style error body) or answered 200 with an
+    end-stream envelope carrying an error. Fails if the call looks successful."""
+    if 400 <= resp.status < 500:
+        try:
+            body = resp.json()
+        except ValueError:
+            return (str(resp.status), resp.text)
+        if isinstance(body, dict):
+            return (str(body.get("code", resp.status)), str(body.get("message", "")))
+        return (str(resp.status), resp.text)
+    assert resp.status == 200, f"expected a 4xx or a Connect error, got {resp.status}: {resp.body[:500]!r}"
+    ctype = resp.headers.get("content-type", "")
+    assert ctype.startswith("application/connect+json"), f"content-type {ctype!r}"
+    envs = parse_envelopes(resp.body)
+    assert envs, "empty streaming response"
+    flags, payload = envs[-1]
+    assert flags & 0x02, f"last envelope is not end-stream: {envs!r}"
+    end = json.loads(payload or b"{}")
+    assert "error" in end, f"end-stream carries no error: {end!r}; all: {envs!r}"
+    for flags, payload in envs[:-1]:
+        msg = json.loads(payload)
+        assert "start" not in json.dumps(msg), f"a process was started: {msg!r}"
+    return (str(end["error"].get("code")), str(end["error"].get("message", "")))
+
+
+def create_raw_sandbox(port: int, api_key: str, timeout: int = 120, metadata=None) -> dict:
+    """POST /v2/sandboxes with plain HTTP; returns the JSON body (has envdAccessToken)."""
+    body = {"templateID": "base", "timeout": timeout}
+    if metadata:
+        body["metadata"] = metadata
+    r = http_request(
+        port,
+        "POST",
+        "/v2/sandboxes",
+        {"X-API-Key": api_key, "Content-Type": "application/json"},
+        json.dumps(body).encode(),
+    )
+    assert r.status == 201, f"create: {r.status} {r.text}"
+    data = r.json()
+    assert data.get("sandboxID"), data
+    assert data.get("envdAccessToken"), f"create returned no envdAccessToken: {data}"
+    return data
+
+
+def kill_raw_sandbox(port: int, api_key: str, sandbox_id: str) -> int:
+    try:
+        return http_request(port, "DELETE", f"/sandboxes/{sandbox_id}", {"X-API-Key": api_key}).status
+    except OSError:
+        return -1
+
+
+def fetch_url(url: str, sandbox_id: str, method: str = "GET", body: Optional[bytes] = None, headers=None):
+    """Fetches a URL the SDK built (e.g. a signed file URL) with urllib, naming the sandbox with
+    the routing headers of single-base-URL mode and nothing else (no access token).
+    Returns (status, body)."""
+    assert url.startswith("http://127.0.0.1:"), url
+    req = urllib.request.Request(url, data=body, method=method)
+    req.add_header("E2b-Sandbox-Id", sandbox_id)
+    req.add_header("E2b-Sandbox-Port", str(ENVD_PORT))
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def multipart(path: str, data: bytes):
+    """A multipart/form-data body with one part named `file` whose filename is the target path
+    (what envd's upload expects). Returns (body, headers)."""
+    boundary = uuid.uuid4().hex
+    body = (
+        f"--{boundary}\r\n"
+        f'Content-Disposition: form-data; name="file"; filename="{path}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}

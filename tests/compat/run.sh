@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs husk's E2B-SDK compatibility suite: the stock Python SDK (e2b==2.63.0, sync and async)
+# and the stock JS SDK (e2b@2.51.0) against a real `husk serve` that each suite starts itself.
+#
+#   tests/compat/run.sh              # both suites
+#   COMPAT_ONLY=python tests/compat/run.sh [pytest args...]
+#   COMPAT_ONLY=js tests/compat/run.sh
+#
+# The server binary is $HUSK_BIN, else target/x86_64-unknown-linux-gnu/debug/husk (build it
+# first: cargo build). Must run as root (husk creates namespaces, cgroups and mounts).
+# Exits non-zero if anything failed.
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+
+"$HERE/setup.sh" || { echo "compat: setup failed" >&2; exit 1; }
+
+export HUSK_BIN="${HUSK_BIN:-$ROOT/target/x86_64-unknown-linux-gnu/debug/husk}"
+if [ ! -x "$HUSK_BIN" ]; then
+  echo "compat: husk binary not found at $HUSK_BIN: build husk first: cargo build" >&2
+  exit 1
+fi
+
+# Nothing from the caller's environment may point the SDKs anywhere else: the suites set the
+# server's URL themselves, and traffic must only ever reach 127.0.0.1.
+unset E2B_API_KEY E2B_ACCESS_TOKEN E2B_DOMAIN E2B_API_URL E2B_SANDBOX_URL E2B_DEBUG E2B_HTTP_VERSION
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
+
+only="${COMPAT_ONLY:-all}"
+py_rc=0
+js_rc=0
+
+if [ "$only" = all ] || [ "$only" = python ]; then
+  echo "compat: Python (e2b==2.63.0)" >&2
+  (cd "$HERE/python" && .venv/bin/python -m pytest -q "$@")
+  py_rc=$?
+fi
+
+if [ "$only" = all ] || [ "$only" = js ]; then
+  echo "compat: JS (e2b@2.51.0)" >&2
+  (cd "$HERE/js" && node --test --test-concurrency=1 --test-timeout=180000 ./*.test.mjs)
+  js_rc=$?
+fi
+
+if [ $py_rc -ne 0 ] || [ $js_rc -ne 0 ]; then
+  echo "compat: FAILED (python rc=$py_rc, js rc=$js_rc)" >&2
+  exit 1
+fi
+echo "compat: all passed" >&2
