@@ -329,5 +329,157 @@ async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
     routes.procs.clear();
     routes.watches.clear();
     drop(routes);
-    let _ = inner.closed.send(true);
+    // send_replace, not send: `send` leaves the value unchanged when nobody is waiting at this
+    // moment, and `is_closed` must still see it.
+    inner.closed.send_replace(true);
+}
+
+#[cfg(test)]
+mod tests {
+    //! The agent is inside the sandbox: these play a hostile agent on the other end of a
+    //! socket pair and check that the server's side stays bounded and fails closed.
+
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream as StdStream;
+
+    use husk_proto::{ErrorKind, MAX_FRAME};
+
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            version: VERSION,
+            env: Vec::new(),
+            default_user: User::User,
+            default_workdir: None,
+        }
+    }
+
+    /// Reads one frame the server sent and returns the call's id (0 for the hello).
+    fn read_call(s: &mut StdStream) -> u64 {
+        let payload = husk_proto::read_frame(s).unwrap().unwrap();
+        match husk_proto::decode::<ToAgent>(&payload).unwrap() {
+            ToAgent::Hello(_) => 0,
+            ToAgent::Call { id, .. } => id,
+        }
+    }
+
+    fn send(s: &mut StdStream, msg: &FromAgent) {
+        s.write_all(&husk_proto::encode(msg).unwrap()).unwrap();
+    }
+
+    /// A client connected to a fake agent that answered the hello.
+    async fn connected() -> (AgentClient, StdStream) {
+        let (ours, mut theirs) = StdStream::pair().unwrap();
+        let agent = std::thread::spawn(move || {
+            assert_eq!(read_call(&mut theirs), 0);
+            send(&mut theirs, &FromAgent::Hello { version: VERSION });
+            theirs
+        });
+        let client = AgentClient::connect(OwnedFd::from(ours), hello())
+            .await
+            .unwrap();
+        (client, agent.join().unwrap())
+    }
+
+    async fn closes_on(bytes: Vec<u8>) {
+        let (client, mut agent) = connected().await;
+        let call = tokio::spawn({
+            let client = client.clone();
+            async move { client.call(Request::Env).await }
+        });
+        let agent = tokio::task::spawn_blocking(move || {
+            read_call(&mut agent);
+            agent.write_all(&bytes).unwrap();
+            agent
+        })
+        .await
+        .unwrap();
+        assert!(matches!(call.await.unwrap(), Err(CallError::Gone)));
+        tokio::time::timeout(Duration::from_secs(5), client.closed())
+            .await
+            .expect("connection not closed");
+        assert!(client.is_closed());
+        drop(agent);
+    }
+
+    #[tokio::test]
+    async fn an_oversize_frame_closes_the_connection_without_allocating_it() {
+        closes_on(u32::MAX.to_be_bytes().to_vec()).await;
+        closes_on(((MAX_FRAME + 1) as u32).to_be_bytes().to_vec()).await;
+    }
+
+    #[tokio::test]
+    async fn a_garbage_frame_closes_the_connection() {
+        let mut frame = 3u32.to_be_bytes().to_vec();
+        frame.extend_from_slice(&[0xff, 0xff, 0xff]);
+        closes_on(frame).await;
+    }
+
+    #[tokio::test]
+    async fn data_larger_than_a_chunk_closes_the_connection() {
+        let msg = FromAgent::Proc {
+            pid: 1,
+            event: ProcEvent::Stdout(vec![0; CHUNK + 1]),
+        };
+        closes_on(husk_proto::encode(&msg).unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn a_second_hello_closes_the_connection() {
+        closes_on(husk_proto::encode(&FromAgent::Hello { version: VERSION }).unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn a_reply_to_an_unknown_call_is_ignored() {
+        let (client, mut agent) = connected().await;
+        let call = tokio::spawn({
+            let client = client.clone();
+            async move { client.call(Request::Env).await }
+        });
+        // Kept open to the end: the connection must stay up.
+        let _agent = tokio::task::spawn_blocking(move || {
+            let id = read_call(&mut agent);
+            let stray = FromAgent::Reply {
+                id: id + 1000,
+                result: Ok(Reply::Done),
+            };
+            send(&mut agent, &stray);
+            let err = AgentError::new(ErrorKind::NotFound, "no");
+            send(
+                &mut agent,
+                &FromAgent::Reply {
+                    id,
+                    result: Err(err),
+                },
+            );
+            agent
+        })
+        .await
+        .unwrap();
+        match call.await.unwrap() {
+            Err(CallError::Agent(e)) => assert_eq!(e.kind, ErrorKind::NotFound),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(!client.is_closed());
+    }
+
+    #[tokio::test]
+    async fn an_agent_speaking_another_version_is_refused() {
+        let (ours, mut theirs) = StdStream::pair().unwrap();
+        let agent = std::thread::spawn(move || {
+            read_call(&mut theirs);
+            send(
+                &mut theirs,
+                &FromAgent::Hello {
+                    version: VERSION + 1,
+                },
+            );
+            let mut rest = Vec::new();
+            let _ = theirs.read_to_end(&mut rest);
+        });
+        let result = AgentClient::connect(OwnedFd::from(ours), hello()).await;
+        assert!(matches!(result, Err(CallError::Gone)));
+        agent.join().unwrap();
+    }
 }
