@@ -144,6 +144,25 @@ pub struct ListFilter {
     pub started_after: Option<OffsetDateTime>,
 }
 
+/// A place in a team's quota held while one of its sandboxes is being created.
+struct Reservation {
+    manager: Arc<Manager>,
+    team: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut creating = self
+            .manager
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = creating.get_mut(&self.team) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
 /// The manager.
 pub struct Manager {
     store: Arc<Store>,
@@ -154,20 +173,24 @@ pub struct Manager {
     creating: Mutex<HashMap<String, u32>>,
 }
 
-fn random_string(alphabet: &[u8], len: usize) -> String {
+fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
     let mut bytes = vec![0u8; len];
-    // getrandom failing means the kernel's CSPRNG is unusable: nothing secure can go on.
-    getrandom::fill(&mut bytes).expect("kernel random number generator unavailable");
-    bytes
+    getrandom::fill(&mut bytes)
+        .map_err(|e| CoreError::Spawn(format!("kernel random number generator: {e}")))?;
+    Ok(bytes
         .iter()
         .map(|b| alphabet[*b as usize % alphabet.len()] as char)
-        .collect()
+        .collect())
 }
 
 /// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
-pub fn new_sandbox_id() -> String {
+pub fn new_sandbox_id() -> Result<String, CoreError> {
     random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
 }
+
+/// Largest total size of a sandbox's environment variables (names and values): they travel
+/// to the agent in one frame and into every process's environment.
+pub const MAX_ENV_BYTES: usize = 256 << 10;
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
@@ -224,12 +247,24 @@ impl Manager {
         if !BUILTIN_TEMPLATES.contains(&req.template.as_str()) {
             return Err(CoreError::TemplateNotFound(req.template));
         }
-        for (k, _) in &req.env {
+        let mut env_bytes = 0;
+        for (k, v) in &req.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(CoreError::InvalidArgument(format!(
                     "invalid environment variable name '{k}'"
                 )));
             }
+            if v.contains('\0') {
+                return Err(CoreError::InvalidArgument(format!(
+                    "environment variable '{k}' contains a NUL byte"
+                )));
+            }
+            env_bytes += k.len() + v.len() + 2;
+        }
+        if env_bytes > MAX_ENV_BYTES {
+            return Err(CoreError::InvalidArgument(format!(
+                "environment variables take {env_bytes} bytes, more than the limit of {MAX_ENV_BYTES}"
+            )));
         }
         // Reserve a place in the team's quota for the time of the creation.
         {
@@ -248,12 +283,21 @@ impl Manager {
             }
             *pending += 1;
         }
-        let result = self.create_reserved(who, req).await;
-        let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = creating.get_mut(&who.team) {
-            *n = n.saturating_sub(1);
-        }
-        result
+        let reservation = Reservation {
+            manager: self.clone(),
+            team: who.team.clone(),
+        };
+        // In a task of its own: a client that goes away mid-create must not abandon a
+        // half-made sandbox (it is finished, registered and later ends at its timeout).
+        let this = self.clone();
+        let who = who.clone();
+        tokio::spawn(async move {
+            let result = this.create_reserved(&who, req).await;
+            drop(reservation);
+            result
+        })
+        .await
+        .map_err(|e| CoreError::Spawn(e.to_string()))?
     }
 
     async fn create_reserved(
@@ -261,7 +305,7 @@ impl Manager {
         who: &Principal,
         req: CreateRequest,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
-        let id = new_sandbox_id();
+        let id = new_sandbox_id()?;
         let mut spec = SandboxSpec::idle();
         spec.agent = true;
         spec.hostname = id.clone();
@@ -293,7 +337,7 @@ impl Manager {
             template: req.template,
             runtime_id,
             agent,
-            access_token: random_string(b"0123456789abcdef", 40),
+            access_token: random_string(b"0123456789abcdef", 40)?,
             env: req.env,
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,
