@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use husk_proto::{FromAgent, ProtoError, ToAgent, MAX_FRAME};
+use husk_proto::{AgentError, ErrorKind, FromAgent, ProtoError, Reply, ToAgent, MAX_FRAME};
 use husk_runtime::sys;
 
 /// Above this many queued bytes the loop stops reading process output.
@@ -48,13 +48,30 @@ impl Conn {
         self.queued
     }
 
-    /// Queues a message. Encoding cannot fail for the agent's own bounded messages; if it
-    /// does, the message is dropped (and the server sees a missing reply as a failed call when
-    /// the sandbox ends).
-    pub fn send(&mut self, msg: &FromAgent) {
-        if let Ok(frame) = husk_proto::encode(msg) {
-            self.queued += frame.len();
-            self.out.push_back(frame);
+    /// Queues an unsolicited message (hello, process output and exits, watch events). These
+    /// are bounded by construction (an output read is at most 64 KiB, a watch batch 256 KiB),
+    /// far below a frame's limit, so encoding them cannot fail.
+    pub fn event(&mut self, msg: &FromAgent) {
+        let _ = self.send(msg);
+    }
+
+    fn send(&mut self, msg: &FromAgent) -> Result<(), ProtoError> {
+        let frame = husk_proto::encode(msg)?;
+        self.queued += frame.len();
+        self.out.push_back(frame);
+        Ok(())
+    }
+
+    /// Queues the reply to call `id`. Every call is answered: a reply too large for one frame
+    /// (a huge listing, say) becomes a `ResourceExhausted` error instead.
+    pub fn reply(&mut self, id: u64, result: Result<Reply, AgentError>) {
+        if let Err(e) = self.send(&FromAgent::Reply { id, result }) {
+            let result = Err(AgentError::new(
+                ErrorKind::ResourceExhausted,
+                format!("the reply does not fit in one message: {e}"),
+            ));
+            // A short error always encodes.
+            let _ = self.send(&FromAgent::Reply { id, result });
         }
     }
 

@@ -71,7 +71,7 @@ fn handshake(conn: &mut Conn, ctx: &AgentContext<'_>) -> Result<Hello, String> {
         if let Some(first) = msgs.into_iter().next() {
             return match first {
                 ToAgent::Hello(h) if h.version == VERSION => {
-                    conn.send(&FromAgent::Hello { version: VERSION });
+                    conn.event(&FromAgent::Hello { version: VERSION });
                     Ok(h)
                 }
                 ToAgent::Hello(h) => Err(format!("protocol version {} not spoken", h.version)),
@@ -150,7 +150,7 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
                 match msg {
                     ToAgent::Call { id, req } => {
                         let result = agent.call(ctx, req);
-                        conn.send(&FromAgent::Reply { id, result });
+                        conn.reply(id, result);
                     }
                     ToAgent::Hello(_) => return Err("second hello".into()),
                 }
@@ -169,7 +169,7 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         agent.procs.reap(&mut conn);
         if fds[3].revents != 0 {
             for (watch, events) in agent.watches.drain() {
-                conn.send(&FromAgent::Watch { watch, events });
+                conn.event(&FromAgent::Watch { watch, events });
             }
         }
         agent.procs.enforce_deadlines(Instant::now());
@@ -178,6 +178,16 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
 
 impl Agent {
     fn call(&mut self, ctx: &AgentContext<'_>, req: Request) -> Result<Reply, AgentError> {
+        // File operations and watches are checked with the permissions of the user they act
+        // for, and what they create is that user's: the agent's fs ids become the user's for
+        // the call (handles opened this way keep those rights).
+        let _ids = match req.fs_user() {
+            Some(User::User) => Some(
+                FsIds::enter(User::User.id(), User::User.id())
+                    .map_err(|e| AgentError::new(ErrorKind::Internal, e.to_string()))?,
+            ),
+            _ => None,
+        };
         match req {
             Request::Start(p) => {
                 if p.cmd.is_empty() {
@@ -223,46 +233,15 @@ impl Agent {
                 path,
                 recursive,
                 user,
-            } => {
-                let _ids = match user {
-                    User::User => Some(
-                        FsIds::enter(User::User.id(), User::User.id())
-                            .map_err(|e| AgentError::new(ErrorKind::Internal, e.to_string()))?,
-                    ),
-                    User::Root => None,
-                };
-                Ok(Reply::Watch {
-                    watch: self.watches.start(&path, recursive, user)?,
-                })
-            }
+            } => Ok(Reply::Watch {
+                watch: self.watches.start(&path, recursive, user)?,
+            }),
             Request::WatchStop { watch } => {
                 self.watches.stop(watch)?;
                 Ok(Reply::Done)
             }
             Request::Env => Ok(Reply::Env(self.hello.env.clone())),
-            other => {
-                // File operations are checked with the permissions of the user they act for,
-                // and what they create is that user's: the agent's fs ids become the user's
-                // for the call (handles opened this way keep those rights).
-                let user = match &other {
-                    Request::Stat { user, .. }
-                    | Request::MakeDir { user, .. }
-                    | Request::Move { user, .. }
-                    | Request::ListDir { user, .. }
-                    | Request::Remove { user, .. }
-                    | Request::OpenRead { user, .. }
-                    | Request::OpenWrite { user, .. } => *user,
-                    _ => User::Root,
-                };
-                let _ids = match user {
-                    User::User => Some(
-                        FsIds::enter(User::User.id(), User::User.id())
-                            .map_err(|e| AgentError::new(ErrorKind::Internal, e.to_string()))?,
-                    ),
-                    User::Root => None,
-                };
-                self.files.handle(&other)
-            }
+            other => self.files.handle(&other),
         }
     }
 }

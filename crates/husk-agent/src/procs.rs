@@ -428,7 +428,7 @@ impl Procs {
                 ExitStatus::Exited(c) => (c, true),
                 ExitStatus::Signaled(_) => (-1, false),
             };
-            conn.send(&FromAgent::Proc {
+            conn.event(&FromAgent::Proc {
                 pid,
                 event: ProcEvent::End(ProcEnd {
                     exit_code,
@@ -473,20 +473,18 @@ fn read_output(pid: u32, p: &mut Proc, which: usize, conn: &mut Conn, bounded: b
     let Some((stream, Some(fd))) = p.outputs.get(which) else {
         return true;
     };
-    let mut buf = vec![0u8; READ_SIZE];
+    let mut buf = [0u8; READ_SIZE];
     loop {
         match sys::read(fd.as_fd(), &mut buf) {
             Ok(0) => return true,
             Ok(n) => {
-                buf.truncate(n);
-                let data = std::mem::take(&mut buf);
+                let data = buf[..n].to_vec();
                 let event = match stream {
                     Stream::Stdout => ProcEvent::Stdout(data),
                     Stream::Stderr => ProcEvent::Stderr(data),
                     Stream::Pty => ProcEvent::Pty(data),
                 };
-                conn.send(&FromAgent::Proc { pid, event });
-                buf = vec![0u8; READ_SIZE];
+                conn.event(&FromAgent::Proc { pid, event });
                 if bounded && conn.queued() > crate::conn::HIGH_WATER {
                     return false;
                 }

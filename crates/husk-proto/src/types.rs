@@ -246,6 +246,23 @@ pub enum Request {
     Disk,
 }
 
+impl Request {
+    /// The user a file-system request acts for (its permissions and ownership), if it is one.
+    pub fn fs_user(&self) -> Option<User> {
+        match self {
+            Request::Stat { user, .. }
+            | Request::MakeDir { user, .. }
+            | Request::Move { user, .. }
+            | Request::ListDir { user, .. }
+            | Request::Remove { user, .. }
+            | Request::WatchStart { user, .. }
+            | Request::OpenRead { user, .. }
+            | Request::OpenWrite { user, .. } => Some(*user),
+            _ => None,
+        }
+    }
+}
+
 /// Successful answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
