@@ -35,8 +35,16 @@ impl AppState {
     }
 }
 
-/// The sandbox a request is addressed to: (id, port).
-pub fn sandbox_target(req: &Request<Body>) -> Option<(String, u16)> {
+/// The sandbox a request is addressed to. Found once by the dispatcher and handed to the
+/// sandbox router as a request extension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxTarget {
+    pub id: String,
+    pub port: u16,
+}
+
+/// The sandbox a request names, by header or by Host; `None` for the REST API.
+pub fn sandbox_target(req: &Request<Body>) -> Option<SandboxTarget> {
     let h = req.headers();
     if let Some(id) = h.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
         let port = h
@@ -44,7 +52,10 @@ pub fn sandbox_target(req: &Request<Body>) -> Option<(String, u16)> {
             .and_then(|v| v.to_str().ok())
             .and_then(|p| p.parse().ok())
             .unwrap_or(crate::sandbox::ENVD_PORT);
-        return Some((id.to_string(), port));
+        return Some(SandboxTarget {
+            id: id.to_string(),
+            port,
+        });
     }
     let host = h
         .get(axum::http::header::HOST)
@@ -63,7 +74,10 @@ pub fn sandbox_target(req: &Request<Body>) -> Option<(String, u16)> {
     {
         return None;
     }
-    Some((id.to_string(), port))
+    Some(SandboxTarget {
+        id: id.to_string(),
+        port,
+    })
 }
 
 /// The whole HTTP service.
@@ -78,11 +92,14 @@ pub fn service(
        + Send {
     let rest: Router = crate::rest::router(state.clone());
     let sandbox: Router = crate::sandbox::router(state);
-    tower::service_fn(move |req: Request<Body>| {
+    tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());
         async move {
             let mut resp = match sandbox_target(&req) {
-                Some(_) => sandbox.oneshot(req).await,
+                Some(target) => {
+                    req.extensions_mut().insert(target);
+                    sandbox.oneshot(req).await
+                }
                 None => rest.oneshot(req).await,
             }?;
             resp.headers_mut()
@@ -103,4 +120,63 @@ pub async fn serve(
     axum::serve(listener, make)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(headers: &[(&str, &str)]) -> Option<SandboxTarget> {
+        let mut b = Request::builder().uri("/files");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        sandbox_target(&b.body(Body::empty()).unwrap())
+    }
+
+    fn t(id: &str, port: u16) -> Option<SandboxTarget> {
+        Some(SandboxTarget {
+            id: id.into(),
+            port,
+        })
+    }
+
+    #[test]
+    fn headers_name_the_sandbox_and_port() {
+        assert_eq!(target(&[("E2b-Sandbox-Id", "abc123")]), t("abc123", 49983));
+        let h = [("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", "49999")];
+        assert_eq!(target(&h), t("abc", 49999));
+        // A port that is not a number falls back to the daemon's.
+        let h = [("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", "x")];
+        assert_eq!(target(&h), t("abc", 49983));
+    }
+
+    #[test]
+    fn a_host_of_port_dash_id_names_the_sandbox() {
+        assert_eq!(
+            target(&[("host", "49983-abc123.husk.example")]),
+            t("abc123", 49983)
+        );
+        assert_eq!(
+            target(&[("host", "8000-abc.localhost:3000")]),
+            t("abc", 8000)
+        );
+    }
+
+    #[test]
+    fn other_hosts_are_the_rest_api() {
+        for host in [
+            "127.0.0.1:3000",
+            "localhost:3000",
+            "api.husk.example",
+            "foo-bar.husk.example",
+            "99999999-abc.husk.example",
+            "49983-ABC.husk.example",
+            "49983-a_b.husk.example",
+            "49983-.husk.example",
+        ] {
+            assert_eq!(target(&[("host", host)]), None, "{host}");
+        }
+        assert_eq!(target(&[]), None);
+    }
 }

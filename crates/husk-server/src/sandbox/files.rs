@@ -24,6 +24,8 @@ use crate::files::{authorize, FilesError, FilesQuery, Operation};
 
 /// Largest upload body read at once before it is sent on to the agent.
 const WRITE_BATCH: usize = CHUNK;
+/// Compressed bytes decompressed at a time (at most about 1 MiB of output).
+const GUNZIP_PIECE: usize = 1024;
 
 fn agent_error(e: CallError, path: &str) -> FilesError {
     match e {
@@ -74,24 +76,23 @@ impl Drop for HandleGuard {
     }
 }
 
-pub async fn handle(sb: Sandbox, req: Request<Body>, has_token: bool) -> Response {
-    match serve(sb, req, has_token).await {
+pub async fn handle(sb: Sandbox, req: Request<Body>) -> Response {
+    match serve(sb, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn serve(sb: Sandbox, req: Request<Body>, has_token: bool) -> Result<Response, FilesError> {
+async fn serve(sb: Sandbox, req: Request<Body>) -> Result<Response, FilesError> {
     let query = FilesQuery::parse(req.uri().query())?;
     let op = if req.method() == Method::GET {
         Operation::Read
     } else {
         Operation::Write
     };
-    if !has_token {
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        authorize(req.headers(), &query, op, Some(&sb.access_token), now)?;
-    }
+    // The access token when the request carries one, else a signature for this path and user.
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    authorize(req.headers(), &query, op, Some(&sb.access_token), now)?;
     let user = crate::files::auth::resolve_user(&query, User::User)?;
     match op {
         Operation::Read => download(sb, req.headers(), query, user).await,
@@ -267,15 +268,26 @@ impl FileWriter {
     }
 
     async fn push(&mut self, chunk: &[u8]) -> Result<(), FilesError> {
-        match &mut self.gunzip {
-            Some(dec) => {
-                dec.write_all(chunk)
+        if self.gunzip.is_none() {
+            self.buf.extend_from_slice(chunk);
+            return self.write_full_batches().await;
+        }
+        // gzip can expand data about a thousandfold: decompress in small pieces and pass each
+        // piece's output on, so the memory an upload holds stays near one batch whatever the
+        // body claims to expand to.
+        for piece in chunk.chunks(GUNZIP_PIECE) {
+            if let Some(dec) = &mut self.gunzip {
+                dec.write_all(piece)
                     .map_err(|e| FilesError::bad_request(format!("invalid gzip body: {e}")))?;
                 let out = std::mem::take(dec.get_mut());
                 self.buf.extend_from_slice(&out);
             }
-            None => self.buf.extend_from_slice(chunk),
+            self.write_full_batches().await?;
         }
+        Ok(())
+    }
+
+    async fn write_full_batches(&mut self) -> Result<(), FilesError> {
         while self.buf.len() >= WRITE_BATCH {
             let rest = self.buf.split_off(WRITE_BATCH);
             let data = std::mem::replace(&mut self.buf, rest);

@@ -10,17 +10,16 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::stream;
 use husk_core::agent::WatchStream;
 use husk_proto::{FsEvent, Reply, User};
 
-use super::process::call_error;
+use super::rpc::{call_error, empty, read_request, unary_call};
 use super::Sandbox;
 use crate::connect::{
-    parse_stream_request, parse_unary, read_body, stream_error, stream_response, unary_err,
-    unary_ok, ConnectError,
+    parse_stream_request, parse_unary, stream_error, stream_response, unary_err, unary_ok,
+    ConnectError,
 };
 use crate::envd::filesystem::{
     EntryInfo, EntryResponse, FilesystemEvent, GetWatcherEventsResponse, ListDirRequest,
@@ -86,46 +85,24 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
     let streaming = method == "WatchDir";
-    let limit = if streaming {
-        crate::connect::request::MAX_STREAM_REQUEST_BODY
-    } else {
-        crate::connect::request::MAX_UNARY_BODY
-    };
-    let bytes = match read_body(body, limit).await {
+    let bytes = match read_request(body, streaming).await {
         Ok(b) => b,
-        Err(e) if streaming => return stream_error(e),
-        Err(e) => return unary_err(e),
+        Err(resp) => return resp,
     };
+    let (h, b) = (&headers, &bytes[..]);
     match method.as_str() {
-        "Stat" => entry_call::<StatRequest>(sb, &headers, &bytes, user).await,
-        "MakeDir" => entry_call::<MakeDirRequest>(sb, &headers, &bytes, user).await,
-        "Move" => entry_call::<MoveRequest>(sb, &headers, &bytes, user).await,
-        "Remove" => {
-            let req = match parse_unary::<RemoveRequest>(&headers, &bytes)
-                .and_then(|r| r.into_request(user))
-            {
-                Ok(r) => r,
-                Err(e) => return unary_err(e),
-            };
-            match sb.agent.call(req).await {
-                Ok(_) => unary_ok(&serde_json::json!({})),
-                Err(e) => unary_err(call_error(e)),
-            }
-        }
+        "Stat" => unary_call::<StatRequest, _>(&sb, h, b, user, entry).await,
+        "MakeDir" => unary_call::<MakeDirRequest, _>(&sb, h, b, user, entry).await,
+        "Move" => unary_call::<MoveRequest, _>(&sb, h, b, user, entry).await,
+        "Remove" => unary_call::<RemoveRequest, _>(&sb, h, b, user, empty).await,
         "ListDir" => {
-            let req = match parse_unary::<ListDirRequest>(&headers, &bytes)
-                .and_then(|r| r.into_request(user))
-            {
-                Ok(r) => r,
-                Err(e) => return unary_err(e),
-            };
-            match sb.agent.call(req).await {
-                Ok(Reply::Entries(entries)) => unary_ok(&ListDirResponse {
+            unary_call::<ListDirRequest, _>(&sb, h, b, user, |r| match r {
+                Reply::Entries(entries) => Some(ListDirResponse {
                     entries: entries.into_iter().map(EntryInfo::from).collect(),
                 }),
-                Ok(_) => unary_err(ConnectError::internal("unexpected reply")),
-                Err(e) => unary_err(call_error(e)),
-            }
+                _ => None,
+            })
+            .await
         }
         "WatchDir" => {
             let req = match parse_stream_request::<WatchDirRequest>(&headers, &bytes) {
@@ -198,19 +175,11 @@ pub async fn handle(
     }
 }
 
-/// A unary call answered by one entry.
-async fn entry_call<T>(sb: Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Response
-where
-    T: serde::de::DeserializeOwned + ToAgentRequest,
-{
-    let req = match parse_unary::<T>(headers, body).and_then(|r| r.into_request(user)) {
-        Ok(r) => r,
-        Err(e) => return unary_err(e),
-    };
-    match sb.agent.call(req).await {
-        Ok(Reply::Entry(entry)) => unary_ok(&EntryResponse::from(EntryInfo::from(entry))),
-        Ok(_) => unary_err(ConnectError::internal("unexpected reply")),
-        Err(e) => unary_err(call_error(e)),
+/// For calls answered by one entry.
+fn entry(r: Reply) -> Option<EntryResponse> {
+    match r {
+        Reply::Entry(e) => Some(EntryResponse::from(EntryInfo::from(e))),
+        _ => None,
     }
 }
 
@@ -285,7 +254,10 @@ async fn create_watcher(
         Ok(w) => w,
         Err(e) => return unary_err(e),
     };
-    let id = husk_core::manager::new_sandbox_id();
+    let id = match husk_core::manager::new_sandbox_id() {
+        Ok(id) => id,
+        Err(e) => return unary_err(ConnectError::internal(e.to_string())),
+    };
     let buf: Buffer = Arc::default();
     let task_buf = buf.clone();
     let key = (sb.id.clone(), id.clone());

@@ -1,7 +1,7 @@
 //! The per-sandbox API (what E2B's in-sandbox daemon serves on port 49983): process and
 //! filesystem services over Connect-JSON, `/files`, `/envs`, `/health`.
 //!
-//! Every request is addressed to one sandbox (see [`crate::app::sandbox_target`]). An unknown or
+//! Every request is addressed to one sandbox (see [`crate::app::SandboxTarget`]). An unknown or
 //! dead sandbox gets the 502 JSON answer the SDKs recognise as "not found"; a sandbox that
 //! exists is authenticated by its access token (`X-Access-Token`), except for `/health` and
 //! for `/files`, which also accept a signature.
@@ -9,6 +9,7 @@
 mod files;
 mod filesystem;
 mod process;
+mod rpc;
 
 pub use filesystem::Watchers;
 
@@ -23,23 +24,16 @@ use husk_core::manager::LiveSandbox;
 use husk_proto::User;
 use serde_json::json;
 
-use crate::app::{sandbox_target, AppState};
+use crate::app::{AppState, SandboxTarget};
 use crate::connect::unary_err;
+use crate::envd::auth::{access_token_ok, rpc_user};
+use crate::files::{sandbox_not_found, FilesError};
 
 /// The port of the in-sandbox daemon's API.
 pub const ENVD_PORT: u16 = 49983;
 
 pub fn router(state: AppState) -> Router {
     Router::new().fallback(handle).with_state(state)
-}
-
-/// The answer for a sandbox that does not exist (or not for this caller).
-pub fn sandbox_not_found(id: &str) -> Response {
-    (
-        StatusCode::BAD_GATEWAY,
-        axum::Json(json!({"sandboxId": id, "message": "The sandbox was not found", "code": 502})),
-    )
-        .into_response()
 }
 
 fn port_not_open(id: &str, port: u16) -> Response {
@@ -55,28 +49,13 @@ fn port_not_open(id: &str, port: u16) -> Response {
         .into_response()
 }
 
-/// A plain `{"code", "message"}` error (the envd HTTP endpoints' shape).
-pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        axum::Json(json!({"code": status.as_u16(), "message": message.into()})),
-    )
-        .into_response()
-}
-
-fn unauthorized() -> Response {
-    plain_error(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized access, please provide a valid access token or method signing if supported",
-    )
-}
-
-fn token_ok(sb: &LiveSandbox, req: &Request<Body>) -> bool {
-    crate::envd::auth::access_token_ok(req.headers(), Some(&sb.access_token))
+fn no_such_endpoint(path: &str) -> Response {
+    FilesError::not_found(format!("no such endpoint: {path}")).into_response()
 }
 
 async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
-    let Some((id, port)) = sandbox_target(&req) else {
+    // The app's dispatcher only routes requests here that name a sandbox.
+    let Some(SandboxTarget { id, port }) = req.extensions().get::<SandboxTarget>().cloned() else {
         return sandbox_not_found("");
     };
     let Some(sb) = state.manager.get_any(&id) else {
@@ -89,21 +68,20 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
         return port_not_open(&id, port);
     }
     let path = req.uri().path().to_string();
-    let method = req.method().clone();
-    match (method, path.as_str()) {
+    match (req.method().clone(), path.as_str()) {
         (Method::GET, "/health") => StatusCode::NO_CONTENT.into_response(),
-        (Method::GET, "/files") | (Method::POST, "/files") => {
-            let token = token_ok(&sb, &req);
-            files::handle(sb, req, token).await
+        // `/files` takes the access token or a signature (files::handle checks both).
+        (Method::GET, "/files") | (Method::POST, "/files") => files::handle(sb, req).await,
+        _ if !access_token_ok(req.headers(), Some(&sb.access_token)) => {
+            FilesError::unauthorized_access().into_response()
         }
-        _ if !token_ok(&sb, &req) => unauthorized(),
         (Method::GET, "/envs") => {
             let env: serde_json::Map<String, serde_json::Value> =
                 sb.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
             axum::Json(env).into_response()
         }
         (Method::POST, p) => {
-            let user = match crate::envd::auth::rpc_user(req.headers(), User::User) {
+            let user = match rpc_user(req.headers(), User::User) {
                 Ok(u) => u,
                 Err(e) => return unary_err(e),
             };
@@ -112,10 +90,10 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
             } else if let Some(m) = p.strip_prefix("/filesystem.Filesystem/") {
                 filesystem::handle(sb, state.watchers.clone(), m.to_string(), user, req).await
             } else {
-                plain_error(StatusCode::NOT_FOUND, format!("no such endpoint: {p}"))
+                no_such_endpoint(p)
             }
         }
-        (_, p) => plain_error(StatusCode::NOT_FOUND, format!("no such endpoint: {p}")),
+        (_, p) => no_such_endpoint(p),
     }
 }
 

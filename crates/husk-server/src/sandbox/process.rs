@@ -12,13 +12,14 @@ use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::stream;
-use husk_core::agent::{CallError, ProcStream};
+use husk_core::agent::ProcStream;
 use husk_proto::{ProcEvent, Reply, Selector, User};
 
+use super::rpc::{call_error, empty, read_request, unary_call};
 use super::Sandbox;
 use crate::connect::{
-    parse_stream_request, parse_timeout_ms, parse_unary, read_body, stream_error, stream_response,
-    unary_err, unary_ok, ClientStream, Code, ConnectError,
+    parse_stream_request, parse_timeout_ms, stream_error, stream_response, unary_err, ClientStream,
+    Code, ConnectError,
 };
 use crate::envd::process::{
     CloseStdinRequest, ConnectRequest, ListRequest, ListResponse, ProcessInfo, SendInputRequest,
@@ -32,13 +33,6 @@ const TIMED_OUT: &str = husk_proto::PROCESS_TIMED_OUT;
 
 /// Keepalive interval when the client names none (envd's default).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
-
-pub fn call_error(e: CallError) -> ConnectError {
-    match e {
-        CallError::Agent(a) => a.into(),
-        CallError::Gone => ConnectError::unavailable("the sandbox was killed"),
-    }
-}
 
 fn keepalive_interval(headers: &HeaderMap) -> Duration {
     headers
@@ -56,24 +50,27 @@ pub async fn handle(sb: Sandbox, method: String, user: User, req: Request<Body>)
         return stream_input(sb, &headers, body).await;
     }
     let streaming = matches!(method.as_str(), "Start" | "Connect");
-    let limit = if streaming {
-        crate::connect::request::MAX_STREAM_REQUEST_BODY
-    } else {
-        crate::connect::request::MAX_UNARY_BODY
-    };
-    let bytes = match read_body(body, limit).await {
+    let bytes = match read_request(body, streaming).await {
         Ok(b) => b,
-        Err(e) if streaming => return stream_error(e),
-        Err(e) => return unary_err(e),
+        Err(resp) => return resp,
     };
+    let (sb, h, b) = (&sb, &headers, &bytes[..]);
     match method.as_str() {
-        "Start" => start(sb, &headers, &bytes, user).await,
-        "Connect" => connect(sb, &headers, &bytes).await,
-        "List" => list(sb, &headers, &bytes).await,
-        "SendInput" => unary::<SendInputRequest>(sb, &headers, &bytes, user).await,
-        "CloseStdin" => unary::<CloseStdinRequest>(sb, &headers, &bytes, user).await,
-        "SendSignal" => unary::<SendSignalRequest>(sb, &headers, &bytes, user).await,
-        "Update" => unary::<UpdateRequest>(sb, &headers, &bytes, user).await,
+        "Start" => start(sb, h, b, user).await,
+        "Connect" => connect(sb, h, b).await,
+        "List" => {
+            unary_call::<ListRequest, _>(sb, h, b, user, |r| match r {
+                Reply::Processes(list) => Some(ListResponse {
+                    processes: list.into_iter().map(ProcessInfo::from).collect(),
+                }),
+                _ => None,
+            })
+            .await
+        }
+        "SendInput" => unary_call::<SendInputRequest, _>(sb, h, b, user, empty).await,
+        "CloseStdin" => unary_call::<CloseStdinRequest, _>(sb, h, b, user, empty).await,
+        "SendSignal" => unary_call::<SendSignalRequest, _>(sb, h, b, user, empty).await,
+        "Update" => unary_call::<UpdateRequest, _>(sb, h, b, user, empty).await,
         // Like any Connect server: a procedure that does not exist is not found.
         other => unary_err(ConnectError::not_found(format!(
             "no such procedure: process.Process/{other}"
@@ -81,35 +78,7 @@ pub async fn handle(sb: Sandbox, method: String, user: User, req: Request<Body>)
     }
 }
 
-/// A unary call that maps onto one agent request answered by `Done`; replies `{}`.
-async fn unary<T>(sb: Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Response
-where
-    T: serde::de::DeserializeOwned + ToAgentRequest,
-{
-    let req = match parse_unary::<T>(headers, body).and_then(|r| r.into_request(user)) {
-        Ok(r) => r,
-        Err(e) => return unary_err(e),
-    };
-    match sb.agent.call(req).await {
-        Ok(_) => unary_ok(&serde_json::json!({})),
-        Err(e) => unary_err(call_error(e)),
-    }
-}
-
-async fn list(sb: Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
-    if let Err(e) = parse_unary::<ListRequest>(headers, body) {
-        return unary_err(e);
-    }
-    match sb.agent.call(husk_proto::Request::List).await {
-        Ok(Reply::Processes(list)) => unary_ok(&ListResponse {
-            processes: list.into_iter().map(ProcessInfo::from).collect(),
-        }),
-        Ok(_) => unary_err(ConnectError::internal("unexpected reply")),
-        Err(e) => unary_err(call_error(e)),
-    }
-}
-
-async fn start(sb: Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Response {
+async fn start(sb: &Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Response {
     let parsed = parse_stream_request::<StartRequest>(headers, body).and_then(|r| {
         let timeout = parse_timeout_ms(headers)?;
         r.into_start_proc(user, timeout)
@@ -124,7 +93,7 @@ async fn start(sb: Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Res
     }
 }
 
-async fn connect(sb: Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
+async fn connect(sb: &Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
     let sel = parse_stream_request::<ConnectRequest>(headers, body)
         .and_then(|r| r.into_request(User::User));
     let sel = match sel {

@@ -1,0 +1,72 @@
+//! What the Connect services share: reading a request body within its bound, and the unary
+//! call that maps onto one agent request.
+
+use axum::body::{Body, Bytes};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use husk_core::agent::CallError;
+use husk_proto::{Reply, User};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::Sandbox;
+use crate::connect::request::{MAX_STREAM_REQUEST_BODY, MAX_UNARY_BODY};
+use crate::connect::{parse_unary, read_body, stream_error, unary_err, unary_ok, ConnectError};
+use crate::envd::process::Empty;
+use crate::envd::ToAgentRequest;
+
+/// The Connect error for a failed agent call.
+pub fn call_error(e: CallError) -> ConnectError {
+    match e {
+        CallError::Agent(a) => a.into(),
+        CallError::Gone => ConnectError::unavailable("the sandbox was killed"),
+    }
+}
+
+/// Reads a request body within the bound of its kind of call (one envelope for a
+/// server-streaming call); a failure is answered the way that kind of call reports errors.
+pub async fn read_request(body: Body, streaming: bool) -> Result<Bytes, Response> {
+    let limit = if streaming {
+        MAX_STREAM_REQUEST_BODY
+    } else {
+        MAX_UNARY_BODY
+    };
+    read_body(body, limit).await.map_err(|e| {
+        if streaming {
+            stream_error(e)
+        } else {
+            unary_err(e)
+        }
+    })
+}
+
+/// A unary call: parse `T`, convert it to its agent request on behalf of `user`, call, and
+/// turn the agent's reply into the response message (`None`: a reply of the wrong kind).
+pub async fn unary_call<T, R>(
+    sb: &Sandbox,
+    headers: &HeaderMap,
+    body: &[u8],
+    user: User,
+    reply: fn(Reply) -> Option<R>,
+) -> Response
+where
+    T: DeserializeOwned + ToAgentRequest,
+    R: Serialize,
+{
+    let req = match parse_unary::<T>(headers, body).and_then(|r| r.into_request(user)) {
+        Ok(r) => r,
+        Err(e) => return unary_err(e),
+    };
+    match sb.agent.call(req).await {
+        Ok(r) => match reply(r) {
+            Some(msg) => unary_ok(&msg),
+            None => unary_err(ConnectError::internal("unexpected reply from the agent")),
+        },
+        Err(e) => unary_err(call_error(e)),
+    }
+}
+
+/// For calls answered by `Done`: the empty message.
+pub fn empty(_: Reply) -> Option<Empty> {
+    Some(Empty {})
+}
