@@ -13,14 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{get, on, post, MethodFilter, MethodRouter};
 use axum::Router;
-use husk_core::manager::{
-    CoreError, CreateRequest, ListFilter, LiveSandbox, Manager, ENVD_VERSION,
-};
+use husk_core::manager::{CoreError, CreateRequest, ListFilter, LiveSandbox, ENVD_VERSION};
 use husk_core::store::Principal;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -44,13 +43,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/pause", post(unsupported_pause))
-        .route("/sandboxes/{id}/resume", post(unsupported_pause))
-        .route("/sandboxes/{id}/fork", post(unsupported_fork))
-        .route("/sandboxes/{id}/snapshots", post(unsupported_snapshot))
-        .route("/snapshots", get(unsupported_snapshot))
-        .route("/sandboxes/{id}/network", put(unsupported_network))
-        .route("/templates/{id}", delete(unsupported_snapshot))
+        .route("/sandboxes/{id}/pause", unsupported("pausing sandboxes"))
+        .route("/sandboxes/{id}/resume", unsupported("resuming sandboxes"))
+        .route("/sandboxes/{id}/fork", unsupported("forking sandboxes"))
+        .route("/sandboxes/{id}/snapshots", unsupported("snapshots"))
+        .route("/snapshots", unsupported("snapshots"))
+        .route("/templates/{id}", unsupported("snapshots"))
+        .route(
+            "/sandboxes/{id}/network",
+            unsupported("changing a sandbox's network policy"),
+        )
         .fallback(not_found_route)
         .with_state(state)
 }
@@ -88,7 +90,18 @@ fn core_error(e: CoreError) -> Response {
     resp
 }
 
-/// Authenticates `X-API-KEY` (header names are case-insensitive).
+/// The caller, authenticated by `X-API-KEY` (header names are case-insensitive). As an
+/// extractor, a request without a valid key never reaches a handler.
+pub struct Who(pub Principal);
+
+impl FromRequestParts<AppState> for Who {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Who, Response> {
+        auth(state, &parts.headers).map(Who)
+    }
+}
+
 fn auth(state: &AppState, headers: &HeaderMap) -> Result<Principal, Response> {
     let key = headers
         .get("x-api-key")
@@ -217,36 +230,30 @@ fn listed_json(sb: &LiveSandbox) -> Value {
     })
 }
 
-async fn create(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let req: NewSandbox = match parse_body(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
+/// Handlers answer errors as finished responses, so `?` works on every step.
+type Answer = Result<Response, Response>;
+
+async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> Answer {
+    let req: NewSandbox = parse_body(&body)?;
     if req.auto_pause == Some(true) {
-        return error(
+        return Err(error(
             StatusCode::BAD_REQUEST,
             "autoPause is not supported by husk: sandboxes are killed at their timeout",
-        );
+        ));
     }
-    let timeout = match timeout_secs(req.timeout) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
     let create = CreateRequest {
         template: req.template_id.unwrap_or_else(|| "base".into()),
-        timeout,
+        timeout: timeout_secs(req.timeout)?,
         metadata: req.metadata.unwrap_or_default(),
         env: req.env_vars.unwrap_or_default().into_iter().collect(),
         allow_internet_access: req.allow_internet_access,
     };
-    match state.manager.create(&who, create).await {
-        Ok(sb) => (StatusCode::CREATED, axum::Json(sandbox_json(&sb))).into_response(),
-        Err(e) => core_error(e),
-    }
+    let sb = state
+        .manager
+        .create(&who, create)
+        .await
+        .map_err(core_error)?;
+    Ok((StatusCode::CREATED, axum::Json(sandbox_json(&sb))).into_response())
 }
 
 #[derive(Deserialize, Default)]
@@ -257,109 +264,59 @@ struct TimeoutBody {
 
 async fn connect(
     State(state): State<AppState>,
+    Who(who): Who,
     Path(id): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let req: TimeoutBody = match parse_body(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let timeout = match timeout_secs(req.timeout) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    match state.manager.connect(&who, &id, timeout) {
-        Ok(sb) => (StatusCode::OK, axum::Json(sandbox_json(&sb))).into_response(),
-        Err(e) => core_error(e),
-    }
+) -> Answer {
+    let req: TimeoutBody = parse_body(&body)?;
+    let sb = state
+        .manager
+        .connect(&who, &id, timeout_secs(req.timeout)?)
+        .map_err(core_error)?;
+    Ok(axum::Json(sandbox_json(&sb)).into_response())
 }
 
 async fn set_timeout(
     State(state): State<AppState>,
+    Who(who): Who,
     Path(id): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let req: TimeoutBody = match parse_body(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
+) -> Answer {
+    let req: TimeoutBody = parse_body(&body)?;
     let Some(t) = req.timeout else {
-        return error(StatusCode::BAD_REQUEST, "timeout is required");
+        return Err(error(StatusCode::BAD_REQUEST, "timeout is required"));
     };
-    let timeout = match timeout_secs(Some(t)) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    match state.manager.set_timeout(&who, &id, timeout) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => core_error(e),
-    }
+    state
+        .manager
+        .set_timeout(&who, &id, timeout_secs(Some(t))?)
+        .map_err(core_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn info(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    match state.manager.get(&who, &id) {
-        Ok(sb) => axum::Json(detail_json(&sb)).into_response(),
-        Err(e) => core_error(e),
-    }
+async fn info(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
+    let sb = state.manager.get(&who, &id).map_err(core_error)?;
+    Ok(axum::Json(detail_json(&sb)).into_response())
 }
 
-async fn kill(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    match state.manager.kill(&who, &id).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => core_error(e),
-    }
+async fn kill(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
+    state.manager.kill(&who, &id).await.map_err(core_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn metrics(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    match state.manager.metrics(&who, &id).await {
-        Ok(m) => axum::Json(json!([{
-            "timestamp": rfc3339(m.timestamp),
-            "timestampUnix": m.timestamp.unix_timestamp(),
-            "cpuCount": m.cpu_count,
-            "cpuUsedPct": m.cpu_used_pct,
-            "memUsed": m.mem_used,
-            "memTotal": m.mem_total,
-            "memCache": m.mem_cache,
-            "diskUsed": m.disk_used,
-            "diskTotal": m.disk_total,
-        }]))
-        .into_response(),
-        Err(e) => core_error(e),
-    }
+async fn metrics(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
+    let m = state.manager.metrics(&who, &id).await.map_err(core_error)?;
+    Ok(axum::Json(json!([{
+        "timestamp": rfc3339(m.timestamp),
+        "timestampUnix": m.timestamp.unix_timestamp(),
+        "cpuCount": m.cpu_count,
+        "cpuUsedPct": m.cpu_used_pct,
+        "memUsed": m.mem_used,
+        "memTotal": m.mem_total,
+        "memCache": m.mem_cache,
+        "diskUsed": m.disk_used,
+        "diskTotal": m.disk_total,
+    }]))
+    .into_response())
 }
 
 /// Decodes the SDKs' layered metadata filter: the framework-decoded value is itself a
@@ -374,13 +331,9 @@ pub fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
 
 async fn list(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Who(who): Who,
     Query(q): Query<Vec<(String, String)>>,
-) -> Response {
-    let who = match auth(&state, &headers) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+) -> Answer {
     let get = |k: &str| {
         q.iter()
             .rev()
@@ -388,21 +341,18 @@ async fn list(
             .map(|(_, v)| v.as_str())
     };
     let mut filter = ListFilter::default();
-    for (k, v) in q.iter().filter(|(k, _)| k == "metadata" || k == "query") {
-        let _ = k;
+    for (_, v) in q.iter().filter(|(k, _)| k == "metadata") {
         filter.metadata.extend(parse_metadata_filter(v));
     }
     filter.template = get("template").map(str::to_string);
     if let Some(t) = get("startedAfter") {
-        match OffsetDateTime::parse(t, &Rfc3339) {
-            Ok(t) => filter.started_after = Some(t),
-            Err(_) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("startedAfter must be an RFC 3339 date-time (got '{t}')"),
-                )
-            }
-        }
+        let parsed = OffsetDateTime::parse(t, &Rfc3339).map_err(|_| {
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("startedAfter must be an RFC 3339 date-time (got '{t}')"),
+            )
+        })?;
+        filter.started_after = Some(parsed);
     }
     let states: Vec<&str> = q
         .iter()
@@ -412,22 +362,30 @@ async fn list(
         .collect();
     for s in &states {
         if *s != "running" && *s != "paused" {
-            return error(StatusCode::BAD_REQUEST, format!("unknown state '{s}'"));
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("unknown state '{s}'"),
+            ));
         }
     }
     let limit = match get("limit").map(str::parse::<usize>) {
         None => 100,
         Some(Ok(n)) if (1..=100).contains(&n) => n,
-        Some(_) => return error(StatusCode::BAD_REQUEST, "limit must be between 1 and 100"),
+        Some(_) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "limit must be between 1 and 100",
+            ))
+        }
     };
     let desc = match get("order") {
         None | Some("desc") => true,
         Some("asc") => false,
         Some(o) => {
-            return error(
+            return Err(error(
                 StatusCode::BAD_REQUEST,
                 format!("order must be asc or desc (got '{o}')"),
-            )
+            ))
         }
     };
     // Only running sandboxes exist in husk.
@@ -462,45 +420,59 @@ async fn list(
             }
         }
     }
-    resp
+    Ok(resp)
 }
 
-fn unsupported(what: &str) -> Response {
-    error(
-        StatusCode::NOT_IMPLEMENTED,
-        format!("{what} is not supported by husk"),
-    )
+/// A feature husk does not offer: 501 with a message, after the key is checked (so a caller
+/// without a valid key learns nothing either way).
+fn unsupported(what: &'static str) -> MethodRouter<AppState> {
+    let answer = move |_: Who| async move {
+        error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("{what} is not supported by husk"),
+        )
+    };
+    on(MethodFilter::GET, answer)
+        .on(MethodFilter::POST, answer)
+        .on(MethodFilter::PUT, answer)
+        .on(MethodFilter::DELETE, answer)
 }
 
-async fn unsupported_pause(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    match auth(&state, &headers) {
-        Ok(_) => unsupported("pausing and resuming sandboxes"),
-        Err(r) => r,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdks_layered_metadata_filter_is_decoded() {
+        // What the Python SDK sends for {"a b": "c&d", "k": "v"}, after the framework's own
+        // decoding of the query string.
+        let once = percent_encoding::percent_decode_str("a%252520b%3Dc%252526d%26k%3Dv")
+            .decode_utf8_lossy()
+            .into_owned();
+        assert_eq!(
+            parse_metadata_filter(&once),
+            vec![("a b".into(), "c&d".into()), ("k".into(), "v".into())]
+        );
+        assert_eq!(parse_metadata_filter(""), vec![]);
+        assert_eq!(parse_metadata_filter("%3Dv"), vec![]);
     }
-}
 
-async fn unsupported_fork(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    match auth(&state, &headers) {
-        Ok(_) => unsupported("forking sandboxes"),
-        Err(r) => r,
+    #[test]
+    fn create_bodies_must_be_json_objects() {
+        let ok: NewSandbox =
+            parse_body(&Bytes::from_static(b" {\"templateID\":\"base\"}")).unwrap();
+        assert_eq!(ok.template_id.as_deref(), Some("base"));
+        let empty: NewSandbox = parse_body(&Bytes::from_static(b"  ")).unwrap();
+        assert!(empty.template_id.is_none());
+        for bad in [&b"[]"[..], b"\"x\"", b"{", b"{\"timeout\":\"x\"}"] {
+            let r = parse_body::<NewSandbox>(&Bytes::copy_from_slice(bad));
+            assert_eq!(r.err().map(|r| r.status()), Some(StatusCode::BAD_REQUEST));
+        }
+        let big = Bytes::from(vec![b' '; MAX_BODY + 1]);
+        let r = parse_body::<NewSandbox>(&big);
+        assert_eq!(
+            r.err().map(|r| r.status()),
+            Some(StatusCode::PAYLOAD_TOO_LARGE)
+        );
     }
-}
-
-async fn unsupported_snapshot(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    match auth(&state, &headers) {
-        Ok(_) => unsupported("snapshots"),
-        Err(r) => r,
-    }
-}
-
-async fn unsupported_network(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    match auth(&state, &headers) {
-        Ok(_) => unsupported("changing a sandbox's network policy"),
-        Err(r) => r,
-    }
-}
-
-/// The team's live sandbox, for handlers of other modules.
-pub fn manager(state: &AppState) -> &Arc<Manager> {
-    &state.manager
 }
