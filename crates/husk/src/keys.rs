@@ -10,6 +10,9 @@ use std::path::PathBuf;
 
 use husk_core::keys::{self, KeyRef};
 use husk_core::store::{KeyInfo, OffsetDateTime, Store, StoreError, DEFAULT_STATE_DIR};
+use time::format_description::well_known::Rfc3339;
+
+use crate::units::without_controls;
 
 /// Exit status for a usage error (bad team name, label or quota), as for `husk run`.
 const EXIT_USAGE: i32 = 125;
@@ -231,32 +234,11 @@ fn key_table(keys: &[KeyInfo]) -> String {
 
 /// A time to the second in UTC, RFC 3339: `2025-01-31T12:00:00Z`.
 fn utc(t: OffsetDateTime) -> String {
-    // UNIX_EPOCH's offset is UTC; naming it so needs no dependency on `time`.
-    let t = t.to_offset(OffsetDateTime::UNIX_EPOCH.offset());
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
-}
-
-/// Escapes control characters, so that no text from the database or the command line can
-/// drive the terminal.
-fn without_controls(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_debug().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
+    t.to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| "-".to_owned())
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@ use husk_runtime::{Fate, MountSpec, Sandbox, SandboxSpec, Spawner, User};
 
 use crate::cli::RunArgs;
 use crate::relay::{Fd, OnEof, Pump};
-use crate::units::{format_duration, format_size, parse_duration, parse_size};
+use crate::units::{
+    format_duration, format_size, parse_cpus, parse_duration, parse_size, without_controls,
+};
 
 /// Exit code for husk's own failures (set-up, bad flags), as docker uses.
 pub const EXIT_HUSK_ERROR: i32 = 125;
@@ -72,7 +74,7 @@ impl Config {
         }
         spec.limits.memory_bytes = parse_size(&a.memory).map_err(|e| anyhow!("--memory: {e}"))?;
         spec.limits.disk_bytes = parse_size(&a.disk).map_err(|e| anyhow!("--disk: {e}"))?;
-        spec.limits.cpu_millis = crate::units::parse_cpus(&a.cpus).map_err(|e| anyhow!("{e}"))?;
+        spec.limits.cpu_millis = parse_cpus(&a.cpus).map_err(|e| anyhow!("{e}"))?;
         spec.limits.pids = a.pids;
         for m in &a.mounts {
             let parts: Vec<&str> = m.split(':').collect();
@@ -486,20 +488,6 @@ fn printable(name: &str) -> String {
         out.push('…');
     }
     out
-}
-
-/// `text` with control characters escaped (`\n`, `\u{1b}`), everything else as is.
-fn without_controls(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_debug().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
 }
 
 fn signal_name(sig: i32) -> String {

@@ -39,6 +39,14 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 }
 
 pub fn main(args: ServeArgs) -> i32 {
+    // The core logs sandbox lifecycle events (timeouts, agents gone) with `tracing`; to
+    // stderr, at `info` unless HUSK_LOG says otherwise (e.g. HUSK_LOG=debug).
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HUSK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let mut config = Config {
         default_quota: args.max_sandboxes,
         ..Config::default()

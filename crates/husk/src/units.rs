@@ -28,6 +28,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// Formats bytes the way the limits were most likely given: `512 MiB`, `1 GiB`, `1.5 GiB`.
+/// `text` with control characters escaped (`\n`, `\u{1b}`), everything else as is: no text
+/// from a sandbox, the database or the command line may drive the terminal.
+pub fn without_controls(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_debug().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// Parses a CPU quota given in CPUs (`0.5`, `2`) into millicpus.
 pub fn parse_cpus(s: &str) -> Result<u64, String> {
     let cpus: f64 = s
