@@ -39,7 +39,7 @@ fi
 
 if [ "$only" = all ] || [ "$only" = js ]; then
   echo "compat: JS (e2b@2.51.0)" >&2
-  (cd "$HERE/js" && node --test --test-concurrency=1 --test-timeout=180000 ./*.test.mjs)
+  (cd "$HERE/js" && node --test --test-concurrency=1 --test-timeout=90000 ./*.test.mjs)
   js_rc=$?
 fi
 

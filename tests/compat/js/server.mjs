@@ -99,8 +99,27 @@ export async function startServer({ startupTimeoutMs = 30_000 } = {}) {
     )
   })
 
+  let url = null
+  let adminKey = null
+  const keys = new Map()
+  // Every test kills what it made; anything still running at the end is a leak in a test.
+  const warnAboutLeftovers = async () => {
+    const left = new Set()
+    for (const key of new Set([adminKey, ...keys.values()])) {
+      if (!key) continue
+      try {
+        const p = Sandbox.list({ apiUrl: url, sandboxUrl: url, apiKey: key, requestTimeoutMs: 10_000 })
+        while (p.hasNext) for (const s of await p.nextItems()) left.add(s.sandboxId)
+      } catch {
+        // the server may already be unusable; stopping it matters more
+      }
+    }
+    if (left.size) console.warn(`warning: ${left.size} sandbox(es) still running at the end: ${[...left].join(' ')}`)
+  }
+
   const stop = async (timeoutMs = 60_000) => {
     process.off('exit', killOnExit)
+    if (exited === null && url) await warnAboutLeftovers()
     if (exited === null) {
       child.kill('SIGTERM')
       let t2
@@ -133,12 +152,12 @@ export async function startServer({ startupTimeoutMs = 30_000 } = {}) {
     await stop().catch(() => {})
     throw e
   }
-  const adminKey = readFileSync(join(stateDir, 'admin.key'), 'utf8').trim()
+  adminKey = readFileSync(join(stateDir, 'admin.key'), 'utf8').trim()
   if (!KEY_RE.test(adminKey)) {
     await stop().catch(() => {})
     throw new Error(`admin.key holds ${JSON.stringify(adminKey)}, not e2b_<40 hex>`)
   }
-  const url = `http://127.0.0.1:${port}`
+  url = `http://127.0.0.1:${port}`
 
   // Safety net: an SDK call that forgot its per-call URLs still reaches this server and nothing
   // else. No API key is set, so such a call fails loudly instead of passing.
@@ -148,7 +167,6 @@ export async function startServer({ startupTimeoutMs = 30_000 } = {}) {
   delete process.env.E2B_DOMAIN
   delete process.env.E2B_DEBUG
 
-  const keys = new Map()
   const server = {
     url,
     port,

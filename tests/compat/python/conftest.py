@@ -6,7 +6,7 @@ SIGTERM at the end. Every sandbox a test creates is killed in teardown, pass or 
 from __future__ import annotations
 
 import os
-import shutil
+import warnings
 from typing import Callable, List, Tuple
 
 import pytest
@@ -34,22 +34,29 @@ def husk() -> HuskServer:
     try:
         yield server
     finally:
+        _warn_about_leftover_sandboxes(server)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        try:
-            rc = server.stop()
-        finally:
-            log_tail = server.log_tail()
-            shutil.rmtree(server.state_dir, ignore_errors=True)
-            try:
-                server.log_path.unlink()
-            except OSError:
-                pass
+        rc, log_tail = server.close()
         if rc not in (0, None):
             print(f"\nhusk serve exited with {rc}; last log lines:\n{log_tail}")
+
+
+def _warn_about_leftover_sandboxes(server: HuskServer) -> None:
+    """Every test kills what it made; anything still running at the end is a leak in a test."""
+    left = set()
+    for key in {server.admin_key, *server.extra_keys.values()}:
+        try:
+            paginator = Sandbox.list(**server.opts(api_key=key))
+            while paginator.has_next:
+                left |= {s.sandbox_id for s in paginator.next_items()}
+        except Exception:
+            pass
+    if left:
+        warnings.warn(f"{len(left)} sandbox(es) still running at the end of the session: {sorted(left)}")
 
 
 @pytest.fixture(scope="session")

@@ -132,6 +132,19 @@ class HuskServer:
                 )
         return self.proc.returncode
 
+    def close(self) -> Tuple[Optional[int], str]:
+        """stop(), then remove the state dir and the log. Returns (exit code, log tail)."""
+        try:
+            rc = self.stop()
+        finally:
+            tail = self.log_tail()
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            try:
+                self.log_path.unlink()
+            except OSError:
+                pass
+        return rc, tail
+
 
 def husk_binary() -> Path:
     path = Path(os.environ.get("HUSK_BIN") or DEFAULT_BIN)
