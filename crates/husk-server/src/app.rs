@@ -115,8 +115,14 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let svc = service(state);
     let make = axum::ServiceExt::<Request<Body>>::into_make_service(svc);
+    // Streams (process output, Connect envelopes) are many small writes: without TCP_NODELAY,
+    // Nagle's algorithm holds each one back until the client's delayed ACK, ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, make)
         .with_graceful_shutdown(shutdown)
         .await
