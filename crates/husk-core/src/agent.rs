@@ -73,6 +73,20 @@ pub struct AgentClient {
     inner: Arc<Inner>,
 }
 
+/// The reply to a submitted call.
+pub struct PendingReply {
+    rx: oneshot::Receiver<Result<Reply, CallError>>,
+}
+
+impl std::future::IntoFuture for PendingReply {
+    type Output = Result<Reply, CallError>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.rx.await.unwrap_or(Err(CallError::Gone)) })
+    }
+}
+
 /// Output of one process, until its `End` (or until the sandbox is gone: `None` without `End`).
 pub struct ProcStream {
     rx: mpsc::Receiver<ProcEvent>,
@@ -180,6 +194,21 @@ impl AgentClient {
     }
 
     async fn send_call(&self, req: Request, subscribe: Subscribe) -> Result<Reply, CallError> {
+        self.submit_call(req, subscribe).await?.await
+    }
+
+    /// Sends a call and returns, once it is on its way, the future of its reply. Calls
+    /// submitted one after another reach the agent in that order, so a caller can have the
+    /// next one under way while the agent works on the previous (an upload's writes).
+    pub async fn submit(&self, req: Request) -> Result<PendingReply, CallError> {
+        self.submit_call(req, Subscribe::None).await
+    }
+
+    async fn submit_call(
+        &self,
+        req: Request,
+        subscribe: Subscribe,
+    ) -> Result<PendingReply, CallError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -209,7 +238,7 @@ impl AgentClient {
                 return Err(CallError::Gone);
             }
         }
-        rx.await.unwrap_or(Err(CallError::Gone))
+        Ok(PendingReply { rx })
     }
 
     /// One call and its reply.

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod disposition;
 pub mod encoding;
 pub mod error;
+pub mod gzip;
 pub mod metadata;
 pub mod multipart;
 pub mod query;

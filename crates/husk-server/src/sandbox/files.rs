@@ -12,11 +12,12 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{stream, StreamExt};
-use husk_core::agent::{AgentClient, CallError};
+use husk_core::agent::{AgentClient, CallError, PendingReply};
 use husk_proto::{ErrorKind, Reply, Request as AgentRequest, User, CHUNK};
 
 use super::Sandbox;
 use crate::files::encoding::{negotiate_encoding, request_encoding, Coding};
+use crate::files::gzip::AdaptiveGzip;
 use crate::files::multipart::UploadForm;
 use crate::files::range::{parse_range, unsatisfiable, ByteRange};
 use crate::files::upload::UploadedEntry;
@@ -24,6 +25,8 @@ use crate::files::{authorize, FilesError, FilesQuery, Operation};
 
 /// Largest upload body read at once before it is sent on to the agent.
 const WRITE_BATCH: usize = CHUNK;
+/// Chunks a download reads ahead of its client.
+const READ_AHEAD: usize = 2;
 /// Compressed bytes decompressed at a time (at most about 1 MiB of output).
 const GUNZIP_PIECE: usize = 1024;
 
@@ -135,43 +138,7 @@ async fn download(
         (Coding::Identity, ByteRange::Unsatisfiable) => return Ok(unsatisfiable(size)),
         _ => (0, size, StatusCode::OK),
     };
-    let agent = sb.agent.clone();
-    // Pull chunks from the agent as the client reads; the guard closes the handle at the end
-    // (or when the body is dropped).
-    let chunks = stream::unfold((start, Some(guard)), move |(offset, guard)| {
-        let agent = agent.clone();
-        async move {
-            let guard = guard?;
-            if offset >= end {
-                let _ = guard.close().await;
-                return None;
-            }
-            let len = (end - offset).min(CHUNK as u64) as u32;
-            let h = guard.handle?;
-            match agent
-                .call(AgentRequest::Read {
-                    handle: h,
-                    offset,
-                    len,
-                })
-                .await
-            {
-                Ok(Reply::Data(d)) if !d.is_empty() => {
-                    let n = d.len() as u64;
-                    Some((
-                        Ok::<Bytes, std::io::Error>(Bytes::from(d)),
-                        (offset + n, Some(guard)),
-                    ))
-                }
-                // The file shrank while being read: end here.
-                Ok(_) => {
-                    let _ = guard.close().await;
-                    None
-                }
-                Err(e) => Some((Err(std::io::Error::other(e.to_string())), (end, None))),
-            }
-        }
-    });
+    let chunks = read_ahead(sb.agent.clone(), guard, start, end);
     let mut builder = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -201,28 +168,75 @@ async fn download(
         .map_err(|e| FilesError::internal(e.to_string()))
 }
 
-/// Compresses a byte stream with gzip, chunk by chunk.
+/// Chunks read from the agent ahead of the client, by a task of their own: the next read is
+/// under way while the previous chunk is written to the client, and at most [`READ_AHEAD`]
+/// chunks wait. The handle is closed when the file is read or the client goes away.
+fn read_ahead(
+    agent: AgentClient,
+    guard: HandleGuard,
+    start: u64,
+    end: u64,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    tokio::spawn(async move {
+        // Two reads are under way at a time: the agent reads the next chunk while this one
+        // travels.
+        let mut requested = start;
+        let mut pending = std::collections::VecDeque::new();
+        while let Some(handle) = guard.handle {
+            while pending.len() < 2 && requested < end {
+                let len = (end - requested).min(CHUNK as u64) as u32;
+                let read = AgentRequest::Read {
+                    handle,
+                    offset: requested,
+                    len,
+                };
+                match agent.submit(read).await {
+                    Ok(reply) => pending.push_back((len, reply)),
+                    Err(e) => {
+                        let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                        break;
+                    }
+                }
+                requested += u64::from(len);
+            }
+            let Some((len, reply)) = pending.pop_front() else {
+                break;
+            };
+            // A short read means the file ended early (it shrank while being read): what was
+            // read goes out and the download ends there, never with a gap.
+            let (chunk, last) = match reply.await {
+                Ok(Reply::Data(d)) if !d.is_empty() => {
+                    let short = d.len() < len as usize;
+                    (Ok(Bytes::from(d)), short)
+                }
+                Ok(_) => break,
+                Err(e) => (Err(std::io::Error::other(e.to_string())), true),
+            };
+            if tx.send(chunk).await.is_err() || last {
+                break;
+            }
+        }
+        let _ = guard.close().await;
+    });
+    stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+}
+
+/// Compresses a byte stream with gzip, chunk by chunk (see [`AdaptiveGzip`]).
 fn gzip_stream(
     input: impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     stream::unfold(
-        (Box::pin(input), Some(enc)),
-        |(mut input, enc)| async move {
-            let mut enc = enc?;
+        (Box::pin(input), Some(AdaptiveGzip::default())),
+        |(mut input, gz)| async move {
+            let mut gz = gz?;
             match input.next().await {
-                Some(Ok(chunk)) => {
-                    if let Err(e) = enc.write_all(&chunk) {
-                        return Some((Err(e), (input, None)));
-                    }
-                    let out = std::mem::take(enc.get_mut());
-                    Some((Ok(Bytes::from(out)), (input, Some(enc))))
-                }
-                Some(Err(e)) => Some((Err(e), (input, None))),
-                None => match enc.finish() {
-                    Ok(out) => Some((Ok(Bytes::from(out)), (input, None))),
+                Some(Ok(chunk)) => match gz.chunk(&chunk) {
+                    Ok(out) => Some((Ok(Bytes::from(out)), (input, Some(gz)))),
                     Err(e) => Some((Err(e), (input, None))),
                 },
+                Some(Err(e)) => Some((Err(e), (input, None))),
+                None => Some((gz.finish().map(Bytes::from), (input, None))),
             }
         },
     )
@@ -235,6 +249,8 @@ struct FileWriter {
     buf: Vec<u8>,
     gunzip: Option<flate2::write::GzDecoder<Vec<u8>>>,
     path: String,
+    /// The reply to the last write, not yet awaited.
+    in_flight: Option<PendingReply>,
 }
 
 impl FileWriter {
@@ -264,6 +280,7 @@ impl FileWriter {
             buf: Vec::with_capacity(WRITE_BATCH),
             gunzip: gzip.then(|| flate2::write::GzDecoder::new(Vec::new())),
             path,
+            in_flight: None,
         })
     }
 
@@ -296,15 +313,31 @@ impl FileWriter {
         Ok(())
     }
 
+    /// Sends a write; the previous one's reply is awaited only now, so the agent writes one
+    /// batch while the next arrives from the client.
     async fn write(&mut self, data: Vec<u8>) -> Result<(), FilesError> {
         let Some(handle) = self.guard.handle else {
             return Err(FilesError::internal("file already closed"));
         };
-        self.agent
-            .call(AgentRequest::Write { handle, data })
+        let next = self
+            .agent
+            .submit(AgentRequest::Write { handle, data })
             .await
-            .map(|_| ())
-            .map_err(|e| agent_error(e, &self.path))
+            .map_err(|e| agent_error(e, &self.path))?;
+        self.settle().await?;
+        self.in_flight = Some(next);
+        Ok(())
+    }
+
+    /// Waits for the write under way, if any.
+    async fn settle(&mut self) -> Result<(), FilesError> {
+        match self.in_flight.take() {
+            Some(reply) => reply
+                .await
+                .map(|_| ())
+                .map_err(|e| agent_error(e, &self.path)),
+            None => Ok(()),
+        }
     }
 
     async fn finish(mut self) -> Result<UploadedEntry, FilesError> {
@@ -319,6 +352,7 @@ impl FileWriter {
             let data = std::mem::replace(&mut self.buf, rest);
             self.write(data).await?;
         }
+        self.settle().await?;
         let path = self.path.clone();
         match self.guard.close().await {
             Ok(Reply::Entry(entry)) => Ok(UploadedEntry::from(entry)),
