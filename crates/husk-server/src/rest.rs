@@ -248,12 +248,19 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         env: req.env_vars.unwrap_or_default().into_iter().collect(),
         allow_internet_access: req.allow_internet_access,
     };
+    let started = std::time::Instant::now();
     let sb = state
         .manager
         .create(&who, create)
         .await
         .map_err(core_error)?;
-    Ok((StatusCode::CREATED, axum::Json(sandbox_json(&sb))).into_response())
+    // How long the server took from the request to a ready agent (the benchmark reads it).
+    let timing = format!("create;dur={:.3}", started.elapsed().as_secs_f64() * 1000.0);
+    let mut resp = (StatusCode::CREATED, axum::Json(sandbox_json(&sb))).into_response();
+    if let Ok(v) = HeaderValue::from_str(&timing) {
+        resp.headers_mut().insert("server-timing", v);
+    }
+    Ok(resp)
 }
 
 #[derive(Deserialize, Default)]

@@ -1,0 +1,224 @@
+"""Benchmark of `husk serve` through the stock E2B SDK (e2b==2.63.0) and plain HTTP.
+
+Prints, from one run against one server it starts itself:
+- create -> agent ready, server side (the create response's Server-Timing) and as the client sees it;
+- SDK `Sandbox.create()` + first `commands.run("true")`;
+- creates per second at a given concurrency (each worker creates, then kills);
+- `commands.run("true")` in a ready sandbox (SDK and raw Connect) beside a bare fork+exec of
+  /bin/true from this process (the peer);
+- upload and download MB/s of one file over plain HTTP and through the SDK (the SDK's own
+  transport is CPU-bound on the client side for downloads: compare both).
+
+Figures are printed, never asserted: this machine is a shared VM, compare ratios within a run.
+Run with tests/compat/bench.sh (as root); HUSK_BIN picks the binary (use a release build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import http.client
+import json
+import os
+import statistics
+import threading
+import time
+from typing import Callable, List
+
+from e2b import Sandbox
+
+from husk_compat import (
+    create_raw_sandbox,
+    envelope,
+    kill_raw_sandbox,
+    parse_envelopes,
+    sandbox_headers,
+    start_server,
+)
+
+
+def pct(values: List[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def line(name: str, values_ms: List[float]) -> None:
+    print(
+        f"  {name:<46} p50 {pct(values_ms, 50):7.2f} ms   p99 {pct(values_ms, 99):7.2f} ms"
+        f"   (n={len(values_ms)})"
+    )
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def raw_creates(port: int, key: str, n: int) -> None:
+    """Sequential creates over one keep-alive connection: server-side and client-side times."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    server, client = [], []
+    body = json.dumps({"templateID": "base", "timeout": 60}).encode()
+    for _ in range(n):
+        t = time.perf_counter()
+        conn.request("POST", "/v2/sandboxes", body, {"X-API-KEY": key, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        client.append((time.perf_counter() - t) * 1000)
+        if resp.status != 201:
+            raise RuntimeError(f"create: {resp.status} {data!r}")
+        timing = resp.getheader("server-timing", "")
+        server.append(float(timing.split("dur=")[1]))
+        sid = json.loads(data)["sandboxID"]
+        conn.request("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": key})
+        conn.getresponse().read()
+    conn.close()
+    line("create -> agent ready, server side", server)
+    line("create over HTTP, as the client sees it", client)
+
+
+def sdk_create_first_command(opts: dict, n: int) -> None:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sbx = Sandbox.create(**opts)
+        sbx.commands.run("true")
+        times.append((time.perf_counter() - t) * 1000)
+        sbx.kill()
+    line("SDK Sandbox.create() + commands.run('true')", times)
+
+
+def creates_per_second(port: int, key: str, workers: int, seconds: float) -> None:
+    count = [0] * workers
+    errors: List[str] = []
+    stop_at = time.monotonic() + seconds
+
+    def work(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = json.dumps({"templateID": "base", "timeout": 60}).encode()
+        while time.monotonic() < stop_at:
+            conn.request("POST", "/v2/sandboxes", body, {"X-API-KEY": key})
+            resp = conn.getresponse()
+            data = resp.read()
+            if resp.status != 201:
+                errors.append(f"{resp.status} {data[:200]!r}")
+                return
+            count[i] += 1
+            sid = json.loads(data)["sandboxID"]
+            conn.request("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": key})
+            conn.getresponse().read()
+        conn.close()
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t
+    if errors:
+        raise RuntimeError(f"creates/s worker failed: {errors[0]}")
+    total = sum(count)
+    print(f"  creates/s at concurrency {workers} (create+kill cycles)   {total / elapsed:7.1f}/s   ({total} in {elapsed:.1f} s)")
+
+
+def command_latency(opts: dict, port: int, key: str, n: int) -> None:
+    # The peer: fork+exec of /bin/true from this process, no sandbox.
+    def bare() -> None:
+        pid = os.posix_spawn("/bin/true", ["true"], {})
+        os.waitpid(pid, 0)
+
+    line("bare fork+exec of /bin/true (peer)", [timed(bare) for _ in range(n)])
+    sbx = Sandbox.create(**opts)
+    try:
+        sbx.commands.run("true")
+        line("SDK commands.run('true') in a ready sandbox", [timed(lambda: sbx.commands.run("true")) for _ in range(n)])
+    finally:
+        sbx.kill()
+    raw_sbx = create_raw_sandbox(port, key)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        start = json.dumps({"process": {"cmd": "/bin/true"}, "stdin": False}).encode()
+        headers = sandbox_headers(raw_sbx["sandboxID"], raw_sbx["envdAccessToken"])
+        headers.update({"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
+
+        def raw() -> None:
+            conn.request("POST", "/process.Process/Start", envelope(start), headers)
+            resp = conn.getresponse()
+            frames = parse_envelopes(resp.read())
+            if resp.status != 200 or not any("end" in json.loads(f[1] or b"{}").get("event", {}) for f in frames):
+                raise RuntimeError(f"raw Start failed: {resp.status} {frames!r}")
+
+        raw()
+        line("Connect Start of /bin/true, raw HTTP (no SDK)", [timed(raw) for _ in range(n)])
+        conn.close()
+    finally:
+        kill_raw_sandbox(port, key, raw_sbx["sandboxID"])
+
+
+def transfer(opts: dict, port: int, key: str, size_mb: int) -> None:
+    data = os.urandom(1 << 20) * size_mb
+    raw_sbx = create_raw_sandbox(port, key)
+    try:
+        # Plain HTTP first: what the server sustains when the client is not the limit.
+        h = sandbox_headers(raw_sbx["sandboxID"], raw_sbx["envdAccessToken"])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+        def up() -> None:
+            headers = {**h, "Content-Type": "application/octet-stream"}
+            conn.request("POST", "/files?path=/tmp/bench.bin", data, headers)
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"upload: {r.status}")
+
+        got: List[bytes] = []
+
+        def down() -> None:
+            conn.request("GET", "/files?path=/tmp/bench.bin", headers=h)
+            got.append(conn.getresponse().read())
+
+        print(f"  upload {size_mb} MB over plain HTTP                    {size_mb / (timed(up) / 1000):7.0f} MB/s")
+        print(f"  download {size_mb} MB over plain HTTP                  {size_mb / (timed(down) / 1000):7.0f} MB/s")
+        if got[0] != data:
+            raise RuntimeError("downloaded file differs from the upload")
+        conn.close()
+    finally:
+        kill_raw_sandbox(port, key, raw_sbx["sandboxID"])
+    sbx = Sandbox.create(**opts)
+    try:
+        up = timed(lambda: sbx.files.write("/tmp/bench.bin", data)) / 1000
+        got: List[bytes] = []
+        down = timed(lambda: got.append(sbx.files.read("/tmp/bench.bin", format="bytes"))) / 1000
+        if bytes(got[0]) != data:
+            raise RuntimeError("downloaded file differs from the upload")
+        print(f"  upload {size_mb} MB through the SDK                     {size_mb / up:7.0f} MB/s")
+        print(f"  download {size_mb} MB through the SDK                   {size_mb / down:7.0f} MB/s")
+    finally:
+        sbx.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--concurrency", type=int, default=20)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--size-mb", type=int, default=100)
+    args = ap.parse_args()
+    server = start_server()
+    try:
+        key = server.admin_key
+        opts = server.opts(api_key=key)
+        print(f"husk serve benchmark ({server.bin}), stock e2b {importlib.metadata.version('e2b')}")
+        raw_creates(server.port, key, args.iterations)
+        sdk_create_first_command(opts, args.iterations)
+        creates_per_second(server.port, key, args.concurrency, args.seconds)
+        command_latency(opts, server.port, key, args.iterations)
+        transfer(opts, server.port, key, args.size_mb)
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
