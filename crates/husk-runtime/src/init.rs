@@ -31,6 +31,8 @@ pub(crate) struct ChildArgs<'a> {
     pub stdio: Option<[RawFd; 3]>,
     /// For agent sandboxes: the entry point and PID 1's end of the stream socket to the creator.
     pub agent: Option<(crate::agent::AgentEntry, RawFd)>,
+    /// husk's layer over `/usr` (agent sandboxes).
+    pub usr_layer: Option<&'a Path>,
     /// The spawner's argument area (the same addresses in this fork), to hide its contents.
     pub arg_area: Option<sys::ArgArea>,
 }
@@ -101,6 +103,7 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     rootfs::build(&RootfsPlan {
         spec: args.spec,
         template: args.template,
+        usr_layer: args.usr_layer,
         staging: args.staging,
         base: args.base,
     })?;

@@ -38,6 +38,7 @@ pub mod spec;
 pub mod sys;
 pub mod transfer;
 pub mod uidrange;
+pub mod usr_layer;
 
 /// Re-exported for the constants and plain structs (`pollfd`, signal numbers) the safe API uses.
 pub use libc;

@@ -48,6 +48,8 @@ pub struct RootfsPlan<'a> {
     pub staging: &'a Path,
     /// Host uid/gid that sandbox id 0 maps to.
     pub base: u32,
+    /// husk's layer over `/usr` (see [`crate::usr_layer`]); `None`: `/usr` is the host's alone.
+    pub usr_layer: Option<&'a Path>,
 }
 
 fn c(p: &Path) -> io::Result<CString> {
@@ -189,7 +191,18 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
         work.display()
     );
     mount_fs("overlay", &root, libc::MS_NOSUID | libc::MS_NODEV, &opts)?;
-    bind(Path::new("/usr"), &root.join("usr"), false)?;
+    match plan.usr_layer {
+        // A read-only overlay (two lower layers, no upper): the host's /usr with husk's layer
+        // on top.
+        Some(layer) => mount_fs(
+            "overlay",
+            &root.join("usr"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            &format!("lowerdir={}:/usr", layer.display()),
+        )
+        .map_err(ctx("mount /usr"))?,
+        None => bind(Path::new("/usr"), &root.join("usr"), false)?,
+    }
     for (name, entry) in &plan.template.top {
         if *entry == TopEntry::Dir {
             bind(&Path::new("/").join(name), &root.join(name), false)?;

@@ -234,7 +234,10 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
             sys::exit_now(1)
         }
     };
-    spawner.set_agent(agent);
+    if let Err(e) = spawner.set_agent(agent) {
+        let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
+        sys::exit_now(1)
+    }
     let reaped = spawner.reap_stale();
     // Sandbox processes get /dev/null as stdio, never the server's terminal or log.
     let null = match sys::open(c"/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {

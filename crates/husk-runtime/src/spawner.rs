@@ -75,8 +75,9 @@ pub struct Spawner {
     /// Whether leftovers of crashed husk processes were reaped yet (done once, during the first
     /// create, while that sandbox's first process builds its root filesystem).
     reaped: Cell<bool>,
-    /// What PID 1 of `agent` specs runs (see [`crate::agent`]).
-    agent: Option<crate::agent::AgentEntry>,
+    /// What PID 1 of `agent` specs runs (see [`crate::agent`]), and husk's layer over their
+    /// `/usr` (see [`crate::usr_layer`]).
+    agent: Option<(crate::agent::AgentEntry, PathBuf)>,
 }
 
 /// How a sandbox's command ended, as far as the runtime can tell.
@@ -251,9 +252,13 @@ impl Spawner {
         f.write_all(cgroup.to_registry().as_bytes())
     }
 
-    /// Registers the agent that PID 1 of specs with `agent: true` hands over to.
-    pub fn set_agent(&mut self, entry: crate::agent::AgentEntry) {
-        self.agent = Some(entry);
+    /// Registers the agent that PID 1 of specs with `agent: true` hands over to, and prepares
+    /// the `/usr` layer its sandboxes get (husk's `sudo`).
+    pub fn set_agent(&mut self, entry: crate::agent::AgentEntry) -> Result<(), SpawnError> {
+        let usr =
+            crate::usr_layer::ensure(&self.run_dir).map_err(io_ctx("build the /usr layer"))?;
+        self.agent = Some((entry, usr));
+        Ok(())
     }
 
     /// Creates a sandbox and waits until its PID 1 reports ready (the command, if any, has been
@@ -325,12 +330,12 @@ impl Spawner {
     ) -> Result<(), SpawnError> {
         let v2_dir = sb.cgroup.v2_dir()?;
         let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
-        let agent = match (spec.agent, self.agent) {
+        let agent = match (spec.agent, &self.agent) {
             (false, _) => None,
-            (true, Some(entry)) => {
+            (true, Some((entry, _))) => {
                 let (ours, theirs) = sys::stream_pair().map_err(io_ctx("agent socket"))?;
                 sb.agent_conn = Some(ours);
-                Some((entry, theirs))
+                Some((*entry, theirs))
             }
             (true, None) => {
                 return Err(SpawnError::InvalidSpec(
@@ -369,6 +374,10 @@ impl Spawner {
                     control: child_end.as_raw_fd(),
                     stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
                     agent: agent.as_ref().map(|(entry, fd)| (*entry, fd.as_raw_fd())),
+                    usr_layer: match (&agent, &self.agent) {
+                        (Some(_), Some((_, usr))) => Some(usr.as_path()),
+                        _ => None,
+                    },
                     arg_area: self.arg_area,
                 })
             }

@@ -6,10 +6,12 @@ use std::ffi::CString;
 use std::io;
 use std::path::Path;
 
+mod abstract_socket;
 mod fdio;
 mod fs;
 mod process;
 
+pub use abstract_socket::*;
 pub use fdio::*;
 pub use fs::*;
 pub use process::*;
