@@ -4,7 +4,8 @@
 //! `husk_runtime::Spawner::set_agent`). From then on this single-threaded loop serves the
 //! server's calls (see `husk_proto`) over one stream socket: it starts processes as `user`
 //! or `root` inside the sandbox's fences ([`procs`]), relays their output and input, runs
-//! file operations ([`fs`]) and inotify watches ([`watch`]), and reaps every zombie of the
+//! file operations ([`fs`]) and inotify watches ([`watch`]), brokers `sudo` ([`sudo`]), and
+//! reaps every zombie of the
 //! sandbox. When the server closes the socket, or the spawner goes away, the agent exits and
 //! the kernel ends every process of the sandbox with it.
 //!
@@ -15,6 +16,7 @@
 pub mod conn;
 pub mod fs;
 pub mod procs;
+pub mod sudo;
 pub mod watch;
 
 use std::os::fd::{AsFd, AsRawFd};
@@ -27,6 +29,7 @@ use husk_runtime::sys::FsIds;
 
 use crate::conn::{Conn, HIGH_WATER};
 use crate::procs::Procs;
+use crate::sudo::Sudo;
 
 /// The agent's entry point (an `husk_runtime::agent::AgentEntry`). Never returns.
 pub fn main(mut ctx: AgentContext<'_>) -> ! {
@@ -95,6 +98,9 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         files: fs::Files::new(),
         watches: watch::Watches::new().map_err(|e| e.to_string())?,
     };
+    // Without its socket (it cannot fail in a fresh network namespace) the sandbox still works,
+    // only `sudo` does not.
+    let mut sudo = Sudo::new().ok();
     loop {
         conn.flush().map_err(|e| e.to_string())?;
         if conn.closed {
@@ -129,6 +135,8 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
             events,
             revents: 0,
         }));
+        let sudo_fds = sudo.as_ref().map(Sudo::poll_set).unwrap_or_default();
+        fds.extend(sudo_fds.iter().map(|&(_, fd)| poll_in(fd)));
         let timeout = match agent.procs.next_deadline() {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -164,9 +172,23 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         if fds[2].revents != 0 {
             while let Ok(Some(_)) = sys::read_signalfd(sigfd.as_fd()) {}
         }
+        if let Some(sudo) = &mut sudo {
+            let base = 4 + proc_fds.len();
+            let ready: Vec<sudo::Slot> = sudo_fds
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| fds[base + i].revents != 0)
+                .map(|(_, (slot, _))| *slot)
+                .collect();
+            sudo.ready(ctx, &ready);
+        }
         // Reaping every round is cheap (one WNOHANG waitpid) and never misses a coalesced
         // SIGCHLD.
-        agent.procs.reap(&mut conn);
+        for (pid, status) in agent.procs.reap(&mut conn) {
+            if let Some(sudo) = &mut sudo {
+                sudo.exited(pid, status);
+            }
+        }
         if fds[3].revents != 0 {
             for (watch, events) in agent.watches.drain() {
                 conn.event(&FromAgent::Watch { watch, events });

@@ -401,10 +401,13 @@ impl Procs {
 
     /// Reaps every exited child (orphans included: the agent is PID 1) and sends the `End` of
     /// each of its own processes, after draining what they wrote.
-    pub fn reap(&mut self, conn: &mut Conn) {
+    /// Returns the exits of children that are not in the table (sudo's commands, orphans).
+    pub fn reap(&mut self, conn: &mut Conn) -> Vec<(u32, ExitStatus)> {
+        let mut others = Vec::new();
         while let Ok(Some((pid, status))) = sys::waitpid(-1, libc::WNOHANG) {
-            if let Some(p) = self.table.get_mut(&(pid as u32)) {
-                p.exit = Some(status);
+            match self.table.get_mut(&(pid as u32)) {
+                Some(p) => p.exit = Some(status),
+                None => others.push((pid as u32, status)),
             }
         }
         let done: Vec<u32> = self
@@ -438,6 +441,7 @@ impl Procs {
                 }),
             });
         }
+        others
     }
 }
 

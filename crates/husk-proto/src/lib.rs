@@ -18,6 +18,7 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+pub mod sudo;
 pub mod types;
 
 pub use types::*;

@@ -10,11 +10,21 @@ mod keys;
 mod relay;
 mod run;
 mod serve;
+mod sudo;
 mod units;
 
 use clap::Parser;
 
 fn main() {
+    // Inside a server sandbox this binary is also /usr/local/bin/sudo.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some("sudo".as_ref()) {
+        let args: Vec<String> = std::env::args_os()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        std::process::exit(sudo::main(&args));
+    }
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(*args),

@@ -106,9 +106,7 @@ test('default user, cwd, root', async (t) => {
   await assert.rejects(sbx.commands.run('pwd', { cwd: '/does/not/exist' }), SandboxError)
 })
 
-// Known failure, tracked on issue 3: sudo is not implemented yet. `todo` reports it without
-// failing the run, and node prints it as a todo in the summary.
-test('passwordless sudo', { todo: 'sudo is not implemented yet (issue 3)' }, async (t) => {
+test('passwordless sudo', async (t) => {
   sbx = await sandbox(t)
   assert.equal((await sbx.commands.run('sudo whoami')).stdout, 'root\n')
   assert.equal((await sbx.commands.run('sudo -n id -u')).stdout, '0\n')

@@ -168,7 +168,6 @@ async def test_async_commands_basics(asbx):
     assert (await asbx.commands.run("whoami", user="root")).stdout == "root\n"
 
 
-@pytest.mark.xfail(strict=True, reason="sudo is not implemented yet (brokered sudo is open work on issue 3); strict: this fails the suite once sudo works")
 @pytest.mark.asyncio
 async def test_async_sudo(asbx):
     assert (await asbx.commands.run("sudo whoami")).stdout == "root\n"

@@ -136,12 +136,44 @@ def test_explicit_user_user(sandbox):
     assert sandbox.commands.run("whoami", user="user").stdout == "user\n"
 
 
-@pytest.mark.xfail(strict=True, reason="sudo is not implemented yet (brokered sudo is open work on issue 3); strict: this fails the suite once sudo works")
 def test_sudo(sandbox):
     assert sandbox.commands.run("sudo whoami").stdout == "root\n"
     assert sandbox.commands.run("sudo -n id -u").stdout == "0\n"
     sandbox.commands.run("sudo touch /tmp/made-by-sudo")
     assert sandbox.files.get_info("/tmp/made-by-sudo").owner == "root"
+
+
+def test_sudo_passes_stdio_exit_codes_and_users(sandbox):
+    # stdin, stdout and stderr are the caller's own.
+    r = sandbox.commands.run("echo piped | sudo cat; sudo sh -c 'echo to-stderr >&2'")
+    assert (r.stdout, r.stderr) == ("piped\n", "to-stderr\n")
+    with pytest.raises(CommandExitException) as ei:
+        sandbox.commands.run("sudo sh -c 'exit 7'")
+    assert ei.value.exit_code == 7
+    with pytest.raises(CommandExitException) as ei:
+        sandbox.commands.run("sudo no-such-command-here")
+    assert ei.value.exit_code == 1 and "command not found" in ei.value.stderr
+    assert sandbox.commands.run("sudo -u user whoami").stdout == "user\n"
+    # -i: a login shell in root's home; -s: the command through a shell.
+    assert sandbox.commands.run("sudo -i pwd").stdout == "/root\n"
+    assert sandbox.commands.run("cd /tmp && sudo -s 'echo $PWD $USER'").stdout == "/tmp root\n"
+    # sudo resets the environment (like sudo's env_reset) unless -E.
+    assert sandbox.commands.run("X=1 sudo sh -c 'echo ${X:-unset}'").stdout == "unset\n"
+    assert sandbox.commands.run("X=1 sudo -E sh -c 'echo ${X:-unset}'").stdout == "1\n"
+
+
+def test_sudo_forwards_signals(sandbox):
+    h = sandbox.commands.run("sudo sleep 60", background=True)
+    wait_for(
+        lambda: sandbox.commands.run("pgrep -u root -x sleep || true").stdout.strip() != "",
+        10,
+        "root's sleep to start",
+    )
+    # The command runs as root; signalling sudo (the user's own process) reaches it.
+    sandbox.commands.run("pkill -TERM -x sudo")
+    with pytest.raises(CommandExitException) as ei:
+        h.wait()
+    assert ei.value.exit_code == 128 + 15
 
 
 def test_background_wait(sandbox):
