@@ -118,6 +118,15 @@ class HuskServer:
         self.extra_keys[team] = key
         return key
 
+    def set_quota(self, team: str, limit: int) -> None:
+        """`husk key quota --team NAME MAX`."""
+        subprocess.run(
+            [str(self.bin), "key", "quota", "--team", team, str(limit), "--state-dir", str(self.state_dir)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
     def stop(self, timeout: float = 60) -> Optional[int]:
         """SIGTERM, then wait for the exit (the server kills its sandboxes first)."""
         if self.proc.poll() is None:
@@ -153,14 +162,14 @@ def husk_binary() -> Path:
     return path
 
 
-def start_server(startup_timeout: float = 30) -> HuskServer:
+def start_server(startup_timeout: float = 30, extra_args: Tuple[str, ...] = ()) -> HuskServer:
     binary = husk_binary()
     state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
     log_path = state_dir.parent / f"{state_dir.name}.log"
     log = open(log_path, "wb")
     try:
         proc = subprocess.Popen(
-            [str(binary), "serve", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)],
+            [str(binary), "serve", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), *extra_args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
