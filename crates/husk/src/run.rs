@@ -165,7 +165,9 @@ pub fn main(args: RunArgs) -> i32 {
     }
 }
 
-const HANDLED_SIGNALS: &[libc::c_int] = &[
+/// The signals a process that stands in for a sandboxed command (`husk run`, the sandbox's
+/// `sudo`) takes and forwards to it: what a terminal, a parent or a service manager sends.
+pub(crate) const HANDLED_SIGNALS: &[libc::c_int] = &[
     libc::SIGINT,
     libc::SIGTERM,
     libc::SIGHUP,

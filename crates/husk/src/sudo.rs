@@ -11,16 +11,8 @@ use husk_runtime::sys;
 
 const USAGE: &str = "usage: sudo [-nEHksv] [-u user] [-i | -s] [--] [command [arg ...]]";
 
-/// Signals forwarded to the command.
-const FORWARDED: &[i32] = &[
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGWINCH,
-];
+/// Signals forwarded to the command: the same as `husk run` forwards.
+use crate::run::HANDLED_SIGNALS as FORWARDED;
 
 /// What the command line asks for.
 #[derive(Debug, Default, PartialEq, Eq)]
