@@ -30,6 +30,7 @@ pub mod exec;
 pub mod fences;
 pub mod host_template;
 mod init;
+pub mod layerfs;
 pub mod pty;
 pub mod rootfs;
 pub mod service;

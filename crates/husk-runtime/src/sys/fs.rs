@@ -101,6 +101,22 @@ pub fn mknod_char(path: &CStr, mode: u32, major: u32, minor: u32) -> io::Result<
     Ok(())
 }
 
+/// lsetxattr(2): sets an extended attribute on `path` itself (not a symlink's target).
+pub fn lsetxattr(path: &CStr, name: &str, value: &[u8]) -> io::Result<()> {
+    let name = std::ffi::CString::new(name)?;
+    // SAFETY: `path` and `name` are valid C strings; `value` is valid for `value.len()` bytes.
+    cvt_i(unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
 /// chown of an open fd.
 pub fn fchown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
     // SAFETY: no pointers.
