@@ -6,4 +6,6 @@
 pub mod agent;
 pub mod keys;
 pub mod manager;
+mod start_cmd;
 pub mod store;
+pub mod template;

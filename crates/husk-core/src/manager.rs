@@ -17,13 +17,11 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 
 use crate::agent::{AgentClient, CallError};
+use crate::template::{Resolved, TemplateError, Templates};
 use crate::store::{Principal, SandboxRecord, Store};
 
 /// The envd API version whose features husk implements (the SDKs gate features on it).
 pub const ENVD_VERSION: &str = "0.6.4";
-
-/// Templates that exist before any is built: both are the host's own `/usr`.
-pub const BUILTIN_TEMPLATES: &[&str] = &["base", "host"];
 
 /// Errors of the core, each mapped to one HTTP answer by the adapters.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +31,9 @@ pub enum CoreError {
     NotFound(String),
     #[error("template '{0}' not found")]
     TemplateNotFound(String),
+    /// The template exists but cannot be used (damaged image, failing ready check).
+    #[error("{0}")]
+    TemplateBroken(String),
     #[error("team {team} has reached its limit of {limit} concurrent sandboxes; kill one first")]
     QuotaExceeded { team: String, limit: u32 },
     #[error("{0}")]
@@ -171,6 +172,7 @@ pub struct Manager {
     sandboxes: RwLock<HashMap<String, Arc<LiveSandbox>>>,
     /// Sandboxes being created, per team (they count against the quota).
     creating: Mutex<HashMap<String, u32>>,
+    templates: Arc<Templates>,
 }
 
 fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
@@ -213,6 +215,7 @@ impl Manager {
             tracing::info!(count = stale, "forgot sandboxes of an earlier run");
         }
         Ok(Arc::new(Manager {
+            templates: Arc::new(Templates::new(store.clone())),
             store,
             spawner,
             config,
@@ -244,9 +247,6 @@ impl Manager {
         who: &Principal,
         req: CreateRequest,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
-        if !BUILTIN_TEMPLATES.contains(&req.template.as_str()) {
-            return Err(CoreError::TemplateNotFound(req.template));
-        }
         let mut env_bytes = 0;
         for (k, v) in &req.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -266,6 +266,17 @@ impl Manager {
                 "environment variables take {env_bytes} bytes, more than the limit of {MAX_ENV_BYTES}"
             )));
         }
+        // May hash the image the first time this process uses it.
+        let templates = self.templates.clone();
+        let name = req.template.clone();
+        let template = tokio::task::spawn_blocking(move || templates.resolve(&name))
+            .await
+            .map_err(|e| CoreError::Spawn(e.to_string()))?
+            .map_err(|e| match e {
+                TemplateError::NotFound(n) => CoreError::TemplateNotFound(n),
+                TemplateError::Store(e) => CoreError::Store(e),
+                other => CoreError::TemplateBroken(other.to_string()),
+            })?;
         // Reserve a place in the team's quota for the time of the creation.
         {
             let limit = self.quota(&who.team);
@@ -292,7 +303,7 @@ impl Manager {
         let this = self.clone();
         let who = who.clone();
         tokio::spawn(async move {
-            let result = this.create_reserved(&who, req).await;
+            let result = this.create_reserved(&who, req, template).await;
             drop(reservation);
             result
         })
@@ -304,23 +315,38 @@ impl Manager {
         self: &Arc<Self>,
         who: &Principal,
         req: CreateRequest,
+        template: Resolved,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         let id = new_sandbox_id()?;
         let mut spec = SandboxSpec::idle();
         spec.agent = true;
         spec.hostname = id.clone();
         spec.limits = self.config.limits.clone();
+        spec.rootfs = template.rootfs.clone();
+        let defaults = &template.defaults;
         let spawner = self.spawner.clone();
         let created = tokio::task::spawn_blocking(move || spawner.create(&spec))
             .await
             .map_err(|e| CoreError::Spawn(e.to_string()))?
             .map_err(|e| CoreError::Spawn(e.to_string()))?;
         let runtime_id = created.id.clone();
+        // The template's environment, then the request's (which wins).
+        let mut env: Vec<(String, String)> = defaults
+            .env
+            .iter()
+            .filter(|(k, _)| !req.env.iter().any(|(rk, _)| rk == k))
+            .cloned()
+            .collect();
+        env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let default_user = match defaults.user.as_deref() {
+            Some("root") => User::Root,
+            _ => User::User,
+        };
         let hello = Hello {
             version: VERSION,
-            env: req.env.clone(),
-            default_user: User::User,
-            default_workdir: None,
+            env,
+            default_user,
+            default_workdir: defaults.workdir.clone(),
         };
         let agent = match AgentClient::connect(created.agent, hello).await {
             Ok(a) => a,
@@ -329,6 +355,11 @@ impl Manager {
                 return Err(CoreError::Spawn(format!("agent did not start: {e}")));
             }
         };
+        if let Err(e) = crate::start_cmd::run(&agent, &template, default_user).await {
+            agent.close().await;
+            self.destroy_runtime(runtime_id).await;
+            return Err(CoreError::TemplateBroken(e));
+        }
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
         let sb = Arc::new(LiveSandbox {

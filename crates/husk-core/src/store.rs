@@ -22,6 +22,7 @@
 mod keys;
 mod sandboxes;
 mod schema;
+mod templates;
 #[cfg(test)]
 mod tests;
 
@@ -122,6 +123,20 @@ pub struct Principal {
     /// The public id of the key used (for logs and audit; never the secret).
     pub key_id: String,
     pub admin: bool,
+}
+
+/// A built template as registered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateRecord {
+    pub name: String,
+    /// `sha256:<hex>` of the image file.
+    pub digest: String,
+    /// The erofs image file.
+    pub image: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    pub manifest: crate::template::TemplateManifest,
+    pub created_at: OffsetDateTime,
 }
 
 /// A live sandbox as recorded, so that a restarted server knows what a crashed run left behind.

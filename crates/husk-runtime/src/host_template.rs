@@ -146,6 +146,8 @@ pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
         let name = name.to_string_lossy();
         let ours = name == "host"
             || name.starts_with("host-")
+            // husk's /usr layer of earlier versions (now `sudo-<key>`, see usr_layer).
+            || name.starts_with("usr-")
             || name.starts_with(".building.")
             || name.starts_with(&format!("{DIR_LIST}."));
         if ours && p != current.lower && old_enough {

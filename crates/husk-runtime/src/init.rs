@@ -31,8 +31,12 @@ pub(crate) struct ChildArgs<'a> {
     pub stdio: Option<[RawFd; 3]>,
     /// For agent sandboxes: the entry point and PID 1's end of the stream socket to the creator.
     pub agent: Option<(crate::agent::AgentEntry, RawFd)>,
-    /// husk's layer over `/usr` (agent sandboxes).
+    /// husk's `sudo` layer (agent sandboxes).
     pub usr_layer: Option<&'a Path>,
+    /// Where the template image is mounted on the host (image templates).
+    pub image: Option<&'a Path>,
+    /// The user namespace with this sandbox's id mapping, for id-mapped layers.
+    pub idmap: Option<RawFd>,
     /// The spawner's argument area (the same addresses in this fork), to hide its contents.
     pub arg_area: Option<sys::ArgArea>,
 }
@@ -99,22 +103,35 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         }
     }
     let agent_fd = args.agent.map_or(args.control, |(_, fd)| fd);
-    sys::close_fds_from(3, &[args.control, agent_fd]);
-    rootfs::build(&RootfsPlan {
-        spec: args.spec,
-        template: args.template,
-        usr_layer: args.usr_layer,
-        staging: args.staging,
-        base: args.base,
-    })?;
-    // The network namespace was created by the spawner in parallel with the work above.
-    match control::recv_to_init(control)? {
-        Some(ToInit::NetNs { netns }) => {
-            sys::setns(netns.as_fd(), libc::CLONE_NEWNET).map_err(ctx("enter network namespace"))?
-        }
-        _ => return Err(io::Error::other("spawner sent no network namespace")),
+    let idmap_fd = args.idmap.unwrap_or(args.control);
+    sys::close_fds_from(3, &[args.control, agent_fd, idmap_fd]);
+    {
+        // SAFETY: the spawner keeps the fd open for the sandbox's lifetime; this child has its
+        // own copy of the descriptor table, and the fd is closed below, after the build.
+        let idmap = args.idmap.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
+        rootfs::build(&RootfsPlan {
+            spec: args.spec,
+            template: args.template,
+            usr_layer: args.usr_layer,
+            staging: args.staging,
+            base: args.base,
+            image: args.image,
+            idmap,
+        })?;
     }
-    rootfs::network()?;
+    if args.idmap.is_some() {
+        // The id map is only needed for the mounts just made.
+        sys::close_fds_from(3, &[args.control, agent_fd]);
+    }
+    if args.spec.network == crate::spec::NetworkMode::Loopback {
+        // The network namespace was created by the spawner in parallel with the work above.
+        match control::recv_to_init(control)? {
+            Some(ToInit::NetNs { netns }) => sys::setns(netns.as_fd(), libc::CLONE_NEWNET)
+                .map_err(ctx("enter network namespace"))?,
+            _ => return Err(io::Error::other("spawner sent no network namespace")),
+        }
+        rootfs::network()?;
+    }
     // Enter the user namespace last: the mount, network, UTS and IPC namespaces stay owned by
     // the host's user namespace, so sandbox root holds no capability over them.
     sys::unshare(libc::CLONE_NEWUSER).map_err(ctx("user namespace"))?;

@@ -28,3 +28,49 @@ pub fn is_whiteout(meta: &std::fs::Metadata) -> bool {
 pub fn set_opaque(dir: &Path) -> io::Result<()> {
     sys::lsetxattr(&cpath(dir)?, OPAQUE_XATTR, b"y")
 }
+
+/// Runs `mkfs.erofs` (with `args` before the output file) on the merged view of overlay-format
+/// `layers` (top first): the layers are mounted read-only as one overlay in a private mount
+/// namespace of the child process, so nothing is mounted on the host and the mount vanishes
+/// with the child whatever happens. Relative layer paths are resolved in `cwd` (short paths
+/// keep many layers within the mount options' one-page limit). Returns mkfs's output.
+pub fn mkfs_erofs_merged(
+    layers: &[std::path::PathBuf],
+    cwd: &Path,
+    mountpoint: &Path,
+    out: &Path,
+    args: &[&str],
+) -> io::Result<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("mkfs.erofs");
+    cmd.args(args).arg(out).current_dir(cwd);
+    match layers {
+        [] => return Err(io::Error::other("an image needs at least one layer")),
+        // overlayfs needs two lower layers when it has no upper one; one layer is its own view.
+        [only] => {
+            cmd.arg(cwd.join(only));
+        }
+        _ => {
+            let lowers: Vec<String> = layers.iter().map(|l| l.display().to_string()).collect();
+            let opts = std::ffi::CString::new(format!("lowerdir={}", lowers.join(":")))?;
+            let target = cpath(mountpoint)?;
+            cmd.arg(mountpoint);
+            // SAFETY: the closure runs in the forked child before exec and only makes raw
+            // syscalls on data prepared before the fork (no allocation, no locks).
+            unsafe {
+                cmd.pre_exec(move || {
+                    sys::unshare(libc::CLONE_NEWNS)?;
+                    sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
+                    sys::mount(
+                        Some(c"overlay"),
+                        &target,
+                        Some(c"overlay"),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                        Some(&opts),
+                    )
+                });
+            }
+        }
+    }
+    cmd.stdin(std::process::Stdio::null()).output()
+}

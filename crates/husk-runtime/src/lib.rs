@@ -29,6 +29,7 @@ pub mod control;
 pub mod exec;
 pub mod fences;
 pub mod host_template;
+pub mod images;
 mod init;
 pub mod layerfs;
 pub mod pty;
@@ -44,4 +45,4 @@ pub mod usr_layer;
 /// Re-exported for the constants and plain structs (`pollfd`, signal numbers) the safe API uses.
 pub use libc;
 pub use spawner::{Fate, Sandbox, SpawnError, Spawner};
-pub use spec::{Limits, MountSpec, SandboxSpec, User};
+pub use spec::{Limits, MountSpec, NetworkMode, RootSource, SandboxSpec, User};

@@ -5,8 +5,19 @@
 //!
 //! Layout: a size-capped tmpfs holds the overlay's upper and work directories and the per-sandbox
 //! skeleton (owned by the sandbox's own uids); the template is the overlay's read-only lower
-//! layer; the host's `/usr` is bind-mounted read-only, nosuid, nodev; `/proc` is fresh with the
-//! files that describe the host masked; `/dev` is a minimal tmpfs with a private devpts.
+//! layer; `/proc` is fresh with the files that describe the host masked; `/dev` is a minimal
+//! tmpfs with a private devpts.
+//!
+//! Templates ([`RootSource`]):
+//! - host: the lower layer is the host template's copy of a few `/etc` files, and the host's
+//!   `/usr` is bind-mounted read-only, nosuid, nodev (with husk's `sudo` layer over it for
+//!   agent sandboxes);
+//! - image: the lower layer is an id-mapped view of the template's erofs image (mounted once
+//!   on the host, see [`crate::images`]), so files the image's root owns are owned by the
+//!   sandbox's root; husk's `sudo` layer is the top lower layer for agent sandboxes;
+//! - layers (build steps): id-mapped views of the given layers under the skeleton (a lower
+//!   layer of its own, so it never lands in the result), and the upper directory is the
+//!   step's result on the host's disk.
 
 use std::ffi::CString;
 use std::fs;
@@ -16,7 +27,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Component, Path, PathBuf};
 
 use crate::host_template::{HostTemplate, TopEntry};
-use crate::spec::SandboxSpec;
+use crate::spec::{NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, cpath};
 
 /// Files of a fresh /proc that describe the host rather than the sandbox (the host's tasks
@@ -48,8 +59,13 @@ pub struct RootfsPlan<'a> {
     pub staging: &'a Path,
     /// Host uid/gid that sandbox id 0 maps to.
     pub base: u32,
-    /// husk's layer over `/usr` (see [`crate::usr_layer`]); `None`: `/usr` is the host's alone.
+    /// husk's `sudo` layer (see [`crate::usr_layer`]); `None`: none (not an agent sandbox).
     pub usr_layer: Option<&'a Path>,
+    /// Where the template image is mounted on the host ([`RootSource::Image`]).
+    pub image: Option<&'a Path>,
+    /// The user namespace whose mapping id-mapped layers get ([`RootSource::Image`] and
+    /// [`RootSource::Layers`]): the sandbox's own mapping.
+    pub idmap: Option<std::os::fd::BorrowedFd<'a>>,
 }
 
 fn c(p: &Path) -> io::Result<CString> {
@@ -169,44 +185,12 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
         libc::MS_NOSUID | libc::MS_NODEV,
         &format!("size={disk},nr_inodes={inodes},mode=0755,uid={base},gid={base}"),
     )?;
-    let upper = stage.join("upper");
-    let work = stage.join("work");
     let root = stage.join("root");
     sys::umask(0);
-    {
-        // Everything of the skeleton is created as the sandbox's root (fsuid), so it is owned
-        // by the sandbox without a chown per entry.
-        let _as_sandbox_root = sys::FsIds::enter(base, base)?;
-        for d in [&upper, &work, &root] {
-            mkdir(d, 0o755)?;
-        }
-        skeleton(&upper, plan)?;
-    }
-    sys::lchown(&c(&upper.join("home/user"))?, user_ids.0, user_ids.1)?;
-
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        plan.template.lower.display(),
-        upper.display(),
-        work.display()
-    );
-    mount_fs("overlay", &root, libc::MS_NOSUID | libc::MS_NODEV, &opts)?;
-    match plan.usr_layer {
-        // A read-only overlay (two lower layers, no upper): the host's /usr with husk's layer
-        // on top.
-        Some(layer) => mount_fs(
-            "overlay",
-            &root.join("usr"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
-            &format!("lowerdir={}:/usr", layer.display()),
-        )
-        .map_err(ctx("mount /usr"))?,
-        None => bind(Path::new("/usr"), &root.join("usr"), false)?,
-    }
-    for (name, entry) in &plan.template.top {
-        if *entry == TopEntry::Dir {
-            bind(&Path::new("/").join(name), &root.join(name), false)?;
-        }
+    match &spec.rootfs {
+        RootSource::Host => host_root(plan, &root)?,
+        RootSource::Image { .. } => image_root(plan, &root)?,
+        RootSource::Layers { lower, upper, work } => layers_root(plan, &root, lower, upper, work)?,
     }
     if !spec.mounts.is_empty() {
         // Mount points are resolved inside the new root (a template's symlinks must not send
@@ -241,9 +225,146 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Creates the per-sandbox skeleton in the upper layer. Runs with the sandbox root's fsuid and
-/// umask 0, so every entry is owned by the sandbox with exactly the mode given.
-fn skeleton(upper: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
+/// The root of a host-template sandbox: the host template's `/etc` copy under a tmpfs upper
+/// layer, the host's `/usr` and top-level directories bound read-only.
+fn host_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
+    let (upper, work) = tmpfs_upper(plan, root, Skeleton::Host)?;
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        plan.template.lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mount_fs("overlay", root, libc::MS_NOSUID | libc::MS_NODEV, &opts)?;
+    match plan.usr_layer {
+        // A read-only overlay (two lower layers, no upper): the host's /usr with husk's layer
+        // on top.
+        Some(layer) => mount_fs(
+            "overlay",
+            &root.join("usr"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            &format!("lowerdir={}:/usr", layer.join("usr").display()),
+        )
+        .map_err(ctx("mount /usr"))?,
+        None => bind(Path::new("/usr"), &root.join("usr"), false)?,
+    }
+    for (name, entry) in &plan.template.top {
+        if *entry == TopEntry::Dir {
+            bind(&Path::new("/").join(name), &root.join(name), false)?;
+        }
+    }
+    Ok(())
+}
+
+/// The root of a sandbox of a built template: the image (id-mapped) under a tmpfs upper layer.
+fn image_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
+    let (image, idmap) = match (plan.image, plan.idmap) {
+        (Some(i), Some(m)) => (i, m),
+        _ => return Err(io::Error::other("image sandbox without its image or id map")),
+    };
+    let (upper, work) = tmpfs_upper(plan, root, Skeleton::Image)?;
+    let lower = plan.staging.join("lower");
+    mkdir(&lower, 0o755)?;
+    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    sys::idmapped_mount(&c(image)?, idmap, attrs, &c(&lower)?)
+        .map_err(ctx(format_args!("id-mapped view of {}", image.display())))?;
+    let lowers = match plan.usr_layer {
+        Some(layer) => format!("{}:{}", layer.display(), lower.display()),
+        None => lower.display().to_string(),
+    };
+    let opts = format!(
+        "lowerdir={lowers},upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount_fs("overlay", root, libc::MS_NOSUID | libc::MS_NODEV, &opts)
+}
+
+/// The root of a build step: the skeleton and the id-mapped layers as lower layers, the step's
+/// upper directory on the host's disk (handed to the sandbox's root, so what the step creates
+/// is owned by sandbox ids; the builder shifts them back to image ids afterwards).
+fn layers_root(
+    plan: &RootfsPlan<'_>,
+    root: &Path,
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+) -> io::Result<()> {
+    let Some(idmap) = plan.idmap else {
+        return Err(io::Error::other("build sandbox without its id map"));
+    };
+    let stage = plan.staging;
+    let skel = stage.join("skel");
+    {
+        let _as_sandbox_root = sys::FsIds::enter(plan.base, plan.base)?;
+        mkdir(root, 0o755)?;
+        mkdir(&skel, 0o755)?;
+        skeleton(&skel, plan, Skeleton::Build)?;
+    }
+    sys::lchown(&c(upper)?, plan.base, plan.base)?;
+    let mut lowers = skel.display().to_string();
+    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    for (i, layer) in lower.iter().enumerate() {
+        let at = stage.join(format!("l{i}"));
+        mkdir(&at, 0o755)?;
+        sys::idmapped_mount(&c(layer)?, idmap, attrs, &c(&at)?)
+            .map_err(ctx(format_args!("id-mapped view of {}", layer.display())))?;
+        lowers.push(':');
+        lowers.push_str(&at.display().to_string());
+    }
+    let opts = format!(
+        "lowerdir={lowers},upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount_fs("overlay", root, libc::MS_NOSUID | libc::MS_NODEV, &opts)
+}
+
+/// Makes the tmpfs upper and work directories (and the root mount point) in the staging
+/// tmpfs, with the skeleton in the upper layer.
+fn tmpfs_upper(plan: &RootfsPlan<'_>, root: &Path, kind: Skeleton) -> io::Result<(PathBuf, PathBuf)> {
+    let upper = plan.staging.join("upper");
+    let work = plan.staging.join("work");
+    {
+        // Everything of the skeleton is created as the sandbox's root (fsuid), so it is owned
+        // by the sandbox without a chown per entry.
+        let _as_sandbox_root = sys::FsIds::enter(plan.base, plan.base)?;
+        for d in [&upper, &work, &root.to_path_buf()] {
+            mkdir(d, 0o755)?;
+        }
+        skeleton(&upper, plan, kind)?;
+    }
+    sys::lchown(
+        &c(&upper.join("home/user"))?,
+        plan.base + 1000,
+        plan.base + 1000,
+    )?;
+    Ok((upper, work))
+}
+
+/// What the skeleton layer holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Skeleton {
+    /// Every top-level directory, generated users, the host's `/bin` etc. as symlinks.
+    Host,
+    /// Directories a sandbox needs whatever the image has, and the directories of husk's
+    /// `sudo` layer (so that they are owned by the sandbox's root, not by the host's); users
+    /// are the image's own.
+    Image,
+    /// Only mount points and the generated `/etc` files (it is a lower layer of a build step).
+    Build,
+}
+
+/// Creates the per-sandbox skeleton in `upper`. Runs with the sandbox root's fsuid and umask 0,
+/// so every entry is owned by the sandbox with exactly the mode given.
+fn skeleton(upper: &Path, plan: &RootfsPlan<'_>, kind: Skeleton) -> io::Result<()> {
+    let etc = upper.join("etc");
+    if kind == Skeleton::Build {
+        for d in ["dev", "proc", "etc"] {
+            mkdir(&upper.join(d), 0o755)?;
+        }
+        return etc_files(&etc, plan);
+    }
     for (d, mode) in [
         ("usr", 0o755),
         ("etc", 0o755),
@@ -264,6 +385,12 @@ fn skeleton(upper: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
     // Handed to the user by the caller (a chown needs the file-system capabilities that a
     // non-zero fsuid clears).
     mkdir(&upper.join("home/user"), 0o750)?;
+    if kind == Skeleton::Image {
+        for d in ["usr/local", "usr/local/bin"] {
+            mkdir(&upper.join(d), 0o755)?;
+        }
+        return etc_files(&etc, plan);
+    }
     for (name, entry) in &plan.template.top {
         let p = upper.join(name);
         match entry {
@@ -271,8 +398,6 @@ fn skeleton(upper: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
             TopEntry::Dir => mkdir(&p, 0o755)?,
         }
     }
-    let etc = upper.join("etc");
-    let hostname = &plan.spec.hostname;
     write_file(
         &etc.join("passwd"),
         "root:x:0:0:root:/root:/bin/bash\n\
@@ -283,17 +408,24 @@ fn skeleton(upper: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
         &etc.join("group"),
         "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n",
     )?;
+    etc_files(&etc, plan)
+}
+
+/// The generated `/etc` files every sandbox gets: its hostname, hosts and resolver.
+fn etc_files(etc: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
+    let hostname = &plan.spec.hostname;
     write_file(&etc.join("hostname"), &format!("{hostname}\n"))?;
     write_file(
         &etc.join("hosts"),
         &format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"),
     )?;
-    // The sandbox has no network beyond loopback yet, hence no name server.
-    write_file(
-        &etc.join("resolv.conf"),
-        "# husk: this sandbox has no network access\n",
-    )?;
-    Ok(())
+    let resolv = match plan.spec.network {
+        // The sandbox has no network beyond loopback, hence no name server.
+        NetworkMode::Loopback => "# husk: this sandbox has no network access\n".to_string(),
+        // A build step on the host's network uses the host's resolvers.
+        NetworkMode::Host => fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+    };
+    write_file(&etc.join("resolv.conf"), &resolv)
 }
 
 fn dev(dev: &Path, base: u32) -> io::Result<()> {

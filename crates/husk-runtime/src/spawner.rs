@@ -20,7 +20,7 @@ use crate::control::{self, FromInit, ToInit};
 use crate::fences::Fences;
 use crate::host_template::{self, HostTemplate};
 use crate::init::{self, ChildArgs};
-use crate::spec::SandboxSpec;
+use crate::spec::{NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, ExitStatus, Forked};
 use crate::uidrange::{self, UidRange, RANGE};
 
@@ -43,6 +43,9 @@ pub enum SpawnError {
     /// The sandbox could not be set up (reported by its first process).
     #[error("sandbox set-up failed: {0}")]
     Setup(String),
+    /// The sandbox's template cannot be used (its image is missing, damaged, ...).
+    #[error("{0}")]
+    Template(String),
     /// Preparing the seccomp/Landlock fences failed.
     #[error("preparing security fences: {0}")]
     Fences(String),
@@ -78,6 +81,9 @@ pub struct Spawner {
     /// What PID 1 of `agent` specs runs (see [`crate::agent`]), and husk's layer over their
     /// `/usr` (see [`crate::usr_layer`]).
     agent: Option<(crate::agent::AgentEntry, PathBuf)>,
+    /// Per uid slot: a user namespace with the slot's id mapping, for the id-mapped layers of
+    /// built templates (made once per slot, on first use).
+    idmaps: RefCell<std::collections::HashMap<u32, OwnedFd>>,
 }
 
 /// How a sandbox's command ended, as far as the runtime can tell.
@@ -150,6 +156,7 @@ impl Spawner {
             fences,
             reaped: Cell::new(false),
             agent: None,
+            idmaps: RefCell::new(std::collections::HashMap::new()),
         })
     }
 
@@ -256,7 +263,7 @@ impl Spawner {
     /// the `/usr` layer its sandboxes get (husk's `sudo`).
     pub fn set_agent(&mut self, entry: crate::agent::AgentEntry) -> Result<(), SpawnError> {
         let usr =
-            crate::usr_layer::ensure(&self.run_dir).map_err(io_ctx("build the /usr layer"))?;
+            crate::usr_layer::ensure(&self.run_dir).map_err(io_ctx("build the sudo layer"))?;
         self.agent = Some((entry, usr));
         Ok(())
     }
@@ -345,6 +352,13 @@ impl Spawner {
         };
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
+        let image = match &spec.rootfs {
+            RootSource::Image { path, size, digest } => Some(
+                crate::images::ensure_mounted(&self.run_dir, path, *size, digest)
+                    .map_err(|e| SpawnError::Template(e.to_string()))?,
+            ),
+            _ => None,
+        };
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         // Forking is only sound single-threaded (see clone3_fork); checked on every create,
@@ -358,6 +372,10 @@ impl Spawner {
             }
             Err(e) => return Err(io_ctx("count threads")(e)),
         }
+        let idmap = match &spec.rootfs {
+            RootSource::Host => None,
+            _ => Some(self.idmap(sb.uids.as_ref().map(UidRange::slot).unwrap_or(0), base)?),
+        };
         // SAFETY: the process is single-threaded (checked just above; nothing in between
         // starts a thread).
         match unsafe { sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd())) }
@@ -378,6 +396,8 @@ impl Spawner {
                         (Some(_), Some((_, usr))) => Some(usr.as_path()),
                         _ => None,
                     },
+                    image: image.as_deref(),
+                    idmap,
                     arg_area: self.arg_area,
                 })
             }
@@ -393,11 +413,13 @@ impl Spawner {
         // While the child builds its root filesystem, create its network namespace (the most
         // expensive namespace, ~0.9 ms here) and finish the cgroups: the two sides run in
         // parallel, and the child enters and joins them before anything of the sandbox runs.
-        let netns = self
-            .new_netns()
-            .map_err(io_ctx("create network namespace"))?;
-        // A child that already failed has closed its end; its report is read below.
-        let _ = control::send_to_init(control, &ToInit::NetNs { netns });
+        if spec.network == NetworkMode::Loopback {
+            let netns = self
+                .new_netns()
+                .map_err(io_ctx("create network namespace"))?;
+            // A child that already failed has closed its end; its report is read below.
+            let _ = control::send_to_init(control, &ToInit::NetNs { netns });
+        }
         sb.cgroup.complete(&spec.limits)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
         if !self.reaped.get() {
@@ -427,6 +449,23 @@ impl Spawner {
                 }
             }
         }
+    }
+}
+
+impl Spawner {
+    /// The raw fd of the user namespace with `slot`'s id mapping (kept open by the spawner;
+    /// the sandbox's first process inherits it).
+    fn idmap(&self, slot: u32, base: u32) -> Result<std::os::fd::RawFd, SpawnError> {
+        let mut maps = self.idmaps.borrow_mut();
+        if let Some(fd) = maps.get(&slot) {
+            return Ok(fd.as_raw_fd());
+        }
+        // SAFETY: the process is single-threaded: start(), the only caller, checks it just
+        // before.
+        let fd = unsafe { sys::idmap_userns(base, RANGE) }.map_err(io_ctx("id-map namespace"))?;
+        let raw = fd.as_raw_fd();
+        maps.insert(slot, fd);
+        Ok(raw)
     }
 }
 

@@ -75,6 +75,46 @@ pub struct MountSpec {
     pub writable: bool,
 }
 
+/// What a sandbox's root file system is made of.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RootSource {
+    /// The host template: the host's `/usr` and a few `/etc` files (see
+    /// [`crate::host_template`]).
+    #[default]
+    Host,
+    /// A built template: an erofs image file, mounted once on the host (see [`crate::images`])
+    /// and seen by every sandbox through an id-mapped view, so the image's root is the
+    /// sandbox's root.
+    Image {
+        /// The image file (trusted: written by husk's builder).
+        path: PathBuf,
+        /// Its expected size: a file of another size (truncated, replaced) is refused.
+        size: u64,
+        /// Its content digest (`sha256:<hex>`): names the shared mount.
+        digest: String,
+    },
+    /// A template build step: `lower` (top first: directories or mounted images, owned by
+    /// sandbox ids) under a writable `upper` directory on the host that keeps the step's
+    /// changes after the sandbox is gone. `upper` and `work` must be empty directories on
+    /// the same file system; the runtime hands them to the sandbox's root.
+    Layers {
+        lower: Vec<PathBuf>,
+        upper: PathBuf,
+        work: PathBuf,
+    },
+}
+
+/// The network a sandbox gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NetworkMode {
+    /// Its own network namespace with loopback only.
+    #[default]
+    Loopback,
+    /// The host's network namespace. Only for template build steps (package managers need
+    /// the network); never for sandboxes that run users' code.
+    Host,
+}
+
 /// Everything the spawner needs to create one sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxSpec {
@@ -103,6 +143,9 @@ pub struct SandboxSpec {
     /// PID 1 becomes the agent registered with [`crate::Spawner::set_agent`] (server
     /// sandboxes): it gets a stream socket to the creator instead of running `command`.
     pub agent: bool,
+    /// The root file system.
+    pub rootfs: RootSource,
+    pub network: NetworkMode,
 }
 
 impl SandboxSpec {
@@ -122,6 +165,8 @@ impl SandboxSpec {
             autostart: false,
             timeout: None,
             agent: false,
+            rootfs: RootSource::Host,
+            network: NetworkMode::Loopback,
         }
     }
 

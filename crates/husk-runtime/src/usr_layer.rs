@@ -3,18 +3,19 @@
 //! `sudo` works without a password and without a setuid file (every sandbox mount is nosuid and
 //! no_new_privs is set on every process).
 //!
-//! The layer is built once per husk binary under `<run_dir>/templates/usr-<key>`, the key made
+//! The layer is built once per husk binary under `<run_dir>/templates/sudo-<key>`, the key made
 //! of the binary's size and modification time, into a fresh directory renamed into place (a
-//! concurrent husk never sees it half-built), and shared read-only by every sandbox as the top
-//! lower layer of an overlay whose other lower layer is the host's `/usr`.
+//! concurrent husk never sees it half-built), and shared read-only by every sandbox: its `usr`
+//! is the top lower layer of an overlay over the host's `/usr` (host template), or the layer
+//! itself is the top lower layer of the root overlay (built templates).
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Where the sandbox finds sudo, relative to `/usr`: on both Debian's user and root `PATH`.
-pub const SUDO_IN_USR: &str = "local/bin/sudo";
+/// Where the sandbox finds sudo, relative to `/`: on both Debian's user and root `PATH`.
+pub const SUDO_PATH: &str = "usr/local/bin/sudo";
 
 /// Makes sure the layer for the running binary exists; returns its directory.
 pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
@@ -22,8 +23,8 @@ pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
     let meta = fs::metadata(&exe)?;
     let key = meta.len() ^ (meta.mtime() as u64).rotate_left(20) ^ meta.mtime_nsec() as u64;
     let parent = run_dir.join("templates");
-    let dir = parent.join(format!("usr-{key:016x}"));
-    if fs::symlink_metadata(dir.join(SUDO_IN_USR)).is_ok() {
+    let dir = parent.join(format!("sudo-{key:016x}"));
+    if fs::symlink_metadata(dir.join(SUDO_PATH)).is_ok() {
         return Ok(dir);
     }
     fs::create_dir_all(&parent)?;
@@ -33,10 +34,10 @@ pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
         crate::sys::random_u64()?
     ));
     let result = (|| {
-        let bin = tmp.join(SUDO_IN_USR);
+        let bin = tmp.join(SUDO_PATH);
         let bin_dir = bin.parent().unwrap_or(&tmp);
         fs::create_dir_all(bin_dir)?;
-        for d in [&tmp, &tmp.join("local"), &bin_dir.to_path_buf()] {
+        for d in [&tmp, &tmp.join("usr"), &tmp.join("usr/local"), &bin_dir.to_path_buf()] {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
         }
         // A hard link where the binary is on the same file system (a rebuilt binary is a new
@@ -50,7 +51,7 @@ pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
     match result {
         Ok(()) => Ok(dir),
         // Another husk process won the race: use its copy.
-        Err(_) if fs::symlink_metadata(dir.join(SUDO_IN_USR)).is_ok() => {
+        Err(_) if fs::symlink_metadata(dir.join(SUDO_PATH)).is_ok() => {
             let _ = fs::remove_dir_all(&tmp);
             Ok(dir)
         }

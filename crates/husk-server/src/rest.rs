@@ -79,7 +79,9 @@ fn core_error(e: CoreError) -> Response {
         CoreError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
         CoreError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
         CoreError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-        CoreError::Spawn(_) | CoreError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        CoreError::Spawn(_) | CoreError::Store(_) | CoreError::TemplateBroken(_) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
     };
     let mut resp = error(status, e.to_string());
     if status == StatusCode::TOO_MANY_REQUESTS {

@@ -47,7 +47,20 @@ CREATE TABLE sandboxes (
 ) STRICT;
 ";
 
-const MIGRATIONS: &[&str] = &[V1];
+/// Version 2: built templates. `manifest` is the template's JSON manifest (sandbox defaults,
+/// how it was built, its layers); the image file itself lives in the state directory.
+const V2: &str = "
+CREATE TABLE templates (
+    name       TEXT PRIMARY KEY NOT NULL CHECK (length(name) BETWEEN 1 AND 63),
+    digest     TEXT NOT NULL,
+    image      TEXT NOT NULL,
+    size       INTEGER NOT NULL CHECK (size > 0),
+    manifest   TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -274,3 +274,120 @@ pub fn statvfs(path: &CStr) -> io::Result<(u64, u64)> {
         st.f_bfree.saturating_mul(frsize),
     ))
 }
+
+/// mount_setattr flag: the mount's ids are mapped through a user namespace.
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// Mounts an id-mapped view of the tree at `source` on `target`: a detached clone
+/// (open_tree), given `attrs` and the id mapping of user namespace `userns` (mount_setattr),
+/// attached at `target` (move_mount). Files owned by id N in the source appear owned by the
+/// host id that `userns` maps N to, so a sandbox with the same mapping sees them as N.
+pub fn idmapped_mount(
+    source: &CStr,
+    userns: BorrowedFd<'_>,
+    attrs: u64,
+    target: &CStr,
+) -> io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: `source` is a valid C string; the flags ask for a new detached tree fd.
+    let tree = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    })?;
+    // SAFETY: open_tree returned a new fd owned by nobody else.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let attr = MountAttr {
+        attr_set: attrs | MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: `attr` is a valid mount_attr of the size passed; the empty path with
+    // AT_EMPTY_PATH names the tree fd itself.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    })?;
+    // SAFETY: the tree fd is valid, `target` a valid C string; the empty source path with
+    // MOVE_MOUNT_F_EMPTY_PATH names the tree fd.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// The file-system type magic of the file system `path` is on (statfs(2) `f_type`).
+pub fn statfs_type(path: &CStr) -> io::Result<i64> {
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `st` a valid out-pointer.
+    cvt_i(unsafe { libc::statfs(path.as_ptr(), &mut st) })?;
+    Ok(st.f_type as i64)
+}
+
+/// `struct loop_info64` of <linux/loop.h>.
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+/// `struct loop_config` of <linux/loop.h>.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// Attaches `file` (an open, read-only file) to a free loop device, read-only and
+/// auto-clearing (the device detaches when its last user, the mount, goes away); returns the
+/// device's path. For kernels that cannot mount an erofs image file directly.
+pub fn loop_attach_ro(file: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+    const LO_FLAGS_READ_ONLY: u32 = 1;
+    const LO_FLAGS_AUTOCLEAR: u32 = 4;
+    let ctl = open(c"/dev/loop-control", libc::O_RDWR, 0)?;
+    // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
+    let n = cvt_i(unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) })?;
+    let path = std::path::PathBuf::from(format!("/dev/loop{n}"));
+    let dev = open(&super::cpath(&path)?, libc::O_RDWR, 0)?;
+    // SAFETY: an all-zero loop_config is valid (the plain C struct has no invariants).
+    let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+    cfg.fd = file.as_raw_fd() as u32;
+    cfg.info.flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
+    // SAFETY: `cfg` is a valid loop_config that outlives the call.
+    cvt_i(unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) })?;
+    Ok(path)
+}

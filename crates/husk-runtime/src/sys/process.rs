@@ -3,7 +3,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::{size_of, MaybeUninit};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{cvt, cvt_i};
 
@@ -443,5 +443,50 @@ pub fn overwrite_cmdline(area: ArgArea, text: &str) {
         let p = area.start as *mut u8;
         std::ptr::copy_nonoverlapping(text.as_ptr(), p, n);
         std::ptr::write_bytes(p.add(n), 0, len - n);
+    }
+}
+
+/// A user namespace that maps ids `0..count` to host ids `base..base+count` and has no
+/// process in it: the id mapping of id-mapped mounts. A short-lived child creates it; the
+/// returned fd keeps it alive.
+///
+/// # Safety
+/// Forks: the calling process must be single-threaded (see [`clone3_fork`]).
+pub unsafe fn idmap_userns(base: u32, count: u32) -> io::Result<OwnedFd> {
+    let (r, w) = super::pipe()?;
+    // SAFETY: the caller guarantees the process is single-threaded.
+    match unsafe { clone3_fork(libc::CLONE_NEWUSER, None) }? {
+        Forked::Child => {
+            drop(w);
+            // Wait until the parent has what it needs (EOF), then leave without running
+            // anything of the parent's (no destructors, no atexit handlers).
+            let mut b = [0u8; 1];
+            let _ = super::read(r.as_fd(), &mut b);
+            exit_now(0)
+        }
+        Forked::Parent { pid, pidfd } => {
+            drop(r);
+            let line = format!("0 {base} {count}\n");
+            let made = super::write_file(
+                std::path::Path::new(&format!("/proc/{pid}/uid_map")),
+                line.as_bytes(),
+            )
+            .and_then(|()| {
+                super::write_file(
+                    std::path::Path::new(&format!("/proc/{pid}/gid_map")),
+                    line.as_bytes(),
+                )
+            })
+            .and_then(|()| {
+                super::open(
+                    &super::cpath(std::path::Path::new(&format!("/proc/{pid}/ns/user")))?,
+                    libc::O_RDONLY,
+                    0,
+                )
+            });
+            drop(w);
+            let _ = waitid_pidfd(pidfd.as_fd(), false);
+            made
+        }
     }
 }

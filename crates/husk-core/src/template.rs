@@ -1,0 +1,231 @@
+//! Templates as sandboxes use them: what a template name means at creation time.
+//!
+//! `host` is the host template (the host's own `/usr`). Any other name is a built template
+//! registered in the store: an erofs image plus a manifest with the sandbox defaults. `base`
+//! means the built template of that name once there is one, and the host template until then
+//! (so the E2B SDKs' default works on a fresh install).
+//!
+//! An image is checked before use: its size at every creation (by the runtime), and its
+//! content (SHA-256 against the registered digest) the first time this process uses it and
+//! again whenever the file's identity or modification time changes. A damaged or missing image
+//! is a clear error, never a sandbox with half a root file system.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use husk_runtime::RootSource;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::store::{Store, StoreError, TemplateRecord};
+
+/// The template that exists without any build.
+pub const HOST_TEMPLATE: &str = "host";
+
+/// The name that falls back to the host template until a template of that name is built.
+pub const BASE_TEMPLATE: &str = "base";
+
+/// Errors of resolving a template.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template '{0}' not found")]
+    NotFound(String),
+    #[error(
+        "template '{name}' is damaged: its image {path} does not match its digest \
+         (expected {expected}, found {found}); rebuild the template"
+    )]
+    Corrupt {
+        name: String,
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+    #[error("template '{name}': {source}")]
+    Image {
+        name: String,
+        #[source]
+        source: husk_runtime::images::ImageError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("template '{name}': reading {path}: {source}")]
+    Io {
+        name: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Defaults a template gives its sandboxes (a create request's own values win).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TemplateDefaults {
+    /// `user` or `root`.
+    pub user: Option<String>,
+    pub workdir: Option<String>,
+    pub env: Vec<(String, String)>,
+    /// Started in the background at creation, before the sandbox is handed out.
+    pub start_cmd: Option<String>,
+    /// Run until it exits 0 after `start_cmd`; the sandbox is ready then.
+    pub ready_cmd: Option<String>,
+    pub ready_timeout_secs: Option<u64>,
+}
+
+/// One layer of a built template, as recorded in its manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LayerRecord {
+    /// The layer cache key (a directory under `templates/layers`).
+    pub key: String,
+    /// What made it: `mmdebstrap bookworm`, `RUN ...`, `pull docker.io/...`.
+    pub step: String,
+    /// Where that was written (`Dockerfile:7`).
+    pub origin: String,
+}
+
+/// Everything recorded about a built template besides its image.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TemplateManifest {
+    pub defaults: TemplateDefaults,
+    /// The spec or Dockerfile it was built from.
+    pub source: String,
+    /// Its base: `debian bookworm (minbase)`, an OCI reference with digest, a template.
+    pub base: String,
+    pub layers: Vec<LayerRecord>,
+    /// Wall time of the build that made it.
+    pub build_seconds: f64,
+    /// Bytes of the root file system before compression into the image.
+    pub rootfs_bytes: u64,
+    /// The husk version that built it.
+    pub husk_version: String,
+}
+
+/// What a template name resolved to.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The template's name as registered (`base` may resolve to the host template).
+    pub name: String,
+    pub rootfs: RootSource,
+    pub defaults: TemplateDefaults,
+}
+
+/// Where built templates' files live under the state directory.
+pub fn images_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("templates/images")
+}
+
+/// Where cached build layers live under the state directory.
+pub fn layers_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("templates/layers")
+}
+
+/// `sha256:<hex>` of a file's content.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf)? {
+            0 => break,
+            n => h.update(&buf[..n]),
+        }
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+/// The file identity an image's verification is remembered for.
+type FileId = (u64, u64, u64, i64, i64);
+
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+/// Resolves template names for new sandboxes.
+pub struct Templates {
+    store: Arc<Store>,
+    /// Images whose content was checked, by path: the file identity and the digest checked.
+    verified: Mutex<HashMap<PathBuf, (FileId, String)>>,
+}
+
+impl Templates {
+    pub fn new(store: Arc<Store>) -> Templates {
+        Templates {
+            store,
+            verified: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What `name` means for a new sandbox. May read a whole image (first use): call from a
+    /// blocking context.
+    pub fn resolve(&self, name: &str) -> Result<Resolved, TemplateError> {
+        let host = || Resolved {
+            name: HOST_TEMPLATE.to_string(),
+            rootfs: RootSource::Host,
+            defaults: TemplateDefaults::default(),
+        };
+        if name == HOST_TEMPLATE {
+            return Ok(host());
+        }
+        let Some(rec) = self.store.template(name)? else {
+            if name == BASE_TEMPLATE {
+                return Ok(host());
+            }
+            return Err(TemplateError::NotFound(name.to_string()));
+        };
+        self.verify(&rec)?;
+        Ok(Resolved {
+            name: rec.name.clone(),
+            rootfs: RootSource::Image {
+                path: rec.image.clone(),
+                size: rec.size,
+                digest: rec.digest.clone(),
+            },
+            defaults: rec.manifest.defaults.clone(),
+        })
+    }
+
+    /// Checks the image's size and, unless this file was checked before, its content.
+    pub fn verify(&self, rec: &TemplateRecord) -> Result<(), TemplateError> {
+        husk_runtime::images::check_file(&rec.image, rec.size).map_err(|source| {
+            TemplateError::Image {
+                name: rec.name.clone(),
+                source,
+            }
+        })?;
+        let io = |source| TemplateError::Io {
+            name: rec.name.clone(),
+            path: rec.image.clone(),
+            source,
+        };
+        let id = file_id(&rec.image).map_err(io)?;
+        let known = self
+            .verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rec.image)
+            .is_some_and(|(i, d)| *i == id && *d == rec.digest);
+        if known {
+            return Ok(());
+        }
+        let found = sha256_file(&rec.image).map_err(io)?;
+        if found != rec.digest {
+            return Err(TemplateError::Corrupt {
+                name: rec.name.clone(),
+                path: rec.image.clone(),
+                expected: rec.digest.clone(),
+                found,
+            });
+        }
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rec.image.clone(), (id, found));
+        Ok(())
+    }
+}
