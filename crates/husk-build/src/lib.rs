@@ -1,11 +1,44 @@
 //! husk's template builds. A template is built from husk's TOML spec ([`spec`]) or a
 //! Dockerfile ([`dockerfile`]), both parsed into one [`plan::BuildPlan`]; its base is a Debian
-//! suite (mmdebstrap), an OCI image ([`oci`]) or another template; every step runs in a build
-//! sandbox and its result is a layer cached by the hash of everything it depends on; the
-//! merged layers become one erofs image registered in the store.
+//! suite ([`debian`], mmdebstrap), an OCI image ([`oci`]) or another template; every step runs
+//! in a build sandbox ([`sandbox_step`]) and its result is a layer cached by the hash of
+//! everything it depends on ([`layers`]); the merged layers become one erofs image
+//! ([`image`]) registered in the store ([`build`]).
 #![forbid(unsafe_code)]
 
+pub mod build;
+mod context_hash;
+pub mod debian;
 pub mod dockerfile;
+pub mod finalize;
+pub mod image;
+pub mod layers;
 pub mod oci;
 pub mod plan;
+pub mod sandbox_step;
 pub mod spec;
+
+use std::time::Duration;
+
+/// How a step ended (successfully).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// Its layer came from the cache.
+    Cached,
+    /// It ran, taking this long.
+    Built(Duration),
+}
+
+/// Where a build reports what it does (the CLI draws it; the HTTP API streams it).
+pub trait Progress: Send + Sync {
+    /// Step `index` of `total` (1-based) starts.
+    fn step_start(&self, index: usize, total: usize, display: &str);
+    /// Output of the running step (raw bytes, not split into lines).
+    fn log(&self, bytes: &[u8]);
+    /// Step `index` is done.
+    fn step_done(&self, index: usize, outcome: StepOutcome);
+    /// Pulling a base image.
+    fn pull(&self, p: &oci::PullProgress);
+    /// Anything else worth a line.
+    fn message(&self, text: &str);
+}

@@ -17,8 +17,8 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 
 use crate::agent::{AgentClient, CallError};
-use crate::template::{Resolved, TemplateError, Templates};
 use crate::store::{Principal, SandboxRecord, Store};
+use crate::template::{Resolved, TemplateError, Templates};
 
 /// The envd API version whose features husk implements (the SDKs gate features on it).
 pub const ENVD_VERSION: &str = "0.6.4";

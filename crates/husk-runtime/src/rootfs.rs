@@ -260,7 +260,11 @@ fn host_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
 fn image_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
     let (image, idmap) = match (plan.image, plan.idmap) {
         (Some(i), Some(m)) => (i, m),
-        _ => return Err(io::Error::other("image sandbox without its image or id map")),
+        _ => {
+            return Err(io::Error::other(
+                "image sandbox without its image or id map",
+            ))
+        }
     };
     let (upper, work) = tmpfs_upper(plan, root, Skeleton::Image)?;
     let lower = plan.staging.join("lower");
@@ -322,7 +326,11 @@ fn layers_root(
 
 /// Makes the tmpfs upper and work directories (and the root mount point) in the staging
 /// tmpfs, with the skeleton in the upper layer.
-fn tmpfs_upper(plan: &RootfsPlan<'_>, root: &Path, kind: Skeleton) -> io::Result<(PathBuf, PathBuf)> {
+fn tmpfs_upper(
+    plan: &RootfsPlan<'_>,
+    root: &Path,
+    kind: Skeleton,
+) -> io::Result<(PathBuf, PathBuf)> {
     let upper = plan.staging.join("upper");
     let work = plan.staging.join("work");
     {

@@ -37,7 +37,12 @@ pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
         let bin = tmp.join(SUDO_PATH);
         let bin_dir = bin.parent().unwrap_or(&tmp);
         fs::create_dir_all(bin_dir)?;
-        for d in [&tmp, &tmp.join("usr"), &tmp.join("usr/local"), &bin_dir.to_path_buf()] {
+        for d in [
+            &tmp,
+            &tmp.join("usr"),
+            &tmp.join("usr/local"),
+            &bin_dir.to_path_buf(),
+        ] {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
         }
         // A hard link where the binary is on the same file system (a rebuilt binary is a new

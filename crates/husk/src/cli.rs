@@ -20,6 +20,8 @@ pub enum Command {
     Serve(Box<crate::serve::ServeArgs>),
     /// Manage API keys (and teams' sandbox quotas) in the server's state directory.
     Key(crate::keys::KeyArgs),
+    /// Build, list, inspect, remove and export templates (sandbox root file systems).
+    Template(crate::template::TemplateArgs),
     /// Measure sandbox start-up, throughput and density against bubblewrap.
     Bench(BenchArgs),
     /// (internal) a benchmark worker process.

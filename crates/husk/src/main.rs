@@ -11,6 +11,8 @@ mod relay;
 mod run;
 mod serve;
 mod sudo;
+mod template;
+mod template_progress;
 mod units;
 
 use clap::Parser;
@@ -30,6 +32,7 @@ fn main() {
         cli::Command::Run(args) => run::main(*args),
         cli::Command::Serve(args) => serve::main(*args),
         cli::Command::Key(args) => keys::main(args),
+        cli::Command::Template(args) => template::main(args),
         cli::Command::Bench(args) => bench::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),
     };

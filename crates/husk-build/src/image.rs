@@ -1,0 +1,100 @@
+//! The template image: the merged layer stack written as one erofs file (lz4hc-compressed,
+//! modification times kept, so Python's bytecode caches stay valid), named by its SHA-256 and
+//! renamed into place complete. Only then is it registered; an image nobody registers any
+//! more is removed (and its shared mount detached) when its template is replaced or removed.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use husk_core::store::{Store, TemplateRecord};
+use husk_core::template;
+
+use crate::layers::{rand64, LayerCache};
+
+/// A written image.
+pub struct Image {
+    pub path: PathBuf,
+    pub digest: String,
+    pub size: u64,
+    /// Bytes of regular files in the root file system it holds.
+    pub rootfs_bytes: u64,
+}
+
+/// mkfs.erofs options: lz4hc compression and per-file modification times.
+pub const MKFS_ARGS: &[&str] = &["-zlz4hc", "--quiet", "--preserve-mtime"];
+
+/// Writes the image of `lower` (top first) into the state directory.
+pub async fn make(
+    state_dir: &Path,
+    cache: &LayerCache,
+    lower: &[PathBuf],
+) -> Result<Image, String> {
+    let images = template::images_dir(state_dir);
+    fs::create_dir_all(&images).map_err(|e| format!("{}: {e}", images.display()))?;
+    let tag = format!("{}-{:x}", std::process::id(), rand64());
+    let tmp = images.join(format!(".tmp-{tag}.erofs"));
+    let mnt = cache.dir.join(format!(".mnt-{tag}"));
+    let empty = cache.dir.join(format!(".empty-{tag}"));
+    let mut layers: Vec<PathBuf> = lower.to_vec();
+    // overlayfs needs two lower layers without an upper one: an empty one does no harm, and
+    // a single layer's own whiteouts then still mean "nothing here".
+    if layers.len() == 1 {
+        layers.push(empty.clone());
+    }
+    let result = async {
+        for d in [&mnt, &empty] {
+            fs::create_dir(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        let (dir, tmp2, mnt2, layers2) = (cache.dir.clone(), tmp.clone(), mnt.clone(), layers);
+        let out = tokio::task::spawn_blocking(move || {
+            husk_runtime::layerfs::mkfs_erofs_merged(&layers2, &dir, &mnt2, &tmp2, MKFS_ARGS)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("running mkfs.erofs (is erofs-utils installed?): {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mkfs.erofs failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let tmp3 = tmp.clone();
+        let digest = tokio::task::spawn_blocking(move || template::sha256_file(&tmp3))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("hashing the image: {e}"))?;
+        let hex = husk_runtime::images::digest_hex(&digest).map_err(|e| e.to_string())?;
+        let path = images.join(format!("{hex}.erofs"));
+        let size = fs::metadata(&tmp).map_err(|e| e.to_string())?.len();
+        fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok::<_, String>((path, digest, size))
+    }
+    .await;
+    let _ = fs::remove_dir(&mnt);
+    let _ = fs::remove_dir(&empty);
+    let _ = fs::remove_file(&tmp);
+    let (path, digest, size) = result?;
+    // Measured through the mounted image (the same mount sandboxes will share).
+    let run_dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR);
+    let rootfs_bytes = husk_runtime::images::ensure_mounted(run_dir, &path, size, &digest)
+        .ok()
+        .and_then(|mp| crate::layers::tree_size(&mp).ok())
+        .map_or(0, |(bytes, _)| bytes);
+    Ok(Image {
+        path,
+        digest,
+        size,
+        rootfs_bytes,
+    })
+}
+
+/// After `old` was unregistered or replaced: removes its image file and detaches its mount
+/// unless another template still uses the same image.
+pub fn release(store: &Store, run_dir: &Path, old: &TemplateRecord) {
+    if store.image_in_use(&old.digest).unwrap_or(true) {
+        return;
+    }
+    let _ = husk_runtime::images::unmount(run_dir, &old.digest);
+    let _ = fs::remove_file(&old.image);
+}
