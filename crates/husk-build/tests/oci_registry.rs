@@ -84,6 +84,7 @@ impl Registry {
             .arg(dir.path("config.yml"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(fs::File::create(dir.path("registry.log")).unwrap())
             .spawn()
             .unwrap();
         let mut registry = Registry { child, addr, dir };
@@ -96,7 +97,8 @@ impl Registry {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("docker-registry exited early: {status}");
+                let log = fs::read_to_string(self.dir.path("registry.log")).unwrap_or_default();
+                panic!("docker-registry exited early ({status}):\n{log}");
             }
             if let Ok(mut s) = TcpStream::connect(&self.addr) {
                 let req = format!("GET /v2/ HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr);
@@ -185,8 +187,12 @@ fn make_rootfs(root: &Path) {
     }
 }
 
-/// Path → (kind, mode, uid, gid, content or link target, mtime of files), without `skip`.
-fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<String, (char, u32, u32, u32, Vec<u8>, i64)> {
+/// One snapshot entry: kind (`d`, `l`, `f`), mode, uid, gid, content or link target, and the
+/// mtime of files.
+type Node = (char, u32, u32, u32, Vec<u8>, i64);
+
+/// Every path below `root` but `skip`, as [`Node`]s.
+fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<String, Node> {
     let mut out = BTreeMap::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -605,9 +611,9 @@ async fn missing_tag_is_not_found_and_corrupt_blob_is_refused() {
     .await;
     let blob = registry.blob_file(&digest);
     let mut data = fs::read(&blob).unwrap();
-    let last = data.len() - 1;
-    data[last] ^= 0xff; // the gzip trailer: the tar itself still unpacks
-    fs::write(&blob, data).unwrap();
+    let middle = data.len() / 2;
+    data[middle] ^= 0xff; // breaks the deflate stream: the unpacker fails before the digest check
+    fs::write(&blob, &data).unwrap();
     let layers_root = t.path("corrupt-layers");
     let err = pull(&reference, &layers_root, &opts, &|_| {})
         .await

@@ -43,9 +43,16 @@ pub struct RunArgs {
     /// Working directory inside the sandbox [default: the user's home].
     #[arg(short = 'w', long, value_name = "DIR")]
     pub workdir: Option<PathBuf>,
-    /// User inside the sandbox: `user` (uid 1000, no capabilities) or `root`.
-    #[arg(short = 'u', long, default_value = "user", value_name = "user|root")]
-    pub user: String,
+    /// User inside the sandbox: `user` (uid 1000, no capabilities) or `root` [default: the
+    /// template's, else user].
+    #[arg(short = 'u', long, value_name = "user|root")]
+    pub user: Option<String>,
+    /// Template: `host` (the host's /usr, the default) or a built template's name.
+    #[arg(short = 'T', long, default_value = "host", value_name = "NAME")]
+    pub template: String,
+    /// State directory, where built templates are registered [default: /var/lib/husk].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Kill the sandbox after this long (e.g. 30s, 500ms, 5m) [default: no timeout].
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,

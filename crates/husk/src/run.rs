@@ -37,6 +37,25 @@ pub struct Config {
     pub interactive: bool,
 }
 
+/// What `--template NAME` means: `host` without touching the state directory, else the
+/// registered template (checked: a damaged image is refused here, before any sandbox).
+fn resolve_template(name: &str, state_dir: Option<&Path>) -> Result<husk_core::template::Resolved> {
+    use husk_core::template::{Resolved, TemplateDefaults, Templates, HOST_TEMPLATE};
+    if name == HOST_TEMPLATE {
+        return Ok(Resolved {
+            name: name.into(),
+            rootfs: husk_runtime::RootSource::Host,
+            defaults: TemplateDefaults::default(),
+        });
+    }
+    let dir = state_dir.unwrap_or(Path::new(husk_core::store::DEFAULT_STATE_DIR));
+    let store = husk_core::store::Store::open(dir)
+        .map_err(|e| anyhow!("--template {name}: state directory {}: {e}", dir.display()))?;
+    Templates::new(std::sync::Arc::new(store))
+        .resolve(name)
+        .map_err(|e| anyhow!("--template: {e}"))
+}
+
 fn split_pair<'a>(s: &'a str, what: &str, form: &str) -> Result<(&'a str, &'a str)> {
     match s.split_once(':') {
         Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a, b)),
@@ -59,17 +78,23 @@ impl Config {
     pub fn from_args(a: RunArgs) -> Result<Config> {
         let mut spec = SandboxSpec::new(a.command);
         spec.tty = a.tty;
-        spec.user = match a.user.as_str() {
-            "user" => User::User,
-            "root" => User::Root,
-            other => bail!("invalid --user {other:?}: use `user` or `root`"),
+        let template = resolve_template(&a.template, a.state_dir.as_deref())?;
+        spec.rootfs = template.rootfs;
+        let defaults = template.defaults;
+        spec.user = match a.user.as_deref().or(defaults.user.as_deref()) {
+            None | Some("user") => User::User,
+            Some("root") => User::Root,
+            Some(other) => bail!("invalid --user {other:?}: use `user` or `root`"),
         };
         spec.hostname = a.hostname;
-        spec.workdir = a.workdir;
+        spec.workdir = a.workdir.or(defaults.workdir.map(PathBuf::from));
+        // The template's environment first: a --env of the same name wins.
+        spec.env = defaults.env;
         for e in a.env {
             let Some((k, v)) = e.split_once('=') else {
                 bail!("invalid --env {e:?}: expected KEY=VALUE");
             };
+            spec.env.retain(|(name, _)| name != k);
             spec.env.push((k.to_owned(), v.to_owned()));
         }
         spec.limits.memory_bytes = parse_size(&a.memory).map_err(|e| anyhow!("--memory: {e}"))?;

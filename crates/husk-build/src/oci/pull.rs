@@ -246,6 +246,9 @@ impl Remote {
 
         let bytes_total = desc.size.max(0) as u64;
         let (mut done, mut reported) = (0u64, 0u64);
+        let mut unpacker = Some(unpacker);
+        // Set when the unpacker failed before the download ended (see below).
+        let mut early_failure = None;
         let mut stream_failure = None;
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {
@@ -263,8 +266,23 @@ impl Remote {
                 });
                 break;
             }
-            if tx.send(Ok(chunk)).await.is_err() {
-                break; // the unpacker stopped; its error says why
+            if early_failure.is_none() && tx.send(Ok(chunk)).await.is_err() {
+                // The unpacker stopped. An entry it refused is the image's fault and final;
+                // any other failure may be corruption in transit, which only the rest of the
+                // download (verified by oci-client at its end) can tell apart.
+                let err = match join(unpacker.take()).await {
+                    Err(e) => e,
+                    Ok(_) => OciError::io("unpacking a layer")(io::Error::other("stopped early")),
+                };
+                if matches!(
+                    err,
+                    OciError::Unpack { .. }
+                        | OciError::PathTooLong { .. }
+                        | OciError::TooManyEntries { .. }
+                ) {
+                    return Err(err);
+                }
+                early_failure = Some(err);
             }
             if done - reported >= PROGRESS_STEP || done == bytes_total {
                 reported = done;
@@ -281,9 +299,10 @@ impl Remote {
             let _ = tx.send(Err(io::Error::other("download failed"))).await;
         }
         drop(tx);
-        let unpacked = unpacker
-            .await
-            .map_err(|e| OciError::io("unpacking a layer")(io::Error::other(e)))?;
+        let unpacked = match early_failure {
+            Some(e) => Err(e),
+            None => join(unpacker.take()).await,
+        };
         // A download failure explains an unpack failure, not the other way round.
         if let Some(e) = stream_failure {
             return Err(e);
@@ -304,6 +323,17 @@ impl Remote {
                 dir.display()
             ))(e)),
         }
+    }
+}
+
+/// The result of the unpacking task (`None`: already joined, which callers rule out).
+async fn join<T>(
+    handle: Option<tokio::task::JoinHandle<Result<T, OciError>>>,
+) -> Result<T, OciError> {
+    let failed = |e| OciError::io("unpacking a layer")(io::Error::other(e));
+    match handle {
+        Some(handle) => handle.await.map_err(|e| failed(e.to_string()))?,
+        None => Err(failed("the unpacker was already joined".to_string())),
     }
 }
 
