@@ -67,6 +67,9 @@ fn other(what: &str) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
     pub state_dir: PathBuf,
+    /// The layer cache [default: `<state_dir>/templates/layers`]; several state directories
+    /// may share one (layers are keyed by content).
+    pub layers_dir: PathBuf,
     /// The runtime directory (where images are mounted).
     pub run_dir: PathBuf,
     /// Ignore cached layers (every step runs again).
@@ -83,6 +86,7 @@ impl BuildOptions {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         BuildOptions {
             state_dir: state_dir.to_path_buf(),
+            layers_dir: template::layers_dir(state_dir),
             run_dir: PathBuf::from(husk_runtime::spawner::DEFAULT_RUN_DIR),
             no_cache: false,
             limits: Limits {
@@ -138,7 +142,7 @@ impl Builder {
         progress: &dyn Progress,
     ) -> Result<TemplateRecord, BuildError> {
         let started = Instant::now();
-        let cache = LayerCache::open(&template::layers_dir(&self.opts.state_dir))
+        let cache = LayerCache::open(&self.opts.layers_dir)
             .map_err(other("layer cache"))?;
         cache.remove_stale_temps();
         let total = plan.steps.len() + 2;

@@ -55,6 +55,10 @@ pub enum TemplateCommand {
         /// Memory limit of each build sandbox.
         #[arg(long, default_value = "4G", value_name = "SIZE")]
         memory: String,
+        /// Layer cache directory [default: STATE_DIR/templates/layers]; state directories may
+        /// share one, since layers are keyed by their content.
+        #[arg(long, value_name = "DIR")]
+        layer_cache: Option<PathBuf>,
     },
     /// List templates.
     List {
@@ -93,6 +97,7 @@ pub fn main(args: TemplateArgs) -> i32 {
             quiet,
             step_timeout,
             memory,
+            layer_cache,
         } => build(
             &state_dir,
             BuildCli {
@@ -103,6 +108,7 @@ pub fn main(args: TemplateArgs) -> i32 {
                 quiet,
                 step_timeout,
                 memory,
+                layer_cache,
             },
         ),
         other => {
@@ -143,6 +149,7 @@ struct BuildCli {
     quiet: bool,
     step_timeout: String,
     memory: String,
+    layer_cache: Option<PathBuf>,
 }
 
 fn build(state_dir: &Path, a: BuildCli) -> i32 {
@@ -180,6 +187,9 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
     }
     let mut opts = BuildOptions::new(state_dir);
     opts.no_cache = a.no_cache;
+    if let Some(dir) = &a.layer_cache {
+        opts.layers_dir = dir.clone();
+    }
     match crate::units::parse_duration(&a.step_timeout) {
         Ok(d) => opts.step_timeout = d,
         Err(e) => return usage(format_args!("--step-timeout: {e}")),
