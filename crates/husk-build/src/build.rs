@@ -142,8 +142,7 @@ impl Builder {
         progress: &dyn Progress,
     ) -> Result<TemplateRecord, BuildError> {
         let started = Instant::now();
-        let cache = LayerCache::open(&self.opts.layers_dir)
-            .map_err(other("layer cache"))?;
+        let cache = LayerCache::open(&self.opts.layers_dir).map_err(other("layer cache"))?;
         cache.remove_stale_temps();
         let total = plan.steps.len() + 2;
         let (mut stack, base_desc) = self.base(plan, &cache, total, progress).await?;
