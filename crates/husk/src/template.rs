@@ -294,12 +294,11 @@ fn list(store: &Store, json: bool) -> i32 {
         "NAME", "SIZE", "LAYERS", "CREATED"
     );
     println!(
-        "{:<24} {:>10} {:>8} {:<22} {}",
+        "{:<24} {:>10} {:>8} {:<22} (the host's /usr)",
         template::HOST_TEMPLATE,
         "-",
         "-",
-        "-",
-        "(the host's /usr)"
+        "-"
     );
     for t in &templates {
         println!(
