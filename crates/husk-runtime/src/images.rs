@@ -125,7 +125,7 @@ fn mount(path: &Path, target: &CString) -> io::Result<()> {
         // ENOTBLK: this kernel wants a block device.
         Err(e) if e.raw_os_error() == Some(libc::ENOTBLK) => {
             let file = fs::File::open(path)?;
-            let dev = sys::loop_attach_ro(file.as_fd())?;
+            let (dev, _open) = sys::loop_attach_ro(file.as_fd())?;
             sys::mount(Some(&cpath(&dev)?), target, Some(c"erofs"), flags, None)
         }
         Err(e) => Err(e),
@@ -148,7 +148,7 @@ pub fn unmount(run_dir: &Path, digest: &str) -> Result<(), ImageError> {
 #[cfg(test)]
 pub(crate) fn mount_via_loop(path: &Path, target: &Path) -> io::Result<()> {
     let file = fs::File::open(path)?;
-    let dev = sys::loop_attach_ro(file.as_fd())?;
+    let (dev, _open) = sys::loop_attach_ro(file.as_fd())?;
     sys::mount(
         Some(&cpath(&dev)?),
         &cpath(target)?,
@@ -156,4 +156,104 @@ pub(crate) fn mount_via_loop(path: &Path, target: &Path) -> io::Result<()> {
         libc::MS_RDONLY,
         None,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A temporary directory with a small erofs image; removed (and unmounted) on drop.
+    struct Fixture {
+        dir: PathBuf,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            for mp in [self.dir.join("loop"), self.dir.join("run/images")] {
+                let _ = sys::umount2(&cpath(&mp).unwrap(), libc::MNT_DETACH);
+            }
+            if let Ok(rd) = fs::read_dir(self.dir.join("run/images")) {
+                for e in rd.flatten() {
+                    let _ = sys::umount2(&cpath(&e.path()).unwrap(), libc::MNT_DETACH);
+                }
+            }
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn fixture() -> (Fixture, PathBuf, u64) {
+        let dir = std::env::temp_dir().join(format!(
+            "husk-images-{}-{:x}",
+            std::process::id(),
+            sys::random_u64().unwrap()
+        ));
+        fs::create_dir_all(dir.join("tree/etc")).unwrap();
+        fs::write(dir.join("tree/etc/hello"), "from the image\n").unwrap();
+        let image = dir.join("t.erofs");
+        let out = std::process::Command::new("mkfs.erofs")
+            .args(["--quiet", "-zlz4hc"])
+            .arg(&image)
+            .arg(dir.join("tree"))
+            .output()
+            .expect("mkfs.erofs (erofs-utils) is installed by scripts/test");
+        assert!(out.status.success(), "{out:?}");
+        let size = fs::metadata(&image).unwrap().len();
+        (Fixture { dir }, image, size)
+    }
+
+    const DIGEST: &str = "sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn an_image_is_mounted_once_and_a_damaged_one_is_refused() {
+        let (fx, image, size) = fixture();
+        let run = fx.dir.join("run");
+        let mp = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        assert_eq!(
+            fs::read_to_string(mp.join("etc/hello")).unwrap(),
+            "from the image\n"
+        );
+        // Mounted once: a second call finds the mount.
+        assert_eq!(ensure_mounted(&run, &image, size, DIGEST).unwrap(), mp);
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert_eq!(mounts.matches(mp.to_str().unwrap()).count(), 1);
+        // A truncated file is refused, even while the old mount exists.
+        let f = fs::OpenOptions::new().write(true).open(&image).unwrap();
+        f.set_len(size / 2).unwrap();
+        let err = ensure_mounted(&run, &image, size, DIGEST).unwrap_err();
+        assert!(err.to_string().contains("damaged"), "{err}");
+        fs::remove_file(&image).unwrap();
+        let err = ensure_mounted(&run, &image, size, DIGEST).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        assert!(matches!(
+            ensure_mounted(&run, &image, size, "sha256:../../etc"),
+            Err(ImageError::BadDigest(_)) | Err(ImageError::Missing(_))
+        ));
+        unmount(&run, DIGEST).unwrap();
+        assert!(!mp.exists(), "the mount point stayed");
+    }
+
+    #[test]
+    fn the_loop_device_fallback_mounts_the_same_image() {
+        let (fx, image, _) = fixture();
+        let target = fx.dir.join("loop");
+        fs::create_dir(&target).unwrap();
+        mount_via_loop(&image, &target).unwrap();
+        assert_eq!(
+            fs::read_to_string(target.join("etc/hello")).unwrap(),
+            "from the image\n"
+        );
+    }
+
+    #[test]
+    fn digests_are_checked_before_they_name_a_path() {
+        assert!(digest_hex(DIGEST).is_ok());
+        for bad in [
+            "sha256:abc",
+            "md5:00",
+            "sha256:../x",
+            &DIGEST.to_uppercase(),
+        ] {
+            assert!(digest_hex(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -372,8 +372,10 @@ struct LoopConfig {
 
 /// Attaches `file` (an open, read-only file) to a free loop device, read-only and
 /// auto-clearing (the device detaches when its last user, the mount, goes away); returns the
-/// device's path. For kernels that cannot mount an erofs image file directly.
-pub fn loop_attach_ro(file: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+/// device's path and an open fd of it, to keep until the device is mounted (closing the last
+/// fd of an unused auto-clearing device detaches it at once). For kernels that cannot mount an
+/// erofs image file directly.
+pub fn loop_attach_ro(file: BorrowedFd<'_>) -> io::Result<(std::path::PathBuf, OwnedFd)> {
     const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
     const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
     const LO_FLAGS_READ_ONLY: u32 = 1;
@@ -389,5 +391,5 @@ pub fn loop_attach_ro(file: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
     cfg.info.flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
     // SAFETY: `cfg` is a valid loop_config that outlives the call.
     cvt_i(unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) })?;
-    Ok(path)
+    Ok((path, dev))
 }
