@@ -123,6 +123,20 @@ pub fn layers_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("templates/layers")
 }
 
+/// A built template as JSON: what `husk template list --json` and `inspect` print and what
+/// husk's HTTP API returns, so scripts can use either.
+pub fn summary_json(t: &TemplateRecord) -> serde_json::Value {
+    use time::format_description::well_known::Rfc3339;
+    serde_json::json!({
+        "name": t.name,
+        "digest": t.digest,
+        "image": t.image,
+        "size": t.size,
+        "created_at": t.created_at.format(&Rfc3339).unwrap_or_default(),
+        "manifest": t.manifest,
+    })
+}
+
 /// `sha256:<hex>` of a file's content.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut f = std::fs::File::open(path)?;

@@ -24,6 +24,8 @@ pub struct AppState {
     pub manager: Arc<Manager>,
     /// Polling file watchers (the synchronous SDK's `watch_dir`).
     pub watchers: Arc<crate::sandbox::Watchers>,
+    /// Template builds and removal (`None`: templates can only be listed).
+    pub templates: Option<Arc<crate::templates::TemplateService>>,
 }
 
 impl AppState {
@@ -31,7 +33,13 @@ impl AppState {
         AppState {
             manager,
             watchers: Arc::default(),
+            templates: None,
         }
+    }
+
+    pub fn with_templates(mut self, templates: crate::templates::TemplateService) -> AppState {
+        self.templates = Some(Arc::new(templates));
+        self
     }
 }
 
@@ -90,7 +98,8 @@ pub fn service(
     Future = impl Future<Output = Result<Response, Infallible>> + Send,
 > + Clone
        + Send {
-    let rest: Router = crate::rest::router(state.clone());
+    let rest: Router =
+        crate::rest::router(state.clone()).merge(crate::templates::router(state.clone()));
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());

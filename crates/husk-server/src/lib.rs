@@ -1,11 +1,12 @@
-//! husk's HTTP adapters: the E2B-compatible control plane ([`rest`]) and the per-sandbox API
-//! ([`sandbox`]: Connect-JSON process and filesystem services, `/files`), on one listener
-//! ([`app`]). Handlers parse requests into the core's typed calls; they hold no state of their
-//! own.
+//! husk's HTTP adapters: the E2B-compatible control plane ([`rest`]), templates ([`templates`]:
+//! husk's operator API and E2B's template list) and the per-sandbox API ([`sandbox`]:
+//! Connect-JSON process and filesystem services, `/files`), on one listener ([`app`]).
+//! Handlers parse requests into the core's typed calls; they hold no state of their own.
 #![forbid(unsafe_code)]
 pub mod app;
 pub mod rest;
 pub mod sandbox;
+pub mod templates;
 
 pub use app::{serve, AppState};
 pub mod connect;

@@ -7,8 +7,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use husk_build::build::{BuildOptions, Builder};
 use husk_core::manager::{Config, Manager};
 use husk_core::store::Store;
+use husk_server::templates::{SandboxSize, TemplateService};
 use husk_server::AppState;
 
 #[derive(clap::Args, Debug)]
@@ -140,6 +142,17 @@ async fn run(
     spawner: Arc<husk_runtime::service::SpawnerService>,
     config: Config,
 ) -> i32 {
+    let size = SandboxSize {
+        cpu_count: config.limits.cpu_millis.div_ceil(1000).max(1) as u32,
+        memory_mb: config.limits.memory_bytes >> 20,
+        disk_mb: config.limits.disk_bytes >> 20,
+    };
+    // Builds use the same spawner and store as sandboxes, and the CLI's defaults.
+    let builder = Builder {
+        spawner: spawner.clone(),
+        store: store.clone(),
+        opts: BuildOptions::new(&args.state_dir),
+    };
     let manager = match Manager::new(store, spawner, config) {
         Ok(m) => m,
         Err(e) => return fail(e),
@@ -156,7 +169,7 @@ async fn run(
         "husk: listening on http://{addr} (state in {})",
         args.state_dir.display()
     );
-    let state = AppState::new(manager.clone());
+    let state = AppState::new(manager.clone()).with_templates(TemplateService::new(builder, size));
     let shutdown_manager = manager.clone();
     let shutdown = async move {
         wait_for_stop().await;

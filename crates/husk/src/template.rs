@@ -317,16 +317,7 @@ fn list(store: &Store, json: bool) -> i32 {
 }
 
 /// A template as JSON (the same shape the HTTP API returns).
-pub fn summary_json(t: &TemplateRecord) -> serde_json::Value {
-    serde_json::json!({
-        "name": t.name,
-        "digest": t.digest,
-        "image": t.image,
-        "size": t.size,
-        "created_at": t.created_at.format(&Rfc3339).unwrap_or_default(),
-        "manifest": t.manifest,
-    })
-}
+pub use husk_core::template::summary_json;
 
 fn inspect(store: &Store, name: &str) -> i32 {
     match store.template(name) {

@@ -1,0 +1,276 @@
+//! Templates over HTTP: husk's operator API under `/husk/v1/templates` (list, inspect, remove,
+//! and build from an uploaded context: [`build`]) and E2B's `GET /templates`, which the E2B CLI
+//! and SDKs use to list what a sandbox can be created from.
+//!
+//! Listing needs any valid key (template names are not secret: every team can create from
+//! every template); changing templates needs an admin key, since a template is shared by all
+//! teams and a build runs code on the host's build sandboxes.
+
+// Helpers return the finished error `Response` as their `Err` (as in `rest`).
+#![allow(clippy::result_large_err)]
+
+mod build;
+mod context;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use husk_build::build::Builder;
+use husk_core::manager::ENVD_VERSION;
+use husk_core::store::{Principal, Store, TemplateRecord};
+use husk_core::template::{summary_json, BASE_TEMPLATE, HOST_TEMPLATE};
+use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::rest::{error, Who};
+use crate::AppState;
+
+pub use context::{MAX_CONTEXT_BYTES, MAX_CONTEXT_ENTRIES};
+
+type Answer = Result<Response, Response>;
+
+/// The size of every sandbox, as E2B's template list reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxSize {
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+}
+
+impl Default for SandboxSize {
+    fn default() -> Self {
+        SandboxSize {
+            cpu_count: 1,
+            memory_mb: 512,
+            disk_mb: 1024,
+        }
+    }
+}
+
+/// What template management needs beyond the manager: a builder (the spawner, the store and
+/// the build options every build starts from) and the sandboxes' size.
+pub struct TemplateService {
+    /// Cloned per build (its own `no_cache`); never run itself.
+    proto: Builder,
+    size: SandboxSize,
+    /// Set while a build runs: one at a time per server (see [`build`]).
+    building: AtomicBool,
+    /// When this server started: the host template's creation time.
+    started_at: OffsetDateTime,
+}
+
+impl TemplateService {
+    /// Removes build contexts a previous run of the server left behind (it was killed
+    /// mid-build): one server per state directory, so none of them is in use.
+    pub fn new(proto: Builder, size: SandboxSize) -> TemplateService {
+        let _ = std::fs::remove_dir_all(context::contexts_dir(&proto.opts.state_dir));
+        TemplateService {
+            proto,
+            size,
+            building: AtomicBool::new(false),
+            started_at: OffsetDateTime::now_utc(),
+        }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/husk/v1/templates",
+            // The context archive is streamed to disk (no body limit applies to a `Body`),
+            // bounded by `MAX_CONTEXT_BYTES`.
+            get(list).post(build::create),
+        )
+        .route("/husk/v1/templates/{name}", get(inspect).delete(remove))
+        .route("/templates", get(e2b_list))
+        .with_state(state)
+}
+
+fn store_error(e: impl std::fmt::Display) -> Response {
+    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+fn not_found(name: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("template '{name}' not found"),
+    )
+}
+
+/// Refuses a key that is not an admin key; `what` completes "… needs an admin key".
+fn require_admin(who: &Principal, what: &str) -> Result<(), Response> {
+    if who.admin {
+        return Ok(());
+    }
+    Err(error(
+        StatusCode::FORBIDDEN,
+        format!(
+            "{what} needs an admin key (key {} of team '{}' is not one)",
+            who.key_id, who.team
+        ),
+    ))
+}
+
+fn service(state: &AppState) -> Result<&Arc<TemplateService>, Response> {
+    state.templates.as_ref().ok_or_else(|| {
+        error(
+            StatusCode::NOT_IMPLEMENTED,
+            "template management is not enabled on this server",
+        )
+    })
+}
+
+fn built(store: &Store) -> Result<Vec<TemplateRecord>, Response> {
+    store.templates().map_err(store_error)
+}
+
+/// The host template (the host's own `/usr`) in the shape of [`summary_json`].
+fn host_json(base_built: bool) -> Value {
+    let aliases: &[&str] = if base_built { &[] } else { &[BASE_TEMPLATE] };
+    json!({
+        "name": HOST_TEMPLATE,
+        "builtin": true,
+        "aliases": aliases,
+        "digest": null,
+        "image": null,
+        "size": null,
+        "created_at": null,
+        "manifest": null,
+    })
+}
+
+fn listed_json(t: &TemplateRecord) -> Value {
+    let mut v = summary_json(t);
+    v["builtin"] = Value::Bool(false);
+    v
+}
+
+async fn list(State(state): State<AppState>, Who(_): Who) -> Answer {
+    let templates = built(state.manager.store())?;
+    let base_built = templates.iter().any(|t| t.name == BASE_TEMPLATE);
+    let mut all = vec![host_json(base_built)];
+    all.extend(templates.iter().map(listed_json));
+    Ok(axum::Json(json!({ "templates": all })).into_response())
+}
+
+async fn inspect(State(state): State<AppState>, Who(_): Who, Path(name): Path<String>) -> Answer {
+    let store = state.manager.store();
+    if name == HOST_TEMPLATE {
+        let base_built = store
+            .template(BASE_TEMPLATE)
+            .map_err(store_error)?
+            .is_some();
+        return Ok(axum::Json(host_json(base_built)).into_response());
+    }
+    match store.template(&name).map_err(store_error)? {
+        Some(t) => Ok(axum::Json(listed_json(&t)).into_response()),
+        None => Err(not_found(&name)),
+    }
+}
+
+/// Unregisters a template and releases its image as `husk template rm` does (sandboxes
+/// running from it keep their mount).
+async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
+    require_admin(&who, "removing templates")?;
+    if name == HOST_TEMPLATE {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "the host template is built in and cannot be removed",
+        ));
+    }
+    let svc = service(&state)?;
+    let store = state.manager.store();
+    match store.delete_template(&name).map_err(store_error)? {
+        Some(old) => {
+            husk_build::image::release(store, &svc.proto.opts.run_dir, &old);
+            tracing::info!(template = %name, key = %who.key_id, "template removed");
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        None => Err(not_found(&name)),
+    }
+}
+
+/// A digest's first 128 bits in the UUID shape E2B's build ids have.
+fn build_id(digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    let hex: String = hex.chars().chain(std::iter::repeat('0')).take(32).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+fn e2b_json(
+    name: &str,
+    build: &str,
+    at: OffsetDateTime,
+    aliases: &[&str],
+    size: SandboxSize,
+) -> Value {
+    let at = at.format(&Rfc3339).unwrap_or_default();
+    json!({
+        "templateID": name,
+        "buildID": build_id(build),
+        "cpuCount": size.cpu_count,
+        "memoryMB": size.memory_mb,
+        "diskSizeMB": size.disk_mb,
+        "public": true,
+        "aliases": aliases,
+        "names": aliases,
+        "createdAt": at,
+        "updatedAt": at,
+        "createdBy": null,
+        "lastSpawnedAt": null,
+        "spawnCount": 0,
+        "buildCount": 1,
+        "buildStatus": "ready",
+        "envdVersion": ENVD_VERSION,
+    })
+}
+
+/// E2B's template list: every name a create request accepts — the host template, `base`
+/// while no template of that name is built (it means the host template then), and every
+/// built template.
+async fn e2b_list(State(state): State<AppState>, Who(_): Who) -> Answer {
+    let templates = built(state.manager.store())?;
+    let (size, started) = match &state.templates {
+        Some(s) => (s.size, s.started_at),
+        None => (SandboxSize::default(), OffsetDateTime::now_utc()),
+    };
+    let mut all = vec![e2b_json(HOST_TEMPLATE, "", started, &[HOST_TEMPLATE], size)];
+    if !templates.iter().any(|t| t.name == BASE_TEMPLATE) {
+        all.push(e2b_json(BASE_TEMPLATE, "", started, &[BASE_TEMPLATE], size));
+    }
+    for t in &templates {
+        all.push(e2b_json(
+            &t.name,
+            &t.digest,
+            t.created_at,
+            &[t.name.as_str()],
+            size,
+        ));
+    }
+    Ok(axum::Json(all).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_ids_are_uuid_shaped() {
+        let d = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert_eq!(build_id(d), "01234567-89ab-cdef-0123-456789abcdef");
+        assert_eq!(build_id(""), "00000000-0000-0000-0000-000000000000");
+    }
+}
