@@ -13,12 +13,7 @@ use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-
-use bytes::{Buf, Bytes};
-use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Largest build context, compressed as sent and unpacked.
 pub const MAX_CONTEXT_BYTES: u64 = 2 << 30;
@@ -87,103 +82,6 @@ impl Drop for ContextDir {
     fn drop(&mut self) {
         // Does not follow symlinks.
         let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The request body as a blocking reader (for the tar reader on a blocking thread), fed by
-/// [`pump`].
-pub struct BodyReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    chunk: Bytes,
-}
-
-impl Read for BodyReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.chunk.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(Ok(b)) => self.chunk = b,
-                Some(Err(e)) => return Err(e),
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.chunk.len());
-        buf[..n].copy_from_slice(&self.chunk[..n]);
-        self.chunk.advance(n);
-        Ok(n)
-    }
-}
-
-/// A channel from [`pump`] to a [`BodyReader`].
-pub fn body_channel() -> (mpsc::Sender<io::Result<Bytes>>, BodyReader) {
-    let (tx, rx) = mpsc::channel(16);
-    (
-        tx,
-        BodyReader {
-            rx,
-            chunk: Bytes::new(),
-        },
-    )
-}
-
-/// Most of a request body read and thrown away after husk has refused it (see [`drain`]).
-pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
-
-/// Feeds the request body to the reader until it ends, or passes [`MAX_CONTEXT_BYTES`] (then
-/// `too_large` is set and the reader gets an error). Once the reader is gone (done, or it
-/// refused the archive) the rest of the body is drained, so that the client gets the answer.
-pub async fn pump(
-    body: axum::body::Body,
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    too_large: Arc<AtomicBool>,
-) {
-    let mut stream = body.into_data_stream();
-    let mut total = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let item = match chunk {
-            Ok(b) => {
-                total += b.len() as u64;
-                if total > MAX_CONTEXT_BYTES {
-                    too_large.store(true, Ordering::Relaxed);
-                    Err(io::Error::other("the archive is too large"))
-                } else {
-                    Ok(b)
-                }
-            }
-            Err(e) => Err(io::Error::other(format!("reading the request body: {e}"))),
-        };
-        let last = item.is_err();
-        if last {
-            let _ = tx.send(item).await;
-            return;
-        }
-        if tx.send(item).await.is_err() {
-            break;
-        }
-    }
-    drain_stream(stream).await;
-}
-
-/// Reads and discards what is left of a request body (at most [`MAX_DRAIN_BYTES`]) before an
-/// early error answer. A client that sends the whole body before reading the answer (most do
-/// without `Expect: 100-continue`) would otherwise get a reset connection instead of the
-/// answer: the kernel resets a connection closed with unread data. With `Expect:
-/// 100-continue` nothing was sent yet, and nothing is read.
-pub async fn drain(headers: &axum::http::HeaderMap, body: axum::body::Body) {
-    let expects = headers
-        .get(axum::http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if !expects {
-        drain_stream(body.into_data_stream()).await;
-    }
-}
-
-async fn drain_stream(mut stream: axum::body::BodyDataStream) {
-    let mut n = 0u64;
-    while let Some(Ok(chunk)) = stream.next().await {
-        n += chunk.len() as u64;
-        if n > MAX_DRAIN_BYTES {
-            return;
-        }
     }
 }
 

@@ -9,8 +9,10 @@
 // Helpers return the finished error `Response` as their `Err` (as in `rest`).
 #![allow(clippy::result_large_err)]
 
+mod body;
 mod build;
 mod context;
+mod events;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
