@@ -70,6 +70,12 @@ pub enum TemplateCommand {
     Inspect { name: String },
     /// Remove a template (sandboxes running from it keep working).
     Rm { name: String },
+    /// Remove cached build layers that no registered template uses.
+    Prune {
+        /// Layer cache directory [default: STATE_DIR/templates/layers].
+        #[arg(long, value_name = "DIR")]
+        layer_cache: Option<PathBuf>,
+    },
     /// Write a template as an OCI image: an OCI layout tar, or pushed to a registry.
     Export {
         name: String,
@@ -347,6 +353,36 @@ fn remove(store: &Store, name: &str) -> i32 {
         Ok(None) => fail(format_args!("template '{name}' not found")),
         Err(e) => fail(e),
     }
+}
+
+fn prune(store: &Store, cache: &Path) -> i32 {
+    let templates = match store.templates() {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let used: std::collections::HashSet<String> = templates
+        .iter()
+        .flat_map(|t| t.manifest.layers.iter().map(|l| l.key.clone()))
+        .collect();
+    let Ok(rd) = std::fs::read_dir(cache) else {
+        eprintln!("no layer cache at {}", cache.display());
+        return 0;
+    };
+    let (mut removed, mut freed) = (0, 0);
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Temporary directories belong to builds that may be running.
+        if name.starts_with('.') || used.contains(&name) {
+            continue;
+        }
+        let bytes = husk_build::layers::tree_size(&e.path()).map_or(0, |(b, _)| b);
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+            freed += bytes;
+        }
+    }
+    eprintln!("removed {removed} unused layer(s), {}", human(freed));
+    0
 }
 
 fn export(store: &Arc<Store>, name: &str, output: Option<PathBuf>, push: Option<String>) -> i32 {

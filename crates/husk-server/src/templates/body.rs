@@ -54,11 +54,7 @@ pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
 /// Feeds the request body to the reader until it ends, or passes [`MAX_CONTEXT_BYTES`] (then
 /// `too_large` is set and the reader gets an error). Once the reader is gone (done, or it
 /// refused the archive) the rest of the body is drained, so that the client gets the answer.
-pub async fn pump(
-    body: Body,
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    too_large: Arc<AtomicBool>,
-) {
+pub async fn pump(body: Body, tx: mpsc::Sender<io::Result<Bytes>>, too_large: Arc<AtomicBool>) {
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {

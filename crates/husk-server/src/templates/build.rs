@@ -22,26 +22,23 @@
 //! away does not stop it; its events are dropped, the template is registered if it succeeds,
 //! and the context is removed either way.
 
-use std::collections::VecDeque;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use husk_build::build::{BuildOptions, Builder};
-use husk_build::oci::PullProgress;
 use husk_build::plan::BuildPlan;
-use husk_build::{Progress, StepOutcome};
 use husk_core::store::Principal;
 use husk_core::template::{summary_json, HOST_TEMPLATE};
-use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
+use serde_json::json;
 
+use super::body;
 use super::context::{self, ContextDir, ContextError};
+use super::events::Events;
 use super::{require_admin, service, Answer, TemplateService};
 use crate::rest::{error, Who};
 use crate::AppState;
@@ -150,7 +147,7 @@ pub async fn create(
     let (who, query, svc, slot) = match checked {
         Ok(c) => c,
         Err(resp) => {
-            context::drain(&headers, body).await;
+            body::drain(&headers, body).await;
             return Err(resp);
         }
     };
@@ -178,7 +175,7 @@ async fn receive(
     body: Body,
     query: &BuildQuery,
 ) -> Result<(ContextDir, (BuildPlan, PathBuf)), Response> {
-    let (tx, reader) = context::body_channel();
+    let (tx, reader) = body::body_channel();
     let too_large = Arc::new(AtomicBool::new(false));
     let state_dir = svc.proto.opts.state_dir.clone();
     let (file, build_args) = (query.file.clone(), query.build_args.clone());
@@ -200,7 +197,7 @@ async fn receive(
         let plan = load(&ctx, file.as_deref(), &build_args)?;
         Ok::<_, Response>((ctx, plan))
     });
-    let (_, unpacked) = tokio::join!(context::pump(body, tx, too_large.clone()), unpacking);
+    let (_, unpacked) = tokio::join!(body::pump(body, tx, too_large.clone()), unpacking);
     let unpacked = unpacked.map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
