@@ -235,3 +235,87 @@ pub fn tree_size(dir: &Path) -> io::Result<(u64, u64)> {
     }
     Ok((bytes, entries))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn temp(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "husk-layers-{tag}-{}-{:x}",
+            std::process::id(),
+            rand64()
+        ));
+        fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    #[test]
+    fn owners_are_shifted_back_to_image_ids_keeping_set_id_bits() {
+        let dir = temp("shift");
+        let base = 0x4001_0000;
+        let file = dir.join("su");
+        fs::write(&file, "x").unwrap();
+        std::os::unix::fs::lchown(&file, Some(base), Some(base + 5)).unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o4755)).unwrap();
+        let sub = dir.join("home");
+        fs::create_dir(&sub).unwrap();
+        std::os::unix::fs::lchown(&sub, Some(base + 1000), Some(base + 1000)).unwrap();
+        let link = sub.join("link");
+        symlink("/nowhere", &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(base + 1000), Some(base + 1000)).unwrap();
+        // Owned by host root (overlayfs's own whiteouts are): left alone.
+        let other = dir.join("wh");
+        fs::write(&other, "").unwrap();
+        std::os::unix::fs::lchown(&dir, Some(base), Some(base)).unwrap();
+        let n = shift_ids(&dir, base).unwrap();
+        assert_eq!(n, 4);
+        let m = |p: &Path| fs::symlink_metadata(p).unwrap();
+        assert_eq!((m(&file).uid(), m(&file).gid()), (0, 5));
+        assert_eq!(m(&file).mode() & 0o7777, 0o4755, "the setuid bit was lost");
+        assert_eq!((m(&sub).uid(), m(&link).uid()), (1000, 1000));
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("/nowhere"));
+        assert_eq!((m(&other).uid(), m(&dir).uid()), (0, 0));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn merged_lookup_honours_whiteouts_and_opaque_directories() {
+        let root = temp("merged");
+        let (top, mid, low) = (root.join("top"), root.join("mid"), root.join("low"));
+        for l in [&top, &mid, &low] {
+            fs::create_dir_all(l.join("etc")).unwrap();
+            fs::create_dir_all(l.join("opt")).unwrap();
+        }
+        fs::write(low.join("etc/passwd"), "low").unwrap();
+        fs::write(mid.join("etc/passwd"), "mid").unwrap();
+        fs::write(low.join("etc/gone"), "low").unwrap();
+        husk_runtime::layerfs::make_whiteout(&mid.join("etc/gone")).unwrap();
+        fs::write(low.join("opt/hidden"), "low").unwrap();
+        husk_runtime::layerfs::set_opaque(&mid.join("opt")).unwrap();
+        let stack = vec![top.clone(), mid.clone(), low.clone()];
+        let read =
+            |rel: &str| merged_file(&stack, Path::new(rel)).map(|p| fs::read_to_string(p).unwrap());
+        assert_eq!(read("etc/passwd").as_deref(), Some("mid"));
+        assert_eq!(merged_file(&stack, Path::new("etc/gone")), None);
+        assert_eq!(merged_file(&stack, Path::new("opt/hidden")), None);
+        assert_eq!(merged_file(&stack, Path::new("etc/nothing")), None);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn keys_depend_on_every_field_and_its_boundaries() {
+        let key = |parts: &[&str]| {
+            let mut k = KeyHasher::new("step");
+            for p in parts {
+                k.str(p);
+            }
+            k.finish()
+        };
+        assert_eq!(key(&["a", "b"]), key(&["a", "b"]));
+        assert_ne!(key(&["a", "b"]), key(&["ab", ""]));
+        assert_ne!(key(&["a", "b"]), key(&["b", "a"]));
+        assert_eq!(key(&["x"]).len(), 32);
+    }
+}
