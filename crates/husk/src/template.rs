@@ -131,6 +131,10 @@ pub fn main(args: TemplateArgs) -> i32 {
                 TemplateCommand::Export { name, output, push } => {
                     export(&store, &name, output, push)
                 }
+                TemplateCommand::Prune { layer_cache } => prune(
+                    &store,
+                    &layer_cache.unwrap_or_else(|| template::layers_dir(&state_dir)),
+                ),
                 TemplateCommand::Build { .. } => unreachable!("handled above"),
             }
         }
