@@ -77,23 +77,33 @@ fn a_rebuild_with_only_the_last_step_changed_reruns_only_that_step() {
     let ctx = TempDir::new("ctx-cache");
     // A token unique to this test run, so the first build's last step is not cached.
     let token = format!("{:x}", rand());
-    let steps = |last: &str| {
-        format!("RUN echo one > /one\nRUN echo two > /two\nRUN echo {last} > /last\n")
-    };
+    let steps =
+        |last: &str| format!("RUN echo one > /one\nRUN echo two > /two\nRUN echo {last} > /last\n");
     let dockerfile = busybox_context(ctx.path(), &steps(&token));
     let first = state.build_ok(&dockerfile, "cached");
     assert!(!cached(&first, &format!("RUN echo {token}")), "{first}");
     // The same again: every step from the cache.
     let second = state.build_ok(&dockerfile, "cached");
-    for display in ["COPY busybox /bin/sh", "RUN echo one", "RUN echo two", &format!("RUN echo {token}")] {
-        assert!(cached(&second, display), "{display} was not cached:\n{second}");
+    for display in [
+        "COPY busybox /bin/sh",
+        "RUN echo one",
+        "RUN echo two",
+        &format!("RUN echo {token}"),
+    ] {
+        assert!(
+            cached(&second, display),
+            "{display} was not cached:\n{second}"
+        );
     }
     // Only the last step changes: everything before it is a cache hit, it runs again.
     let other = format!("{token}-changed");
     busybox_context(ctx.path(), &steps(&other));
     let third = state.build_ok(&dockerfile, "cached");
     for display in ["COPY busybox /bin/busybox", "RUN echo one", "RUN echo two"] {
-        assert!(cached(&third, display), "{display} was not cached:\n{third}");
+        assert!(
+            cached(&third, display),
+            "{display} was not cached:\n{third}"
+        );
     }
     assert!(!cached(&third, &format!("RUN echo {other}")), "{third}");
     let run = state.run("cached", &[], &["cat", "/one", "/two", "/last"]);
@@ -180,16 +190,27 @@ fn a_template_pushed_to_a_registry_is_the_base_of_another() {
     let other = State::new("tmpl-registry-2");
     let ctx2 = TempDir::new("ctx-registry-2");
     let df = ctx2.path().join("Dockerfile");
-    fs::write(&df, format!("FROM {reference}\nRUN echo built-on-top > /top\n")).unwrap();
+    fs::write(
+        &df,
+        format!("FROM {reference}\nRUN echo built-on-top > /top\n"),
+    )
+    .unwrap();
     other.build_ok(&df, "derived");
-    let run = other.run("derived", &[], &["sh", "-c", "cat /pushed /top; ls /bin/ls"]);
+    let run = other.run(
+        "derived",
+        &[],
+        &["sh", "-c", "cat /pushed /top; ls /bin/ls"],
+    );
     run.ok();
     assert_eq!(run.stdout, "from-the-pushed-image\nbuilt-on-top\n/bin/ls\n");
     // A tag that does not exist is a clear error naming it.
     fs::write(&df, format!("FROM {}/husk/nothing:v9\n", registry.addr)).unwrap();
     let (code, _, err) = other.build(&df, "nothing", &[]);
     assert_ne!(code, 0);
-    assert!(err.contains("husk/nothing:v9") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("husk/nothing:v9") && err.contains("not found"),
+        "{err}"
+    );
     assert!(!other.names().contains(&"nothing".to_string()));
 }
 
@@ -218,10 +239,16 @@ fn bad_specs_and_dockerfiles_fail_clearly_and_leave_no_template() {
     for (what, file, expected, code) in cases {
         let (got, _, err) = state.build(&file, "bad", &[]);
         assert_eq!(got, code, "{what}: {err}");
-        assert!(err.contains(&expected), "{what}: expected {expected:?} in:\n{err}");
+        assert!(
+            err.contains(&expected),
+            "{what}: expected {expected:?} in:\n{err}"
+        );
     }
     // A failing step: its origin, exit code and the tail of its output.
-    let df = busybox_context(ctx.path(), "RUN echo about to fail; echo details >&2; exit 3\n");
+    let df = busybox_context(
+        ctx.path(),
+        "RUN echo about to fail; echo details >&2; exit 3\n",
+    );
     let (code, _, err) = state.build(&df, "bad", &[]);
     assert_eq!(code, 1, "{err}");
     for part in ["Dockerfile:5", "exit code 3", "details"] {
@@ -239,7 +266,10 @@ fn bad_specs_and_dockerfiles_fail_clearly_and_leave_no_template() {
         err.contains("husk-no-such-package") && err.contains("mmdebstrap failed"),
         "{err}"
     );
-    assert!(state.names().is_empty(), "a failed build registered a template");
+    assert!(
+        state.names().is_empty(),
+        "a failed build registered a template"
+    );
     assert!(leftovers(&state).is_empty(), "{:?}", leftovers(&state));
     // The steps that succeeded before the failing one are cached; the failing one is not.
     let layers = fs::read_dir(&state.cache).unwrap().count();
@@ -281,7 +311,11 @@ fn a_damaged_image_is_refused_at_sandbox_creation() {
     fs::write(&image, &bytes).unwrap();
     let run = state.run("damaged", &[], &["cat", "/state"]);
     assert_ne!(run.code, 0, "a corrupted image was used");
-    assert!(run.stderr.contains("does not match its digest"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("does not match its digest"),
+        "{}",
+        run.stderr
+    );
     // A missing one.
     fs::remove_file(&image).unwrap();
     let run = state.run("damaged", &[], &["true"]);
