@@ -6,17 +6,15 @@
 //! build registers nothing and leaves no layer of the failed step behind.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use husk_core::store::{Store, TemplateRecord};
 use husk_core::template::{self, LayerRecord, TemplateDefaults, TemplateManifest};
-use husk_proto::User;
 use husk_runtime::service::SpawnerService;
 use husk_runtime::Limits;
-use tokio::io::AsyncReadExt;
 
+use crate::accounts::{image_user, owner_ids, step_user};
 use crate::layers::{KeyHasher, LayerCache};
 use crate::plan::{Base, BuildPlan, Command, StepKind};
 use crate::sandbox_step::{self, StepError, Work};
@@ -258,15 +256,15 @@ impl Builder {
                     let args = crate::debian::mmdebstrap_args(suite, variant, packages, &target);
                     let mut cmd = tokio::process::Command::new("mmdebstrap");
                     cmd.args(&args);
-                    run_host_tool(cmd, progress).await.map_err(|(code, tail)| {
-                        BuildError::StepFailed {
+                    crate::debian::run_host_tool(cmd, progress)
+                        .await
+                        .map_err(|(code, tail)| BuildError::StepFailed {
                             origin: "base".into(),
                             display,
                             exit_code: code,
                             reason: "mmdebstrap failed".into(),
                             tail,
-                        }
-                    })?;
+                        })?;
                     let done = tmp.path().with_extension("root");
                     std::fs::rename(&target, &done).map_err(other("layer cache"))?;
                     drop(tmp);
@@ -541,118 +539,4 @@ fn merge_plan_defaults(d: &mut TemplateDefaults, plan: &crate::plan::Defaults) {
             d.user = Some("user".into());
         }
     }
-}
-
-/// An OCI image's `User` as a husk default (`root` or `user`).
-fn image_user(u: &str) -> Option<String> {
-    let name = u.split(':').next().unwrap_or("");
-    match name {
-        "" => None,
-        "root" | "0" => Some("root".into()),
-        _ => Some("user".into()),
-    }
-}
-
-/// The uid/gid of an account name in the stack's `/etc/passwd`.
-fn lookup(name: &str, lower: &[PathBuf], file: &str) -> Option<(u32, u32)> {
-    let p = crate::layers::merged_file(lower, Path::new(file))?;
-    let text = std::fs::read_to_string(p).ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.first() == Some(&name)).then(|| {
-            let id = f.get(2).and_then(|s| s.parse().ok())?;
-            let gid = f.get(3).and_then(|s| s.parse().ok()).unwrap_or(id);
-            Some((id, gid))
-        })?
-    })
-}
-
-/// A step's user: build sandboxes run commands as sandbox root or as `user` (uid 1000).
-fn step_user(user: &str, lower: &[PathBuf]) -> Result<User, String> {
-    let uid = match user.split(':').next().unwrap_or("") {
-        "" | "root" | "0" => 0,
-        "user" | "1000" => 1000,
-        name => match name.parse::<u32>() {
-            Ok(n) => n,
-            Err(_) => lookup(name, lower, "etc/passwd").map_or(u32::MAX, |(u, _)| u),
-        },
-    };
-    match uid {
-        0 => Ok(User::Root),
-        1000 => Ok(User::User),
-        u32::MAX => Err(format!("user {user:?} does not exist in the image")),
-        other => Err(format!(
-            "user {user:?} (uid {other}): build steps run as root or as uid 1000"
-        )),
-    }
-}
-
-/// `COPY --chown` owners: a name from the image or `uid[:gid]`.
-fn owner_ids(owner: &str, lower: &[PathBuf]) -> Result<(u32, u32), String> {
-    let (u, g) = match owner.split_once(':') {
-        Some((u, g)) => (u, Some(g)),
-        None => (owner, None),
-    };
-    let uid = match u.parse::<u32>() {
-        Ok(n) => (n, n),
-        Err(_) => match u {
-            "root" => (0, 0),
-            _ => lookup(u, lower, "etc/passwd")
-                .or_else(|| (u == "user").then_some((1000, 1000)))
-                .ok_or_else(|| format!("user {u:?} does not exist in the image"))?,
-        },
-    };
-    let gid = match g {
-        None => uid.1,
-        Some(g) => match g.parse::<u32>() {
-            Ok(n) => n,
-            Err(_) => lookup(g, lower, "etc/group")
-                .map(|(id, _)| id)
-                .or_else(|| (g == "root").then_some(0))
-                .ok_or_else(|| format!("group {g:?} does not exist in the image"))?,
-        },
-    };
-    if uid.0 >= 65536 || gid >= 65536 {
-        return Err(format!("owner {owner:?}: ids must be below 65536"));
-    }
-    Ok((uid.0, gid))
-}
-
-/// Runs a host tool (mmdebstrap), streaming its output; on failure its exit code and tail.
-async fn run_host_tool(
-    mut cmd: tokio::process::Command,
-    progress: &dyn Progress,
-) -> Result<(), (i32, String)> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| (127, e.to_string()))?;
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
-    let mut tail: Vec<u8> = Vec::new();
-    let (mut b1, mut b2) = (vec![0u8; 8192], vec![0u8; 8192]);
-    while out.is_some() || err.is_some() {
-        let n = tokio::select! {
-            r = async { out.as_mut().unwrap().read(&mut b1).await }, if out.is_some() => {
-                match r { Ok(0) | Err(_) => { out = None; continue } Ok(n) => &b1[..n] }
-            }
-            r = async { err.as_mut().unwrap().read(&mut b2).await }, if err.is_some() => {
-                match r { Ok(0) | Err(_) => { err = None; continue } Ok(n) => &b2[..n] }
-            }
-        };
-        progress.log(n);
-        tail.extend_from_slice(n);
-        if tail.len() > 16 << 10 {
-            tail.drain(..tail.len() - (16 << 10));
-        }
-    }
-    let status = child.wait().await.map_err(|e| (127, e.to_string()))?;
-    if status.success() {
-        return Ok(());
-    }
-    let text = String::from_utf8_lossy(&tail);
-    let lines: Vec<&str> = text.lines().collect();
-    let from = lines.len().saturating_sub(25);
-    Err((status.code().unwrap_or(-1), lines[from..].join("\n")))
 }

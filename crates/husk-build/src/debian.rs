@@ -8,6 +8,11 @@
 
 use std::fs;
 use std::path::Path;
+use std::process::Stdio;
+
+use tokio::io::AsyncReadExt;
+
+use crate::Progress;
 
 /// The host's configured Debian mirror and security mirror (first of each), from apt's
 /// sources in one-line (`deb URI suite ...`) and deb822 (`URIs:`) formats.
@@ -100,6 +105,45 @@ pub fn mmdebstrap_args(
     args.push(target.display().to_string());
     args.extend(mirror_args(suite));
     args
+}
+
+/// Runs a host tool (mmdebstrap), streaming its output; on failure its exit code and tail.
+pub async fn run_host_tool(
+    mut cmd: tokio::process::Command,
+    progress: &dyn Progress,
+) -> Result<(), (i32, String)> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| (127, e.to_string()))?;
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let mut tail: Vec<u8> = Vec::new();
+    let (mut b1, mut b2) = (vec![0u8; 8192], vec![0u8; 8192]);
+    while out.is_some() || err.is_some() {
+        let n = tokio::select! {
+            r = async { out.as_mut().unwrap().read(&mut b1).await }, if out.is_some() => {
+                match r { Ok(0) | Err(_) => { out = None; continue } Ok(n) => &b1[..n] }
+            }
+            r = async { err.as_mut().unwrap().read(&mut b2).await }, if err.is_some() => {
+                match r { Ok(0) | Err(_) => { err = None; continue } Ok(n) => &b2[..n] }
+            }
+        };
+        progress.log(n);
+        tail.extend_from_slice(n);
+        if tail.len() > 16 << 10 {
+            tail.drain(..tail.len() - (16 << 10));
+        }
+    }
+    let status = child.wait().await.map_err(|e| (127, e.to_string()))?;
+    if status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&tail);
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(25);
+    Err((status.code().unwrap_or(-1), lines[from..].join("\n")))
 }
 
 #[cfg(test)]

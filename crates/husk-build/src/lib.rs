@@ -6,6 +6,7 @@
 //! ([`image`]) registered in the store ([`build`]).
 #![forbid(unsafe_code)]
 
+mod accounts;
 pub mod build;
 mod context_hash;
 pub mod debian;

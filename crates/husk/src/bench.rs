@@ -6,14 +6,25 @@
 //! - throughput: N worker processes creating and destroying sandboxes for a fixed time, idle
 //!   (creates per second) and with `true` run in each (one-shot cycles per second).
 //! - idle density: host memory (MemAvailable) consumed per idle sandbox with many alive.
+//! - with `--template NAME`: sandboxes from that built template against the host template,
+//!   interleaved (create → ready in process, and one-shot `husk run`), and the template's image
+//!   size against its root file system's.
 
 use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use husk_runtime::{SandboxSpec, Spawner};
+use husk_core::store::{Store, DEFAULT_STATE_DIR};
+use husk_core::template::Templates;
+use husk_runtime::{RootSource, SandboxSpec, Spawner};
 
 use crate::cli::{BenchArgs, WorkerArgs};
+use crate::units::format_size;
+
+/// The budget of a built template's create → ready, relative to the host template's.
+const TEMPLATE_BUDGET: f64 = 1.1;
 
 /// An error with its whole chain of causes, on one line.
 fn chain<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
@@ -75,16 +86,16 @@ fn bwrap_cmd() -> Command {
     c
 }
 
-fn stats(name: &str, v: &mut [f64]) -> f64 {
+/// Prints the percentiles of `v` (sorting it); returns p50 and p99.
+fn stats(name: &str, v: &mut [f64]) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
-    let p50 = percentile(v, 0.5);
+    let (p50, p99) = (percentile(v, 0.5), percentile(v, 0.99));
     println!(
-        "  {name:<28} p50 {p50:7.2} ms   p90 {:7.2} ms   p99 {:7.2} ms   (n={})",
+        "  {name:<28} p50 {p50:7.2} ms   p90 {:7.2} ms   p99 {p99:7.2} ms   (n={})",
         percentile(v, 0.9),
-        percentile(v, 0.99),
         v.len()
     );
-    p50
+    (p50, p99)
 }
 
 fn oneshot(runs: usize) -> Result<(), String> {
@@ -107,9 +118,9 @@ fn oneshot(runs: usize) -> Result<(), String> {
             bwrap.push(time_cmd(&mut bwrap_cmd()).map_err(|e| format!("bwrap: {e}"))?);
         }
     }
-    let h = stats("husk run -- true", &mut husk);
+    let (h, _) = stats("husk run -- true", &mut husk);
     if have_bwrap {
-        let b = stats("bwrap --unshare-all true", &mut bwrap);
+        let (b, _) = stats("bwrap --unshare-all true", &mut bwrap);
         println!("  ratio husk/bwrap (p50)       {:.2}", h / b);
     } else {
         println!("  bwrap: not installed (apt-get install bubblewrap) - no peer figure");
@@ -135,6 +146,133 @@ fn latency(runs: usize) -> Result<(), String> {
     }
     stats("create -> ready", &mut create);
     stats("destroy", &mut destroy);
+    Ok(())
+}
+
+/// A built template under test, resolved (its image checked) once.
+struct BuiltTemplate {
+    name: String,
+    state_dir: PathBuf,
+    rootfs: RootSource,
+    image_bytes: u64,
+    rootfs_bytes: u64,
+}
+
+impl BuiltTemplate {
+    /// Resolves `name` as sandboxes do; only a registered template will do (`base` falls back
+    /// to the host template when none is built, which would compare the host with itself).
+    fn load(name: &str, state_dir: Option<&Path>) -> Result<BuiltTemplate, String> {
+        let state_dir = state_dir.unwrap_or(Path::new(DEFAULT_STATE_DIR)).to_owned();
+        let store = Store::open(&state_dir)
+            .map_err(|e| format!("state directory {}: {}", state_dir.display(), chain(e)))?;
+        let record = store.template(name).map_err(chain)?.ok_or_else(|| {
+            format!(
+                "--template {name}: no template of that name is built in {} (husk template \
+                 build; or pass --state-dir)",
+                state_dir.display()
+            )
+        })?;
+        let resolved = Templates::new(Arc::new(store))
+            .resolve(name)
+            .map_err(chain)?;
+        Ok(BuiltTemplate {
+            name: name.to_owned(),
+            state_dir,
+            rootfs: resolved.rootfs,
+            image_bytes: record.size,
+            rootfs_bytes: record.manifest.rootfs_bytes,
+        })
+    }
+}
+
+/// Prints `template/host` of p50 and p99, against `budget` if there is one.
+fn ratios(what: &str, host: (f64, f64), template: (f64, f64), budget: Option<f64>) {
+    let (p50, p99) = (template.0 / host.0, template.1 / host.1);
+    let verdict = match budget {
+        Some(b) if p50 <= b => format!("   (budget <= {b:.2}: met)"),
+        Some(b) => format!("   (budget <= {b:.2}: MISSED)"),
+        None => String::new(),
+    };
+    println!("  ratio {what:<22} p50 {p50:7.2}      p99 {p99:7.2}{verdict}");
+}
+
+/// Built template against host template: image size, create → ready in process (the same
+/// path as [`latency`]) and one-shot `husk run -- true` (as [`oneshot`]), interleaved.
+fn template_vs_host(runs: usize, t: &BuiltTemplate) -> Result<(), String> {
+    let name = &t.name;
+    println!("template '{name}' against the host template:");
+    let ratio = if t.rootfs_bytes > 0 {
+        format!("{:.2}", t.image_bytes as f64 / t.rootfs_bytes as f64)
+    } else {
+        "-".into()
+    };
+    println!(
+        "  image {} for {} of files (image/files {ratio})",
+        format_size(t.image_bytes),
+        format_size(t.rootfs_bytes)
+    );
+
+    let spawner = Spawner::new().map_err(chain)?;
+    let host_spec = SandboxSpec::idle();
+    let mut template_spec = SandboxSpec::idle();
+    template_spec.rootfs = t.rootfs.clone();
+    let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
+    let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
+    let create = |spec: &SandboxSpec| -> Result<f64, String> {
+        let start = Instant::now();
+        let mut sb = spawner.create(spec, stdio).map_err(chain)?;
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        sb.destroy().map_err(chain)?;
+        Ok(ms)
+    };
+    // The first sandbox of an image mounts it (once per host); shown apart, not in the figures.
+    let first = create(&template_spec)?;
+    create(&host_spec)?;
+    println!(
+        "  first create from '{name}'     {first:7.2} ms (mounts the image if not yet mounted)"
+    );
+    println!("  create -> ready of an idle sandbox ({runs} each, interleaved, in process):");
+    let (mut host, mut template) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        // Alternate which goes first, so neither always follows the other's destroy.
+        if i % 2 == 0 {
+            host.push(create(&host_spec)?);
+            template.push(create(&template_spec)?);
+        } else {
+            template.push(create(&template_spec)?);
+            host.push(create(&host_spec)?);
+        }
+    }
+    let h = stats("host", &mut host);
+    let b = stats(name, &mut template);
+    ratios("template/host", h, b, Some(TEMPLATE_BUDGET));
+
+    let exe = std::env::current_exe().map_err(chain)?;
+    let state_dir = t.state_dir.to_string_lossy();
+    let host_run = || time_cmd(Command::new(&exe).args(["run", "--", "/usr/bin/true"]));
+    let template_run = || {
+        time_cmd(Command::new(&exe).args([
+            "run",
+            "--template",
+            name,
+            "--state-dir",
+            &state_dir,
+            "--",
+            "/usr/bin/true",
+        ]))
+        .map_err(|e| format!("husk run --template {name}: {e}"))
+    };
+    println!("  one-shot `husk run -- true` ({runs} each, interleaved):");
+    template_run()?;
+    host_run()?;
+    let (mut host, mut template) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        host.push(host_run()?);
+        template.push(template_run()?);
+    }
+    let h = stats("host", &mut host);
+    let b = stats(&format!("--template {name}"), &mut template);
+    ratios("template/host", h, b, None);
     Ok(())
 }
 
@@ -264,8 +402,23 @@ pub fn main(args: BenchArgs) -> i32 {
             .map(|n| n.get())
             .unwrap_or(1)
     });
+    // Resolved first: a wrong name fails before minutes of other figures.
+    let template = match args.template.as_deref() {
+        Some(name) => match BuiltTemplate::load(name, args.state_dir.as_deref()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("husk bench: {e}");
+                return 1;
+            }
+        },
+        None => None,
+    };
     let result = oneshot(args.runs)
         .and_then(|_| latency(args.runs))
+        .and_then(|_| match &template {
+            Some(t) => template_vs_host(args.runs, t),
+            None => Ok(()),
+        })
         .and_then(|_| {
             println!("throughput:");
             throughput(parallel, args.seconds, "create", "create + destroy (idle)")?;

@@ -105,6 +105,13 @@ pub struct BenchArgs {
     /// Idle sandboxes kept alive for the memory figure.
     #[arg(long, default_value_t = 500)]
     pub idle: usize,
+    /// Also compare sandboxes from this built template with the host template: create →
+    /// ready and one-shot runs, interleaved, and the template's image size.
+    #[arg(long, value_name = "NAME")]
+    pub template: Option<String>,
+    /// State directory the template is registered in [default: /var/lib/husk].
+    #[arg(long, value_name = "DIR", requires = "template")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
