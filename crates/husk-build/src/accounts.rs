@@ -80,3 +80,36 @@ pub fn owner_ids(owner: &str, lower: &[PathBuf]) -> Result<(u32, u32), String> {
     }
     Ok((uid.0, gid))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_in_the_images_own_account_files() {
+        let dir = std::env::temp_dir().join(format!("husk-accounts-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("etc")).unwrap();
+        std::fs::write(
+            dir.join("etc/passwd"),
+            "root:x:0:0::/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh\napp:x:1001:1001::/:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        let stack = vec![dir.clone()];
+        assert_eq!(step_user("root", &stack), Ok(User::Root));
+        assert_eq!(step_user("node", &stack), Ok(User::User));
+        assert_eq!(step_user("1000:1000", &stack), Ok(User::User));
+        let err = step_user("app", &stack).unwrap_err();
+        assert!(err.contains("uid 1001"), "{err}");
+        assert!(step_user("ghost", &stack).unwrap_err().contains("does not exist"));
+        assert_eq!(owner_ids("node", &stack), Ok((1000, 1000)));
+        assert_eq!(owner_ids("app:staff", &stack), Ok((1001, 50)));
+        assert_eq!(owner_ids("7:8", &stack), Ok((7, 8)));
+        assert!(owner_ids("70000", &stack).is_err());
+        assert!(owner_ids("ghost", &stack).is_err());
+        assert_eq!(image_user("0:0").as_deref(), Some("root"));
+        assert_eq!(image_user("nobody").as_deref(), Some("user"));
+        assert_eq!(image_user(""), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
