@@ -101,7 +101,9 @@ mod tests {
         assert_eq!(step_user("1000:1000", &stack), Ok(User::User));
         let err = step_user("app", &stack).unwrap_err();
         assert!(err.contains("uid 1001"), "{err}");
-        assert!(step_user("ghost", &stack).unwrap_err().contains("does not exist"));
+        assert!(step_user("ghost", &stack)
+            .unwrap_err()
+            .contains("does not exist"));
         assert_eq!(owner_ids("node", &stack), Ok((1000, 1000)));
         assert_eq!(owner_ids("app:staff", &stack), Ok((1001, 50)));
         assert_eq!(owner_ids("7:8", &stack), Ok((7, 8)));

@@ -23,12 +23,35 @@ pub struct Image {
 /// mkfs.erofs options: lz4hc compression and per-file modification times.
 pub const MKFS_ARGS: &[&str] = &["-zlz4hc", "--quiet", "--preserve-mtime"];
 
-/// Writes the image of `lower` (top first) into the state directory.
+/// The image's build time: fixed, so the same layers make the same image, byte for byte (and a
+/// template built on it hits the cache). mkfs.erofs clamps newer modification times to it, so
+/// it lies far in the future (2100-01-01) and keeps every file's own time.
+const SOURCE_DATE_EPOCH: &str = "4102444800";
+
+/// The image's file-system UUID, derived from the top layer's key (the same layers, the same
+/// UUID).
+fn uuid_of(key: &str) -> String {
+    let h: String = key.chars().chain(std::iter::repeat('0')).take(32).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Writes the image of `lower` (top first, the top layer's cache key `top_key`) into the
+/// state directory.
 pub async fn make(
     state_dir: &Path,
     cache: &LayerCache,
     lower: &[PathBuf],
+    top_key: &str,
 ) -> Result<Image, String> {
+    let mut args: Vec<String> = MKFS_ARGS.iter().map(|a| a.to_string()).collect();
+    args.push(format!("-U{}", uuid_of(top_key)));
     let images = template::images_dir(state_dir);
     fs::create_dir_all(&images).map_err(|e| format!("{}: {e}", images.display()))?;
     let tag = format!("{}-{:x}", std::process::id(), rand64());
@@ -46,8 +69,16 @@ pub async fn make(
             fs::create_dir(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
         let (dir, tmp2, mnt2, layers2) = (cache.dir.clone(), tmp.clone(), mnt.clone(), layers);
+        let args = args.clone();
         let out = tokio::task::spawn_blocking(move || {
-            husk_runtime::layerfs::mkfs_erofs_merged(&layers2, &dir, &mnt2, &tmp2, MKFS_ARGS)
+            husk_runtime::layerfs::mkfs_erofs_merged(
+                &layers2,
+                &dir,
+                &mnt2,
+                &tmp2,
+                &args,
+                &[("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)],
+            )
         })
         .await
         .map_err(|e| e.to_string())?
@@ -93,6 +124,8 @@ pub async fn make(
 /// unless another template still uses the same image.
 pub fn release(store: &Store, run_dir: &Path, old: &TemplateRecord) {
     if store.image_in_use(&old.digest).unwrap_or(true) {
+        // Rebuilt into the same image: only a mount of the file it replaced goes.
+        let _ = husk_runtime::images::unmount_replaced(run_dir, &old.digest, &old.image);
         return;
     }
     let _ = husk_runtime::images::unmount(run_dir, &old.digest);

@@ -6,8 +6,9 @@
 //! (so the E2B SDKs' default works on a fresh install).
 //!
 //! An image is checked before use: its size at every creation (by the runtime), and its
-//! content (SHA-256 against the registered digest) the first time this process uses it and
-//! again whenever the file's identity or modification time changes. A damaged or missing image
+//! content (SHA-256 against the registered digest) once per file identity (device, inode,
+//! size, change time): the check is remembered in memory and in a root-only marker in husk's
+//! runtime directory, and done again whenever the file changes. A damaged or missing image
 //! is a clear error, never a sandbox with half a root file system.
 
 use std::collections::HashMap;
@@ -151,13 +152,50 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
 
-/// The file identity an image's verification is remembered for.
+/// The file identity an image's verification is remembered for: device, inode, size, and the
+/// change time, which every write updates and no caller can set back.
 type FileId = (u64, u64, u64, i64, i64);
 
 fn file_id(path: &Path) -> std::io::Result<FileId> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+    Ok((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
+}
+
+/// Where a successful check of the image with `digest` is recorded for other processes (a
+/// one-shot `husk run` should not hash hundreds of megabytes each time). In husk's runtime
+/// directory, which only root can write.
+fn marker_path(digest: &str) -> Option<PathBuf> {
+    let run_dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR);
+    let mp = husk_runtime::images::mount_point(run_dir, digest).ok()?;
+    Some(mp.with_extension("verified"))
+}
+
+fn marker_text(id: &FileId, path: &Path, digest: &str) -> String {
+    format!("{id:?} {} {digest}\n", path.display())
+}
+
+fn marker_matches(id: &FileId, path: &Path, digest: &str) -> bool {
+    marker_path(digest)
+        .and_then(|m| std::fs::read_to_string(m).ok())
+        .is_some_and(|t| t == marker_text(id, path, digest))
+}
+
+/// Records a successful check (best effort: without it the next process hashes again).
+fn write_marker(id: &FileId, path: &Path, digest: &str) {
+    let Some(m) = marker_path(digest) else {
+        return;
+    };
+    let Some(dir) = m.parent() else {
+        return;
+    };
+    let tmp = m.with_extension(format!("verified.{}", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok()
+        && std::fs::write(&tmp, marker_text(id, path, digest)).is_ok()
+        && std::fs::rename(&tmp, &m).is_ok();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// Resolves template names for new sandboxes.
@@ -224,7 +262,8 @@ impl Templates {
             .unwrap_or_else(|p| p.into_inner())
             .get(&rec.image)
             .is_some_and(|(i, d)| *i == id && *d == rec.digest);
-        if known {
+        if known || marker_matches(&id, &rec.image, &rec.digest) {
+            self.remember(rec, id);
             return Ok(());
         }
         let found = sha256_file(&rec.image).map_err(io)?;
@@ -236,10 +275,15 @@ impl Templates {
                 found,
             });
         }
+        write_marker(&id, &rec.image, &rec.digest);
+        self.remember(rec, id);
+        Ok(())
+    }
+
+    fn remember(&self, rec: &TemplateRecord, id: FileId) {
         self.verified
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(rec.image.clone(), (id, found));
-        Ok(())
+            .insert(rec.image.clone(), (id, rec.digest.clone()));
     }
 }

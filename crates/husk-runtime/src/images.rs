@@ -69,7 +69,9 @@ pub fn digest_hex(digest: &str) -> Result<&str, ImageError> {
     }
 }
 
-/// Where the image with `digest` is mounted.
+/// The directory under which the image with `digest` is mounted: one mount per image file
+/// (`<dev>-<inode>`), so an image file replaced by a rebuild is mounted afresh rather than
+/// through a mount of the file it replaced.
 pub fn mount_point(run_dir: &Path, digest: &str) -> Result<PathBuf, ImageError> {
     Ok(run_dir.join("images").join(digest_hex(digest)?))
 }
@@ -81,16 +83,23 @@ pub fn ensure_mounted(
     size: u64,
     digest: &str,
 ) -> Result<PathBuf, ImageError> {
+    use std::os::unix::fs::MetadataExt;
     check_file(path, size)?;
-    let mp = mount_point(run_dir, digest)?;
+    let meta = fs::metadata(path).map_err(io_ctx(format!("stat {}", path.display())))?;
+    let dir = mount_point(run_dir, digest)?;
+    let mp = dir.join(format!("{}-{}", meta.dev(), meta.ino()));
     let mp_c = cpath(&mp).map_err(io_ctx("image mount point"))?;
     if sys::statfs_type(&mp_c).ok() == Some(EROFS_MAGIC) {
         return Ok(mp);
     }
     let images = run_dir.join("images");
+    // husk before 0.1 mounted an image at `dir` itself.
+    detach(&dir)?;
     fs::create_dir_all(&mp).map_err(io_ctx(format!("create {}", mp.display())))?;
     // Traversable (sandbox set-up opens it as host root, but keep the listing private).
-    let _ = fs::set_permissions(&images, fs::Permissions::from_mode(0o711));
+    for d in [&images, &dir] {
+        let _ = fs::set_permissions(d, fs::Permissions::from_mode(0o711));
+    }
     mount(path, &mp_c).map_err(|source| ImageError::Mount {
         path: path.to_path_buf(),
         source,
@@ -132,15 +141,50 @@ fn mount(path: &Path, target: &CString) -> io::Result<()> {
     }
 }
 
-/// Detaches the mount of the image with `digest` (after its template was removed). Sandboxes
-/// that use it keep their own references; the mount point is removed.
-pub fn unmount(run_dir: &Path, digest: &str) -> Result<(), ImageError> {
-    let mp = mount_point(run_dir, digest)?;
-    let c = cpath(&mp).map_err(io_ctx("image mount point"))?;
+/// Detaches the mounts of `digest` made from files other than `current` (an image file that a
+/// rebuild replaced); sandboxes that use them keep their own references.
+pub fn unmount_replaced(run_dir: &Path, digest: &str, current: &Path) -> Result<(), ImageError> {
+    use std::os::unix::fs::MetadataExt;
+    let keep = fs::metadata(current)
+        .map(|m| format!("{}-{}", m.dev(), m.ino()))
+        .unwrap_or_default();
+    let dir = mount_point(run_dir, digest)?;
+    let Ok(rd) = fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy() == keep {
+            continue;
+        }
+        detach(&e.path())?;
+        let _ = fs::remove_dir(e.path());
+    }
+    Ok(())
+}
+
+/// Detaches every erofs mount stacked on `mp`.
+fn detach(mp: &Path) -> Result<(), ImageError> {
+    let c = cpath(mp).map_err(io_ctx("image mount point"))?;
     while sys::statfs_type(&c).ok() == Some(EROFS_MAGIC) {
         sys::umount2(&c, libc::MNT_DETACH).map_err(io_ctx(format!("unmount {}", mp.display())))?;
     }
-    let _ = fs::remove_dir(&mp);
+    Ok(())
+}
+
+/// Detaches every mount of the image with `digest` (after its template was removed).
+/// Sandboxes that use it keep their own references; the mount points are removed.
+pub fn unmount(run_dir: &Path, digest: &str) -> Result<(), ImageError> {
+    let dir = mount_point(run_dir, digest)?;
+    detach(&dir)?;
+    if let Ok(rd) = fs::read_dir(&dir) {
+        for e in rd.flatten() {
+            detach(&e.path())?;
+            let _ = fs::remove_dir(e.path());
+        }
+    }
+    let _ = fs::remove_dir(&dir);
+    // The record that the image was verified (see husk-core's template module).
+    let _ = fs::remove_file(dir.with_extension("verified"));
     Ok(())
 }
 
@@ -174,7 +218,10 @@ mod tests {
             }
             if let Ok(rd) = fs::read_dir(self.dir.join("run/images")) {
                 for e in rd.flatten() {
-                    let _ = sys::umount2(&cpath(&e.path()).unwrap(), libc::MNT_DETACH);
+                    let _ = unmount(
+                        &self.dir.join("run"),
+                        &format!("sha256:{}", e.file_name().to_string_lossy()),
+                    );
                 }
             }
             let _ = fs::remove_dir_all(&self.dir);
@@ -216,6 +263,19 @@ mod tests {
         assert_eq!(ensure_mounted(&run, &image, size, DIGEST).unwrap(), mp);
         let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert_eq!(mounts.matches(mp.to_str().unwrap()).count(), 1);
+        // A file replaced by a rebuild (a new inode) gets a mount of its own, never the
+        // replaced file's.
+        let copy = fx.dir.join("copy.erofs");
+        fs::copy(&image, &copy).unwrap();
+        fs::rename(&copy, &image).unwrap();
+        let mp2 = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        assert_ne!(mp2, mp);
+        assert_eq!(mp2.parent(), mp.parent());
+        unmount_replaced(&run, DIGEST, &image).unwrap();
+        assert!(
+            !mp.exists() && mp2.exists(),
+            "the replaced file's mount stayed"
+        );
         // A truncated file is refused, even while the old mount exists.
         let f = fs::OpenOptions::new().write(true).open(&image).unwrap();
         f.set_len(size / 2).unwrap();
@@ -229,7 +289,8 @@ mod tests {
             Err(ImageError::BadDigest(_)) | Err(ImageError::Missing(_))
         ));
         unmount(&run, DIGEST).unwrap();
-        assert!(!mp.exists(), "the mount point stayed");
+        assert!(!mp.exists() && !mp2.exists(), "a mount point stayed");
+        assert!(!mount_point(&run, DIGEST).unwrap().exists());
     }
 
     #[test]

@@ -33,17 +33,20 @@ pub fn set_opaque(dir: &Path) -> io::Result<()> {
 /// `layers` (top first): the layers are mounted read-only as one overlay in a private mount
 /// namespace of the child process, so nothing is mounted on the host and the mount vanishes
 /// with the child whatever happens. Relative layer paths are resolved in `cwd` (short paths
-/// keep many layers within the mount options' one-page limit). Returns mkfs's output.
+/// keep many layers within the mount options' one-page limit). `envs` are set for mkfs (e.g.
+/// `SOURCE_DATE_EPOCH`). Returns mkfs's output.
 pub fn mkfs_erofs_merged(
     layers: &[std::path::PathBuf],
     cwd: &Path,
     mountpoint: &Path,
     out: &Path,
-    args: &[&str],
+    args: &[String],
+    envs: &[(&str, &str)],
 ) -> io::Result<std::process::Output> {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new("mkfs.erofs");
     cmd.args(args).arg(out).current_dir(cwd);
+    cmd.envs(envs.iter().copied());
     match layers {
         [] => return Err(io::Error::other("an image needs at least one layer")),
         // overlayfs needs two lower layers when it has no upper one; one layer is its own view.

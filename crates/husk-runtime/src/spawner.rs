@@ -62,6 +62,9 @@ fn io_ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> SpawnError {
     move |source| SpawnError::Io { what, source }
 }
 
+/// Most id-map namespaces a spawner keeps (one per uid slot it used for built templates).
+const MAX_IDMAPS: usize = 256;
+
 /// Where husk keeps per-host runtime state (the uid slot lock, the host template, staging).
 pub const DEFAULT_RUN_DIR: &str = "/run/husk";
 
@@ -292,8 +295,15 @@ impl Spawner {
                 )));
             }
         }
-        let uids = uidrange::allocate(&self.lock_path(), |slot| self.clear_slot(slot))
-            .map_err(io_ctx("allocate uid range"))?;
+        // Sandboxes with id-mapped layers prefer a slot whose id-map namespace exists.
+        let preferred: Vec<u32> = match spec.rootfs {
+            RootSource::Host => Vec::new(),
+            _ => self.idmaps.borrow().keys().copied().collect(),
+        };
+        let uids = uidrange::allocate_preferring(&self.lock_path(), &preferred, |slot| {
+            self.clear_slot(slot)
+        })
+        .map_err(io_ctx("allocate uid range"))?;
         let id = format!(
             "s{}-{:012x}",
             uids.slot(),
@@ -459,6 +469,13 @@ impl Spawner {
         let mut maps = self.idmaps.borrow_mut();
         if let Some(fd) = maps.get(&slot) {
             return Ok(fd.as_raw_fd());
+        }
+        // Bounded: an evicted namespace is only the spawner's reference (a sandbox's first
+        // process has its own copy of the fd while it needs it).
+        if maps.len() >= MAX_IDMAPS {
+            if let Some(k) = maps.keys().next().copied() {
+                maps.remove(&k);
+            }
         }
         // SAFETY: the process is single-threaded: start(), the only caller, checks it just
         // before.

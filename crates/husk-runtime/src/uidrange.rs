@@ -80,6 +80,22 @@ pub fn allocate(lock_path: &Path, mut usable: impl FnMut(u32) -> bool) -> io::Re
     )))
 }
 
+/// Like [`allocate`], trying first up to 16 of the `preferred` slots (slots whose id-map
+/// namespace the caller already has: reusing one saves creating one).
+pub fn allocate_preferring(
+    lock_path: &Path,
+    preferred: &[u32],
+    mut usable: impl FnMut(u32) -> bool,
+) -> io::Result<UidRange> {
+    for &slot in preferred.iter().filter(|s| **s < SLOTS).take(16) {
+        let file = open_lock_file(lock_path)?;
+        if lock_byte(&file, slot, libc::F_WRLCK as libc::c_short)? && usable(slot) {
+            return Ok(UidRange { slot, _lock: file });
+        }
+    }
+    allocate(lock_path, usable)
+}
+
 /// Takes `slot` if nobody holds it (to clean up after its dead owner without racing a new one).
 pub fn try_take(lock_path: &Path, slot: u32) -> io::Result<Option<UidRange>> {
     if slot >= SLOTS {
