@@ -229,13 +229,12 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
 /// layer, the host's `/usr` and top-level directories bound read-only.
 fn host_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
     let (upper, work) = tmpfs_upper(plan, root, Skeleton::Host)?;
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        plan.template.lower.display(),
-        upper.display(),
-        work.display()
-    );
-    mount_fs("overlay", root, libc::MS_NOSUID | libc::MS_NODEV, &opts)?;
+    overlay(
+        root,
+        &plan.template.lower.display().to_string(),
+        &upper,
+        &work,
+    )?;
     match plan.usr_layer {
         // A read-only overlay (two lower layers, no upper): the host's /usr with husk's layer
         // on top.
@@ -267,15 +266,31 @@ fn image_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
         }
     };
     let (upper, work) = tmpfs_upper(plan, root, Skeleton::Image)?;
-    let lower = plan.staging.join("lower");
-    mkdir(&lower, 0o755)?;
-    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
-    sys::idmapped_mount(&c(image)?, idmap, attrs, &c(&lower)?)
-        .map_err(ctx(format_args!("id-mapped view of {}", image.display())))?;
+    let lower = id_mapped_layer(plan.staging, 0, image, idmap)?;
     let lowers = match plan.usr_layer {
         Some(layer) => format!("{}:{}", layer.display(), lower.display()),
         None => lower.display().to_string(),
     };
+    overlay(root, &lowers, &upper, &work)
+}
+
+/// Mounts an id-mapped, read-only view of `layer` at `<stage>/l<i>`; returns that path.
+fn id_mapped_layer(
+    stage: &Path,
+    i: usize,
+    layer: &Path,
+    idmap: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<PathBuf> {
+    let at = stage.join(format!("l{i}"));
+    mkdir(&at, 0o755)?;
+    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    sys::idmapped_mount(&c(layer)?, idmap, attrs, &c(&at)?)
+        .map_err(ctx(format_args!("id-mapped view of {}", layer.display())))?;
+    Ok(at)
+}
+
+/// The sandbox's root overlay: `lowers` (top first, `:`-separated) under `upper`.
+fn overlay(root: &Path, lowers: &str, upper: &Path, work: &Path) -> io::Result<()> {
     let opts = format!(
         "lowerdir={lowers},upperdir={},workdir={}",
         upper.display(),
@@ -307,21 +322,12 @@ fn layers_root(
     }
     sys::lchown(&c(upper)?, plan.base, plan.base)?;
     let mut lowers = skel.display().to_string();
-    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
     for (i, layer) in lower.iter().enumerate() {
-        let at = stage.join(format!("l{i}"));
-        mkdir(&at, 0o755)?;
-        sys::idmapped_mount(&c(layer)?, idmap, attrs, &c(&at)?)
-            .map_err(ctx(format_args!("id-mapped view of {}", layer.display())))?;
+        let at = id_mapped_layer(stage, i, layer, idmap)?;
         lowers.push(':');
         lowers.push_str(&at.display().to_string());
     }
-    let opts = format!(
-        "lowerdir={lowers},upperdir={},workdir={}",
-        upper.display(),
-        work.display()
-    );
-    mount_fs("overlay", root, libc::MS_NOSUID | libc::MS_NODEV, &opts)
+    overlay(root, &lowers, upper, work)
 }
 
 /// Makes the tmpfs upper and work directories (and the root mount point) in the staging

@@ -33,33 +33,7 @@ pub struct TemplateArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum TemplateCommand {
     /// Build a template from a husk.toml spec or a Dockerfile (or a directory holding one).
-    Build {
-        /// husk.toml, Dockerfile, e2b.Dockerfile, or a directory with one of them.
-        #[arg(value_name = "FILE|DIR")]
-        file: PathBuf,
-        /// Template name [default: the spec's `name`, else the directory's name].
-        #[arg(long, short = 'n', value_name = "NAME")]
-        name: Option<String>,
-        /// A Dockerfile ARG value (repeatable).
-        #[arg(long = "build-arg", value_name = "KEY=VALUE")]
-        build_args: Vec<String>,
-        /// Run every step again instead of using cached layers.
-        #[arg(long)]
-        no_cache: bool,
-        /// Print only errors and the final line (for CI).
-        #[arg(long, short = 'q')]
-        quiet: bool,
-        /// Longest one step may run (e.g. 30m).
-        #[arg(long, default_value = "1h", value_name = "DURATION")]
-        step_timeout: String,
-        /// Memory limit of each build sandbox.
-        #[arg(long, default_value = "4G", value_name = "SIZE")]
-        memory: String,
-        /// Layer cache directory [default: STATE_DIR/templates/layers]; state directories may
-        /// share one, since layers are keyed by their content.
-        #[arg(long, value_name = "DIR")]
-        layer_cache: Option<PathBuf>,
-    },
+    Build(BuildCli),
     /// List templates.
     List {
         /// One JSON object per template.
@@ -95,28 +69,7 @@ pub fn main(args: TemplateArgs) -> i32 {
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     match args.command {
-        TemplateCommand::Build {
-            file,
-            name,
-            build_args,
-            no_cache,
-            quiet,
-            step_timeout,
-            memory,
-            layer_cache,
-        } => build(
-            &state_dir,
-            BuildCli {
-                file,
-                name,
-                build_args,
-                no_cache,
-                quiet,
-                step_timeout,
-                memory,
-                layer_cache,
-            },
-        ),
+        TemplateCommand::Build(cli) => build(&state_dir, cli),
         other => {
             let store = match Store::open(&state_dir) {
                 Ok(s) => Arc::new(s),
@@ -135,7 +88,7 @@ pub fn main(args: TemplateArgs) -> i32 {
                     &store,
                     &layer_cache.unwrap_or_else(|| template::layers_dir(&state_dir)),
                 ),
-                TemplateCommand::Build { .. } => unreachable!("handled above"),
+                TemplateCommand::Build(_) => unreachable!("handled above"),
             }
         }
     }
@@ -151,14 +104,32 @@ fn usage(msg: impl std::fmt::Display) -> i32 {
     EXIT_USAGE
 }
 
-struct BuildCli {
+#[derive(clap::Args, Debug)]
+pub struct BuildCli {
+    /// husk.toml, Dockerfile, e2b.Dockerfile, or a directory with one of them.
+    #[arg(value_name = "FILE|DIR")]
     file: PathBuf,
+    /// Template name [default: the spec's `name`, else the directory's name].
+    #[arg(long, short = 'n', value_name = "NAME")]
     name: Option<String>,
+    /// A Dockerfile ARG value (repeatable).
+    #[arg(long = "build-arg", value_name = "KEY=VALUE")]
     build_args: Vec<String>,
+    /// Run every step again instead of using cached layers.
+    #[arg(long)]
     no_cache: bool,
+    /// Print only errors and the final line (for CI).
+    #[arg(long, short = 'q')]
     quiet: bool,
+    /// Longest one step may run (e.g. 30m).
+    #[arg(long, default_value = "1h", value_name = "DURATION")]
     step_timeout: String,
+    /// Memory limit of each build sandbox.
+    #[arg(long, default_value = "4G", value_name = "SIZE")]
     memory: String,
+    /// Layer cache directory [default: STATE_DIR/templates/layers]; state directories may
+    /// share one, since layers are keyed by their content.
+    #[arg(long, value_name = "DIR")]
     layer_cache: Option<PathBuf>,
 }
 

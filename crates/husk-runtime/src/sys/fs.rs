@@ -171,13 +171,16 @@ pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 /// mount_setattr flag: no device files.
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
 
-/// Bind-mounts `source` onto the mount point `target` (an `O_PATH` fd, so the caller resolved it
-/// safely) with `attrs` already set: open_tree(OPEN_TREE_CLONE) makes a detached copy,
-/// mount_setattr sets the flags on it, move_mount attaches it. The mount never exists writable.
-pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Result<()> {
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// A detached copy of the mount tree at `source` (open_tree(OPEN_TREE_CLONE)) with `attrs` set
+/// (mount_setattr), id-mapped through `userns` when given: the mount never exists without them.
+fn detached_clone(
+    source: &CStr,
+    attrs: u64,
+    userns: Option<BorrowedFd<'_>>,
+) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
     // SAFETY: `source` is a valid C string; the flags ask for a new detached tree fd.
     let tree = cvt(unsafe {
         libc::syscall(
@@ -190,10 +193,10 @@ pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Re
     // SAFETY: open_tree returned a new fd owned by nobody else.
     let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
     let attr = MountAttr {
-        attr_set: attrs,
+        attr_set: attrs | userns.map_or(0, |_| MOUNT_ATTR_IDMAP),
         attr_clr: 0,
         propagation: 0,
-        userns_fd: 0,
+        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
     };
     // SAFETY: `attr` is a valid mount_attr of the size passed; the empty path with
     // AT_EMPTY_PATH names the tree fd itself.
@@ -207,6 +210,15 @@ pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Re
             size_of::<MountAttr>(),
         )
     })?;
+    Ok(tree)
+}
+
+/// Bind-mounts `source` onto the mount point `target` (an `O_PATH` fd, so the caller resolved it
+/// safely) with `attrs` already set: a detached copy gets the flags, move_mount attaches it. The
+/// mount never exists writable.
+pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Result<()> {
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    let tree = detached_clone(source, attrs, None)?;
     // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.
     cvt(unsafe {
         libc::syscall(
@@ -288,37 +300,7 @@ pub fn idmapped_mount(
     attrs: u64,
     target: &CStr,
 ) -> io::Result<()> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    // SAFETY: `source` is a valid C string; the flags ask for a new detached tree fd.
-    let tree = cvt(unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            source.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    })?;
-    // SAFETY: open_tree returned a new fd owned by nobody else.
-    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
-    let attr = MountAttr {
-        attr_set: attrs | MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: `attr` is a valid mount_attr of the size passed; the empty path with
-    // AT_EMPTY_PATH names the tree fd itself.
-    cvt(unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            size_of::<MountAttr>(),
-        )
-    })?;
+    let tree = detached_clone(source, attrs, Some(userns))?;
     // SAFETY: the tree fd is valid, `target` a valid C string; the empty source path with
     // MOVE_MOUNT_F_EMPTY_PATH names the tree fd.
     cvt(unsafe {
