@@ -174,10 +174,15 @@ impl Builder {
             )));
         }
         progress.message("writing the image");
-        let image =
-            crate::image::make(&self.opts.state_dir, &cache, &stack.lower(), &stack.top_key)
-                .await
-                .map_err(BuildError::Other)?;
+        let image = crate::image::make(
+            &self.opts.state_dir,
+            &cache,
+            &stack.lower(),
+            &stack.top_key,
+            self.opts.no_cache,
+        )
+        .await
+        .map_err(BuildError::Other)?;
         let mut defaults = stack.defaults.clone();
         merge_plan_defaults(&mut defaults, &plan.defaults);
         let manifest = TemplateManifest {

@@ -42,9 +42,64 @@ fn uuid_of(key: &str) -> String {
     )
 }
 
+/// The record of which image a layer stack made: `<images>/by-key/<top key>` holds
+/// `<digest> <size> <rootfs bytes>`. Images are reproducible, so a build whose every layer
+/// came from the cache reuses the image instead of writing it again.
+fn by_key(images: &Path, top_key: &str) -> PathBuf {
+    images.join("by-key").join(top_key)
+}
+
+/// The image the same stack made before, if its file is still there and intact (its size and
+/// its SHA-256: a damaged image is written again, not registered again).
+fn made_before(images: &Path, top_key: &str) -> Option<Image> {
+    let text = fs::read_to_string(by_key(images, top_key)).ok()?;
+    let mut f = text.split_whitespace();
+    let (digest, size, rootfs_bytes) =
+        (f.next()?, f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+    let hex = husk_runtime::images::digest_hex(digest).ok()?;
+    let path = images.join(format!("{hex}.erofs"));
+    if fs::metadata(&path).ok()?.len() != size || template::sha256_file(&path).ok()? != digest {
+        return None;
+    }
+    Some(Image {
+        path,
+        digest: digest.to_string(),
+        size,
+        rootfs_bytes,
+    })
+}
+
 /// Writes the image of `lower` (top first, the top layer's cache key `top_key`) into the
-/// state directory.
+/// state directory, or reuses the one the same stack made (unless `fresh`).
 pub async fn make(
+    state_dir: &Path,
+    cache: &LayerCache,
+    lower: &[PathBuf],
+    top_key: &str,
+    fresh: bool,
+) -> Result<Image, String> {
+    let images = template::images_dir(state_dir);
+    if !fresh {
+        let (dir, key) = (images.clone(), top_key.to_string());
+        let before = tokio::task::spawn_blocking(move || made_before(&dir, &key))
+            .await
+            .ok()
+            .flatten();
+        if let Some(image) = before {
+            return Ok(image);
+        }
+    }
+    let image = write(state_dir, cache, lower, top_key).await?;
+    let record = by_key(&images, top_key);
+    let _ = fs::create_dir_all(record.parent().unwrap_or(&images));
+    let _ = fs::write(
+        &record,
+        format!("{} {} {}\n", image.digest, image.size, image.rootfs_bytes),
+    );
+    Ok(image)
+}
+
+async fn write(
     state_dir: &Path,
     cache: &LayerCache,
     lower: &[PathBuf],

@@ -323,6 +323,11 @@ fn a_damaged_image_is_refused_at_sandbox_creation() {
         "{}",
         run.stderr
     );
+    // Rebuilding repairs it: the damaged file is not reused for the same layers.
+    let progress = state.build_ok(&dockerfile, "damaged");
+    assert!(cached(&progress, "RUN echo fine"), "{progress}");
+    state.run("damaged", &[], &["cat", "/state"]).ok();
+    let image = state.image("damaged");
     // A missing one.
     fs::remove_file(&image).unwrap();
     let run = state.run("damaged", &[], &["true"]);
