@@ -2,6 +2,9 @@
 //! registry) on 127.0.0.1, one per test, with its storage in a temporary directory. Runs as
 //! root (owners and whiteouts). No traffic leaves the machine.
 
+mod common;
+
+use common::TempDir;
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{Read, Write};
@@ -22,34 +25,6 @@ use oci_client::secrets::RegistryAuth;
 use sha2::{Digest, Sha256};
 
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
-
-/// A temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "husk-oci-registry-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.0.join(rel)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running registry; killed (and its storage removed) on drop, also when a test panics.
 struct Registry {

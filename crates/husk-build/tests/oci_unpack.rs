@@ -1,10 +1,13 @@
 //! `unpack_layer` against layer tars built here, benign and hostile. Runs as root (owners,
 //! whiteout device nodes and `trusted.*` xattrs need it).
 
+mod common;
+
+use common::TempDir;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use husk_build::oci::{unpack_layer, OciError};
 use husk_runtime::layerfs::{is_whiteout, OPAQUE_XATTR};
@@ -17,34 +20,6 @@ const ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 const CAP_NET_RAW: [u8; 20] = [
     1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
 ];
-
-/// A directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "husk-oci-unpack-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.0.join(rel)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Builds a layer tar entry by entry. Names and link targets go into the header raw, so
 /// hostile ones (`..`, absolute) are written exactly as an attacker would.
