@@ -22,7 +22,9 @@
 mod keys;
 mod sandboxes;
 mod schema;
+mod secrets;
 mod templates;
+pub use secrets::SealedRow;
 #[cfg(test)]
 mod tests;
 

@@ -60,7 +60,22 @@ CREATE TABLE templates (
 ) STRICT;
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2];
+/// Version 3: secrets, encrypted (XChaCha20-Poly1305) under a master key kept outside the
+/// database; `key_id` names the master key a row is sealed with (for rotation).
+const V3: &str = "
+CREATE TABLE secrets (
+    team       TEXT NOT NULL,
+    name       TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 128),
+    key_id     TEXT NOT NULL,
+    nonce      BLOB NOT NULL CHECK (length(nonce) = 24),
+    ciphertext BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (team, name)
+) STRICT;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

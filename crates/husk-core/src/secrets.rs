@@ -1,0 +1,338 @@
+//! Secrets: values a team stores once and names in runs, commands and sandboxes, never
+//! returned by any API.
+//!
+//! **At rest** every value is sealed with XChaCha20-Poly1305 under a 256-bit master key that
+//! lives outside the database: a 0600 file (`STATE_DIR/master.key` unless configured
+//! otherwise) created on first use. A fresh random 192-bit nonce per seal; the team and the
+//! name are the associated data, so a ciphertext copied to another team's or name's row does
+//! not open. Each row names the key it is sealed with (`key_id`, a hash of the key), which is
+//! what makes rotation safe.
+//!
+//! **Rotation** ([`Secrets::rotate`]) writes the new key beside the old one
+//! (`master.key.new`), reseals every row in one transaction, then renames the new key into
+//! place. A crash at any point leaves every row openable: [`MasterKeys::load`] reads both
+//! files, and each row says which key it needs.
+//!
+//! Plaintext is held in `Zeroizing` buffers and never logged; errors name the secret, never
+//! its value.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use zeroize::Zeroizing;
+
+use crate::store::{SealedRow, Store, StoreError};
+
+/// The master key file's name in the state directory.
+pub const MASTER_KEY_FILE: &str = "master.key";
+
+/// Longest secret value (they travel in environment variables).
+pub const MAX_SECRET_BYTES: usize = 64 << 10;
+
+/// Longest secret name.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Errors of the secrets service.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("secret '{0}' not found")]
+    NotFound(String),
+    #[error("invalid secret name {0:?}: use 1-128 characters of A-Z, a-z, 0-9 and '_', not starting with a digit")]
+    InvalidName(String),
+    #[error("secret '{name}' is too large ({size} bytes; at most {MAX_SECRET_BYTES})")]
+    TooLarge { name: String, size: usize },
+    #[error("secret '{0}' contains a NUL byte (values become environment variables)")]
+    Nul(String),
+    /// The row does not open: another master key, or a row moved or tampered with.
+    #[error("secret '{0}' cannot be decrypted: wrong master key, or the stored value was moved or altered")]
+    Undecryptable(String),
+    #[error("master key {path}: {message}")]
+    MasterKey { path: PathBuf, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A secret as listed: never its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretInfo {
+    pub name: String,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+}
+
+/// One master key and its id.
+struct MasterKey {
+    id: String,
+    key: Zeroizing<[u8; 32]>,
+}
+
+impl MasterKey {
+    fn from_bytes(key: [u8; 32]) -> MasterKey {
+        let digest = Sha256::digest([b"husk-master-key-id\0".as_slice(), &key].concat());
+        MasterKey {
+            id: hex::encode(&digest[..8]),
+            key: Zeroizing::new(key),
+        }
+    }
+
+    fn cipher(&self) -> XChaCha20Poly1305 {
+        XChaCha20Poly1305::new(self.key.as_ref().into())
+    }
+}
+
+/// The master keys: the current one (sealing), and a pending one from an interrupted rotation.
+pub struct MasterKeys {
+    path: PathBuf,
+    current: MasterKey,
+    pending: Option<MasterKey>,
+}
+
+fn read_key(path: &Path) -> Result<Option<MasterKey>, SecretError> {
+    let err = |message: String| SecretError::MasterKey {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = match fs::read_to_string(path) {
+        Ok(t) => Zeroizing::new(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e.to_string())),
+    };
+    let bytes = Zeroizing::new(
+        hex::decode(text.trim()).map_err(|_| err("not 64 hexadecimal digits".into()))?,
+    );
+    let key: [u8; 32] = bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| err("not 64 hexadecimal digits".into()))?;
+    Ok(Some(MasterKey::from_bytes(key)))
+}
+
+/// Writes a new random key to `path` (mode 0600, created exclusively).
+fn create_key(path: &Path) -> Result<MasterKey, SecretError> {
+    let err = |message: String| SecretError::MasterKey {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| err(format!("random: {e}")))?;
+    let text = Zeroizing::new(format!("{}\n", hex::encode(key)));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| err(e.to_string()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| err(e.to_string()))?;
+    Ok(MasterKey::from_bytes(key))
+}
+
+impl MasterKeys {
+    /// Loads the key at `path`, creating it on first use.
+    pub fn load(path: &Path) -> Result<MasterKeys, SecretError> {
+        let current = match read_key(path)? {
+            Some(k) => k,
+            None => match create_key(path) {
+                Ok(k) => k,
+                // Another process created it first.
+                Err(_) if path.exists() => {
+                    read_key(path)?.ok_or_else(|| SecretError::MasterKey {
+                        path: path.to_path_buf(),
+                        message: "vanished".into(),
+                    })?
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let pending = read_key(&pending_path(path))?;
+        Ok(MasterKeys {
+            path: path.to_path_buf(),
+            current,
+            pending,
+        })
+    }
+
+    fn for_id(&self, id: &str) -> Option<&MasterKey> {
+        std::iter::once(&self.current)
+            .chain(self.pending.as_ref())
+            .find(|k| k.id == id)
+    }
+}
+
+fn pending_path(path: &Path) -> PathBuf {
+    path.with_extension("key.new")
+}
+
+/// The associated data binding a sealed value to its team and name.
+fn aad(team: &str, name: &str) -> Vec<u8> {
+    [b"husk-secret-v1\0", team.as_bytes(), b"\0", name.as_bytes()].concat()
+}
+
+fn seal(
+    key: &MasterKey,
+    team: &str,
+    name: &str,
+    value: &[u8],
+) -> Result<(Vec<u8>, Vec<u8>), SecretError> {
+    let mut nonce = [0u8; 24];
+    getrandom::fill(&mut nonce).map_err(|e| SecretError::MasterKey {
+        path: PathBuf::new(),
+        message: format!("random: {e}"),
+    })?;
+    let aad = aad(team, name);
+    let ct = key
+        .cipher()
+        .encrypt(
+            XNonce::from_slice(&nonce),
+            Payload {
+                msg: value,
+                aad: &aad,
+            },
+        )
+        .map_err(|_| SecretError::Undecryptable(name.to_string()))?;
+    Ok((nonce.to_vec(), ct))
+}
+
+fn open(keys: &MasterKeys, row: &SealedRow) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+    let bad = || SecretError::Undecryptable(row.name.clone());
+    let key = keys.for_id(&row.key_id).ok_or_else(bad)?;
+    if row.nonce.len() != 24 {
+        return Err(bad());
+    }
+    let aad = aad(&row.team, &row.name);
+    key.cipher()
+        .decrypt(
+            XNonce::from_slice(&row.nonce),
+            Payload {
+                msg: &row.ciphertext,
+                aad: &aad,
+            },
+        )
+        .map(Zeroizing::new)
+        .map_err(|_| bad())
+}
+
+/// Checks a secret's name: an environment-variable-like identifier.
+pub fn validate_name(name: &str) -> Result<(), SecretError> {
+    let ok = (1..=MAX_NAME_LEN).contains(&name.len())
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(SecretError::InvalidName(name.to_string()))
+    }
+}
+
+/// The secrets of every team.
+pub struct Secrets {
+    store: Arc<Store>,
+    keys: MasterKeys,
+}
+
+impl Secrets {
+    pub fn new(store: Arc<Store>, keys: MasterKeys) -> Secrets {
+        Secrets { store, keys }
+    }
+
+    /// Stores (or replaces) `team`'s secret `name`.
+    pub fn set(&self, team: &str, name: &str, value: &[u8]) -> Result<(), SecretError> {
+        validate_name(name)?;
+        crate::store::validate_team(team)?;
+        if value.len() > MAX_SECRET_BYTES {
+            return Err(SecretError::TooLarge {
+                name: name.to_string(),
+                size: value.len(),
+            });
+        }
+        if value.contains(&0) {
+            return Err(SecretError::Nul(name.to_string()));
+        }
+        let (nonce, ciphertext) = seal(&self.keys.current, team, name, value)?;
+        let now = OffsetDateTime::now_utc();
+        self.store.put_secret(&SealedRow {
+            team: team.to_string(),
+            name: name.to_string(),
+            key_id: self.keys.current.id.clone(),
+            nonce,
+            ciphertext,
+            created_at: now,
+            updated_at: now,
+        })?;
+        Ok(())
+    }
+
+    /// `team`'s secret `name`, opened (only for injecting it into a process).
+    pub fn get(&self, team: &str, name: &str) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+        let row = self
+            .store
+            .secret(team, name)?
+            .ok_or_else(|| SecretError::NotFound(name.to_string()))?;
+        open(&self.keys, &row)
+    }
+
+    /// `team`'s secrets: names and dates, never values.
+    pub fn list(&self, team: &str) -> Result<Vec<SecretInfo>, SecretError> {
+        Ok(self
+            .store
+            .secrets(Some(team))?
+            .into_iter()
+            .map(|r| SecretInfo {
+                name: r.name,
+                created_at: r.created_at,
+                updated_at: r.updated_at,
+            })
+            .collect())
+    }
+
+    /// Deletes `team`'s secret `name`.
+    pub fn remove(&self, team: &str, name: &str) -> Result<(), SecretError> {
+        if self.store.delete_secret(team, name)? {
+            Ok(())
+        } else {
+            Err(SecretError::NotFound(name.to_string()))
+        }
+    }
+
+    /// Replaces the master key: a new key, every secret resealed under it in one transaction,
+    /// then the new key file renamed over the old one. Returns how many were resealed.
+    pub fn rotate(&mut self) -> Result<usize, SecretError> {
+        let path = self.keys.path.clone();
+        let pending = pending_path(&path);
+        let new = match read_key(&pending)? {
+            // An interrupted rotation: finish it with its key.
+            Some(k) => k,
+            None => create_key(&pending)?,
+        };
+        let mut rows = self.store.secrets(None)?;
+        for row in &mut rows {
+            let plain = open(&self.keys, row)?;
+            let (nonce, ct) = seal(&new, &row.team, &row.name, &plain)?;
+            row.key_id = new.id.clone();
+            row.nonce = nonce;
+            row.ciphertext = ct;
+        }
+        self.store.reseal_secrets(&rows)?;
+        fs::rename(&pending, &path).map_err(|e| SecretError::MasterKey {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        self.keys = MasterKeys {
+            path,
+            current: new,
+            pending: None,
+        };
+        Ok(rows.len())
+    }
+}
+
+#[cfg(test)]
+mod tests;

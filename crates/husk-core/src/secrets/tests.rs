@@ -1,0 +1,164 @@
+use super::*;
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn setup() -> (Dir, Arc<Store>, Secrets) {
+    let mut r = [0u8; 8];
+    getrandom::fill(&mut r).unwrap();
+    let dir = std::env::temp_dir().join(format!("husk-secrets-{}", hex::encode(r)));
+    fs::create_dir_all(&dir).unwrap();
+    let store = Arc::new(Store::open(&dir).unwrap());
+    let keys = MasterKeys::load(&dir.join(MASTER_KEY_FILE)).unwrap();
+    let secrets = Secrets::new(store.clone(), keys);
+    (Dir(dir), store, secrets)
+}
+
+const VALUE: &[u8] = b"sk-live-0123456789abcdef-plaintext-marker";
+
+#[test]
+fn values_round_trip_and_never_reach_the_database_in_clear() {
+    let (dir, store, secrets) = setup();
+    secrets.set("acme", "OPENAI_API_KEY", VALUE).unwrap();
+    assert_eq!(
+        secrets.get("acme", "OPENAI_API_KEY").unwrap().as_slice(),
+        VALUE
+    );
+    let listed = secrets.list("acme").unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].name, "OPENAI_API_KEY");
+    drop(secrets);
+    drop(store);
+    // Neither the database nor its WAL holds the plaintext.
+    for entry in fs::read_dir(&dir.0).unwrap() {
+        let p = entry.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("husk.db")
+        {
+            let bytes = fs::read(&p).unwrap();
+            assert!(
+                !bytes.windows(VALUE.len()).any(|w| w == VALUE),
+                "{} holds the plaintext",
+                p.display()
+            );
+        }
+    }
+    // The key file is the owner's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = fs::metadata(dir.0.join(MASTER_KEY_FILE))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn a_ciphertext_moved_to_another_team_or_name_does_not_open() {
+    let (_dir, store, secrets) = setup();
+    secrets.set("acme", "TOKEN", VALUE).unwrap();
+    let row = store.secret("acme", "TOKEN").unwrap().unwrap();
+    for (team, name) in [("other", "TOKEN"), ("acme", "STOLEN")] {
+        let mut moved = row.clone();
+        moved.team = team.into();
+        moved.name = name.into();
+        store.put_secret(&moved).unwrap();
+        let err = secrets.get(team, name).unwrap_err();
+        assert!(matches!(err, SecretError::Undecryptable(_)), "{err}");
+        // The error names the secret, never the value.
+        assert!(!err.to_string().contains("sk-live"), "{err}");
+    }
+    // Another team neither lists nor reads acme's secret.
+    assert!(secrets.list("nobody").unwrap().is_empty());
+    assert!(matches!(
+        secrets.get("nobody", "TOKEN"),
+        Err(SecretError::NotFound(_))
+    ));
+}
+
+#[test]
+fn rotation_keeps_every_secret_and_the_old_key_no_longer_opens_them() {
+    let (dir, store, mut secrets) = setup();
+    secrets.set("acme", "A", b"alpha").unwrap();
+    secrets.set("beta", "B", b"bravo").unwrap();
+    let old_key = fs::read_to_string(dir.0.join(MASTER_KEY_FILE)).unwrap();
+    assert_eq!(secrets.rotate().unwrap(), 2);
+    let new_key = fs::read_to_string(dir.0.join(MASTER_KEY_FILE)).unwrap();
+    assert_ne!(old_key, new_key);
+    assert!(!dir.0.join("master.key.new").exists());
+    assert_eq!(secrets.get("acme", "A").unwrap().as_slice(), b"alpha");
+    // A fresh load (a restarted server) opens them with the new key file.
+    let reloaded = Secrets::new(
+        store.clone(),
+        MasterKeys::load(&dir.0.join(MASTER_KEY_FILE)).unwrap(),
+    );
+    assert_eq!(reloaded.get("beta", "B").unwrap().as_slice(), b"bravo");
+    // With the old key only, nothing opens.
+    let old = dir.0.join("old.key");
+    fs::write(&old, old_key).unwrap();
+    let stale = Secrets::new(store, MasterKeys::load(&old).unwrap());
+    assert!(matches!(
+        stale.get("acme", "A"),
+        Err(SecretError::Undecryptable(_))
+    ));
+}
+
+#[test]
+fn an_interrupted_rotation_loses_nothing() {
+    let (dir, store, secrets) = setup();
+    secrets.set("acme", "A", b"alpha").unwrap();
+    // A rotation that died after writing the new key and resealing, before the rename.
+    let path = dir.0.join(MASTER_KEY_FILE);
+    let pending = create_key(&pending_path(&path)).unwrap();
+    let row = store.secret("acme", "A").unwrap().unwrap();
+    let plain = open(&MasterKeys::load(&path).unwrap(), &row).unwrap();
+    let (nonce, ciphertext) = seal(&pending, "acme", "A", &plain).unwrap();
+    store
+        .reseal_secrets(&[SealedRow {
+            key_id: pending.id.clone(),
+            nonce,
+            ciphertext,
+            ..row
+        }])
+        .unwrap();
+    let mut after_crash = Secrets::new(store.clone(), MasterKeys::load(&path).unwrap());
+    assert_eq!(after_crash.get("acme", "A").unwrap().as_slice(), b"alpha");
+    // Rotating again finishes with the pending key.
+    after_crash.rotate().unwrap();
+    assert_eq!(after_crash.get("acme", "A").unwrap().as_slice(), b"alpha");
+    assert!(!pending_path(&path).exists());
+}
+
+#[test]
+fn bad_names_and_values_are_refused_clearly() {
+    let (_dir, _store, secrets) = setup();
+    let long = "X".repeat(129);
+    for name in ["", "1ABC", "has-dash", "white space", long.as_str()] {
+        assert!(
+            matches!(
+                secrets.set("acme", name, b"v"),
+                Err(SecretError::InvalidName(_))
+            ),
+            "{name:?}"
+        );
+    }
+    assert!(matches!(
+        secrets.set("acme", "BIG", &vec![b'x'; MAX_SECRET_BYTES + 1]),
+        Err(SecretError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        secrets.set("acme", "NUL", b"a\0b"),
+        Err(SecretError::Nul(_))
+    ));
+    assert!(matches!(
+        secrets.remove("acme", "NONE"),
+        Err(SecretError::NotFound(_))
+    ));
+    assert!(secrets.set("Bad Team", "A", b"v").is_err());
+}

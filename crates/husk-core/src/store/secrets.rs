@@ -1,0 +1,119 @@
+//! Rows of the `secrets` table: sealed values only (see `crate::secrets` for the sealing).
+
+use rusqlite::{params, OptionalExtension};
+use time::OffsetDateTime;
+
+use super::{from_db_time, to_db_time, Store, StoreError};
+
+/// A sealed secret as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedRow {
+    pub team: String,
+    pub name: String,
+    pub key_id: String,
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+}
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SealedRow, i64, i64)> {
+    Ok((
+        SealedRow {
+            team: r.get(0)?,
+            name: r.get(1)?,
+            key_id: r.get(2)?,
+            nonce: r.get(3)?,
+            ciphertext: r.get(4)?,
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+        },
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+fn finish(parts: (SealedRow, i64, i64)) -> Result<SealedRow, StoreError> {
+    let (mut r, c, u) = parts;
+    r.created_at = from_db_time(c)?;
+    r.updated_at = from_db_time(u)?;
+    Ok(r)
+}
+
+const COLUMNS: &str = "team, name, key_id, nonce, ciphertext, created_at, updated_at";
+
+impl Store {
+    /// Inserts or replaces a sealed secret (its creation time is kept on replace).
+    pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
+        let created = to_db_time(r.created_at)?;
+        let updated = to_db_time(r.updated_at)?;
+        self.conn().execute(
+            "INSERT INTO secrets (team, name, key_id, nonce, ciphertext, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT(team, name) DO UPDATE SET key_id = excluded.key_id,
+               nonce = excluded.nonce, ciphertext = excluded.ciphertext,
+               updated_at = excluded.updated_at",
+            params![
+                r.team,
+                r.name,
+                r.key_id,
+                r.nonce,
+                r.ciphertext,
+                created,
+                updated
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// One sealed secret of `team`.
+    pub fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError> {
+        let conn = self.conn();
+        let found = conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM secrets WHERE team = ?1 AND name = ?2"
+            ))?
+            .query_row(params![team, name], row)
+            .optional()?;
+        drop(conn);
+        found.map(finish).transpose()
+    }
+
+    /// `team`'s secrets by name (`None`: every team's, for key rotation).
+    pub fn secrets(&self, team: Option<&str>) -> Result<Vec<SealedRow>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM secrets WHERE ?1 IS NULL OR team = ?1 ORDER BY team, name"
+        ))?;
+        let rows = stmt
+            .query_map(params![team], row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(stmt);
+        drop(conn);
+        rows.into_iter().map(finish).collect()
+    }
+
+    /// Deletes one; whether it existed.
+    pub fn delete_secret(&self, team: &str, name: &str) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "DELETE FROM secrets WHERE team = ?1 AND name = ?2",
+            params![team, name],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Replaces every row's seal in one transaction (key rotation): all or nothing.
+    pub fn reseal_secrets(&self, rows: &[SealedRow]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        for r in rows {
+            tx.execute(
+                "UPDATE secrets SET key_id = ?3, nonce = ?4, ciphertext = ?5
+                 WHERE team = ?1 AND name = ?2",
+                params![r.team, r.name, r.key_id, r.nonce, r.ciphertext],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
