@@ -73,6 +73,24 @@ pub struct RawMode {
 }
 
 impl RawMode {
+    /// Turns off echo on terminal `fd` (line editing stays), for reading a secret typed at a
+    /// prompt; restored when the guard drops.
+    pub fn without_echo(fd: BorrowedFd<'_>) -> io::Result<RawMode> {
+        let mut t = MaybeUninit::<libc::termios>::zeroed();
+        // SAFETY: tcgetattr fills the valid termios buffer.
+        cvt(unsafe { libc::tcgetattr(fd.as_raw_fd(), t.as_mut_ptr()) })?;
+        // SAFETY: tcgetattr succeeded, so the struct is initialised.
+        let saved = unsafe { t.assume_init() };
+        let mut quiet = saved;
+        quiet.c_lflag &= !(libc::ECHO | libc::ECHONL);
+        // SAFETY: `quiet` is a valid termios.
+        cvt(unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, &quiet) })?;
+        Ok(RawMode {
+            fd: fd.as_raw_fd(),
+            saved,
+        })
+    }
+
     /// Enables raw mode on `fd` (which must stay open while the guard lives).
     pub fn enable(fd: BorrowedFd<'_>) -> io::Result<RawMode> {
         let mut t = MaybeUninit::<libc::termios>::zeroed();

@@ -20,6 +20,8 @@ pub enum Command {
     Serve(Box<crate::serve::ServeArgs>),
     /// Manage API keys (and teams' sandbox quotas) in the server's state directory.
     Key(crate::keys::KeyArgs),
+    /// Store, list and remove teams' secrets (encrypted at rest), and rotate the master key.
+    Secret(crate::secret::SecretArgs),
     /// Build, list, inspect, remove and export templates (sandbox root file systems).
     Template(crate::template::TemplateArgs),
     /// Measure sandbox start-up, throughput and density against bubblewrap.

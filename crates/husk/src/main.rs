@@ -9,6 +9,7 @@ mod cli;
 mod keys;
 mod relay;
 mod run;
+mod secret;
 mod serve;
 mod sudo;
 mod template;
@@ -32,6 +33,7 @@ fn main() {
         cli::Command::Run(args) => run::main(*args),
         cli::Command::Serve(args) => serve::main(*args),
         cli::Command::Key(args) => keys::main(args),
+        cli::Command::Secret(args) => secret::main(args),
         cli::Command::Template(args) => template::main(args),
         cli::Command::Bench(args) => bench::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),
