@@ -235,12 +235,31 @@ pub fn validate_name(name: &str) -> Result<(), SecretError> {
 /// The secrets of every team.
 pub struct Secrets {
     store: Arc<Store>,
-    keys: MasterKeys,
+    /// Reloaded from its files when a row names a key it does not hold (the CLI rotated the
+    /// key while a server was running).
+    keys: std::sync::RwLock<MasterKeys>,
 }
 
 impl Secrets {
     pub fn new(store: Arc<Store>, keys: MasterKeys) -> Secrets {
-        Secrets { store, keys }
+        Secrets {
+            store,
+            keys: std::sync::RwLock::new(keys),
+        }
+    }
+
+    fn keys(&self) -> std::sync::RwLockReadGuard<'_, MasterKeys> {
+        self.keys.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens `row`, reloading the key files once if it was sealed with a key not loaded.
+    fn open_row(&self, row: &SealedRow) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+        if self.keys().for_id(&row.key_id).is_none() {
+            let path = self.keys().path.clone();
+            let fresh = MasterKeys::load(&path)?;
+            *self.keys.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        }
+        open(&self.keys(), row)
     }
 
     /// Stores (or replaces) `team`'s secret `name`.
@@ -256,12 +275,13 @@ impl Secrets {
         if value.contains(&0) {
             return Err(SecretError::Nul(name.to_string()));
         }
-        let (nonce, ciphertext) = seal(&self.keys.current, team, name, value)?;
+        let keys = self.keys();
+        let (nonce, ciphertext) = seal(&keys.current, team, name, value)?;
         let now = OffsetDateTime::now_utc();
         self.store.put_secret(&SealedRow {
             team: team.to_string(),
             name: name.to_string(),
-            key_id: self.keys.current.id.clone(),
+            key_id: keys.current.id.clone(),
             nonce,
             ciphertext,
             created_at: now,
@@ -276,7 +296,7 @@ impl Secrets {
             .store
             .secret(team, name)?
             .ok_or_else(|| SecretError::NotFound(name.to_string()))?;
-        open(&self.keys, &row)
+        self.open_row(&row)
     }
 
     /// `team`'s secrets: names and dates, never values.
@@ -304,8 +324,8 @@ impl Secrets {
 
     /// Replaces the master key: a new key, every secret resealed under it in one transaction,
     /// then the new key file renamed over the old one. Returns how many were resealed.
-    pub fn rotate(&mut self) -> Result<usize, SecretError> {
-        let path = self.keys.path.clone();
+    pub fn rotate(&self) -> Result<usize, SecretError> {
+        let path = self.keys().path.clone();
         let pending = pending_path(&path);
         let new = match read_key(&pending)? {
             // An interrupted rotation: finish it with its key.
@@ -314,7 +334,7 @@ impl Secrets {
         };
         let mut rows = self.store.secrets(None)?;
         for row in &mut rows {
-            let plain = open(&self.keys, row)?;
+            let plain = self.open_row(row)?;
             let (nonce, ct) = seal(&new, &row.team, &row.name, &plain)?;
             row.key_id = new.id.clone();
             row.nonce = nonce;
@@ -325,7 +345,7 @@ impl Secrets {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        self.keys = MasterKeys {
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = MasterKeys {
             path,
             current: new,
             pending: None,

@@ -71,7 +71,7 @@ pub fn main(args: SecretArgs) -> i32 {
         Ok(k) => k,
         Err(e) => return fail(e),
     };
-    let mut secrets = Secrets::new(store, keys);
+    let secrets = Secrets::new(store, keys);
     let result = match args.command {
         SecretCommand::Set {
             name,

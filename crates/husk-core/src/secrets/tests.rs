@@ -84,7 +84,7 @@ fn a_ciphertext_moved_to_another_team_or_name_does_not_open() {
 
 #[test]
 fn rotation_keeps_every_secret_and_the_old_key_no_longer_opens_them() {
-    let (dir, store, mut secrets) = setup();
+    let (dir, store, secrets) = setup();
     secrets.set("acme", "A", b"alpha").unwrap();
     secrets.set("beta", "B", b"bravo").unwrap();
     let old_key = fs::read_to_string(dir.0.join(MASTER_KEY_FILE)).unwrap();
@@ -127,7 +127,7 @@ fn an_interrupted_rotation_loses_nothing() {
             ..row
         }])
         .unwrap();
-    let mut after_crash = Secrets::new(store.clone(), MasterKeys::load(&path).unwrap());
+    let after_crash = Secrets::new(store.clone(), MasterKeys::load(&path).unwrap());
     assert_eq!(after_crash.get("acme", "A").unwrap().as_slice(), b"alpha");
     // Rotating again finishes with the pending key.
     after_crash.rotate().unwrap();
@@ -161,4 +161,20 @@ fn bad_names_and_values_are_refused_clearly() {
         Err(SecretError::NotFound(_))
     ));
     assert!(secrets.set("Bad Team", "A", b"v").is_err());
+}
+
+#[test]
+fn a_server_running_during_a_cli_rotation_picks_up_the_new_key() {
+    let (dir, store, server) = setup();
+    server.set("acme", "A", b"alpha").unwrap();
+    // The CLI, another process with its own view of the same files, rotates.
+    let cli = Secrets::new(
+        store.clone(),
+        MasterKeys::load(&dir.0.join(MASTER_KEY_FILE)).unwrap(),
+    );
+    cli.rotate().unwrap();
+    cli.set("acme", "B", b"bravo").unwrap();
+    // The server still holds the old key; the rows name the new one: it reloads.
+    assert_eq!(server.get("acme", "A").unwrap().as_slice(), b"alpha");
+    assert_eq!(server.get("acme", "B").unwrap().as_slice(), b"bravo");
 }
