@@ -228,6 +228,11 @@ impl Manager {
         &self.store
     }
 
+    /// The store, shared (for the services beside the manager: secrets).
+    pub fn store_arc(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
     fn quota(&self, team: &str) -> u32 {
         self.store
             .team_quota(team)

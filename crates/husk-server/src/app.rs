@@ -26,6 +26,8 @@ pub struct AppState {
     pub watchers: Arc<crate::sandbox::Watchers>,
     /// Template builds and removal (`None`: templates can only be listed).
     pub templates: Option<Arc<crate::templates::TemplateService>>,
+    /// Teams' secrets (`None`: the secrets API answers 501).
+    pub secrets: Option<Arc<husk_core::secrets::Secrets>>,
 }
 
 impl AppState {
@@ -34,7 +36,13 @@ impl AppState {
             manager,
             watchers: Arc::default(),
             templates: None,
+            secrets: None,
         }
+    }
+
+    pub fn with_secrets(mut self, secrets: Arc<husk_core::secrets::Secrets>) -> AppState {
+        self.secrets = Some(secrets);
+        self
     }
 
     pub fn with_templates(mut self, templates: crate::templates::TemplateService) -> AppState {
@@ -98,8 +106,9 @@ pub fn service(
     Future = impl Future<Output = Result<Response, Infallible>> + Send,
 > + Clone
        + Send {
-    let rest: Router =
-        crate::rest::router(state.clone()).merge(crate::templates::router(state.clone()));
+    let rest: Router = crate::rest::router(state.clone())
+        .merge(crate::templates::router(state.clone()))
+        .merge(crate::secrets::router(state.clone()));
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());

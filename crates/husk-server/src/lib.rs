@@ -6,6 +6,7 @@
 pub mod app;
 pub mod rest;
 pub mod sandbox;
+pub mod secrets;
 pub mod templates;
 
 pub use app::{serve, AppState};

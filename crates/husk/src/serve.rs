@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Size of each sandbox's writable layer.
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     pub disk: String,
+    /// The master key that seals teams' secrets [default: STATE_DIR/master.key; created on
+    /// first start, mode 0600]. Keep it off the database's backups.
+    #[arg(long, value_name = "FILE")]
+    pub master_key: Option<PathBuf>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -169,7 +173,18 @@ async fn run(
         "husk: listening on http://{addr} (state in {})",
         args.state_dir.display()
     );
-    let state = AppState::new(manager.clone()).with_templates(TemplateService::new(builder, size));
+    let key_path = args
+        .master_key
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join(husk_core::secrets::MASTER_KEY_FILE));
+    let keys = match husk_core::secrets::MasterKeys::load(&key_path) {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    let secrets = Arc::new(husk_core::secrets::Secrets::new(manager.store_arc(), keys));
+    let state = AppState::new(manager.clone())
+        .with_templates(TemplateService::new(builder, size))
+        .with_secrets(secrets);
     let shutdown_manager = manager.clone();
     let shutdown = async move {
         wait_for_stop().await;

@@ -158,3 +158,98 @@ fn serve_recovers_from_a_crash_and_stops_cleanly() {
     assert_gone(&live[0]);
     assert!(runtime_ids(&state).is_empty());
 }
+
+#[test]
+fn secrets_api_stores_lists_and_removes_without_ever_returning_a_value() {
+    let state = TempDir::new("serve-secrets");
+    let server = Server::start(&state);
+    let admin = std::fs::read_to_string(state.path().join("admin.key"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let out = Command::new(HUSK)
+        .args(["key", "create", "--team", "other", "--state-dir"])
+        .arg(state.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let other = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    const VALUE: &str = "sk-http-9f8e7d6c5b4a-never-returned";
+    assert_eq!(
+        server
+            .request("PUT", "/husk/v1/secrets/API_KEY", &admin, VALUE)
+            .0,
+        204
+    );
+    let (status, body) = server.request("GET", "/husk/v1/secrets", &admin, "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"API_KEY\"") && !body.contains(VALUE),
+        "{body}"
+    );
+    // Another team: not listed, not removable.
+    let (_, body) = server.request("GET", "/husk/v1/secrets", &other, "");
+    assert!(!body.contains("API_KEY"), "{body}");
+    assert_eq!(
+        server
+            .request("DELETE", "/husk/v1/secrets/API_KEY", &other, "")
+            .0,
+        404
+    );
+    // Bad input: clear errors, nothing stored.
+    let (status, body) = server.request("PUT", "/husk/v1/secrets/bad-name", &admin, "v");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid secret name"), "{body}");
+    let big = "x".repeat(64 * 1024 + 1);
+    assert_eq!(
+        server
+            .request("PUT", "/husk/v1/secrets/BIG", &admin, &big)
+            .0,
+        413
+    );
+    assert_eq!(
+        server
+            .request("PUT", "/husk/v1/secrets/EMPTY", &admin, "")
+            .0,
+        400
+    );
+    assert_eq!(
+        server.request("GET", "/husk/v1/secrets", "e2b_bogus", "").0,
+        401
+    );
+    // The CLI sees what the API stored (one database, one master key).
+    let out = Command::new(HUSK)
+        .args(["secret", "list", "--team", "default", "--state-dir"])
+        .arg(state.path())
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("API_KEY") && !listed.contains("BIG"),
+        "{listed}"
+    );
+    // Nothing in the state directory holds the value in clear.
+    for e in std::fs::read_dir(state.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            let bytes = std::fs::read(&p).unwrap();
+            assert!(
+                !bytes.windows(VALUE.len()).any(|w| w == VALUE.as_bytes()),
+                "{} holds the secret in clear",
+                p.display()
+            );
+        }
+    }
+    assert_eq!(
+        server
+            .request("DELETE", "/husk/v1/secrets/API_KEY", &admin, "")
+            .0,
+        204
+    );
+    assert_eq!(
+        server
+            .request("DELETE", "/husk/v1/secrets/API_KEY", &admin, "")
+            .0,
+        404
+    );
+}

@@ -1,0 +1,94 @@
+//! Secrets over HTTP, under `/husk/v1/secrets`: a team stores, lists and removes its own
+//! secrets with any of its keys. No endpoint ever returns a value; a team never sees another
+//! team's names. Values are bounded ([`MAX_SECRET_BYTES`]) and read as raw bytes.
+
+// Handlers return the finished error `Response` as their `Err` (as in `rest`).
+#![allow(clippy::result_large_err)]
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::Router;
+use husk_core::secrets::{SecretError, MAX_SECRET_BYTES};
+use serde_json::json;
+use time::format_description::well_known::Rfc3339;
+
+use crate::rest::{error, Who};
+use crate::AppState;
+
+type Answer = Result<Response, Response>;
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/husk/v1/secrets", get(list))
+        .route("/husk/v1/secrets/{name}", put(set).delete(remove))
+        .with_state(state)
+}
+
+fn service(state: &AppState) -> Result<&husk_core::secrets::Secrets, Response> {
+    state.secrets.as_deref().ok_or_else(|| {
+        error(
+            StatusCode::NOT_IMPLEMENTED,
+            "secrets are not enabled on this server",
+        )
+    })
+}
+
+fn answer(e: SecretError) -> Response {
+    let status = match &e {
+        SecretError::NotFound(_) => StatusCode::NOT_FOUND,
+        SecretError::InvalidName(_) | SecretError::Nul(_) => StatusCode::BAD_REQUEST,
+        SecretError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        SecretError::Store(husk_core::store::StoreError::InvalidTeam(_)) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, e.to_string())
+}
+
+async fn list(State(state): State<AppState>, Who(who): Who) -> Answer {
+    let all = service(&state)?.list(&who.team).map_err(answer)?;
+    let items: Vec<_> = all
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "created_at": s.created_at.format(&Rfc3339).unwrap_or_default(),
+                "updated_at": s.updated_at.format(&Rfc3339).unwrap_or_default(),
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({ "secrets": items })).into_response())
+}
+
+async fn set(
+    State(state): State<AppState>,
+    Who(who): Who,
+    Path(name): Path<String>,
+    body: Body,
+) -> Answer {
+    let secrets = service(&state)?;
+    husk_core::secrets::validate_name(&name).map_err(answer)?;
+    // One byte over the limit is enough to know it is too large.
+    let value = to_bytes(body, MAX_SECRET_BYTES + 1).await.map_err(|_| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("secret '{name}' is too large (at most {MAX_SECRET_BYTES} bytes)"),
+        )
+    })?;
+    let value = zeroize::Zeroizing::new(value.to_vec());
+    if value.is_empty() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("secret '{name}': the value (the request body) is empty"),
+        ));
+    }
+    secrets.set(&who.team, &name, &value).map_err(answer)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
+    service(&state)?.remove(&who.team, &name).map_err(answer)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
