@@ -96,6 +96,50 @@ impl ProcStream {
     pub async fn next(&mut self) -> Option<ProcEvent> {
         self.rx.recv().await
     }
+
+    /// The same events with `values` masked in stdout, stderr and terminal output (see
+    /// [`crate::secrets::redact`]); a forwarding task does the work. Without values, `self`.
+    pub fn redacted(mut self, values: Vec<zeroize::Zeroizing<Vec<u8>>>) -> ProcStream {
+        use crate::secrets::redact::Redactor;
+        if values.is_empty() {
+            return self;
+        }
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let (mut out, mut err, mut pty) = (
+                Redactor::new(&values),
+                Redactor::new(&values),
+                Redactor::new(&values),
+            );
+            drop(values);
+            while let Some(ev) = self.next().await {
+                let ev = match ev {
+                    ProcEvent::Stdout(b) => ProcEvent::Stdout(out.push(&b)),
+                    ProcEvent::Stderr(b) => ProcEvent::Stderr(err.push(&b)),
+                    ProcEvent::Pty(b) => ProcEvent::Pty(pty.push(&b)),
+                    ProcEvent::End(end) => {
+                        // What was held back goes out before the end.
+                        for (r, wrap) in [
+                            (&mut out, ProcEvent::Stdout as fn(Vec<u8>) -> ProcEvent),
+                            (&mut err, ProcEvent::Stderr),
+                            (&mut pty, ProcEvent::Pty),
+                        ] {
+                            let rest = r.finish();
+                            if !rest.is_empty() && tx.send(wrap(rest)).await.is_err() {
+                                return;
+                            }
+                        }
+                        ProcEvent::End(end)
+                    }
+                };
+                let empty = matches!(&ev, ProcEvent::Stdout(b) | ProcEvent::Stderr(b) | ProcEvent::Pty(b) if b.is_empty());
+                if !empty && tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        });
+        ProcStream { rx }
+    }
 }
 
 /// Events of one watch; the watch is stopped in the agent when this is dropped.

@@ -98,9 +98,36 @@ pub struct LiveSandbox {
     cgroup: SandboxCgroup,
     /// (when, cpu ns) of the previous metrics sample, for the CPU percentage.
     cpu_sample: Mutex<(Instant, u64)>,
+    /// Secret values to mask in the output of processes that got them, by pid (so that a
+    /// client reconnecting to such a process gets its output masked too). Bounded.
+    redactions: Mutex<HashMap<u32, Vec<zeroize::Zeroizing<Vec<u8>>>>>,
 }
 
+/// Most processes per sandbox whose secrets are remembered for masking on reconnect.
+const MAX_REDACTED_PROCESSES: usize = 256;
+
 impl LiveSandbox {
+    /// Remembers the secret values of process `pid` (for [`LiveSandbox::redaction`]).
+    pub fn set_redaction(&self, pid: u32, values: Vec<zeroize::Zeroizing<Vec<u8>>>) {
+        let mut map = self.redactions.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_REDACTED_PROCESSES {
+            if let Some(k) = map.keys().min().copied() {
+                map.remove(&k);
+            }
+        }
+        map.insert(pid, values);
+    }
+
+    /// The secret values to mask in process `pid`'s output.
+    pub fn redaction(&self, pid: u32) -> Vec<zeroize::Zeroizing<Vec<u8>>> {
+        self.redactions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     pub fn end_at(&self) -> OffsetDateTime {
         *self.end_at.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -173,6 +200,8 @@ pub struct Manager {
     /// Sandboxes being created, per team (they count against the quota).
     creating: Mutex<HashMap<String, u32>>,
     templates: Arc<Templates>,
+    /// Teams' secrets, once the server has loaded its master key.
+    secrets: std::sync::OnceLock<Arc<crate::secrets::Secrets>>,
 }
 
 fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
@@ -216,6 +245,7 @@ impl Manager {
         }
         Ok(Arc::new(Manager {
             templates: Arc::new(Templates::new(store.clone())),
+            secrets: std::sync::OnceLock::new(),
             store,
             spawner,
             config,
@@ -226,6 +256,16 @@ impl Manager {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Enables `husk-secret://` references in sandboxes' environments.
+    pub fn set_secrets(&self, secrets: Arc<crate::secrets::Secrets>) {
+        let _ = self.secrets.set(secrets);
+    }
+
+    /// Teams' secrets, if enabled.
+    pub fn secrets(&self) -> Option<&Arc<crate::secrets::Secrets>> {
+        self.secrets.get()
     }
 
     /// The store, shared (for the services beside the manager: secrets).
@@ -270,6 +310,24 @@ impl Manager {
             return Err(CoreError::InvalidArgument(format!(
                 "environment variables take {env_bytes} bytes, more than the limit of {MAX_ENV_BYTES}"
             )));
+        }
+        // `husk-secret://NAME` values must name secrets of the team (resolved per process).
+        if req
+            .env
+            .iter()
+            .any(|(_, v)| v.starts_with(crate::secrets::SECRET_PREFIX))
+        {
+            let Some(secrets) = self.secrets() else {
+                return Err(CoreError::InvalidArgument(
+                    "secrets are not enabled on this server".into(),
+                ));
+            };
+            secrets
+                .check_refs(&who.team, &req.env)
+                .map_err(|e| match e {
+                    crate::secrets::SecretError::Store(e) => CoreError::Store(e),
+                    other => CoreError::InvalidArgument(other.to_string()),
+                })?;
         }
         // May hash the image the first time this process uses it.
         let templates = self.templates.clone();
@@ -383,6 +441,7 @@ impl Manager {
             timeout_changed: Notify::new(),
             cgroup: created.cgroup,
             cpu_sample: Mutex::new((Instant::now(), 0)),
+            redactions: Mutex::new(HashMap::new()),
         });
         let record = SandboxRecord {
             id: id.clone(),

@@ -53,6 +53,8 @@ pub enum SecretError {
     /// The row does not open: another master key, or a row moved or tampered with.
     #[error("secret '{0}' cannot be decrypted: wrong master key, or the stored value was moved or altered")]
     Undecryptable(String),
+    #[error("secret '{0}' is not valid UTF-8, so it cannot be an environment variable")]
+    NotUtf8(String),
     #[error("master key {path}: {message}")]
     MasterKey { path: PathBuf, message: String },
     #[error(transparent)]
@@ -353,6 +355,115 @@ impl Secrets {
         Ok(rows.len())
     }
 }
+
+/// An environment value of this form names a secret of the caller's team; it is replaced by
+/// the secret's value when the process is started (`husk-secret://OPENAI_API_KEY`).
+pub const SECRET_PREFIX: &str = "husk-secret://";
+
+/// A request environment variable that turns output redaction off for that process
+/// (`HUSK_REDACT=0`); it is not passed on to the process.
+pub const REDACT_ENV: &str = "HUSK_REDACT";
+
+/// The secrets a process start injects, resolved.
+pub struct Injection {
+    /// Names of the secrets used (for the audit record).
+    pub names: Vec<String>,
+    /// Their values, for redacting the process's output (empty: redaction is off).
+    pub redact: Vec<Zeroizing<Vec<u8>>>,
+}
+
+impl Secrets {
+    /// Resolves the secrets a process start names: every variable of the effective
+    /// environment (`sandbox_env` with `request_env` over it) whose value is
+    /// `husk-secret://NAME` gets `team`'s secret NAME, put into `request_env` (so the value
+    /// reaches that one process, not the sandbox's environment). `HUSK_REDACT=0` in
+    /// `request_env` turns output redaction off.
+    pub fn inject(
+        &self,
+        team: &str,
+        sandbox_env: &[(String, String)],
+        request_env: &mut Vec<(String, String)>,
+    ) -> Result<Injection, SecretError> {
+        let mut redact_on = true;
+        request_env.retain(|(k, v)| {
+            if k == REDACT_ENV {
+                redact_on = !matches!(v.as_str(), "0" | "false" | "off" | "no");
+                false
+            } else {
+                true
+            }
+        });
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        for (k, v) in sandbox_env {
+            if !request_env.iter().any(|(rk, _)| rk == k) {
+                if let Some(name) = v.strip_prefix(SECRET_PREFIX) {
+                    wanted.push((k.clone(), name.to_string()));
+                }
+            }
+        }
+        for (k, v) in request_env.iter() {
+            if let Some(name) = v.strip_prefix(SECRET_PREFIX) {
+                wanted.push((k.clone(), name.to_string()));
+            }
+        }
+        let mut inj = Injection {
+            names: Vec::new(),
+            redact: Vec::new(),
+        };
+        for (var, name) in wanted {
+            let value = self.get(team, &name)?;
+            let text = String::from_utf8(value.to_vec())
+                .map_err(|_| SecretError::NotUtf8(name.clone()))?;
+            request_env.retain(|(k, _)| *k != var);
+            request_env.push((var, text));
+            if !inj.names.contains(&name) {
+                inj.names.push(name);
+            }
+            if redact_on {
+                inj.redact.push(value);
+            }
+        }
+        Ok(inj)
+    }
+
+    /// Checks that every `husk-secret://NAME` value in `env` names an existing secret of
+    /// `team` (a sandbox's create request fails early instead of each command later).
+    pub fn check_refs(&self, team: &str, env: &[(String, String)]) -> Result<(), SecretError> {
+        for (_, v) in env {
+            if let Some(name) = v.strip_prefix(SECRET_PREFIX) {
+                if self.store.secret(team, name)?.is_none() {
+                    return Err(SecretError::NotFound(name.to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that `names` went into a process (`command`) of `sandbox`.
+    pub fn record_use(&self, team: &str, sandbox: &str, command: &str, names: &[String]) {
+        let at = OffsetDateTime::now_utc();
+        for name in names {
+            let _ = self.store.record_secret_use(&crate::store::SecretUse {
+                at,
+                team: team.to_string(),
+                secret: name.clone(),
+                sandbox: sandbox.to_string(),
+                command: command.to_string(),
+            });
+        }
+    }
+
+    /// `team`'s recent uses of secrets (newest first).
+    pub fn uses(
+        &self,
+        team: &str,
+        limit: u32,
+    ) -> Result<Vec<crate::store::SecretUse>, SecretError> {
+        Ok(self.store.secret_uses(team, limit)?)
+    }
+}
+
+pub mod redact;
 
 #[cfg(test)]
 mod tests;

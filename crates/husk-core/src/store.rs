@@ -24,7 +24,7 @@ mod sandboxes;
 mod schema;
 mod secrets;
 mod templates;
-pub use secrets::SealedRow;
+pub use secrets::{SealedRow, SecretUse};
 #[cfg(test)]
 mod tests;
 

@@ -54,6 +54,14 @@ pub enum SecretCommand {
     },
     /// Replace the master key, resealing every secret under the new one.
     RotateKey,
+    /// Which secrets went into which sandboxes (newest first; never values).
+    Audit {
+        #[arg(long, value_name = "NAME")]
+        team: String,
+        /// How many records.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        limit: u32,
+    },
 }
 
 pub fn main(args: SecretArgs) -> i32 {
@@ -86,6 +94,21 @@ pub fn main(args: SecretArgs) -> i32 {
         SecretCommand::Rm { name, team } => secrets
             .remove(&team, &name)
             .map(|()| eprintln!("removed secret {name} of team {team}"))
+            .map_err(Failure::from),
+        SecretCommand::Audit { team, limit } => secrets
+            .uses(&team, limit)
+            .map(|uses| {
+                println!("{:<32} {:<24} {:<22} COMMAND", "TIME", "SECRET", "SANDBOX");
+                for u in uses {
+                    println!(
+                        "{:<32} {:<24} {:<22} {}",
+                        u.at.format(&Rfc3339).unwrap_or_default(),
+                        u.secret,
+                        u.sandbox,
+                        crate::units::without_controls(&u.command)
+                    );
+                }
+            })
             .map_err(Failure::from),
         SecretCommand::RotateKey => secrets
             .rotate()

@@ -182,6 +182,7 @@ async fn run(
         Err(e) => return fail(e),
     };
     let secrets = Arc::new(husk_core::secrets::Secrets::new(manager.store_arc(), keys));
+    manager.set_secrets(secrets.clone());
     let state = AppState::new(manager.clone())
         .with_templates(TemplateService::new(builder, size))
         .with_secrets(secrets);

@@ -178,3 +178,53 @@ fn a_server_running_during_a_cli_rotation_picks_up_the_new_key() {
     assert_eq!(server.get("acme", "A").unwrap().as_slice(), b"alpha");
     assert_eq!(server.get("acme", "B").unwrap().as_slice(), b"bravo");
 }
+
+#[test]
+fn references_are_resolved_into_the_request_environment_only() {
+    let (_dir, _store, secrets) = setup();
+    secrets.set("acme", "TOKEN", b"t0ken-value").unwrap();
+    secrets.set("acme", "OTHER", b"other-value").unwrap();
+    let sandbox_env = vec![
+        (
+            "FROM_SANDBOX".to_string(),
+            "husk-secret://OTHER".to_string(),
+        ),
+        ("PLAIN".to_string(), "x".to_string()),
+    ];
+    let mut req = vec![("API".to_string(), "husk-secret://TOKEN".to_string())];
+    let inj = secrets.inject("acme", &sandbox_env, &mut req).unwrap();
+    req.sort();
+    assert_eq!(
+        req,
+        vec![
+            ("API".to_string(), "t0ken-value".to_string()),
+            ("FROM_SANDBOX".to_string(), "other-value".to_string()),
+        ]
+    );
+    assert_eq!(inj.names, vec!["OTHER".to_string(), "TOKEN".to_string()]);
+    assert_eq!(inj.redact.len(), 2);
+    // A request value overrides the sandbox's reference; HUSK_REDACT=0 turns masking off and
+    // is not passed on.
+    let mut req = vec![
+        ("FROM_SANDBOX".to_string(), "mine".to_string()),
+        (REDACT_ENV.to_string(), "0".to_string()),
+        ("API".to_string(), "husk-secret://TOKEN".to_string()),
+    ];
+    let inj = secrets.inject("acme", &sandbox_env, &mut req).unwrap();
+    assert!(inj.redact.is_empty());
+    assert!(req.contains(&("FROM_SANDBOX".to_string(), "mine".to_string())));
+    assert!(!req.iter().any(|(k, _)| k == REDACT_ENV));
+    // Unknown secrets and other teams' secrets are not found.
+    let mut req = vec![("X".to_string(), "husk-secret://NOPE".to_string())];
+    assert!(matches!(
+        secrets.inject("acme", &[], &mut req),
+        Err(SecretError::NotFound(_))
+    ));
+    let mut req = vec![("X".to_string(), "husk-secret://TOKEN".to_string())];
+    assert!(matches!(
+        secrets.inject("other", &[], &mut req),
+        Err(SecretError::NotFound(_))
+    ));
+    assert!(secrets.check_refs("acme", &sandbox_env).is_ok());
+    assert!(secrets.check_refs("other", &sandbox_env).is_err());
+}

@@ -73,6 +73,15 @@ CREATE TABLE secrets (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (team, name)
 ) STRICT;
+
+CREATE TABLE secret_uses (
+    at      INTEGER NOT NULL,
+    team    TEXT NOT NULL,
+    secret  TEXT NOT NULL,
+    sandbox TEXT NOT NULL,
+    command TEXT NOT NULL
+) STRICT;
+CREATE INDEX secret_uses_team ON secret_uses (team, at);
 ";
 
 const MIGRATIONS: &[&str] = &[V1, V2, V3];

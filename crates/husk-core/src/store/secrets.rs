@@ -117,3 +117,61 @@ impl Store {
         Ok(())
     }
 }
+
+/// One use of a secret: which secret went into which sandbox's process (never the value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretUse {
+    pub at: OffsetDateTime,
+    pub team: String,
+    pub secret: String,
+    pub sandbox: String,
+    /// The command it was injected into (its program name).
+    pub command: String,
+}
+
+impl Store {
+    /// Records a use of a secret.
+    pub fn record_secret_use(&self, u: &SecretUse) -> Result<(), StoreError> {
+        let at = to_db_time(u.at)?;
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO secret_uses (at, team, secret, sandbox, command)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![at, u.team, u.secret, u.sandbox, u.command])?;
+        Ok(())
+    }
+
+    /// `team`'s most recent uses of secrets, newest first.
+    pub fn secret_uses(&self, team: &str, limit: u32) -> Result<Vec<SecretUse>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT at, team, secret, sandbox, command FROM secret_uses
+             WHERE team = ?1 ORDER BY at DESC LIMIT ?2",
+        )?;
+        let rows = stmt
+            .query_map(params![team, limit], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(stmt);
+        drop(conn);
+        rows.into_iter()
+            .map(|(at, team, secret, sandbox, command)| {
+                Ok(SecretUse {
+                    at: from_db_time(at)?,
+                    team,
+                    secret,
+                    sandbox,
+                    command,
+                })
+            })
+            .collect()
+    }
+}

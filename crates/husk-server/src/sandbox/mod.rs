@@ -86,7 +86,8 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
                 Err(e) => return unary_err(e),
             };
             if let Some(m) = p.strip_prefix("/process.Process/") {
-                process::handle(sb, m.to_string(), user, req).await
+                let secrets = state.manager.secrets().cloned();
+                process::handle(sb, secrets, m.to_string(), user, req).await
             } else if let Some(m) = p.strip_prefix("/filesystem.Filesystem/") {
                 filesystem::handle(sb, state.watchers.clone(), m.to_string(), user, req).await
             } else {

@@ -5,6 +5,7 @@
 //! the sandbox goes away mid-stream (killed, timed out), the stream ends with an `unavailable`
 //! error. A client that disconnects drops its stream only; the process keeps running.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,6 +14,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::stream;
 use husk_core::agent::ProcStream;
+use husk_core::secrets::{SecretError, Secrets, SECRET_PREFIX};
 use husk_proto::{ProcEvent, Reply, Selector, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
@@ -43,7 +45,13 @@ fn keepalive_interval(headers: &HeaderMap) -> Duration {
         .unwrap_or(DEFAULT_KEEPALIVE)
 }
 
-pub async fn handle(sb: Sandbox, method: String, user: User, req: Request<Body>) -> Response {
+pub async fn handle(
+    sb: Sandbox,
+    secrets: Option<Arc<Secrets>>,
+    method: String,
+    user: User,
+    req: Request<Body>,
+) -> Response {
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
     if method == "StreamInput" {
@@ -56,7 +64,7 @@ pub async fn handle(sb: Sandbox, method: String, user: User, req: Request<Body>)
     };
     let (sb, h, b) = (&sb, &headers, &bytes[..]);
     match method.as_str() {
-        "Start" => start(sb, h, b, user).await,
+        "Start" => start(sb, secrets.as_deref(), h, b, user).await,
         "Connect" => connect(sb, h, b).await,
         "List" => {
             unary_call::<ListRequest, _>(sb, h, b, user, |r| match r {
@@ -78,17 +86,60 @@ pub async fn handle(sb: Sandbox, method: String, user: User, req: Request<Body>)
     }
 }
 
-async fn start(sb: &Sandbox, headers: &HeaderMap, body: &[u8], user: User) -> Response {
+async fn start(
+    sb: &Sandbox,
+    secrets: Option<&Secrets>,
+    headers: &HeaderMap,
+    body: &[u8],
+    user: User,
+) -> Response {
     let parsed = parse_stream_request::<StartRequest>(headers, body).and_then(|r| {
         let timeout = parse_timeout_ms(headers)?;
         r.into_start_proc(user, timeout)
     });
-    let p = match parsed {
+    let mut p = match parsed {
         Ok(p) => p,
         Err(e) => return stream_error(e),
     };
+    // `husk-secret://NAME` values (the request's or the sandbox's) become the team's secrets,
+    // in this process's environment only; its output gets them masked.
+    let uses_secrets = p
+        .envs
+        .iter()
+        .chain(sb.env.iter())
+        .any(|(_, v)| v.starts_with(SECRET_PREFIX));
+    let injection = match (uses_secrets, secrets) {
+        (false, _) => None,
+        (true, None) => {
+            return stream_error(ConnectError::invalid_argument(
+                "secrets are not enabled on this server",
+            ))
+        }
+        (true, Some(s)) => match s.inject(&sb.team, &sb.env, &mut p.envs) {
+            Ok(inj) => Some((s, inj)),
+            Err(SecretError::NotFound(name)) => {
+                return stream_error(ConnectError::not_found(format!(
+                    "secret '{name}' not found"
+                )))
+            }
+            Err(e) => return stream_error(ConnectError::invalid_argument(e.to_string())),
+        },
+    };
+    let command = p.cmd.clone();
     match sb.agent.start(p).await {
-        Ok((pid, events)) => event_stream(pid, events, keepalive_interval(headers)),
+        Ok((pid, events)) => {
+            let events = match injection {
+                None => events,
+                Some((s, inj)) => {
+                    s.record_use(&sb.team, &sb.id, &command, &inj.names);
+                    if !inj.redact.is_empty() {
+                        sb.set_redaction(pid, inj.redact.clone());
+                    }
+                    events.redacted(inj.redact)
+                }
+            };
+            event_stream(pid, events, keepalive_interval(headers))
+        }
         Err(e) => stream_error(call_error(e)),
     }
 }
@@ -102,7 +153,10 @@ async fn connect(sb: &Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
         Err(e) => return stream_error(e),
     };
     match sb.agent.attach(sel).await {
-        Ok((pid, events)) => event_stream(pid, events, keepalive_interval(headers)),
+        Ok((pid, events)) => {
+            let events = events.redacted(sb.redaction(pid));
+            event_stream(pid, events, keepalive_interval(headers))
+        }
         Err(e) => stream_error(call_error(e)),
     }
 }

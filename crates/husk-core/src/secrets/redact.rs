@@ -1,0 +1,130 @@
+//! Output redaction: every occurrence of a secret's value in a process's output stream becomes
+//! `****`, also when a value is split across chunks (the stream holds back the end of a chunk
+//! that could begin a value, at most the longest value's length minus one byte).
+
+use zeroize::Zeroizing;
+
+/// What a secret's value is replaced by.
+pub const MASK: &[u8] = b"****";
+
+/// A streaming redactor for one output stream.
+pub struct Redactor {
+    values: Vec<Zeroizing<Vec<u8>>>,
+    carry: Zeroizing<Vec<u8>>,
+}
+
+impl Redactor {
+    /// Redacts `values` (empty ones are ignored).
+    pub fn new(values: &[Zeroizing<Vec<u8>>]) -> Redactor {
+        let mut values: Vec<Zeroizing<Vec<u8>>> =
+            values.iter().filter(|v| !v.is_empty()).cloned().collect();
+        // The longest first: a value that contains another is masked whole.
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        Redactor {
+            values,
+            carry: Zeroizing::new(Vec::new()),
+        }
+    }
+
+    /// Whether there is anything to redact.
+    pub fn is_active(&self) -> bool {
+        !self.values.is_empty()
+    }
+
+    /// The redacted bytes of `chunk` that can be sent now.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.values.is_empty() {
+            return chunk.to_vec();
+        }
+        let mut buf = Zeroizing::new(std::mem::take(&mut *self.carry));
+        buf.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(buf.len());
+        let mut i = 0;
+        'scan: while i < buf.len() {
+            let rest = &buf[i..];
+            for v in &self.values {
+                if rest.starts_with(v) {
+                    out.extend_from_slice(MASK);
+                    i += v.len();
+                    continue 'scan;
+                }
+            }
+            // The rest could be the start of a value: wait for more.
+            if self
+                .values
+                .iter()
+                .any(|v| v.len() > rest.len() && v.starts_with(rest))
+            {
+                self.carry.extend_from_slice(rest);
+                return out;
+            }
+            out.push(buf[i]);
+            i += 1;
+        }
+        out
+    }
+
+    /// What is held back, at the end of the stream (no value can complete any more).
+    pub fn finish(&mut self) -> Vec<u8> {
+        let rest = std::mem::take(&mut *self.carry);
+        rest.to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(values: &[&str]) -> Redactor {
+        let v: Vec<Zeroizing<Vec<u8>>> = values
+            .iter()
+            .map(|s| Zeroizing::new(s.as_bytes().to_vec()))
+            .collect();
+        Redactor::new(&v)
+    }
+
+    fn run(red: &mut Redactor, chunks: &[&str]) -> String {
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend(red.push(c.as_bytes()));
+        }
+        out.extend(red.finish());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn values_are_masked_within_and_across_chunks() {
+        assert_eq!(run(&mut r(&["s3cr3t"]), &["key=s3cr3t;"]), "key=****;");
+        assert_eq!(
+            run(&mut r(&["s3cr3t"]), &["key=s3", "cr", "3t!"]),
+            "key=****!"
+        );
+        // Every split point of a stream with two occurrences.
+        let text = "a s3cr3t b s3cr3t c";
+        for cut in 0..=text.len() {
+            let (x, y) = text.split_at(cut);
+            assert_eq!(
+                run(&mut r(&["s3cr3t"]), &[x, y]),
+                "a **** b **** c",
+                "cut {cut}"
+            );
+        }
+        // Byte by byte.
+        let bytes: Vec<String> = text.chars().map(String::from).collect();
+        let parts: Vec<&str> = bytes.iter().map(String::as_str).collect();
+        assert_eq!(run(&mut r(&["s3cr3t"]), &parts), "a **** b **** c");
+    }
+
+    #[test]
+    fn near_misses_pass_through_and_longer_values_win() {
+        assert_eq!(run(&mut r(&["s3cr3t"]), &["s3cr3", "x"]), "s3cr3x");
+        assert_eq!(run(&mut r(&["s3cr3t"]), &["s3cr"]), "s3cr");
+        assert_eq!(
+            run(&mut r(&["abc", "abcdef"]), &["abcdef abc"]),
+            "**** ****"
+        );
+        assert_eq!(run(&mut r(&[]), &["nothing"]), "nothing");
+        // Overlapping starts: "aab" in "aaab".
+        assert_eq!(run(&mut r(&["aab"]), &["a", "a", "a", "b"]), "a****");
+    }
+}
