@@ -152,6 +152,10 @@ async fn write(
             .map_err(|e| format!("hashing the image: {e}"))?;
         let hex = husk_runtime::images::digest_hex(&digest).map_err(|e| e.to_string())?;
         let path = images.join(format!("{hex}.erofs"));
+        // On disk before it gets its name (and before a template can be registered on it).
+        fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("writing the image: {e}"))?;
         let size = fs::metadata(&tmp).map_err(|e| e.to_string())?.len();
         fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok::<_, String>((path, digest, size))

@@ -74,10 +74,13 @@ impl LayerCache {
         Ok(TempLayer { path: Some(path) })
     }
 
-    /// Moves `dir` (a complete layer) into place as `key`. If another build made the same
-    /// layer meanwhile, its copy is kept and `dir` is dropped.
+    /// Moves `dir` (a complete layer) into place as `key`, its content written out to disk
+    /// first (a machine crash must not leave a cache entry with unwritten files). If another
+    /// build made the same layer meanwhile, its copy is kept and `dir` is dropped.
     pub fn commit(&self, dir: &Path, key: &str) -> io::Result<PathBuf> {
         let dest = self.path(key);
+        let handle = fs::File::open(dir)?;
+        husk_runtime::sys::syncfs(std::os::fd::AsFd::as_fd(&handle))?;
         match fs::rename(dir, &dest) {
             Ok(()) => Ok(dest),
             Err(_) if self.exists(key) => {

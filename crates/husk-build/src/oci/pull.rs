@@ -311,6 +311,13 @@ impl Remote {
         check_digest(&desc.digest, actual)?;
 
         let dir = layers_root.join(key);
+        // Written out before it gets its name (a crash must not leave a half-written entry).
+        std::fs::File::open(&tmp.0)
+            .and_then(|f| husk_runtime::sys::syncfs(std::os::fd::AsFd::as_fd(&f)))
+            .map_err(OciError::io(format!(
+                "syncing a layer in {}",
+                layers_root.display()
+            )))?;
         match std::fs::rename(&tmp.0, &dir) {
             Ok(()) => {
                 tmp.keep();

@@ -375,3 +375,10 @@ pub fn loop_attach_ro(file: BorrowedFd<'_>) -> io::Result<(std::path::PathBuf, O
     cvt_i(unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) })?;
     Ok((path, dev))
 }
+
+/// syncfs(2): writes out everything cached for the file system `fd` is on.
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: `fd` is a valid open file descriptor.
+    cvt_i(unsafe { libc::syncfs(fd.as_raw_fd()) })?;
+    Ok(())
+}
