@@ -176,6 +176,7 @@ impl Builder {
         progress.message("writing the image");
         let image = crate::image::make(
             &self.opts.state_dir,
+            &self.opts.run_dir,
             &cache,
             &stack.lower(),
             &stack.top_key,

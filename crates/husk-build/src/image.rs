@@ -73,6 +73,7 @@ fn made_before(images: &Path, top_key: &str) -> Option<Image> {
 /// state directory, or reuses the one the same stack made (unless `fresh`).
 pub async fn make(
     state_dir: &Path,
+    run_dir: &Path,
     cache: &LayerCache,
     lower: &[PathBuf],
     top_key: &str,
@@ -89,7 +90,7 @@ pub async fn make(
             return Ok(image);
         }
     }
-    let image = write(state_dir, cache, lower, top_key).await?;
+    let image = write(state_dir, run_dir, cache, lower, top_key).await?;
     let record = by_key(&images, top_key);
     let _ = fs::create_dir_all(record.parent().unwrap_or(&images));
     let _ = fs::write(
@@ -101,6 +102,7 @@ pub async fn make(
 
 async fn write(
     state_dir: &Path,
+    run_dir: &Path,
     cache: &LayerCache,
     lower: &[PathBuf],
     top_key: &str,
@@ -166,7 +168,6 @@ async fn write(
     let _ = fs::remove_file(&tmp);
     let (path, digest, size) = result?;
     // Measured through the mounted image (the same mount sandboxes will share).
-    let run_dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR);
     let rootfs_bytes = husk_runtime::images::ensure_mounted(run_dir, &path, size, &digest)
         .ok()
         .and_then(|mp| crate::layers::tree_size(&mp).ok())

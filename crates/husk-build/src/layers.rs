@@ -142,15 +142,10 @@ impl Drop for TempLayer {
     }
 }
 
+/// A random number for temporary names (the runtime's; 0 if the kernel cannot give one,
+/// which the pid beside it still keeps apart).
 pub fn rand64() -> u64 {
-    let mut b = [0u8; 8];
-    let _ = getrandom_fill(&mut b);
-    u64::from_ne_bytes(b)
-}
-
-fn getrandom_fill(b: &mut [u8]) -> io::Result<()> {
-    use std::io::Read;
-    fs::File::open("/dev/urandom")?.read_exact(b)
+    husk_runtime::sys::random_u64().unwrap_or(0)
 }
 
 /// Shifts the owners of everything under `dir` from host ids `base..base+65536` (what a

@@ -108,6 +108,26 @@ struct RawSandbox {
     ready_timeout: Option<i64>,
 }
 
+/// Largest spec or Dockerfile read (they also arrive in contexts uploaded over HTTP).
+pub const MAX_SPEC_BYTES: u64 = 1 << 20;
+
+/// The file's text, refusing one larger than [`MAX_SPEC_BYTES`] without reading it all.
+fn read_bounded(file: &Path) -> Result<String, PlanError> {
+    use std::io::Read;
+    let name = file.display().to_string();
+    let mut text = String::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(MAX_SPEC_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| error(name.clone(), format!("cannot read the file: {e}")))?;
+    if text.len() as u64 > MAX_SPEC_BYTES {
+        return Err(error(
+            name,
+            format!("the file is larger than {MAX_SPEC_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
 /// Reads the spec or Dockerfile at `path` into a plan. A directory is searched for `husk.toml`,
 /// then `e2b.Dockerfile`, then `Dockerfile`. A file whose name ends in `.toml` is a spec,
 /// anything else a Dockerfile; `build_args` (`--build-arg NAME=VALUE`) only apply to the latter.
@@ -126,12 +146,7 @@ pub fn load(path: &Path, build_args: &[(String, String)]) -> Result<BuildPlan, P
     } else {
         path.to_path_buf()
     };
-    let text = std::fs::read_to_string(&file).map_err(|e| {
-        error(
-            file.display().to_string(),
-            format!("cannot read the file: {e}"),
-        )
-    })?;
+    let text = read_bounded(&file)?;
     let is_spec = file.file_name().is_some_and(|name| {
         name.to_string_lossy()
             .to_ascii_lowercase()

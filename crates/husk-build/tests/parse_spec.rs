@@ -582,3 +582,20 @@ fn context_of_a_bare_file_name_is_the_current_directory() {
     let plan = parse_spec("[base]\nimage = \"x\"\n", Path::new("husk.toml")).unwrap();
     assert_eq!(plan.context, Path::new(".").canonicalize().unwrap());
 }
+
+#[test]
+fn an_oversized_spec_is_refused_without_being_read_whole() {
+    let dir = TempDir::new();
+    let big = format!(
+        "[base]\ndebian = \"bookworm\"\n#{}\n",
+        "x".repeat(husk_build::spec::MAX_SPEC_BYTES as usize)
+    );
+    let path = dir.file("husk.toml", &big);
+    let err = load(&path, &[]).unwrap_err();
+    assert!(err.message.contains("larger than"), "{err}");
+    let df = dir.file(
+        "Dockerfile",
+        &format!("FROM scratch\n#{}\n", "y".repeat(2 << 20)),
+    );
+    assert!(load(&df, &[]).unwrap_err().message.contains("larger than"));
+}

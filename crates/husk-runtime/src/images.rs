@@ -84,8 +84,7 @@ pub fn ensure_mounted(
     digest: &str,
 ) -> Result<PathBuf, ImageError> {
     use std::os::unix::fs::MetadataExt;
-    check_file(path, size)?;
-    let meta = fs::metadata(path).map_err(io_ctx(format!("stat {}", path.display())))?;
+    let meta = checked_file(path, size)?;
     let dir = mount_point(run_dir, digest)?;
     let mp = dir.join(format!("{}-{}", meta.dev(), meta.ino()));
     let mp_c = cpath(&mp).map_err(io_ctx("image mount point"))?;
@@ -109,8 +108,13 @@ pub fn ensure_mounted(
 
 /// Refuses a missing image file or one of the wrong size.
 pub fn check_file(path: &Path, size: u64) -> Result<(), ImageError> {
+    checked_file(path, size).map(drop)
+}
+
+/// [`check_file`], returning the file's metadata.
+fn checked_file(path: &Path, size: u64) -> Result<fs::Metadata, ImageError> {
     match fs::metadata(path) {
-        Ok(m) if m.is_file() && m.len() == size => Ok(()),
+        Ok(m) if m.is_file() && m.len() == size => Ok(m),
         Ok(m) if m.is_file() => Err(ImageError::SizeMismatch {
             path: path.to_path_buf(),
             expected: size,

@@ -147,7 +147,7 @@ fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T,
     })
 }
 
-fn rfc3339(t: OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 

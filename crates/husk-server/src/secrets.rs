@@ -13,9 +13,8 @@ use axum::routing::{get, put};
 use axum::Router;
 use husk_core::secrets::{SecretError, MAX_SECRET_BYTES};
 use serde_json::json;
-use time::format_description::well_known::Rfc3339;
 
-use crate::rest::{error, Who};
+use crate::rest::{error, rfc3339, Who};
 use crate::AppState;
 
 type Answer = Result<Response, Response>;
@@ -54,8 +53,8 @@ async fn list(State(state): State<AppState>, Who(who): Who) -> Answer {
         .map(|s| {
             json!({
                 "name": s.name,
-                "created_at": s.created_at.format(&Rfc3339).unwrap_or_default(),
-                "updated_at": s.updated_at.format(&Rfc3339).unwrap_or_default(),
+                "created_at": rfc3339(s.created_at),
+                "updated_at": rfc3339(s.updated_at),
             })
         })
         .collect();

@@ -27,7 +27,6 @@ use husk_core::manager::ENVD_VERSION;
 use husk_core::store::{Principal, Store, TemplateRecord};
 use husk_core::template::{summary_json, BASE_TEMPLATE, HOST_TEMPLATE};
 use serde_json::{json, Value};
-use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::rest::{error, Who};
@@ -219,7 +218,7 @@ fn e2b_json(
     aliases: &[&str],
     size: SandboxSize,
 ) -> Value {
-    let at = at.format(&Rfc3339).unwrap_or_default();
+    let at = crate::rest::rfc3339(at);
     json!({
         "templateID": name,
         "buildID": build_id(build),
