@@ -118,8 +118,7 @@ struct Stack {
     layers: Vec<Layer>,
     /// Key of the top layer (the parent of the next one).
     top_key: String,
-    /// The base image's environment (before the plan's own).
-    base_env: Vec<(String, String)>,
+    /// The base's sandbox defaults; their environment is also every step's starting one.
     defaults: TemplateDefaults,
 }
 
@@ -221,7 +220,6 @@ impl Builder {
         let mut stack = Stack {
             layers: Vec::new(),
             top_key: String::new(),
-            base_env: Vec::new(),
             defaults: TemplateDefaults::default(),
         };
         match &plan.base {
@@ -321,7 +319,6 @@ impl Builder {
                         },
                     });
                     stack.top_key = key;
-                    stack.base_env = rec.manifest.defaults.env.clone();
                     stack.defaults = rec.manifest.defaults.clone();
                     progress.step_done(1, StepOutcome::Cached);
                     return Ok((stack, format!("template {} ({})", rec.name, rec.digest)));
@@ -342,7 +339,6 @@ impl Builder {
                 }
                 stack.top_key = key.finish();
                 let cfg = &pulled.config;
-                stack.base_env = cfg.env.clone();
                 stack.defaults.env = cfg.env.clone();
                 stack.defaults.workdir = cfg.workdir.clone().filter(|w| !w.is_empty());
                 stack.defaults.user = cfg.user.as_deref().and_then(image_user);
@@ -400,7 +396,8 @@ impl Builder {
                     }
                 };
                 k.str(user).str(workdir);
-                let mut all_env = stack.base_env.clone();
+                // The base's environment, then the step's own.
+                let mut all_env = stack.defaults.env.clone();
                 for (name, value) in env {
                     all_env.retain(|(n, _)| n != name);
                     all_env.push((name.clone(), value.clone()));
