@@ -206,11 +206,14 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
             if !m.writable {
                 attrs |= sys::MOUNT_ATTR_RDONLY;
             }
-            sys::bind_onto_fd(&c(&m.host)?, at.as_fd(), attrs).map_err(ctx(format_args!(
-                "mount {} on {}",
-                m.host.display(),
-                m.sandbox.display()
-            )))?;
+            let idmap = match (m.idmapped, plan.idmap) {
+                (false, _) => None,
+                (true, Some(map)) => Some(map),
+                (true, None) => return Err(io::Error::other("id-mapped mount without an id map")),
+            };
+            sys::bind_onto_fd(&c(&m.host)?, at.as_fd(), attrs, idmap).map_err(ctx(
+                format_args!("mount {} on {}", m.host.display(), m.sandbox.display()),
+            ))?;
         }
     }
     dev(&root.join("dev"), plan.base)?;

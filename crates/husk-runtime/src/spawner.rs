@@ -382,8 +382,9 @@ impl Spawner {
             }
             Err(e) => return Err(io_ctx("count threads")(e)),
         }
+        // Id-mapped layers and mounts need the slot's mapping (a namespace kept per slot).
         let idmap = match &spec.rootfs {
-            RootSource::Host => None,
+            RootSource::Host if !spec.mounts.iter().any(|m| m.idmapped) => None,
             _ => Some(self.idmap(sb.uids.as_ref().map(UidRange::slot).unwrap_or(0), base)?),
         };
         // SAFETY: the process is single-threaded (checked just above; nothing in between

@@ -73,6 +73,12 @@ pub struct MountSpec {
     pub sandbox: PathBuf,
     /// Writable only when asked for; always nosuid and nodev.
     pub writable: bool,
+    /// Seen through the sandbox's id mapping: files the host's id N owns are the sandbox's id
+    /// N (a workspace's files, owned by 1000 on the host, are the sandbox `user`'s), and what
+    /// the sandbox writes is stored under the host's id N. Without it the host's ids show as
+    /// `nobody` inside and the mount cannot be written by the sandbox's users.
+    #[serde(default)]
+    pub idmapped: bool,
 }
 
 /// What a sandbox's root file system is made of.

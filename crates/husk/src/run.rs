@@ -117,6 +117,7 @@ impl Config {
                 host,
                 sandbox: PathBuf::from(sandbox),
                 writable,
+                idmapped: false,
             });
         }
         let mut copies = Vec::new();

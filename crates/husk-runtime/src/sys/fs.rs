@@ -214,11 +214,16 @@ fn detached_clone(
 }
 
 /// Bind-mounts `source` onto the mount point `target` (an `O_PATH` fd, so the caller resolved it
-/// safely) with `attrs` already set: a detached copy gets the flags, move_mount attaches it. The
-/// mount never exists writable.
-pub fn bind_onto_fd(source: &CStr, target: BorrowedFd<'_>, attrs: u64) -> io::Result<()> {
+/// safely) with `attrs` already set, id-mapped through `userns` when given: a detached copy gets
+/// the flags, move_mount attaches it. The mount never exists writable or unmapped.
+pub fn bind_onto_fd(
+    source: &CStr,
+    target: BorrowedFd<'_>,
+    attrs: u64,
+    userns: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    let tree = detached_clone(source, attrs, None)?;
+    let tree = detached_clone(source, attrs, userns)?;
     // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.
     cvt(unsafe {
         libc::syscall(

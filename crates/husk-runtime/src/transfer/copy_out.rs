@@ -7,9 +7,11 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use sha2::{Digest, Sha256};
+
 use super::ops::{self, io_err, name_path, Ends, BUF_SIZE, MAX_DEPTH};
 use super::sys::{self, Kind};
-use super::{CopyReport, OutputLimits, Side, SkipKind, Skipped, TransferError};
+use super::{CopyReport, ManifestEntry, OutputLimits, Side, SkipKind, Skipped, TransferError};
 
 /// Symlink targets in the report are cut to this many bytes.
 const MAX_TARGET_BYTES: usize = 256;
@@ -30,12 +32,15 @@ pub fn copy_out(
     limits: &OutputLimits,
 ) -> Result<CopyReport, TransferError> {
     let host = &dest.dir;
+    let (owner, manifest) = (dest.owner, dest.manifest);
     let dest = dest.path.as_path();
     let comps = ops::sandbox_components(src)?;
     let mut job = Job {
         limits,
         src,
         dest,
+        owner,
+        manifest,
         report: CopyReport::default(),
         buf: vec![0; BUF_SIZE],
     };
@@ -78,6 +83,8 @@ pub fn copy_out(
 pub struct HostDest {
     dir: File,
     path: PathBuf,
+    owner: Option<(u32, u32)>,
+    manifest: bool,
 }
 
 impl HostDest {
@@ -86,7 +93,23 @@ impl HostDest {
         Ok(HostDest {
             dir: open_host_dest(path)?,
             path: path.to_path_buf(),
+            owner: None,
+            manifest: false,
         })
+    }
+
+    /// Gives `path` itself and everything copied into it this host uid/gid (instead of the
+    /// caller's): outputs saved in a workspace belong to the id its sandboxes see as `user`.
+    pub fn owned_by(mut self, owner: (u32, u32)) -> Result<HostDest, TransferError> {
+        ops::chown_on(&self.dir, owner, Side::Host, &self.path)?;
+        self.owner = Some(owner);
+        Ok(self)
+    }
+
+    /// Lists every copied file with its size and SHA-256 in [`CopyReport::manifest`].
+    pub fn with_manifest(mut self) -> HostDest {
+        self.manifest = true;
+        self
     }
 
     /// The path it was opened as.
@@ -120,6 +143,8 @@ struct Job<'a> {
     limits: &'a OutputLimits,
     src: &'a Path,
     dest: &'a Path,
+    owner: Option<(u32, u32)>,
+    manifest: bool,
     report: CopyReport,
     buf: Vec<u8>,
 }
@@ -191,7 +216,25 @@ impl Job<'_> {
             src: (Side::Sandbox, &src_path),
             dst: (Side::Host, &dst_path),
         };
-        let copied = ops::copy_bounded(&mut file, &mut out, size, &mut self.buf, &ends)?;
+        let copied = if self.manifest {
+            let mut hashing = Hashing {
+                inner: &mut out,
+                hasher: Sha256::new(),
+            };
+            let n = ops::copy_bounded(&mut file, &mut hashing, size, &mut self.buf, &ends)?;
+            let sha256 = hex(&hashing.hasher.finalize());
+            self.report.manifest.push(ManifestEntry {
+                path: rel.to_path_buf(),
+                size: n,
+                sha256,
+            });
+            n
+        } else {
+            ops::copy_bounded(&mut file, &mut out, size, &mut self.buf, &ends)?
+        };
+        if let Some(owner) = self.owner {
+            ops::chown_on(&out, owner, Side::Host, &dst_path)?;
+        }
         // No write bits for group and others: a sandbox cannot leave a world-writable file.
         ops::set_mode(&out, mode & HOST_MODE_MASK, Side::Host, &dst_path)?;
         self.report.files += 1;
@@ -270,6 +313,9 @@ impl Job<'_> {
         if !created {
             return Ok(());
         }
+        if let Some(owner) = self.owner {
+            ops::chown_on(&host_sub, owner, Side::Host, &dst_path)?;
+        }
         ops::set_mode(
             &host_sub,
             (mode & HOST_MODE_MASK) | 0o700,
@@ -277,6 +323,33 @@ impl Job<'_> {
             &dst_path,
         )
     }
+}
+
+/// A writer that hashes what goes through it (a manifest's digests are of the bytes written,
+/// so a file changing after the copy cannot make its entry wrong).
+struct Hashing<'a, W> {
+    inner: &'a mut W,
+    hasher: Sha256,
+}
+
+impl<W: std::io::Write> std::io::Write for Hashing<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// Mode bits a copied-out file or new directory may keep on the host.

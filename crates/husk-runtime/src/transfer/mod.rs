@@ -83,6 +83,20 @@ pub struct CopyReport {
     /// ...and how many more there were (a sandbox can make any number of symlinks, and the
     /// report must not grow with them).
     pub skipped_more: u64,
+    /// Every copied file with its size and digest, when the destination asked for a manifest
+    /// ([`HostDest::with_manifest`]); bounded by the limits' file count.
+    pub manifest: Vec<ManifestEntry>,
+}
+
+/// One copied file of a [`CopyReport::manifest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestEntry {
+    /// Path relative to the destination directory.
+    pub path: PathBuf,
+    /// Bytes copied.
+    pub size: u64,
+    /// SHA-256 of the bytes copied (computed while copying, not re-read), lowercase hex.
+    pub sha256: String,
 }
 
 /// How many skipped entries a [`CopyReport`] lists by name.

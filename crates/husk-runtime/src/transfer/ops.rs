@@ -268,7 +268,7 @@ pub(super) struct Ends<'a> {
 /// against the limits. Returns the bytes copied (less if the file shrank).
 pub(super) fn copy_bounded(
     src: &mut File,
-    dst: &mut File,
+    dst: &mut impl Write,
     size: u64,
     buf: &mut [u8],
     ends: &Ends<'_>,
@@ -304,9 +304,16 @@ pub(super) fn set_mode(
 
 /// fchown of a sandbox entry we created.
 pub(super) fn chown(file: &File, owner: (u32, u32), path: &Path) -> Result<(), TransferError> {
-    std::os::unix::fs::fchown(file, Some(owner.0), Some(owner.1)).map_err(io_err(
-        "chown",
-        Side::Sandbox,
-        path,
-    ))
+    chown_on(file, owner, Side::Sandbox, path)
+}
+
+/// fchown of an entry we created on `side`.
+pub(super) fn chown_on(
+    file: &File,
+    owner: (u32, u32),
+    side: Side,
+    path: &Path,
+) -> Result<(), TransferError> {
+    std::os::unix::fs::fchown(file, Some(owner.0), Some(owner.1))
+        .map_err(io_err("chown", side, path))
 }

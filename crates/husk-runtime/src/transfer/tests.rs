@@ -121,6 +121,7 @@ fn copies_tree_with_contents_sizes_and_modes() {
             bytes: 300_005,
             skipped: vec![],
             skipped_more: 0,
+            manifest: vec![],
         }
     );
     assert_eq!(fs::read(dest.join("a.txt")).unwrap(), b"hello");
@@ -130,6 +131,56 @@ fn copies_tree_with_contents_sizes_and_modes() {
     assert_eq!(mode_of(&dest.join("sub/big.bin")), 0o755);
     assert_eq!(mode_of(&dest.join("sub/deeper/empty")), 0o600);
     assert_eq!(mode_of(&dest.join("sub")), 0o750);
+}
+
+#[test]
+fn manifest_lists_each_copied_file_with_its_digest_and_owner_is_set() {
+    let (root, host) = (TempDir::new("root"), TempDir::new("host"));
+    write(&root.join("out/a.txt"), b"hello", 0o644);
+    write(&root.join("out/sub/b.bin"), b"", 0o600);
+    std::os::unix::fs::symlink("/etc/passwd", root.join("out/link")).unwrap();
+    let dest = host.join("runs/r1");
+    let hd = HostDest::open(&dest)
+        .unwrap()
+        .owned_by((1000, 1001))
+        .unwrap()
+        .with_manifest();
+    let report = copy_out(
+        open_root(&root.0).as_fd(),
+        Path::new("/out"),
+        &hd,
+        &OutputLimits::default(),
+    )
+    .unwrap();
+    let mut m = report.manifest.clone();
+    m.sort_by(|a, b| a.path.cmp(&b.path));
+    assert_eq!(
+        m,
+        vec![
+            ManifestEntry {
+                path: "a.txt".into(),
+                size: 5,
+                // sha256("hello")
+                sha256: "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824".into(),
+            },
+            ManifestEntry {
+                path: "sub/b.bin".into(),
+                size: 0,
+                sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
+            },
+        ]
+    );
+    assert_eq!(report.skipped, vec![symlink_skip("link", "/etc/passwd")]);
+    for p in [
+        dest.clone(),
+        dest.join("a.txt"),
+        dest.join("sub"),
+        dest.join("sub/b.bin"),
+    ] {
+        let meta = fs::symlink_metadata(&p).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (1000, 1001), "{}", p.display());
+    }
+    assert!(fs::symlink_metadata(dest.join("link")).is_err());
 }
 
 #[test]

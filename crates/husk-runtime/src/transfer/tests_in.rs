@@ -34,6 +34,7 @@ fn file_creates_parents_with_owner_and_modes() {
             bytes: 7,
             skipped: vec![],
             skipped_more: 0,
+            manifest: vec![],
         }
     );
     let file = root.join("home/u/data/f.txt");
@@ -87,6 +88,7 @@ fn tree_copies_symlinks_as_symlinks_and_skips_fifos() {
             bytes: 3,
             skipped,
             skipped_more: 0,
+            manifest: vec![],
         }
     );
     assert_eq!(fs::read(root.join("dst/sub/b.txt")).unwrap(), b"bb");
