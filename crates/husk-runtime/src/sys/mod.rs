@@ -7,11 +7,13 @@ use std::io;
 use std::path::Path;
 
 mod abstract_socket;
+mod dirfd;
 mod fdio;
 mod fs;
 mod process;
 
 pub use abstract_socket::*;
+pub use dirfd::*;
 pub use fdio::*;
 pub use fs::*;
 pub use process::*;
