@@ -10,3 +10,4 @@ pub mod secrets;
 mod start_cmd;
 pub mod store;
 pub mod template;
+pub mod workspaces;
