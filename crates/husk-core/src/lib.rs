@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod keys;
 pub mod manager;
+pub mod runs;
 pub mod secrets;
 mod start_cmd;
 pub mod store;

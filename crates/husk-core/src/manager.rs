@@ -31,6 +31,8 @@ pub enum CoreError {
     NotFound(String),
     #[error("template '{0}' not found")]
     TemplateNotFound(String),
+    #[error("workspace '{0}' not found")]
+    WorkspaceNotFound(String),
     /// The template exists but cannot be used (damaged image, failing ready check).
     #[error("{0}")]
     TemplateBroken(String),
@@ -77,6 +79,53 @@ pub struct CreateRequest {
     pub metadata: BTreeMap<String, String>,
     pub env: Vec<(String, String)>,
     pub allow_internet_access: Option<bool>,
+    /// The team's workspaces to mount (E2B `volumeMounts`, runs).
+    pub workspaces: Vec<WorkspaceMount>,
+    /// Resources of this sandbox, when not the server's (each at most the server's).
+    pub limits: Option<Limits>,
+}
+
+/// A team's workspace mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceMount {
+    /// The workspace's name.
+    pub name: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Read-only unless asked for.
+    pub writable: bool,
+}
+
+/// Sandbox paths a workspace may not be mounted on (or under): the sandbox's own kernel
+/// interfaces and device nodes, which husk mounts itself.
+const RESERVED_MOUNT_PATHS: &[&str] = &["/proc", "/dev", "/sys"];
+
+/// Most workspaces one sandbox may mount.
+pub const MAX_WORKSPACE_MOUNTS: usize = 16;
+
+/// A workspace mount path: absolute, normalised (no `.`/`..`/empty components), not `/` and not
+/// under a [`RESERVED_MOUNT_PATHS`] entry.
+pub fn check_mount_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("mount path '{path}' must be absolute"));
+    }
+    let comps: Vec<&str> = path.split('/').skip(1).filter(|c| !c.is_empty()).collect();
+    if comps.is_empty() {
+        return Err("a workspace cannot be mounted on '/'".into());
+    }
+    if comps.iter().any(|c| *c == "." || *c == "..") || path.len() > 1024 || path.contains('\0') {
+        return Err(format!("invalid mount path '{path}'"));
+    }
+    let norm = format!("/{}", comps.join("/"));
+    if let Some(r) = RESERVED_MOUNT_PATHS
+        .iter()
+        .find(|r| norm == **r || norm.starts_with(&format!("{r}/")))
+    {
+        return Err(format!(
+            "a workspace cannot be mounted on {r} (husk mounts it itself)"
+        ));
+    }
+    Ok(())
 }
 
 /// A running sandbox.
@@ -93,6 +142,12 @@ pub struct LiveSandbox {
     pub allow_internet_access: Option<bool>,
     pub started_at: OffsetDateTime,
     pub limits: Limits,
+    /// The mounted workspaces.
+    pub workspaces: Vec<WorkspaceMount>,
+    /// The template's user: whom commands run as unless they say.
+    pub default_user: User,
+    /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
+    init_pid: i32,
     end_at: Mutex<OffsetDateTime>,
     timeout_changed: Notify,
     cgroup: SandboxCgroup,
@@ -126,6 +181,29 @@ impl LiveSandbox {
             .get(&pid)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Freezes every process of the sandbox (before outputs are copied out of it).
+    pub fn freeze(&self) -> Result<(), CoreError> {
+        self.cgroup
+            .freeze()
+            .map_err(|e| CoreError::Spawn(format!("freeze sandbox {}: {e}", self.id)))
+    }
+
+    /// How many processes of the sandbox the kernel killed for want of memory.
+    pub fn oom_kills(&self) -> u64 {
+        self.cgroup.oom_kills()
+    }
+
+    /// The sandbox's root directory, opened from the host (`O_PATH`): paths below it must be
+    /// resolved inside it (see `husk_runtime::transfer`), never by path on the host.
+    pub fn root_dir(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_o_path_directory())
+            .open(format!("/proc/{}/root", self.init_pid))?;
+        Ok(f.into())
     }
 
     pub fn end_at(&self) -> OffsetDateTime {
@@ -202,6 +280,13 @@ pub struct Manager {
     templates: Arc<Templates>,
     /// Teams' secrets, once the server has loaded its master key.
     secrets: std::sync::OnceLock<Arc<crate::secrets::Secrets>>,
+    /// Teams' workspaces, once the server has opened them.
+    workspaces: std::sync::OnceLock<Arc<crate::workspaces::Workspaces>>,
+}
+
+/// `O_PATH | O_DIRECTORY`: opens a directory to resolve paths below it, without reading it.
+fn libc_o_path_directory() -> i32 {
+    husk_runtime::libc::O_PATH | husk_runtime::libc::O_DIRECTORY
 }
 
 fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
@@ -246,6 +331,7 @@ impl Manager {
         Ok(Arc::new(Manager {
             templates: Arc::new(Templates::new(store.clone())),
             secrets: std::sync::OnceLock::new(),
+            workspaces: std::sync::OnceLock::new(),
             store,
             spawner,
             config,
@@ -266,6 +352,98 @@ impl Manager {
     /// Teams' secrets, if enabled.
     pub fn secrets(&self) -> Option<&Arc<crate::secrets::Secrets>> {
         self.secrets.get()
+    }
+
+    /// Enables workspace mounts.
+    pub fn set_workspaces(&self, workspaces: Arc<crate::workspaces::Workspaces>) {
+        let _ = self.workspaces.set(workspaces);
+    }
+
+    /// Teams' workspaces, if enabled.
+    pub fn workspaces(&self) -> Option<&Arc<crate::workspaces::Workspaces>> {
+        self.workspaces.get()
+    }
+
+    /// The longest timeout a client may ask for.
+    pub fn max_timeout(&self) -> Duration {
+        self.config.max_timeout
+    }
+
+    /// The server's resources for each sandbox (the most a request may ask for).
+    pub fn limits(&self) -> &Limits {
+        &self.config.limits
+    }
+
+    /// Resolves workspace mounts of `team` to host bind mounts (id-mapped, so the workspace's
+    /// files are the sandbox user's); every error names the workspace or path.
+    fn workspace_mounts(
+        &self,
+        team: &str,
+        mounts: &[WorkspaceMount],
+    ) -> Result<Vec<husk_runtime::MountSpec>, CoreError> {
+        if mounts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if mounts.len() > MAX_WORKSPACE_MOUNTS {
+            return Err(CoreError::InvalidArgument(format!(
+                "at most {MAX_WORKSPACE_MOUNTS} workspaces per sandbox"
+            )));
+        }
+        let Some(ws) = self.workspaces() else {
+            return Err(CoreError::InvalidArgument(
+                "workspaces are not enabled on this server".into(),
+            ));
+        };
+        let mut out: Vec<husk_runtime::MountSpec> = Vec::new();
+        for m in mounts {
+            check_mount_path(&m.path).map_err(CoreError::InvalidArgument)?;
+            let sandbox = std::path::PathBuf::from(&m.path);
+            if out.iter().any(|o| o.sandbox == sandbox) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "two workspaces are mounted on {}",
+                    m.path
+                )));
+            }
+            let host = ws.dir(team, &m.name).map_err(|e| match e {
+                crate::workspaces::WorkspaceError::NotFound(_) => {
+                    CoreError::WorkspaceNotFound(m.name.clone())
+                }
+                other => CoreError::InvalidArgument(other.to_string()),
+            })?;
+            out.push(husk_runtime::MountSpec {
+                host,
+                sandbox,
+                writable: m.writable,
+                idmapped: true,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `req` within the server's limits (each resource at most the server's).
+    fn request_limits(&self, req: Option<&Limits>) -> Result<Limits, CoreError> {
+        let max = &self.config.limits;
+        let Some(l) = req else {
+            return Ok(max.clone());
+        };
+        let over = |what: &str, got: u64, max: u64| {
+            Err(CoreError::InvalidArgument(format!(
+                "{what} {got} is more than this server allows ({max})"
+            )))
+        };
+        if l.memory_bytes > max.memory_bytes {
+            return over("memory (bytes)", l.memory_bytes, max.memory_bytes);
+        }
+        if l.cpu_millis > max.cpu_millis {
+            return over("cpu (millicpus)", l.cpu_millis, max.cpu_millis);
+        }
+        if l.disk_bytes > max.disk_bytes {
+            return over("disk (bytes)", l.disk_bytes, max.disk_bytes);
+        }
+        if l.pids > max.pids {
+            return over("pids", l.pids, max.pids);
+        }
+        Ok(l.clone())
     }
 
     /// The store, shared (for the services beside the manager: secrets).
@@ -329,6 +507,8 @@ impl Manager {
                     other => CoreError::InvalidArgument(other.to_string()),
                 })?;
         }
+        let mounts = self.workspace_mounts(&who.team, &req.workspaces)?;
+        let limits = self.request_limits(req.limits.as_ref())?;
         // May hash the image the first time this process uses it.
         let templates = self.templates.clone();
         let name = req.template.clone();
@@ -366,7 +546,9 @@ impl Manager {
         let this = self.clone();
         let who = who.clone();
         tokio::spawn(async move {
-            let result = this.create_reserved(&who, req, template).await;
+            let result = this
+                .create_reserved(&who, req, template, mounts, limits)
+                .await;
             drop(reservation);
             result
         })
@@ -379,12 +561,15 @@ impl Manager {
         who: &Principal,
         req: CreateRequest,
         template: Resolved,
+        mounts: Vec<husk_runtime::MountSpec>,
+        limits: Limits,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         let id = new_sandbox_id()?;
         let mut spec = SandboxSpec::idle();
         spec.agent = true;
         spec.hostname = id.clone();
-        spec.limits = self.config.limits.clone();
+        spec.limits = limits.clone();
+        spec.mounts = mounts;
         spec.rootfs = template.rootfs.clone();
         let defaults = &template.defaults;
         let spawner = self.spawner.clone();
@@ -393,6 +578,7 @@ impl Manager {
             .map_err(|e| CoreError::Spawn(e.to_string()))?
             .map_err(|e| CoreError::Spawn(e.to_string()))?;
         let runtime_id = created.id.clone();
+        let init_pid = created.init_pid;
         // The template's environment, then the request's (which wins).
         let mut env: Vec<(String, String)> = defaults
             .env
@@ -436,7 +622,10 @@ impl Manager {
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,
             started_at: now,
-            limits: self.config.limits.clone(),
+            limits,
+            workspaces: req.workspaces,
+            default_user,
+            init_pid,
             end_at: Mutex::new(now + timeout),
             timeout_changed: Notify::new(),
             cgroup: created.cgroup,

@@ -20,10 +20,12 @@
 //! (see `store/schema.rs`). A database written by a newer husk is refused rather than guessed at.
 
 mod keys;
+mod runs;
 mod sandboxes;
 mod schema;
 mod secrets;
 mod templates;
+pub use runs::{RunRow, RunTable};
 pub use secrets::{SealedRow, SecretUse};
 #[cfg(test)]
 mod tests;

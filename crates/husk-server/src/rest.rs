@@ -75,7 +75,7 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
 fn core_error(e: CoreError) -> Response {
     let status = match &e {
         CoreError::NotFound(_) => StatusCode::NOT_FOUND,
-        CoreError::TemplateNotFound(_) => StatusCode::NOT_FOUND,
+        CoreError::TemplateNotFound(_) | CoreError::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
         CoreError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
         CoreError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
         CoreError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
@@ -171,6 +171,45 @@ struct NewSandbox {
     allow_internet_access: Option<bool>,
     #[serde(rename = "autoPause")]
     auto_pause: Option<bool>,
+    /// E2B volumes are husk's workspaces: `{name, path}`, read-only unless the name ends in
+    /// `:rw`.
+    #[serde(rename = "volumeMounts")]
+    volume_mounts: Option<Vec<VolumeMount>>,
+}
+
+#[derive(Deserialize, Default)]
+struct VolumeMount {
+    name: String,
+    path: String,
+}
+
+impl VolumeMount {
+    fn to_core(&self) -> husk_core::manager::WorkspaceMount {
+        let (name, writable) = match self.name.strip_suffix(":rw") {
+            Some(n) => (n, true),
+            None => (self.name.strip_suffix(":ro").unwrap_or(&self.name), false),
+        };
+        husk_core::manager::WorkspaceMount {
+            name: name.to_owned(),
+            path: self.path.clone(),
+            writable,
+        }
+    }
+}
+
+/// `volumeMounts` as E2B reports them (the name as given: `:rw` when writable).
+fn volume_mounts_json(sb: &LiveSandbox) -> Value {
+    sb.workspaces
+        .iter()
+        .map(|w| {
+            let name = if w.writable {
+                format!("{}:rw", w.name)
+            } else {
+                w.name.clone()
+            };
+            json!({"name": name, "path": w.path})
+        })
+        .collect()
 }
 
 fn timeout_secs(t: Option<i64>) -> Result<Duration, Response> {
@@ -211,6 +250,7 @@ fn detail_json(sb: &LiveSandbox) -> Value {
         "state": "running",
         "metadata": sb.metadata,
         "allowInternetAccess": sb.allow_internet_access,
+        "volumeMounts": volume_mounts_json(sb),
         "domain": null,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
     })
@@ -229,6 +269,7 @@ fn listed_json(sb: &LiveSandbox) -> Value {
         "diskSizeMB": sb.disk_mb(),
         "state": "running",
         "metadata": sb.metadata,
+        "volumeMounts": volume_mounts_json(sb),
     })
 }
 
@@ -249,6 +290,13 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         metadata: req.metadata.unwrap_or_default(),
         env: req.env_vars.unwrap_or_default().into_iter().collect(),
         allow_internet_access: req.allow_internet_access,
+        workspaces: req
+            .volume_mounts
+            .unwrap_or_default()
+            .iter()
+            .map(VolumeMount::to_core)
+            .collect(),
+        limits: None,
     };
     let started = std::time::Instant::now();
     let sb = state

@@ -84,7 +84,33 @@ CREATE TABLE secret_uses (
 CREATE INDEX secret_uses_team ON secret_uses (team, at);
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+/// Version 4: the record of one-shot runs and batches. `record` is the JSON the API returns
+/// (see `crate::runs`); the columns beside it are what lists filter and sort on. A row whose
+/// `ended_at` is NULL is a run in progress (or one a crashed server left; marked failed at
+/// the next start).
+const V4: &str = "
+CREATE TABLE runs (
+    id         TEXT PRIMARY KEY NOT NULL,
+    team       TEXT NOT NULL,
+    batch      TEXT NULL,
+    created_at INTEGER NOT NULL,
+    ended_at   INTEGER NULL,
+    record     TEXT NOT NULL
+) STRICT;
+CREATE INDEX runs_by_team ON runs (team, created_at);
+CREATE INDEX runs_by_batch ON runs (batch) WHERE batch IS NOT NULL;
+
+CREATE TABLE batches (
+    id         TEXT PRIMARY KEY NOT NULL,
+    team       TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    ended_at   INTEGER NULL,
+    record     TEXT NOT NULL
+) STRICT;
+CREATE INDEX batches_by_team ON batches (team, created_at);
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -75,6 +75,23 @@ pub fn copy_out(
     Ok(job.report)
 }
 
+/// Whether `src` (absolute, inside the sandbox whose root is open at `root`) is a directory;
+/// an error if it is missing or a symlink (at or above it), which are never followed.
+pub fn sandbox_is_dir(root: BorrowedFd<'_>, src: &Path) -> Result<bool, TransferError> {
+    let comps = ops::sandbox_components(src)?;
+    let Some((name, parents)) = comps.split_last() else {
+        return Ok(true);
+    };
+    let parent = ops::walk_sandbox(root, parents, src, None)?;
+    let path = src.to_path_buf();
+    match ops::lookup(parent.as_fd(), name, Side::Sandbox, src)? {
+        None => Err(TransferError::NotFound { path }),
+        Some((Kind::Symlink, _)) => Err(TransferError::Symlink { path }),
+        Some((Kind::Dir, _)) => Ok(true),
+        Some(_) => Ok(false),
+    }
+}
+
 /// A host directory outputs are copied into, opened when it is named.
 ///
 /// Open it before the sandbox runs: its path is resolved then, once, so a sandbox that can
@@ -110,6 +127,65 @@ impl HostDest {
     pub fn with_manifest(mut self) -> HostDest {
         self.manifest = true;
         self
+    }
+
+    /// Directory `name` inside this one, created (mode 0755, this destination's owner) if
+    /// missing, never through a symlink: for destinations inside a tree a sandbox may have
+    /// written (a workspace it had mounted read-write may hold `runs -> /etc`).
+    pub fn subdir(&self, name: &str) -> Result<HostDest, TransferError> {
+        let path = self.path.join(name);
+        let cname = std::ffi::CString::new(name).map_err(|_| TransferError::InvalidPath {
+            path: path.clone(),
+            reason: "NUL byte",
+        })?;
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(TransferError::InvalidPath {
+                path,
+                reason: "not a single path component",
+            });
+        }
+        let (dir, created) = ops::ensure_dir(self.dir.as_fd(), &cname, Side::Host, &path)?;
+        if created {
+            if let Some(owner) = self.owner {
+                ops::chown_on(&dir, owner, Side::Host, &path)?;
+            }
+            ops::set_mode(&dir, 0o755, Side::Host, &path)?;
+        }
+        Ok(HostDest {
+            dir,
+            path,
+            owner: self.owner,
+            manifest: self.manifest,
+        })
+    }
+
+    /// The same directory (a duplicate of its descriptor, not a new lookup of its path).
+    pub fn try_clone(&self) -> Result<HostDest, TransferError> {
+        Ok(HostDest {
+            dir: self
+                .dir
+                .try_clone()
+                .map_err(io_err("duplicate", Side::Host, &self.path))?,
+            path: self.path.clone(),
+            owner: self.owner,
+            manifest: self.manifest,
+        })
+    }
+
+    /// Creates file `name` in this directory (never through an existing entry; mode `mode`,
+    /// this destination's owner) and opens it for writing.
+    pub fn create_file(&self, name: &str, mode: u32) -> Result<File, TransferError> {
+        let path = self.path.join(name);
+        let cname = std::ffi::CString::new(name).map_err(|_| TransferError::InvalidPath {
+            path: path.clone(),
+            reason: "NUL byte",
+        })?;
+        let f = ops::create_file(self.dir.as_fd(), &cname, Side::Host, &path)?;
+        if let Some(owner) = self.owner {
+            ops::chown_on(&f, owner, Side::Host, &path)?;
+        }
+        ops::set_mode(&f, mode, Side::Host, &path)?;
+        Ok(f)
     }
 
     /// The path it was opened as.

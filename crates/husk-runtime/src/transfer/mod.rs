@@ -21,7 +21,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use copy_in::copy_in;
-pub use copy_out::{copy_out, HostDest};
+pub use copy_out::{copy_out, sandbox_is_dir, HostDest};
 pub use mount_point::mount_point;
 
 /// Upper bounds for one [`copy_out`], so a sandbox cannot fill the host disk.

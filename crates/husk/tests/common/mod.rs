@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use husk_runtime::cgroup::CgroupLayout;
 use husk_runtime::uidrange;
 
+pub mod server;
 pub mod templates;
 
 pub const HUSK: &str = env!("CARGO_BIN_EXE_husk");

@@ -1,0 +1,467 @@
+//! One run, start to end: sandbox, files, process, events, outputs, destruction.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use husk_proto::{ProcEnd, ProcEvent, Reply, Request, StartProc, PROCESS_TIMED_OUT};
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+
+use super::spec::{fill_limits, Plan};
+use super::{Cancel, RunEvent, RunRecord, RunStatus, Runs};
+use crate::agent::AgentClient;
+use crate::manager::{CreateRequest, LiveSandbox, Manager};
+use crate::secrets::REDACT_ENV;
+use crate::store::Principal;
+
+/// Time the sandbox outlives the run's timeout, for saving its outputs (the manager's own
+/// timeout is only a backstop: the run destroys its sandbox itself).
+const OUTPUT_GRACE: Duration = Duration::from_secs(120);
+
+/// How long after the run's timeout the agent must have reported the process's end before the
+/// run gives up on it.
+const END_GRACE: Duration = Duration::from_secs(5);
+
+/// Bytes of stdout and stderr kept for the record.
+const TAIL_BYTES: usize = 4096;
+
+/// Destroys the sandbox when dropped, whatever path the run took (a panic included).
+struct Destroy {
+    manager: Arc<Manager>,
+    who: Principal,
+    id: Option<String>,
+}
+
+impl Destroy {
+    async fn now(mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = self.manager.kill(&self.who, &id).await;
+        }
+    }
+}
+
+impl Drop for Destroy {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let (m, who) = (self.manager.clone(), self.who.clone());
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = m.kill(&who, &id).await;
+                });
+            }
+        }
+    }
+}
+
+/// Decodes a byte stream as UTF-8 across chunk boundaries (a character split between two
+/// chunks is sent whole with the second); invalid bytes become U+FFFD.
+#[derive(Default)]
+struct Utf8Stream {
+    carry: Vec<u8>,
+}
+
+impl Utf8Stream {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.carry.extend_from_slice(bytes);
+        // An incomplete sequence at the end is at most 3 bytes long.
+        let cut = match std::str::from_utf8(&self.carry) {
+            Ok(_) => self.carry.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => incomplete_tail(&self.carry),
+        };
+        let rest = self.carry.split_off(cut);
+        let text = String::from_utf8_lossy(&self.carry).into_owned();
+        self.carry = rest;
+        text
+    }
+
+    fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.carry).into_owned();
+        self.carry.clear();
+        text
+    }
+}
+
+/// Where an incomplete UTF-8 sequence starts at the end of `b` (its length if none does).
+fn incomplete_tail(b: &[u8]) -> usize {
+    for back in 1..=3.min(b.len()) {
+        let i = b.len() - back;
+        let lead = b[i];
+        if lead & 0xC0 != 0x80 {
+            let need = match lead {
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                0xF0..=0xF7 => 4,
+                _ => 1,
+            };
+            return if need > back { i } else { b.len() };
+        }
+    }
+    b.len()
+}
+
+/// The last [`TAIL_BYTES`] of a stream.
+#[derive(Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+        if self.0.len() > TAIL_BYTES * 2 {
+            let cut = self.0.len() - TAIL_BYTES;
+            self.0.drain(..cut);
+        }
+    }
+
+    fn text(&self) -> String {
+        let start = self.0.len().saturating_sub(TAIL_BYTES);
+        String::from_utf8_lossy(&self.0[start..]).into_owned()
+    }
+}
+
+/// Sends an event; a client that went away is not an error here (its handle's drop cancels
+/// the run, unless it was detached).
+async fn emit(tx: &mpsc::Sender<RunEvent>, ev: RunEvent) {
+    let _ = tx.send(ev).await;
+}
+
+/// Runs `plan` to its end and records it; never returns before the sandbox is destroyed.
+pub(super) async fn run(
+    runs: &Arc<Runs>,
+    who: &Principal,
+    plan: Plan,
+    mut rec: RunRecord,
+    tx: mpsc::Sender<RunEvent>,
+    cancel: Cancel,
+) {
+    let started = Instant::now();
+    if let Err(message) = execute(runs, who, &plan, &mut rec, &tx, &cancel, started).await {
+        if !rec.status.ended() || rec.status == RunStatus::Succeeded {
+            rec.status = RunStatus::Error;
+        }
+        rec.error = Some(message.clone());
+        emit(&tx, RunEvent::Error { message }).await;
+    }
+    if !rec.status.ended() {
+        rec.status = RunStatus::Error;
+    }
+    rec.ended_at = Some(OffsetDateTime::now_utc());
+    rec.duration_ms = Some(started.elapsed().as_millis() as u64);
+    if let Err(e) = runs.save_run(&rec) {
+        tracing::warn!(run = %rec.id, error = %e, "could not record the run's end");
+    }
+    emit(&tx, RunEvent::End { run: Box::new(rec) }).await;
+}
+
+async fn execute(
+    runs: &Arc<Runs>,
+    who: &Principal,
+    plan: &Plan,
+    rec: &mut RunRecord,
+    tx: &mpsc::Sender<RunEvent>,
+    cancel: &Cancel,
+    started: Instant,
+) -> Result<(), String> {
+    let manager = runs.manager().clone();
+    let mut metadata = BTreeMap::new();
+    metadata.insert("husk.run".to_owned(), rec.id.clone());
+    let req = CreateRequest {
+        template: plan.template.clone(),
+        timeout: plan.timeout + OUTPUT_GRACE,
+        metadata,
+        env: Vec::new(),
+        allow_internet_access: None,
+        workspaces: plan.workspaces.clone(),
+        limits: plan
+            .limits
+            .as_ref()
+            .map(|l| fill_limits(l, manager.limits())),
+    };
+    // Not raced against the cancel: a creation under way always finishes (see
+    // Manager::create), and the sandbox is destroyed just below if the run was cancelled.
+    let sb = manager
+        .create(who, req)
+        .await
+        .map_err(|e| format!("creating the sandbox failed: {e}"))?;
+    let guard = Destroy {
+        manager: manager.clone(),
+        who: who.clone(),
+        id: Some(sb.id.clone()),
+    };
+    rec.sandbox_id = Some(sb.id.clone());
+    if cancel.is_cancelled() {
+        rec.status = RunStatus::Cancelled;
+        rec.reason = Some("cancelled".into());
+        guard.now().await;
+        return Ok(());
+    }
+    let _ = runs.save_run(rec);
+    emit(
+        tx,
+        RunEvent::Started {
+            run_id: rec.id.clone(),
+            sandbox_id: sb.id.clone(),
+        },
+    )
+    .await;
+
+    let user = plan.user.unwrap_or(sb.default_user);
+    for (path, bytes) in plan.code_file.iter().chain(plan.files.iter()) {
+        let path = match (&plan.workdir, path.starts_with('/')) {
+            (Some(w), false) => format!("{}/{path}", w.trim_end_matches('/')),
+            _ => path.clone(),
+        };
+        write_file(&sb.agent, &path, bytes, user)
+            .await
+            .map_err(|e| format!("writing {path} into the sandbox failed: {e}"))?;
+    }
+
+    let mut p = StartProc {
+        cmd: plan.argv[0].clone(),
+        args: plan.argv[1..].to_vec(),
+        envs: plan.env.clone(),
+        cwd: plan.workdir.clone(),
+        user,
+        pty: None,
+        tag: None,
+        stdin: false,
+        timeout_ms: Some(plan.timeout.as_millis() as u64),
+        secret_envs: Vec::new(),
+    };
+    if !plan.redact {
+        p.envs.push((REDACT_ENV.into(), "0".into()));
+    }
+    let mut redact = Vec::new();
+    let mut secret_names = Vec::new();
+    if !plan.secrets.is_empty() {
+        let secrets = manager
+            .secrets()
+            .ok_or("secrets are not enabled on this server")?;
+        let inj = secrets
+            .inject(&who.team, &sb.env, &mut p.envs)
+            .map_err(|e| e.to_string())?;
+        p.secret_envs = inj.env;
+        redact = inj.redact;
+        secret_names = inj.names;
+    } else {
+        p.envs.retain(|(k, _)| k != REDACT_ENV);
+    }
+    let command = plan.argv.join(" ");
+    let (_pid, events) = sb
+        .agent
+        .start(p)
+        .await
+        .map_err(|e| format!("starting the command failed: {e}"))?;
+    if !secret_names.is_empty() {
+        if let Some(s) = manager.secrets() {
+            s.record_use(&who.team, &sb.id, &command, &secret_names);
+        }
+    }
+    let mut events = events.redacted(redact);
+
+    let (mut out, mut err) = (Utf8Stream::default(), Utf8Stream::default());
+    let (mut out_tail, mut err_tail) = (Tail::default(), Tail::default());
+    let deadline = tokio::time::Instant::now() + plan.timeout + END_GRACE;
+    let mut cancelled = false;
+    let mut overdue = false;
+    let end: Option<ProcEnd> = loop {
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(ProcEvent::Stdout(b)) => {
+                    out_tail.push(&b);
+                    let data = out.push(&b);
+                    if !data.is_empty() {
+                        emit(tx, RunEvent::Stdout { data }).await;
+                    }
+                }
+                Some(ProcEvent::Stderr(b)) => {
+                    err_tail.push(&b);
+                    let data = err.push(&b);
+                    if !data.is_empty() {
+                        emit(tx, RunEvent::Stderr { data }).await;
+                    }
+                }
+                Some(ProcEvent::Pty(_)) => {}
+                Some(ProcEvent::End(e)) => break Some(e),
+                None => break None,
+            },
+            _ = cancel.cancelled() => {
+                cancelled = true;
+                break None;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                overdue = true;
+                break None;
+            }
+        }
+    };
+    for (s, ev) in [(out.finish(), true), (err.finish(), false)] {
+        if !s.is_empty() {
+            let e = if ev {
+                RunEvent::Stdout { data: s }
+            } else {
+                RunEvent::Stderr { data: s }
+            };
+            emit(tx, e).await;
+        }
+    }
+    rec.stdout_tail = out_tail.text();
+    rec.stderr_tail = err_tail.text();
+    let secs = plan.timeout.as_secs_f64();
+    let (status, exit_code, reason) = if cancelled {
+        (RunStatus::Cancelled, None, "cancelled".to_owned())
+    } else if overdue {
+        (RunStatus::TimedOut, None, format!("timeout after {secs} s"))
+    } else {
+        match end {
+            Some(e) if e.error.as_deref() == Some(PROCESS_TIMED_OUT) => (
+                RunStatus::TimedOut,
+                Some(e.exit_code),
+                format!("timeout after {secs} s"),
+            ),
+            Some(e) if e.exited && e.exit_code == 0 => (RunStatus::Succeeded, Some(0), e.status),
+            Some(e) if e.exited => (RunStatus::Failed, Some(e.exit_code), e.status),
+            Some(e) if sb.oom_kills() > 0 => (
+                RunStatus::Failed,
+                Some(e.exit_code),
+                "out of memory".to_owned(),
+            ),
+            Some(e) => (RunStatus::Failed, Some(e.exit_code), e.status),
+            None if sb.oom_kills() > 0 => (RunStatus::Failed, None, "out of memory".to_owned()),
+            None => (
+                RunStatus::Error,
+                None,
+                "the sandbox ended before the command did".to_owned(),
+            ),
+        }
+    };
+    rec.status = status;
+    rec.exit_code = exit_code;
+    rec.reason = Some(reason.clone());
+    emit(
+        tx,
+        RunEvent::Exited {
+            exit_code,
+            status,
+            reason,
+            duration_ms: started.elapsed().as_millis() as u64,
+        },
+    )
+    .await;
+
+    if !plan.outputs.is_empty() && !cancelled {
+        let saved = save_outputs(runs, who, plan, &rec.id, &sb).await;
+        match saved {
+            Ok(report) => {
+                rec.outputs = Some(report.clone());
+                emit(tx, RunEvent::Outputs(report)).await;
+            }
+            Err(e) => {
+                guard.now().await;
+                return Err(format!("saving outputs failed: {e}"));
+            }
+        }
+    }
+    guard.now().await;
+    Ok(())
+}
+
+/// Freezes the sandbox and copies the outputs into the output workspace.
+async fn save_outputs(
+    runs: &Arc<Runs>,
+    who: &Principal,
+    plan: &Plan,
+    run_id: &str,
+    sb: &Arc<LiveSandbox>,
+) -> Result<super::OutputsReport, String> {
+    let ws_name = plan.output_workspace.clone().ok_or("no output workspace")?;
+    let workspaces = runs
+        .manager()
+        .workspaces()
+        .ok_or("workspaces are not enabled on this server")?
+        .clone();
+    let ws_dir = workspaces
+        .dir(&who.team, &ws_name)
+        .map_err(|e| e.to_string())?;
+    sb.freeze().map_err(|e| e.to_string())?;
+    let root = sb
+        .root_dir()
+        .map_err(|e| format!("open the sandbox's root: {e}"))?;
+    let (outputs, limits, run_id) = (plan.outputs.clone(), plan.output_limits, run_id.to_owned());
+    tokio::task::spawn_blocking(move || {
+        use std::os::fd::AsFd;
+        super::outputs::save(root.as_fd(), &ws_name, &ws_dir, &run_id, &outputs, &limits)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Writes `bytes` to `path` in the sandbox as `user` (through the agent, which resolves the
+/// path inside the sandbox).
+async fn write_file(
+    agent: &AgentClient,
+    path: &str,
+    bytes: &[u8],
+    user: husk_proto::User,
+) -> Result<(), String> {
+    let req = Request::OpenWrite {
+        path: path.to_owned(),
+        user,
+        metadata: Vec::new(),
+    };
+    let handle = match agent.call(req).await {
+        Ok(Reply::Opened { handle, .. }) => handle,
+        Ok(_) => return Err("unexpected reply".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut result = Ok(());
+    for chunk in bytes.chunks(husk_proto::CHUNK) {
+        let w = Request::Write {
+            handle,
+            data: chunk.to_vec(),
+        };
+        if let Err(e) = agent.call(w).await {
+            result = Err(e.to_string());
+            break;
+        }
+    }
+    let closed = agent.call(Request::Close { handle }).await;
+    result?;
+    closed.map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_split_across_chunks_is_sent_whole() {
+        let mut s = Utf8Stream::default();
+        let text = "naïve €5 😀";
+        let bytes = text.as_bytes();
+        let mut got = String::new();
+        for b in bytes.chunks(1) {
+            got.push_str(&s.push(b));
+        }
+        got.push_str(&s.finish());
+        assert_eq!(got, text);
+        // Invalid bytes are replaced, not held back forever.
+        let mut s = Utf8Stream::default();
+        assert_eq!(s.push(b"a\xffb"), "a\u{fffd}b");
+        assert_eq!(s.push(b"\xe2\x82"), "");
+        assert_eq!(s.finish(), "\u{fffd}");
+    }
+
+    #[test]
+    fn tail_keeps_the_last_bytes() {
+        let mut t = Tail::default();
+        for _ in 0..100 {
+            t.push(&[b'x'; 1000]);
+        }
+        t.push(b"END");
+        let text = t.text();
+        assert_eq!(text.len(), TAIL_BYTES);
+        assert!(text.ends_with("END"));
+    }
+}
