@@ -421,7 +421,7 @@ impl Manager {
     }
 
     /// `req` within the server's limits (each resource at most the server's).
-    fn request_limits(&self, req: Option<&Limits>) -> Result<Limits, CoreError> {
+    pub fn request_limits(&self, req: Option<&Limits>) -> Result<Limits, CoreError> {
         let max = &self.config.limits;
         let Some(l) = req else {
             return Ok(max.clone());
@@ -444,6 +444,21 @@ impl Manager {
             return over("pids", l.pids, max.pids);
         }
         Ok(l.clone())
+    }
+
+    /// The template `name`, checked (its image is hashed the first time this process uses
+    /// it, off the async threads).
+    pub async fn resolve_template(&self, name: &str) -> Result<Resolved, CoreError> {
+        let templates = self.templates.clone();
+        let name = name.to_owned();
+        tokio::task::spawn_blocking(move || templates.resolve(&name))
+            .await
+            .map_err(|e| CoreError::Spawn(e.to_string()))?
+            .map_err(|e| match e {
+                TemplateError::NotFound(n) => CoreError::TemplateNotFound(n),
+                TemplateError::Store(e) => CoreError::Store(e),
+                other => CoreError::TemplateBroken(other.to_string()),
+            })
     }
 
     /// The store, shared (for the services beside the manager: secrets).
@@ -510,16 +525,7 @@ impl Manager {
         let mounts = self.workspace_mounts(&who.team, &req.workspaces)?;
         let limits = self.request_limits(req.limits.as_ref())?;
         // May hash the image the first time this process uses it.
-        let templates = self.templates.clone();
-        let name = req.template.clone();
-        let template = tokio::task::spawn_blocking(move || templates.resolve(&name))
-            .await
-            .map_err(|e| CoreError::Spawn(e.to_string()))?
-            .map_err(|e| match e {
-                TemplateError::NotFound(n) => CoreError::TemplateNotFound(n),
-                TemplateError::Store(e) => CoreError::Store(e),
-                other => CoreError::TemplateBroken(other.to_string()),
-            })?;
+        let template = self.resolve_template(&req.template).await?;
         // Reserve a place in the team's quota for the time of the creation.
         {
             let limit = self.quota(&who.team);

@@ -253,6 +253,7 @@ impl Runs {
     ) -> Result<RunHandle, RunError> {
         let plan = spec.plan(self.manager.max_timeout())?;
         self.check_team_state(who, &plan)?;
+        self.check_sandbox(&plan).await?;
         let id = new_id("run")?;
         let record = RunRecord {
             id: id.clone(),
@@ -307,6 +308,17 @@ impl Runs {
             cancel,
             detached: false,
         })
+    }
+
+    /// What the sandbox's creation would refuse (limits over the server's, a missing or
+    /// damaged template), refused before the run exists.
+    async fn check_sandbox(&self, plan: &spec::Plan) -> Result<(), RunError> {
+        if let Some(l) = &plan.limits {
+            let full = spec::fill_limits(l, self.manager.limits());
+            self.manager.request_limits(Some(&full))?;
+        }
+        self.manager.resolve_template(&plan.template).await?;
+        Ok(())
     }
 
     /// What can be checked before any sandbox exists: the team's workspaces and secrets.
@@ -420,6 +432,7 @@ impl From<CoreError> for RunError {
     fn from(e: CoreError) -> Self {
         match e {
             CoreError::TemplateNotFound(t) => RunError::TemplateNotFound(t),
+            CoreError::TemplateBroken(m) => RunError::Unavailable(m),
             CoreError::WorkspaceNotFound(w) => RunError::WorkspaceNotFound(w),
             CoreError::InvalidArgument(m) => RunError::Invalid(m),
             CoreError::Store(e) => RunError::Store(e),

@@ -28,6 +28,8 @@ pub struct AppState {
     pub templates: Option<Arc<crate::templates::TemplateService>>,
     /// Teams' secrets (`None`: the secrets API answers 501).
     pub secrets: Option<Arc<husk_core::secrets::Secrets>>,
+    /// Teams' workspaces (`None`: the workspaces API answers 501).
+    pub workspaces: Option<Arc<husk_core::workspaces::Workspaces>>,
 }
 
 impl AppState {
@@ -37,11 +39,20 @@ impl AppState {
             watchers: Arc::default(),
             templates: None,
             secrets: None,
+            workspaces: None,
         }
     }
 
     pub fn with_secrets(mut self, secrets: Arc<husk_core::secrets::Secrets>) -> AppState {
         self.secrets = Some(secrets);
+        self
+    }
+
+    pub fn with_workspaces(
+        mut self,
+        workspaces: Arc<husk_core::workspaces::Workspaces>,
+    ) -> AppState {
+        self.workspaces = Some(workspaces);
         self
     }
 
@@ -108,7 +119,8 @@ pub fn service(
        + Send {
     let rest: Router = crate::rest::router(state.clone())
         .merge(crate::templates::router(state.clone()))
-        .merge(crate::secrets::router(state.clone()));
+        .merge(crate::secrets::router(state.clone()))
+        .merge(crate::workspaces::router(state.clone()));
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());

@@ -8,6 +8,7 @@ pub mod rest;
 pub mod sandbox;
 pub mod secrets;
 pub mod templates;
+pub mod workspaces;
 
 pub use app::{serve, AppState};
 pub mod connect;

@@ -22,6 +22,8 @@ pub enum Command {
     Key(crate::keys::KeyArgs),
     /// Store, list and remove teams' secrets (encrypted at rest), and rotate the master key.
     Secret(crate::secret::SecretArgs),
+    /// Persistent per-team workspaces: create, list, remove, and move files in and out.
+    Workspace(crate::workspace::WorkspaceArgs),
     /// Build, list, inspect, remove and export templates (sandbox root file systems).
     Template(crate::template::TemplateArgs),
     /// Measure sandbox start-up, throughput and density against bubblewrap.

@@ -15,6 +15,7 @@ mod sudo;
 mod template;
 mod template_progress;
 mod units;
+mod workspace;
 
 use clap::Parser;
 
@@ -34,6 +35,7 @@ fn main() {
         cli::Command::Serve(args) => serve::main(*args),
         cli::Command::Key(args) => keys::main(args),
         cli::Command::Secret(args) => secret::main(args),
+        cli::Command::Workspace(args) => workspace::main(args),
         cli::Command::Template(args) => template::main(args),
         cli::Command::Bench(args) => bench::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),

@@ -37,6 +37,9 @@ pub struct ServeArgs {
     /// first start, mode 0600]. Keep it off the database's backups.
     #[arg(long, value_name = "FILE")]
     pub master_key: Option<PathBuf>,
+    /// Largest upload into a workspace: one file, or the content of one tar archive.
+    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub workspace_upload_limit: u64,
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -183,9 +186,17 @@ async fn run(
     };
     let secrets = Arc::new(husk_core::secrets::Secrets::new(manager.store_arc(), keys));
     manager.set_secrets(secrets.clone());
+    let workspaces = match husk_core::workspaces::Workspaces::open(&args.state_dir) {
+        Ok(w) => Arc::new(w.with_upload_limits(husk_core::workspaces::ImportLimits {
+            max_bytes: args.workspace_upload_limit,
+            ..Default::default()
+        })),
+        Err(e) => return fail(e),
+    };
     let state = AppState::new(manager.clone())
         .with_templates(TemplateService::new(builder, size))
-        .with_secrets(secrets);
+        .with_secrets(secrets)
+        .with_workspaces(workspaces);
     let shutdown_manager = manager.clone();
     let shutdown = async move {
         wait_for_stop().await;

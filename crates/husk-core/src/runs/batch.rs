@@ -212,6 +212,11 @@ impl Runs {
                 .map_err(|e| prefix(i, e))?;
             self.check_team_state(who, &plan)
                 .map_err(|e| prefix(i, e))?;
+            // Items differ only in their command, env and files: one check of the sandbox
+            // they all get is enough.
+            if i == 0 {
+                self.check_sandbox(&plan).await?;
+            }
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let parallel = spec.parallel.unwrap_or(cpus);
