@@ -7,7 +7,10 @@ Prints, from one run against one server it starts itself:
 - `commands.run("true")` in a ready sandbox (SDK and raw Connect) beside a bare fork+exec of
   /bin/true from this process (the peer);
 - upload and download MB/s of one file over plain HTTP and through the SDK (the SDK's own
-  transport is CPU-bound on the client side for downloads: compare both).
+  transport is CPU-bound on the client side for downloads: compare both);
+- a one-shot run's round trip through husk's run API (submit -> output saved in a workspace)
+  beside `husk run` of the same script with `--output` (no server), interleaved;
+- a batch of 20 items: wall time at parallelism 1, 2 and 4.
 
 Figures are printed, never asserted: this machine is a shared VM, compare ratios within a run.
 Run with tests/compat/bench.sh (as root); HUSK_BIN picks the binary (use a release build).
@@ -199,12 +202,88 @@ def transfer(opts: dict, port: int, key: str, size_mb: int) -> None:
         sbx.kill()
 
 
+def native(port: int, key: str, method: str, path: str, body: object = None):
+    """One request to husk's own API: (status, parsed JSON or None)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    data = None if body is None else json.dumps(body).encode()
+    conn.request(method, path, body=data, headers={"X-API-Key": key, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, (json.loads(raw) if raw else None)
+
+
+def stream_events(port: int, key: str, path: str, body: object) -> List[dict]:
+    """POSTs to a streaming endpoint and reads its NDJSON events to the end."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", path, body=json.dumps(body).encode(),
+                 headers={"X-API-Key": key, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"{path}: {resp.status} {resp.read()[:300]!r}")
+    events = []
+    for raw in resp:
+        ev = json.loads(raw)
+        if ev.get("type") != "keepalive":
+            events.append(ev)
+    conn.close()
+    return events
+
+
+SCRIPT = "import os\nos.makedirs('o', exist_ok=True)\nopen('o/result.txt', 'w').write('ok\\n')\n"
+
+
+def run_round_trip(server, n: int) -> None:
+    """Submit -> outputs saved, through the run API, beside a local `husk run` with --output."""
+    import subprocess
+    import tempfile
+    port, key = server.port, server.admin_key
+    status, _ = native(port, key, "POST", "/husk/v1/workspaces", {"name": "bench"})
+    if status not in (201, 409):
+        raise RuntimeError(f"create workspace: {status}")
+    spec = {"code": SCRIPT, "outputs": ["/home/user/o"], "output_workspace": "bench"}
+    api, local = [], []
+    with tempfile.TemporaryDirectory(prefix="husk-bench-out-") as out:
+        for i in range(n):
+            t = time.perf_counter()
+            events = stream_events(port, key, "/husk/v1/runs", spec)
+            api.append((time.perf_counter() - t) * 1000)
+            run = events[-1]["run"]
+            if run["status"] != "succeeded" or len(run["outputs"]["files"]) != 1:
+                raise RuntimeError(f"run failed: {run}")
+            t = time.perf_counter()
+            subprocess.run(
+                [str(server.bin), "run", "-o", f"/home/user/o:{out}/{i}", "--", "python3", "-c", SCRIPT],
+                check=True, capture_output=True, timeout=60,
+            )
+            local.append((time.perf_counter() - t) * 1000)
+    line("run API: submit -> output saved (round trip)", api)
+    line("husk run -o (no server), same script", local)
+    print(f"  ratio run API / husk run (p50)                  {pct(api, 50) / pct(local, 50):7.2f}")
+
+
+def batch_walls(server, items: int) -> None:
+    """A batch of `items` small CPU-bound items at parallelism 1, 2 and 4."""
+    port, key = server.port, server.admin_key
+    run = {"code": "import sys\nprint(sum(i * i for i in range(300_000)), sys.argv)"}
+    for parallel in (1, 2, 4):
+        body = {"run": run, "items": [{"args": [str(i)]} for i in range(items)], "parallel": parallel}
+        t = time.perf_counter()
+        events = stream_events(port, key, "/husk/v1/batches", body)
+        wall = time.perf_counter() - t
+        b = events[-1]["batch"]
+        if b["succeeded"] != items:
+            raise RuntimeError(f"batch: {b}")
+        print(f"  batch of {items} items at parallelism {parallel}                 wall {wall * 1000:8.1f} ms   ({items / wall:5.1f} items/s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--size-mb", type=int, default=100)
+    ap.add_argument("--batch-items", type=int, default=20)
     args = ap.parse_args()
     server = start_server()
     try:
@@ -216,6 +295,8 @@ def main() -> None:
         creates_per_second(server.port, key, args.concurrency, args.seconds)
         command_latency(opts, server.port, key, args.iterations)
         transfer(opts, server.port, key, args.size_mb)
+        run_round_trip(server, max(5, args.iterations // 4))
+        batch_walls(server, args.batch_items)
     finally:
         server.close()
 
