@@ -151,12 +151,17 @@ impl Procs {
         self.find(sel)
     }
 
-    /// Starts a process.
+    /// Starts a process with the environment `env` ([`process_env`]) and, over it, last,
+    /// `p.secret_envs`. The secrets go into the process's environment only: the table keeps
+    /// `p.envs` (what `List` reports), which names a secret by its `husk-secret://` reference.
+    ///
+    /// The process gets its own Landlock domain (see [`husk_runtime::exec::spawn`]), so other
+    /// commands of the sandbox cannot read its `/proc/PID/environ`.
     pub fn start(
         &mut self,
         ctx: &AgentContext<'_>,
         p: &StartProc,
-        env: Vec<(String, String)>,
+        mut env: Vec<(String, String)>,
         workdir: &str,
     ) -> Result<u32, AgentError> {
         if self.table.len() >= MAX_PROCS {
@@ -169,6 +174,10 @@ impl Procs {
                     format!("a process with tag {tag} is running"),
                 ));
             }
+        }
+        for (k, v) in &p.secret_envs {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
         }
         let mut argv = Vec::with_capacity(p.args.len() + 1);
         argv.push(p.cmd.clone());
@@ -235,6 +244,7 @@ impl Procs {
                     tag: p.tag.clone(),
                     cmd: p.cmd.clone(),
                     args: p.args.clone(),
+                    // Never `env` or `p.secret_envs`: List must not return a secret.
                     envs: p.envs.clone(),
                     cwd: p.cwd.clone(),
                 },

@@ -198,6 +198,7 @@ async fn run_command(
             tag: Some("build-step".into()),
             stdin: false,
             timeout_ms: Some(timeout.as_millis() as u64),
+            secret_envs: Vec::new(),
         })
         .await
         .map_err(|e| StepError::Sandbox(format!("starting the command: {e}")))?;

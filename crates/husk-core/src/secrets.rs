@@ -370,14 +370,19 @@ pub struct Injection {
     pub names: Vec<String>,
     /// Their values, for redacting the process's output (empty: redaction is off).
     pub redact: Vec<Zeroizing<Vec<u8>>>,
+    /// The resolved variables (name, secret value), for that one process's environment only:
+    /// they go into [`husk_proto::StartProc::secret_envs`], never into the request's `envs`
+    /// (which the process list reports).
+    pub env: Vec<(String, String)>,
 }
 
 impl Secrets {
     /// Resolves the secrets a process start names: every variable of the effective
     /// environment (`sandbox_env` with `request_env` over it) whose value is
-    /// `husk-secret://NAME` gets `team`'s secret NAME, put into `request_env` (so the value
-    /// reaches that one process, not the sandbox's environment). `HUSK_REDACT=0` in
-    /// `request_env` turns output redaction off.
+    /// `husk-secret://NAME` gets `team`'s secret NAME, returned in [`Injection::env`] (so the
+    /// value reaches that one process, not the sandbox's environment). `request_env` keeps the
+    /// `husk-secret://NAME` references, never a value: it is what a process list shows.
+    /// `HUSK_REDACT=0` in `request_env` turns output redaction off (and is removed from it).
     pub fn inject(
         &self,
         team: &str,
@@ -409,13 +414,15 @@ impl Secrets {
         let mut inj = Injection {
             names: Vec::new(),
             redact: Vec::new(),
+            env: Vec::new(),
         };
         for (var, name) in wanted {
             let value = self.get(team, &name)?;
-            let text = String::from_utf8(value.to_vec())
-                .map_err(|_| SecretError::NotUtf8(name.clone()))?;
-            request_env.retain(|(k, _)| *k != var);
-            request_env.push((var, text));
+            // Checked in place: a failed conversion leaves no unwiped copy behind.
+            let text =
+                std::str::from_utf8(&value).map_err(|_| SecretError::NotUtf8(name.clone()))?;
+            inj.env.retain(|(k, _)| *k != var);
+            inj.env.push((var, text.to_owned()));
             if !inj.names.contains(&name) {
                 inj.names.push(name);
             }

@@ -26,6 +26,7 @@ fn shell(cmd: &str, user: User, tag: &str, timeout: Option<Duration>) -> StartPr
         tag: Some(tag.into()),
         stdin: false,
         timeout_ms: timeout.map(|t| t.as_millis() as u64),
+        secret_envs: Vec::new(),
     }
 }
 

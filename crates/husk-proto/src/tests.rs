@@ -70,3 +70,30 @@ fn read_frame_sees_a_clean_end() {
         FromAgent::Hello { version: VERSION }
     );
 }
+
+#[test]
+fn secret_envs_travel_but_never_show_in_debug() {
+    let p = StartProc {
+        cmd: "sleep".into(),
+        args: vec!["30".into()],
+        envs: vec![("K".into(), "husk-secret://TOKEN".into())],
+        cwd: None,
+        user: User::User,
+        pty: None,
+        tag: None,
+        stdin: false,
+        timeout_ms: None,
+        secret_envs: vec![("K".into(), "s3cr3t-value".into())],
+    };
+    let msg = ToAgent::Call {
+        id: 1,
+        req: Request::Start(p.clone()),
+    };
+    let frame = encode(&msg).unwrap();
+    assert_eq!(decode::<ToAgent>(&frame[4..]).unwrap(), msg);
+    // A logged request names the secret variable, never its value.
+    let shown = format!("{msg:?}");
+    assert!(shown.contains("husk-secret://TOKEN"), "{shown}");
+    assert!(shown.contains("secret_envs: [\"K\"]"), "{shown}");
+    assert!(!shown.contains("s3cr3t-value"), "{shown}");
+}

@@ -64,11 +64,15 @@ pub enum Selector {
 }
 
 /// What to start.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Its `Debug` shows the names of [`StartProc::secret_envs`], never their values.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct StartProc {
     pub cmd: String,
     pub args: Vec<String>,
     /// The request's own environment, applied over the sandbox's (for this process only).
+    /// Reported back as is by `List` ([`ProcInfo::envs`]), so it never holds a secret's value:
+    /// a secret stays a `husk-secret://NAME` reference here.
     pub envs: Vec<(String, String)>,
     /// Working directory; relative paths and `~` resolve against the user's home.
     pub cwd: Option<String>,
@@ -80,6 +84,32 @@ pub struct StartProc {
     pub stdin: bool,
     /// Kill the process (its whole process group) after this long.
     pub timeout_ms: Option<u64>,
+    /// Resolved secrets, applied over `envs` (and the sandbox's environment) in the process's
+    /// environment, last. The agent never stores or reports them (not in [`ProcInfo`]).
+    ///
+    /// Added to the protocol without a [`crate::VERSION`] bump, like earlier fields: the agent
+    /// is the server's own binary, so both ends always agree on the layout. (postcard is not
+    /// self-describing, so `#[serde(default)]` only helps self-describing encodings.)
+    #[serde(default)]
+    pub secret_envs: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for StartProc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret_names: Vec<&str> = self.secret_envs.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("StartProc")
+            .field("cmd", &self.cmd)
+            .field("args", &self.args)
+            .field("envs", &self.envs)
+            .field("cwd", &self.cwd)
+            .field("user", &self.user)
+            .field("pty", &self.pty)
+            .field("tag", &self.tag)
+            .field("stdin", &self.stdin)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("secret_envs", &secret_names)
+            .finish()
+    }
 }
 
 /// A running process, as `List` reports it.

@@ -180,7 +180,7 @@ fn a_server_running_during_a_cli_rotation_picks_up_the_new_key() {
 }
 
 #[test]
-fn references_are_resolved_into_the_request_environment_only() {
+fn references_are_resolved_apart_from_the_request_environment() {
     let (_dir, _store, secrets) = setup();
     secrets.set("acme", "TOKEN", b"t0ken-value").unwrap();
     secrets.set("acme", "OTHER", b"other-value").unwrap();
@@ -193,9 +193,15 @@ fn references_are_resolved_into_the_request_environment_only() {
     ];
     let mut req = vec![("API".to_string(), "husk-secret://TOKEN".to_string())];
     let inj = secrets.inject("acme", &sandbox_env, &mut req).unwrap();
-    req.sort();
+    // The request keeps the reference (a process list shows it); the values are apart.
     assert_eq!(
         req,
+        vec![("API".to_string(), "husk-secret://TOKEN".to_string())]
+    );
+    let mut env = inj.env.clone();
+    env.sort();
+    assert_eq!(
+        env,
         vec![
             ("API".to_string(), "t0ken-value".to_string()),
             ("FROM_SANDBOX".to_string(), "other-value".to_string()),
@@ -214,6 +220,11 @@ fn references_are_resolved_into_the_request_environment_only() {
     assert!(inj.redact.is_empty());
     assert!(req.contains(&("FROM_SANDBOX".to_string(), "mine".to_string())));
     assert!(!req.iter().any(|(k, _)| k == REDACT_ENV));
+    assert_eq!(
+        inj.env,
+        vec![("API".to_string(), "t0ken-value".to_string())]
+    );
+    assert!(!req.iter().any(|(_, v)| v.contains("t0ken")));
     // Unknown secrets and other teams' secrets are not found.
     let mut req = vec![("X".to_string(), "husk-secret://NOPE".to_string())];
     assert!(matches!(

@@ -115,6 +115,7 @@ impl StartRequest {
             tag: self.tag.filter(|t| !t.is_empty()),
             stdin: self.stdin.unwrap_or(true),
             timeout_ms,
+            secret_envs: Vec::new(),
         })
     }
 }
@@ -399,6 +400,7 @@ mod tests {
                 tag: None,
                 stdin: false,
                 timeout_ms: Some(5000),
+                secret_envs: Vec::new(),
             }
         );
         let p = start(json!({

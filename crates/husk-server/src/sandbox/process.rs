@@ -102,7 +102,8 @@ async fn start(
         Err(e) => return stream_error(e),
     };
     // `husk-secret://NAME` values (the request's or the sandbox's) become the team's secrets,
-    // in this process's environment only; its output gets them masked.
+    // in this process's environment only (`secret_envs`: `envs` keeps the references, which is
+    // what a process list shows); its output gets them masked.
     let uses_secrets = p
         .envs
         .iter()
@@ -116,7 +117,10 @@ async fn start(
             ))
         }
         (true, Some(s)) => match s.inject(&sb.team, &sb.env, &mut p.envs) {
-            Ok(inj) => Some((s, inj)),
+            Ok(mut inj) => {
+                p.secret_envs = std::mem::take(&mut inj.env);
+                Some((s, inj))
+            }
             Err(SecretError::NotFound(name)) => {
                 return stream_error(ConnectError::not_found(format!(
                     "secret '{name}' not found"
