@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
 
-use crate::fences::{Fences, Rlimits};
+use crate::fences::{CommandDomain, Fences, Rlimits};
 use crate::spec::{Limits, User};
 use crate::sys;
 
@@ -94,14 +94,21 @@ impl ExecPlan {
 /// mistaken for the program's own exit).
 ///
 /// The caller must be a single-threaded process (PID 1 of a sandbox is).
+///
+/// Every process started here gets a Landlock domain of its own, nested in the sandbox's
+/// (see [`CommandDomain`]): the processes of one command cannot read the environment
+/// (`/proc/PID/environ`) or memory of another command's, while signals between them work.
 pub fn spawn(fences: &Fences, plan: &ExecPlan, stdio: Stdio) -> io::Result<libc::pid_t> {
+    let domain = fences
+        .command_domain()
+        .map_err(|e| io::Error::other(e.to_string()))?;
     let (err_r, err_w) = sys::pipe()?;
     // SAFETY: sandbox PID 1 (init or the agent) is single-threaded: a fork of the
     // single-threaded spawner that never starts a thread.
     let pid = unsafe { sys::fork() }?;
     if pid == 0 {
         drop(err_r);
-        let e = exec_child(fences, plan, stdio, err_w.as_raw_fd());
+        let e = exec_child(fences, domain, plan, stdio, err_w.as_raw_fd());
         let code = e.raw_os_error().unwrap_or(libc::EIO);
         let _ = sys::write_all(err_w.as_fd(), &code.to_le_bytes());
         sys::exit_now(127);
@@ -119,8 +126,15 @@ pub fn spawn(fences: &Fences, plan: &ExecPlan, stdio: Stdio) -> io::Result<libc:
     }
 }
 
-/// In the forked child: session, terminal, user, fences, exec. Returns only on error.
-fn exec_child(fences: &Fences, p: &ExecPlan, stdio: Stdio, err_fd: RawFd) -> io::Error {
+/// In the forked child: session, terminal, user, fences, the command's own Landlock domain,
+/// exec. Returns only on error.
+fn exec_child(
+    fences: &Fences,
+    domain: CommandDomain,
+    p: &ExecPlan,
+    stdio: Stdio,
+    err_fd: RawFd,
+) -> io::Error {
     let step = || -> io::Result<()> {
         // PID 1 built the root with umask 0; processes (and a workdir made for them) get the
         // conventional 022.
@@ -158,6 +172,8 @@ fn exec_child(fences: &Fences, p: &ExecPlan, stdio: Stdio, err_fd: RawFd) -> io:
         fences
             .apply_after_setuid(root, &p.rlimits)
             .map_err(|e| io::Error::other(e.to_string()))?;
+        // After no_new_privs (set just above), before the ruleset's fd is closed.
+        domain.enter()?;
         sys::close_fds_from(3, &[err_fd]);
         Ok(())
     };

@@ -1,17 +1,19 @@
 """Secrets through the stock SDK: `husk-secret://NAME` in `envs` (sandbox or command) is the
 team's secret in that process's environment, masked as `****` in the output streamed back
 (also when split across chunks), absent from PID 1's environment and the sandbox's disk, and
-recorded in the audit (never the value)."""
+recorded in the audit (never the value). A running command's secret is not in the process list
+(only its `husk-secret://` reference), and the other commands of the sandbox cannot read it
+from its /proc/PID/environ, as the user or as root."""
 
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-from e2b import Sandbox
+from e2b import CommandExitException, Sandbox
 from e2b.exceptions import SandboxException
 
-from husk_compat import unique
+from husk_compat import unique, wait_for
 
 VALUE = "sk-compat-7c1f0e9a2b3d-not-for-eyes"
 
@@ -73,3 +75,30 @@ def test_unknown_secrets_and_other_teams_secrets_are_refused(husk, secret_name, 
     assert "not found" in str(e.value)
     # The sandbox is fine afterwards.
     assert sbx.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_a_running_commands_secret_is_neither_listed_nor_readable_by_other_commands(secret_name, sandbox_factory):
+    sbx = sandbox_factory()
+    reference = f"husk-secret://{secret_name}"
+    h = sbx.commands.run("sleep 60", background=True, envs={"S": reference})
+    try:
+        # The list shows the reference the command was started with, never the value.
+        procs = sbx.commands.list()
+        assert VALUE not in repr(procs), procs
+        mine = [p for p in procs if p.pid == h.pid]
+        assert mine and mine[0].envs.get("S") == reference, procs
+        # The command itself has the value; another command cannot read it, as the user, as
+        # root or through sudo. (Its output would be masked; the exit status tells.)
+        r = sbx.commands.run(f"grep -qzx 'S={VALUE}' /proc/$$/environ && echo own", envs={"S": reference})
+        assert r.stdout == "own\n"
+        probe = f"if cat /proc/{h.pid}/environ > /dev/null 2>&1; then echo readable; else echo denied; fi"
+        assert sbx.commands.run(probe).stdout == "denied\n"
+        assert sbx.commands.run(probe, user="root").stdout == "denied\n"
+        assert sbx.commands.run(probe.replace("if cat", "if sudo cat")).stdout == "denied\n"
+        # Signals still cross commands.
+        sbx.commands.run(f"kill {h.pid}")
+        with pytest.raises(CommandExitException):
+            h.wait()
+        wait_for(lambda: h.pid not in [p.pid for p in sbx.commands.list()], 10, "killed pid to leave the list")
+    finally:
+        h.kill()

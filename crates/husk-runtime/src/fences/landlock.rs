@@ -1,9 +1,15 @@
-//! The Landlock ruleset (see [`super::Fences`] for the policy).
+//! The Landlock rulesets (see [`super::Fences`] for the policy).
 //!
-//! The ruleset is created once by [`LandlockFence::prepare`] (which opens `/` and `/dev`); the
-//! child enforces a duplicate of it (`dup` + `landlock_restrict_self`, no allocation). Landlock
-//! rules name inodes, so if `/` is no longer the directory seen at prepare time (prepare ran
-//! before `pivot_root`/`chroot`), the child builds a fresh ruleset for its own root instead.
+//! Two rulesets. The sandbox's, enforced once on PID 1 by [`LandlockFence::apply`]: Landlock
+//! rules name inodes, and the fences are prepared before `pivot_root`, so `apply` builds it
+//! for the root PID 1 has then. And each command's own, nested in the sandbox's
+//! ([`LandlockFence::command_ruleset`]): built once in PID 1 for its root and kept open; the
+//! forked child only calls `landlock_restrict_self` on the kept fd (one syscall, no
+//! allocation).
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::Mutex;
 
 use ::landlock::{
     Access, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated,
@@ -40,6 +46,16 @@ impl LandlockState {
 pub(super) struct LandlockFence {
     abi: i32,
     prepared: Option<Prepared>,
+    /// The per-command ruleset, once built.
+    command: Mutex<Option<CommandRuleset>>,
+}
+
+/// The ruleset every command's own domain is made of, and the root it was built for.
+#[derive(Debug)]
+struct CommandRuleset {
+    fd: OwnedFd,
+    /// `(st_dev, st_ino)` of `/` when it was built.
+    root: (u64, u64),
 }
 
 /// A ruleset built at prepare time. Kept only to show (in a test) why `apply` never uses it:
@@ -85,6 +101,29 @@ fn build_ruleset() -> Result<RulesetCreated, FenceError> {
     Ok(ruleset)
 }
 
+/// The ruleset of a command's own domain: it handles `Execute` only and allows it beneath
+/// `/`, so it restricts nothing the sandbox's domain allows (Landlock needs at least one
+/// handled right for a ruleset). No scopes: signals and abstract sockets between the commands
+/// of one sandbox keep working; the sandbox's domain already scopes both to the sandbox.
+fn build_command_ruleset() -> Result<OwnedFd, FenceError> {
+    let ruleset = Ruleset::default()
+        .handle_access(AccessFs::Execute)?
+        .create()?
+        .add_rule(PathBeneath::new(open("/")?, AccessFs::Execute))?;
+    Option::<OwnedFd>::from(ruleset).ok_or_else(|| FenceError::Sys {
+        op: "landlock: the per-command ruleset has no fd",
+        error: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+    })
+}
+
+fn root_id() -> Result<(u64, u64), FenceError> {
+    let m = std::fs::metadata("/").map_err(|error| FenceError::Sys {
+        op: "stat /",
+        error,
+    })?;
+    Ok((m.dev(), m.ino()))
+}
+
 impl LandlockFence {
     pub(super) fn prepare() -> Result<LandlockFence, FenceError> {
         let abi = kernel_abi();
@@ -95,7 +134,11 @@ impl LandlockFence {
         } else {
             None
         };
-        Ok(LandlockFence { abi, prepared })
+        Ok(LandlockFence {
+            abi,
+            prepared,
+            command: Mutex::new(None),
+        })
     }
 
     pub(super) fn state(&self) -> LandlockState {
@@ -115,7 +158,46 @@ impl LandlockFence {
         // Always built here, for the root the caller has now: a ruleset prepared before
         // pivot_root points at the host's directories (and its fd may have been closed since).
         build_ruleset()?.restrict_self()?;
+        // The commands' ruleset too, now rather than at the first command.
+        self.command_ruleset()?;
         Ok(())
+    }
+
+    /// In the parent, before forking a command: the fd of the ruleset of its own domain (see
+    /// [`build_command_ruleset`]), built on first use for the current root and rebuilt if the
+    /// root changed since; `None` without Landlock. The fd stays open as long as `self`.
+    pub(super) fn command_ruleset(&self) -> Result<Option<RawFd>, FenceError> {
+        if self.prepared.is_none() {
+            return Ok(None);
+        }
+        let root = root_id()?;
+        let mut slot = self.command.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = slot.as_ref().filter(|c| c.root == root) {
+            return Ok(Some(c.fd.as_raw_fd()));
+        }
+        let fd = build_command_ruleset()?;
+        let raw = fd.as_raw_fd();
+        *slot = Some(CommandRuleset { fd, root });
+        Ok(Some(raw))
+    }
+}
+
+/// In a forked child with no_new_privs set: enters a new Landlock domain made of the ruleset
+/// `fd`, nested in the current one. One syscall, no allocation; async-signal-safe.
+pub(super) fn restrict_self(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: landlock_restrict_self(2) takes a ruleset fd and flags (0) and reads no memory
+    // of the caller; `fd` is the parent's ruleset fd, inherited across fork and still open.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_restrict_self,
+            fd as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -240,6 +322,15 @@ mod tests {
                 assert_eq!(got[5], signal, "kill(getppid(), 0) from inside the domain");
             }
         }
+    }
+
+    /// The commands' ruleset is built once and kept: every command enters the same one.
+    #[test]
+    fn the_command_ruleset_is_built_once() {
+        let fence = LandlockFence::prepare().expect("prepare");
+        let first = fence.command_ruleset().expect("command ruleset");
+        assert_eq!(first.is_none(), fence.state() == LandlockState::Unsupported);
+        assert_eq!(fence.command_ruleset().expect("command ruleset"), first);
     }
 
     /// If the root changed after prepare (prepare ran before pivot_root), the ruleset is rebuilt

@@ -7,18 +7,21 @@
 //! let fences = Fences::prepare()?;          // once, before forking: compiles BPF, opens "/"
 //! fences.apply_to_init()?;                  // once init needs no more privileged setup
 //! // for each command:
+//! let domain = fences.command_domain()?;    // in the parent: the command's own Landlock domain
 //! fork() -> in the child:
 //!     setgroups / setresgid
 //!     fences.drop_bounding(root)?;          // needs CAP_SETPCAP: before setresuid
 //!     setresuid(uid, uid, uid)
 //!     fences.apply_after_setuid(root, &rlimits)?;
+//!     domain.enter()?;                      // needs no_new_privs (set just before)
 //!     execve(...)
 //! ```
 //!
-//! `prepare` allocates; `drop_bounding` and `apply_after_setuid` only make syscalls on prepared
-//! data (they allocate nothing unless the root directory changed since `prepare`, see
-//! [`Fences::prepare`]). The policy itself is data: [`DENY_RULES`] (seccomp),
-//! [`DEFAULT_ROOT_CAPS`] (capabilities) and the Landlock rules described on [`Fences`].
+//! `prepare` allocates; `drop_bounding`, `apply_after_setuid` and `CommandDomain::enter` only
+//! make syscalls on prepared data (they allocate nothing unless the root directory changed
+//! since `prepare`, see [`Fences::prepare`]). The policy itself is data: [`DENY_RULES`]
+//! (seccomp), [`DEFAULT_ROOT_CAPS`] (capabilities) and the Landlock rules described on
+//! [`Fences`] and [`CommandDomain`].
 
 mod caps;
 mod landlock;
@@ -117,7 +120,8 @@ impl FenceError {
 /// sockets and signals are scoped (ABI 6+): sandboxed processes cannot connect to abstract
 /// sockets or signal processes outside their own Landlock domain, PID 1 included. On kernels
 /// without (some of) these features the rest still applies (best effort); see
-/// [`Fences::landlock_state`].
+/// [`Fences::landlock_state`]. Each command also gets a domain of its own, nested in the
+/// sandbox's ([`CommandDomain`]).
 #[derive(Debug)]
 pub struct Fences {
     seccomp: Vec<seccompiler::BpfProgram>,
@@ -144,6 +148,15 @@ impl Fences {
         self.landlock.state()
     }
 
+    /// In the parent (PID 1), before forking a command: the command's own Landlock domain,
+    /// entered in the child with [`CommandDomain::enter`]. Its ruleset is built once (by
+    /// [`Fences::apply_to_init`], or here on first use) for the current root, and kept open.
+    pub fn command_domain(&self) -> Result<CommandDomain, FenceError> {
+        Ok(CommandDomain {
+            ruleset: self.landlock.command_ruleset()?,
+        })
+    }
+
     /// In the forked child, before `setresuid` (dropping needs `CAP_SETPCAP`): removes from the
     /// capability bounding set every capability not in the keep-set ([`DEFAULT_ROOT_CAPS`] for
     /// `root`, none otherwise).
@@ -156,8 +169,8 @@ impl Fences {
     /// In order: rlimits; capabilities (checks the bounding set holds nothing outside the
     /// keep-set, dropping leftovers if still possible; limits permitted and effective to the
     /// keep-set, clears inheritable and ambient); no_new_privs; seccomp, unless the process is
-    /// already filtered. Landlock is not applied here: the domain comes from init
-    /// ([`Fences::apply_to_init`]).
+    /// already filtered. Landlock is not applied here: the sandbox's domain comes from init
+    /// ([`Fences::apply_to_init`]), the command's own is entered next ([`CommandDomain`]).
     ///
     /// Commands forked by init inherit init's seccomp filter, so installing the same filter again
     /// would only stack a second copy that every syscall of the command then runs through.
@@ -182,10 +195,11 @@ impl Fences {
     /// longer mount, unshare a user namespace, etc.
     ///
     /// Landlock is enforced here too, once for the whole sandbox: every command init starts
-    /// inherits the same domain, so commands of one sandbox can still signal each other (a
-    /// `pkill` of a server started by an earlier command works) and init can signal them all,
-    /// while nothing in the sandbox can signal or reach abstract sockets outside it. Doing it
-    /// once also keeps the ruleset's cost off every command start.
+    /// is inside this domain (in a nested one of its own, [`CommandDomain`], which scopes
+    /// nothing), so commands of one sandbox can still signal each other (a `pkill` of a server
+    /// started by an earlier command works) and init can signal them all, while nothing in the
+    /// sandbox can signal or reach abstract sockets outside it. The commands' ruleset is built
+    /// here as well, so neither ruleset costs anything at a command's start.
     pub fn apply_to_init(&self) -> Result<(), FenceError> {
         caps::drop_bounding_except(caps::init_mask(), self.last_cap)?;
         // SAFETY: PR_SET_DUMPABLE takes an integer argument and touches no memory.
@@ -195,6 +209,51 @@ impl Fences {
         set_no_new_privs()?;
         self.landlock.apply()?;
         seccomp::install(&self.seccomp, true)
+    }
+}
+
+/// A command's own Landlock domain, nested in the sandbox's: what keeps the processes of one
+/// command from inspecting those of another command of the same sandbox.
+///
+/// Every command PID 1 (the agent or husk's init) starts enters a new domain of its own, made
+/// of a ruleset that restricts nothing beyond the sandbox's domain (it handles `Execute` and
+/// allows it beneath `/`) and scopes nothing. What it changes is the domain hierarchy:
+/// Landlock lets a process ptrace another, which includes `PTRACE_MODE_READ` (reading
+/// `/proc/PID/environ`, `mem`, `maps`, `fd/N`, `cwd`, `exe`, `stack`, and `process_vm_readv`,
+/// `pidfd_getfd`, `kcmp`), only if the tracer's domain is the target's or one of its
+/// ancestors. Sibling domains are neither, so a command cannot read another command's
+/// environment (and the secrets in it) or memory: not as the same uid, and not as the sandbox's
+/// root (`sudo` commands are started by the agent, in domains of their own too). Nor can it
+/// read PID 1's. (Linux 6.18 still lets a holder of `CAP_SYS_ADMIN` or
+/// `CAP_CHECKPOINT_RESTORE` open another process's `environ` and `maps` across domains:
+/// neither may ever be in [`DEFAULT_ROOT_CAPS`].)
+///
+/// It must be every command, not only those given secrets: the protection comes from the two
+/// processes being in different domains, so a command without secrets must not share a domain
+/// with (or be an ancestor of) one that has them.
+///
+/// What it does not block: processes a command forks stay in its domain, so a command can
+/// still `strace`/`gdb` its own children and read their `/proc` files; PID 1 (an ancestor)
+/// still can; signals between commands (no signal scope here: `kill`/`pkill` across commands
+/// of a sandbox work, the sandbox's domain scopes them to the sandbox) and abstract unix
+/// sockets (the agent's `sudo` socket among them); `/proc/PID/cmdline`, `status` and `stat`,
+/// which need no ptrace access (`ps` and `pkill -f` work); and anything a process shares
+/// deliberately (files, pipes, its own children's environment). Without Landlock in the kernel
+/// there is no such barrier: [`CommandDomain::enter`] does nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct CommandDomain {
+    ruleset: Option<std::os::fd::RawFd>,
+}
+
+impl CommandDomain {
+    /// In the forked child, after [`Fences::apply_after_setuid`] (which sets no_new_privs) and
+    /// before the ruleset's fd is closed: enters the command's own domain. One syscall, no
+    /// allocation.
+    pub fn enter(self) -> io::Result<()> {
+        match self.ruleset {
+            Some(fd) => landlock::restrict_self(fd),
+            None => Ok(()),
+        }
     }
 }
 
@@ -498,6 +557,173 @@ mod tests {
         });
         assert!(child.exited(0), "{child:?}");
         assert_eq!(child.i32s(), [1]);
+    }
+
+    /// 0 if `path` opens for reading, else errno. Async-signal-safe.
+    fn open_rc(path: &std::ffi::CStr) -> i32 {
+        // SAFETY: NUL-terminated path; the fd is closed right away.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return testing::errno();
+            }
+            libc::close(fd);
+        }
+        0
+    }
+
+    /// In a forked child of "PID 1": what `exec::exec_child` does to a command as root or as
+    /// the user (uid 1000), made dumpable as `execve` would, then, with `isolate`, the
+    /// command's own domain. False if a step failed.
+    fn become_command(fences: &Fences, domain: CommandDomain, user: bool, isolate: bool) -> bool {
+        if fences.drop_bounding(!user).is_err() {
+            return false;
+        }
+        if user {
+            // SAFETY: setgroups with an empty list; setresgid/setresuid take integers.
+            let switched = unsafe {
+                libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(1000, 1000, 1000) == 0
+                    && libc::setresuid(1000, 1000, 1000) == 0
+            };
+            if !switched {
+                return false;
+            }
+        }
+        if fences
+            .apply_after_setuid(!user, &Rlimits::default())
+            .is_err()
+        {
+            return false;
+        }
+        // SAFETY: integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        !isolate || domain.enter().is_ok()
+    }
+
+    /// Forks a process that runs `setup`, dies with its parent, writes to `ready` one byte
+    /// (0: it read its own /proc/self/environ, 1: it could not, 2: `setup` failed) and waits to
+    /// be killed.
+    fn fork_waiting(setup: impl FnOnce() -> bool, ready: std::os::fd::RawFd) -> libc::pid_t {
+        // SAFETY: the caller is a single-threaded forked child; the child `_exit`s or pauses.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid != 0 {
+            return pid;
+        }
+        let state = if setup() {
+            let mut buf = [0u8; 4096];
+            u8::from(read_file(c"/proc/self/environ", &mut buf).is_none())
+        } else {
+            2
+        };
+        // SAFETY: integer prctl arguments (after setup: a uid change clears the setting); a
+        // one-byte write from a local to our pipe; pause takes no arguments.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            libc::write(ready, (&state as *const u8).cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+
+    fn wait_ready(ready: std::os::fd::RawFd) -> i32 {
+        let mut b = [0u8; 1];
+        // SAFETY: reading one byte into a local from our pipe.
+        if unsafe { libc::read(ready, b.as_mut_ptr().cast(), 1) } == 1 {
+            i32::from(b[0])
+        } else {
+            -1
+        }
+    }
+
+    /// Two commands A and B of one sandbox, as PID 1 starts them (root or the user; with or
+    /// without their own domains). Returns: whether A reads its own environ (0), then what B
+    /// gets (0 or errno) opening A's environ and mem, from kill(A, 0), and opening the environ
+    /// of a child of its own.
+    fn sibling_commands(fences: &Fences, user: bool, isolate: bool) -> Vec<i32> {
+        let sandbox = in_child(|out| {
+            if fences.apply_to_init().is_err() {
+                return 2;
+            }
+            let Ok(domain) = fences.command_domain() else {
+                return 3;
+            };
+            let mut p = [0; 2];
+            // SAFETY: pipe2 writes two fds into the array.
+            if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                return 4;
+            }
+            let (ready_r, ready_w) = (p[0], p[1]);
+            let a = fork_waiting(|| become_command(fences, domain, user, isolate), ready_w);
+            out.send_i32(wait_ready(ready_r));
+            // This process is single-threaded: it and its children may allocate.
+            let environ = std::ffi::CString::new(format!("/proc/{a}/environ")).unwrap();
+            let mem = std::ffi::CString::new(format!("/proc/{a}/mem")).unwrap();
+            // SAFETY: single-threaded; the child `_exit`s.
+            let b = unsafe { libc::fork() };
+            if b == 0 {
+                let code = if become_command(fences, domain, user, isolate) {
+                    out.send_i32(open_rc(&environ));
+                    out.send_i32(open_rc(&mem));
+                    // SAFETY: signal 0 only checks that A may be signalled.
+                    let killed = unsafe { libc::kill(a, 0) };
+                    out.send_i32(if killed == 0 { 0 } else { testing::errno() });
+                    let own = fork_waiting(|| true, ready_w);
+                    let _ = wait_ready(ready_r);
+                    let path = std::ffi::CString::new(format!("/proc/{own}/environ")).unwrap();
+                    out.send_i32(open_rc(&path));
+                    // SAFETY: ends and reaps our own child.
+                    unsafe {
+                        libc::kill(own, libc::SIGKILL);
+                        libc::waitpid(own, std::ptr::null_mut(), 0);
+                    }
+                    0
+                } else {
+                    6
+                };
+                // SAFETY: ends the forked child.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: reaps B; ends and reaps A.
+            unsafe {
+                libc::waitpid(b, &mut status, 0);
+                libc::kill(a, libc::SIGKILL);
+                libc::waitpid(a, std::ptr::null_mut(), 0);
+            }
+            if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                0
+            } else {
+                7
+            }
+        });
+        assert!(sandbox.exited(0), "{sandbox:?}");
+        sandbox.i32s()
+    }
+
+    #[test]
+    fn every_command_has_its_own_landlock_domain() {
+        let fences = Fences::prepare().expect("prepare");
+        let enforced = fences.landlock_state() != LandlockState::Unsupported;
+        for user in [false, true] {
+            // In one shared domain (as before), a command reads another's environment and
+            // memory: the test can tell.
+            assert_eq!(
+                sibling_commands(&fences, user, false),
+                [0, 0, 0, 0, 0],
+                "user {user}, one domain: A's own environ; B: A's environ, A's mem, kill(A, 0), \
+                 its child's environ"
+            );
+            let barred = if enforced { libc::EACCES } else { 0 };
+            assert_eq!(
+                sibling_commands(&fences, user, true),
+                [0, barred, barred, 0, 0],
+                "user {user}, own domains: A's own environ; B: A's environ, A's mem, \
+                 kill(A, 0), its child's environ"
+            );
+        }
     }
 
     #[test]
