@@ -118,6 +118,7 @@ pub fn service(
 > + Clone
        + Send {
     let rest: Router = crate::rest::router(state.clone())
+        .merge(crate::openapi::router(state.clone()))
         .merge(crate::templates::router(state.clone()))
         .merge(crate::secrets::router(state.clone()))
         .merge(crate::workspaces::router(state.clone()));

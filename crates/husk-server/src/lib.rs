@@ -4,6 +4,7 @@
 //! Handlers parse requests into the core's typed calls; they hold no state of their own.
 #![forbid(unsafe_code)]
 pub mod app;
+pub mod openapi;
 pub mod rest;
 pub mod sandbox;
 pub mod secrets;
