@@ -30,6 +30,8 @@ pub struct AppState {
     pub secrets: Option<Arc<husk_core::secrets::Secrets>>,
     /// Teams' workspaces (`None`: the workspaces API answers 501).
     pub workspaces: Option<Arc<husk_core::workspaces::Workspaces>>,
+    /// One-shot runs and batches (`None`: their API answers 501).
+    pub runs: Option<Arc<husk_core::runs::Runs>>,
 }
 
 impl AppState {
@@ -40,7 +42,13 @@ impl AppState {
             templates: None,
             secrets: None,
             workspaces: None,
+            runs: None,
         }
+    }
+
+    pub fn with_runs(mut self, runs: Arc<husk_core::runs::Runs>) -> AppState {
+        self.runs = Some(runs);
+        self
     }
 
     pub fn with_secrets(mut self, secrets: Arc<husk_core::secrets::Secrets>) -> AppState {
@@ -121,7 +129,8 @@ pub fn service(
         .merge(crate::openapi::router(state.clone()))
         .merge(crate::templates::router(state.clone()))
         .merge(crate::secrets::router(state.clone()))
-        .merge(crate::workspaces::router(state.clone()));
+        .merge(crate::workspaces::router(state.clone()))
+        .merge(crate::runs::router(state.clone()));
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());

@@ -6,6 +6,7 @@
 pub mod app;
 pub mod openapi;
 pub mod rest;
+pub mod runs;
 pub mod sandbox;
 pub mod secrets;
 pub mod templates;

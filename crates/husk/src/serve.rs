@@ -193,10 +193,17 @@ async fn run(
         })),
         Err(e) => return fail(e),
     };
+    // Sandboxes mount them (E2B volumeMounts, runs); runs save outputs into them.
+    manager.set_workspaces(workspaces.clone());
+    let runs = match husk_core::runs::Runs::new(manager.clone()) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
     let state = AppState::new(manager.clone())
         .with_templates(TemplateService::new(builder, size))
         .with_secrets(secrets)
-        .with_workspaces(workspaces);
+        .with_workspaces(workspaces)
+        .with_runs(runs);
     let shutdown_manager = manager.clone();
     let shutdown = async move {
         wait_for_stop().await;
