@@ -18,6 +18,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Serve the E2B-compatible API: sandboxes for the stock E2B SDKs and husk's own clients.
     Serve(Box<crate::serve::ServeArgs>),
+    /// Run one command per input on a husk server, in parallel, with a summary.
+    Batch(Box<crate::batch::BatchArgs>),
     /// Manage API keys (and teams' sandbox quotas) in the server's state directory.
     Key(crate::keys::KeyArgs),
     /// Store, list and remove teams' secrets (encrypted at rest), and rotate the master key.
@@ -51,30 +53,59 @@ pub struct RunArgs {
     /// template's, else user].
     #[arg(short = 'u', long, value_name = "user|root")]
     pub user: Option<String>,
-    /// Template: `host` (the host's /usr, the default) or a built template's name.
-    #[arg(short = 'T', long, default_value = "host", value_name = "NAME")]
-    pub template: String,
-    /// State directory, where built templates are registered [default: /var/lib/husk].
+    /// Template: `host` (the host's /usr) or a built template's name [default: host; with
+    /// --server, the server's default (`base`)].
+    #[arg(short = 'T', long, value_name = "NAME")]
+    pub template: Option<String>,
+    /// State directory: built templates, workspaces, and the admin key used with --server when
+    /// no key is in the environment [default: /var/lib/husk].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Kill the sandbox after this long (e.g. 30s, 500ms, 5m) [default: no timeout].
+    /// Kill the sandbox after this long (e.g. 30s, 500ms, 5m) [default: no timeout; with
+    /// --server, the server's default (300 s)].
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
-    /// Memory limit (no swap).
-    #[arg(short = 'm', long, default_value = "512M", value_name = "SIZE")]
-    pub memory: String,
-    /// CPU quota in CPUs (e.g. 0.5, 2).
-    #[arg(long, default_value = "1", value_name = "N")]
-    pub cpus: String,
-    /// Maximum number of processes and threads.
-    #[arg(long, default_value_t = 256, value_name = "N")]
-    pub pids: u64,
-    /// Size of the writable layer.
-    #[arg(long, default_value = "1G", value_name = "SIZE")]
-    pub disk: String,
-    /// Hostname inside the sandbox.
-    #[arg(long, default_value = "husk", value_name = "NAME")]
-    pub hostname: String,
+    /// Memory limit (no swap) [default: 512M; with --server, the server's].
+    #[arg(short = 'm', long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// CPU quota in CPUs (e.g. 0.5, 2) [default: 1; with --server, the server's].
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<String>,
+    /// Maximum number of processes and threads [default: 256; with --server, the server's].
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// Size of the writable layer [default: 1G; with --server, the server's].
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
+    /// Hostname inside the sandbox [default: husk].
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
+    /// Run on this husk server (POST /husk/v1/runs) instead of in a local sandbox. The key
+    /// comes from HUSK_API_KEY, else E2B_API_KEY, else STATE_DIR/admin.key.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// Mount a workspace at /workspace/NAME (or at PATH), read-only unless `:rw`
+    /// (repeatable). Locally, the workspace of --team in the state directory.
+    #[arg(long = "workspace", value_name = "NAME[:rw][@PATH]")]
+    pub workspaces: Vec<String>,
+    /// Team whose workspaces a local run mounts (with --server, the key's team).
+    #[arg(long, value_name = "TEAM")]
+    pub team: Option<String>,
+    /// (--server) Give the command the team's secret NAME as the environment variable NAME,
+    /// masked as **** in its output (repeatable).
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
+    /// (--server) After the command ends, save this sandbox path (file or directory) into a
+    /// workspace under runs/<run-id>/ (repeatable).
+    #[arg(long = "save", value_name = "PATH")]
+    pub saves: Vec<String>,
+    /// (--server) The workspace --save goes to [default: the first --workspace].
+    #[arg(long, value_name = "NAME")]
+    pub save_to: Option<String>,
+    /// (--server) Send a local file along, written to DEST in the sandbox (relative to the
+    /// workdir) before the command starts [default DEST: the file's name] (repeatable).
+    #[arg(long = "file", value_name = "LOCAL[:DEST]")]
+    pub files: Vec<String>,
     /// Bind-mount a host path, read-only unless `:rw` (always nosuid, nodev; repeatable).
     #[arg(short = 'v', long = "mount", value_name = "HOST:SANDBOX[:rw]")]
     pub mounts: Vec<String>,
@@ -84,9 +115,10 @@ pub struct RunArgs {
     /// After the command ends, copy regular files under SANDBOX_DIR to HOST_DIR (repeatable).
     #[arg(short = 'o', long = "output", value_name = "SANDBOX_DIR:HOST_DIR")]
     pub outputs: Vec<String>,
-    /// Limit of copied outputs, in total: size, optionally with a file count.
-    #[arg(long, default_value = "1G:10000", value_name = "SIZE[:FILES]")]
-    pub output_limit: String,
+    /// Limit of copied outputs (--output, --save), in total: size, optionally with a file
+    /// count [default: 1G:10000].
+    #[arg(long, value_name = "SIZE[:FILES]")]
+    pub output_limit: Option<String>,
     /// Write the sandbox id to this file once it exists.
     #[arg(long, value_name = "PATH")]
     pub id_file: Option<PathBuf>,

@@ -4,8 +4,10 @@
 //! one sandbox through the runtime (`husk-runtime`), `bench` measures.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod bench;
 mod cli;
+mod client;
 mod keys;
 mod relay;
 mod run;
@@ -32,6 +34,7 @@ fn main() {
     let cli = cli::Cli::parse();
     let code = match cli.command {
         cli::Command::Run(args) => run::main(*args),
+        cli::Command::Batch(args) => batch::main(*args),
         cli::Command::Serve(args) => serve::main(*args),
         cli::Command::Key(args) => keys::main(args),
         cli::Command::Secret(args) => secret::main(args),

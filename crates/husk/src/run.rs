@@ -15,6 +15,8 @@ use husk_runtime::transfer::{self, HostDest, OutputLimits, SkipKind, TransferErr
 use husk_runtime::{Fate, MountSpec, Sandbox, SandboxSpec, Spawner, User};
 
 use crate::cli::RunArgs;
+
+pub(crate) mod remote;
 use crate::relay::{Fd, OnEof, Pump};
 use crate::units::{
     format_duration, format_size, parse_cpus, parse_duration, parse_size, without_controls,
@@ -76,9 +78,24 @@ fn absolute_host(p: &str) -> Result<PathBuf> {
 impl Config {
     /// Turns flags into a validated configuration; every error names the flag and the fix.
     pub fn from_args(a: RunArgs) -> Result<Config> {
+        let server_only = [
+            ("--secret", !a.secrets.is_empty()),
+            ("--save", !a.saves.is_empty()),
+            ("--save-to", a.save_to.is_some()),
+            ("--file", !a.files.is_empty()),
+        ];
+        if let Some((flag, _)) = server_only.iter().find(|(_, given)| *given) {
+            let hint = if *flag == "--file" {
+                " (locally, --copy HOST:SANDBOX copies files in)"
+            } else {
+                ""
+            };
+            bail!("{flag} needs --server URL: it is a feature of husk serve{hint}");
+        }
         let mut spec = SandboxSpec::new(a.command);
         spec.tty = a.tty;
-        let template = resolve_template(&a.template, a.state_dir.as_deref())?;
+        let template_name = a.template.as_deref().unwrap_or("host");
+        let template = resolve_template(template_name, a.state_dir.as_deref())?;
         spec.rootfs = template.rootfs;
         let defaults = template.defaults;
         spec.user = match a.user.as_deref().or(defaults.user.as_deref()) {
@@ -86,7 +103,7 @@ impl Config {
             Some("root") => User::Root,
             Some(other) => bail!("invalid --user {other:?}: use `user` or `root`"),
         };
-        spec.hostname = a.hostname;
+        spec.hostname = a.hostname.unwrap_or_else(|| "husk".into());
         spec.workdir = a.workdir.or(defaults.workdir.map(PathBuf::from));
         // The template's environment first: a --env of the same name wins.
         spec.env = defaults.env;
@@ -97,10 +114,13 @@ impl Config {
             spec.env.retain(|(name, _)| name != k);
             spec.env.push((k.to_owned(), v.to_owned()));
         }
-        spec.limits.memory_bytes = parse_size(&a.memory).map_err(|e| anyhow!("--memory: {e}"))?;
-        spec.limits.disk_bytes = parse_size(&a.disk).map_err(|e| anyhow!("--disk: {e}"))?;
-        spec.limits.cpu_millis = parse_cpus(&a.cpus).map_err(|e| anyhow!("{e}"))?;
-        spec.limits.pids = a.pids;
+        let memory = a.memory.as_deref().unwrap_or("512M");
+        let disk = a.disk.as_deref().unwrap_or("1G");
+        spec.limits.memory_bytes = parse_size(memory).map_err(|e| anyhow!("--memory: {e}"))?;
+        spec.limits.disk_bytes = parse_size(disk).map_err(|e| anyhow!("--disk: {e}"))?;
+        spec.limits.cpu_millis =
+            parse_cpus(a.cpus.as_deref().unwrap_or("1")).map_err(|e| anyhow!("{e}"))?;
+        spec.limits.pids = a.pids.unwrap_or(256);
         for m in &a.mounts {
             let parts: Vec<&str> = m.split(':').collect();
             let (host, sandbox, writable) = match parts.as_slice() {
@@ -119,6 +139,33 @@ impl Config {
                 writable,
                 idmapped: false,
             });
+        }
+        if !a.workspaces.is_empty() {
+            let dir = a
+                .state_dir
+                .as_deref()
+                .unwrap_or(Path::new(husk_core::store::DEFAULT_STATE_DIR));
+            let team = a.team.as_deref().unwrap_or("default");
+            let all = husk_core::workspaces::Workspaces::open(dir)
+                .map_err(|e| anyhow!("--workspace: state directory {}: {e}", dir.display()))?;
+            for w in &a.workspaces {
+                let ws = remote::parse_workspace(w)?;
+                let host = all
+                    .dir(team, &ws.name)
+                    .map_err(|e| anyhow!("--workspace {w:?}: {e} (team {team})"))?;
+                let writable = ws.mode.as_deref() == Some("rw");
+                let sandbox = ws.path.unwrap_or_else(|| format!("/workspace/{}", ws.name));
+                // Id-mapped: the workspace's files (owned by the workspace owner) are the
+                // sandbox user's, and what the sandbox writes stays the workspace's.
+                spec.mounts.push(MountSpec {
+                    host,
+                    sandbox: PathBuf::from(sandbox),
+                    writable,
+                    idmapped: true,
+                });
+            }
+        } else if a.team.is_some() {
+            bail!("--team is for --workspace (the team whose workspaces are mounted)");
         }
         let mut copies = Vec::new();
         for c in &a.copies {
@@ -140,19 +187,7 @@ impl Config {
             }
             outputs.push((PathBuf::from(s), absolute_host(h)?));
         }
-        let (size, files) = match a.output_limit.split_once(':') {
-            Some((s, f)) => (s, Some(f)),
-            None => (a.output_limit.as_str(), None),
-        };
-        let mut output_limits = OutputLimits {
-            max_bytes: parse_size(size).map_err(|e| anyhow!("--output-limit: {e}"))?,
-            ..OutputLimits::default()
-        };
-        if let Some(f) = files {
-            output_limits.max_files = f
-                .parse()
-                .map_err(|_| anyhow!("invalid --output-limit file count {f:?}"))?;
-        }
+        let output_limits = parse_output_limit(a.output_limit.as_deref().unwrap_or("1G:10000"))?;
         let timeout = a
             .timeout
             .as_deref()
@@ -178,8 +213,29 @@ impl Config {
     }
 }
 
+/// `--output-limit SIZE[:FILES]`.
+pub(crate) fn parse_output_limit(text: &str) -> Result<OutputLimits> {
+    let (size, files) = match text.split_once(':') {
+        Some((s, f)) => (s, Some(f)),
+        None => (text, None),
+    };
+    let mut limits = OutputLimits {
+        max_bytes: parse_size(size).map_err(|e| anyhow!("--output-limit: {e}"))?,
+        ..OutputLimits::default()
+    };
+    if let Some(f) = files {
+        limits.max_files = f
+            .parse()
+            .map_err(|_| anyhow!("invalid --output-limit file count {f:?}"))?;
+    }
+    Ok(limits)
+}
+
 /// Entry point: returns the process exit code.
 pub fn main(args: RunArgs) -> i32 {
+    if args.server.is_some() {
+        return remote::main(args);
+    }
     let result = Config::from_args(args).and_then(run);
     match result {
         Ok(code) => code,
