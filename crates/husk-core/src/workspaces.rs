@@ -26,6 +26,8 @@
 //! [`Workspaces::open`]. An uploaded file is written to a temporary file and renamed into
 //! place. A tar import unpacks into a temporary directory and is merged into place only once
 //! the whole archive was read within its limits, so a refused archive leaves nothing behind.
+//! Those temporary entries live at the workspace root as `.husk-*`; a crash in the middle of
+//! an upload can leave one there (removed with the workspace, or by hand).
 //!
 //! **Archives** ([`Workspaces::import_tar`]): tar or tar.gz (detected by the gzip magic).
 //! Regular files, directories and symlinks (stored as symlinks, target text as is) are

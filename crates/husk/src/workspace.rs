@@ -372,6 +372,19 @@ fn put(
             })?,
     };
     if meta.is_file() {
+        // A directory as the destination (`.`, `dir/`): the file goes in under its name.
+        let dest = if dest.is_empty() || dest == "." || dest.ends_with('/') {
+            let base = local.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+                Failure::Usage(format!("{}: name the destination file", local.display()))
+            })?;
+            if dest == "." {
+                base.to_string()
+            } else {
+                format!("{dest}{base}")
+            }
+        } else {
+            dest
+        };
         let file =
             File::open(local).map_err(|e| Failure::Usage(format!("{}: {e}", local.display())))?;
         let r = ws.write_file(team, name, &dest, file, limit)?;

@@ -142,6 +142,14 @@ fn a_tree_goes_in_and_comes_back_identical() {
         &state,
         &["put", "data", "--team", "acme", s(&note), "docs/readme.txt"],
     );
+    // A directory as the destination: the file goes in under its name.
+    ok(
+        &state,
+        &["put", "data", "--team", "acme", s(&note), "docs/"],
+    );
+    let docs = ok(&state, &["ls", "data:docs", "--team", "acme"]);
+    assert!(docs.contains("docs/note.txt"), "{docs}");
+    fs::remove_file(state.path().join("workspaces/acme/data/docs/note.txt")).unwrap();
 
     // ls: the first level, then the whole tree, symlinks shown as such.
     let top = ok(&state, &["ls", "data", "--team", "acme"]);
