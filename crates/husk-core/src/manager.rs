@@ -146,6 +146,8 @@ pub struct LiveSandbox {
     pub workspaces: Vec<WorkspaceMount>,
     /// The template's user: whom commands run as unless they say.
     pub default_user: User,
+    /// The template's working directory, if it has one (else the user's home).
+    pub default_workdir: Option<String>,
     /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
     init_pid: i32,
     end_at: Mutex<OffsetDateTime>,
@@ -631,6 +633,7 @@ impl Manager {
             limits,
             workspaces: req.workspaces,
             default_user,
+            default_workdir: defaults.workdir.clone(),
             init_pid,
             end_at: Mutex::new(now + timeout),
             timeout_changed: Notify::new(),

@@ -207,8 +207,11 @@ async fn execute(
     .await;
 
     let user = plan.user.unwrap_or(sb.default_user);
+    // Relative files go where the command runs: the run's workdir, else the template's (else
+    // the agent resolves them against the user's home, where the command then runs too).
+    let workdir = plan.workdir.clone().or_else(|| sb.default_workdir.clone());
     for (path, bytes) in plan.code_file.iter().chain(plan.files.iter()) {
-        let path = match (&plan.workdir, path.starts_with('/')) {
+        let path = match (&workdir, path.starts_with('/')) {
             (Some(w), false) => format!("{}/{path}", w.trim_end_matches('/')),
             _ => path.clone(),
         };
