@@ -60,10 +60,7 @@ fn five_cpu_bound_items_run_in_parallel_and_every_item_is_reported() {
     // All five were running at once: each started before any of them finished.
     let last_start = spans.iter().map(|s| s.1).fold(f64::MIN, f64::max);
     let first_end = spans.iter().map(|s| s.2).fold(f64::MAX, f64::min);
-    assert!(
-        last_start < first_end,
-        "items did not overlap: {spans:?}"
-    );
+    assert!(last_start < first_end, "items did not overlap: {spans:?}");
     // On 2 CPUs five items in parallel need about half the serial time (2.5 times one item,
     // not 5 times).
     assert!(

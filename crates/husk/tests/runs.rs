@@ -42,7 +42,11 @@ fn no_sandbox_left(server: &Server, key: &str) {
     let gone = wait_for(Duration::from_secs(10), || {
         server.sandboxes(key).is_empty().then_some(())
     });
-    assert!(gone.is_some(), "sandboxes left: {:?}", server.sandboxes(key));
+    assert!(
+        gone.is_some(),
+        "sandboxes left: {:?}",
+        server.sandboxes(key)
+    );
 }
 
 fn workspace(server: &Server, name: &str) {
@@ -146,7 +150,10 @@ fn workspaces_are_read_only_unless_rw_and_outputs_land_with_a_manifest() {
     );
     let out = stdout_of(&events);
     assert!(out.starts_with("x,y\n1,2\nuser\n"), "{out}");
-    assert!(out.contains("Read-only file system") && out.ends_with("refused\n"), "{out}");
+    assert!(
+        out.contains("Read-only file system") && out.ends_with("refused\n"),
+        "{out}"
+    );
     assert_eq!(download(&server, "data", "new").0, 404);
 
     // rw: the write lands in the workspace, owned by the sandbox's user.
@@ -159,7 +166,10 @@ fn workspaces_are_read_only_unless_rw_and_outputs_land_with_a_manifest() {
         }),
     );
     assert_eq!(stdout_of(&events), "ok\n");
-    assert_eq!(download(&server, "data", "new.txt"), (200, b"written\n".to_vec()));
+    assert_eq!(
+        download(&server, "data", "new.txt"),
+        (200, b"written\n".to_vec())
+    );
 
     // Outputs: a tree (with a symlink to a host file, a fifo), a single file, a symlink as an
     // output path, a missing path.
@@ -226,8 +236,14 @@ fn workspaces_are_read_only_unless_rw_and_outputs_land_with_a_manifest() {
     let manifest: Value = serde_json::from_slice(&manifest).unwrap();
     assert_eq!(&manifest, outputs);
     // Nothing was followed: no host file came out through the links.
-    assert_eq!(download(&server, "data", &format!("{base}/out/passwd")).0, 404);
-    assert_eq!(download(&server, "data", &format!("{base}/etc-link")).0, 404);
+    assert_eq!(
+        download(&server, "data", &format!("{base}/out/passwd")).0,
+        404
+    );
+    assert_eq!(
+        download(&server, "data", &format!("{base}/etc-link")).0,
+        404
+    );
     let tar = server.request(
         "GET",
         &format!("/husk/v1/workspaces/data/tar?path={base}"),
@@ -283,7 +299,14 @@ fn secrets_reach_only_the_run_masked_and_other_teams_cannot_use_them() {
     let key = server.admin_key.clone();
     let value = "sk-run-3f9a1c77e0b24d6a";
     let mut child = std::process::Command::new(HUSK)
-        .args(["secret", "set", "API_KEY", "--team", "default", "--state-dir"])
+        .args([
+            "secret",
+            "set",
+            "API_KEY",
+            "--team",
+            "default",
+            "--state-dir",
+        ])
         .arg(state.path())
         .stdin(std::process::Stdio::piped())
         .spawn()
@@ -331,7 +354,11 @@ fn secrets_reach_only_the_run_masked_and_other_teams_cannot_use_them() {
     let body = json!({"shell": "true", "secrets": ["API_KEY"]}).to_string();
     let r = server.request("POST", "/husk/v1/runs", &other, body.as_bytes());
     assert_eq!(r.status, 404, "{}", r.text());
-    assert!(r.text().contains("secret 'API_KEY' not found"), "{}", r.text());
+    assert!(
+        r.text().contains("secret 'API_KEY' not found"),
+        "{}",
+        r.text()
+    );
     let body = json!({"shell": "true", "env": {"X": "husk-secret://NOPE"}}).to_string();
     let r = server.request("POST", "/husk/v1/runs", &key, body.as_bytes());
     assert_eq!(r.status, 404);
@@ -488,23 +515,71 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     workspace(&server, "data");
     let cases = [
         (json!({}), 400, "exactly one of command"),
-        (json!({"command": ["true"], "colour": "red"}), 400, "unknown field `colour`"),
-        (json!({"command": ["true"], "workspaces": [{"name": "nope"}]}), 404, "workspace 'nope' not found"),
-        (json!({"command": ["true"], "workspaces": [{"name": "data", "path": "/proc/x"}]}), 400, "/proc"),
-        (json!({"command": ["true"], "workspaces": [{"name": "../data"}]}), 400, "invalid"),
-        (json!({"command": ["true"], "outputs": ["/a/../../etc"], "output_workspace": "data"}), 400, ".."),
-        (json!({"command": ["true"], "outputs": ["/a"]}), 400, "need a workspace"),
-        (json!({"command": ["true"], "files": [{"path": "a\u{0}b", "content": ""}]}), 400, "invalid file path"),
-        (json!({"command": ["true"], "template": "no-such-template"}), 404, "no-such-template"),
-        (json!({"command": ["true"], "limits": {"memory_mb": 1_000_000}}), 400, "more than this server allows"),
-        (json!({"run": {"command": ["true"]}, "items": []}), 400, "unknown field"),
+        (
+            json!({"command": ["true"], "colour": "red"}),
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            json!({"command": ["true"], "workspaces": [{"name": "nope"}]}),
+            404,
+            "workspace 'nope' not found",
+        ),
+        (
+            json!({"command": ["true"], "workspaces": [{"name": "data", "path": "/proc/x"}]}),
+            400,
+            "/proc",
+        ),
+        (
+            json!({"command": ["true"], "workspaces": [{"name": "../data"}]}),
+            400,
+            "invalid",
+        ),
+        (
+            json!({"command": ["true"], "outputs": ["/a/../../etc"], "output_workspace": "data"}),
+            400,
+            "..",
+        ),
+        (
+            json!({"command": ["true"], "outputs": ["/a"]}),
+            400,
+            "need a workspace",
+        ),
+        (
+            json!({"command": ["true"], "files": [{"path": "a\u{0}b", "content": ""}]}),
+            400,
+            "invalid file path",
+        ),
+        (
+            json!({"command": ["true"], "template": "no-such-template"}),
+            404,
+            "no-such-template",
+        ),
+        (
+            json!({"command": ["true"], "limits": {"memory_mb": 1_000_000}}),
+            400,
+            "more than this server allows",
+        ),
+        (
+            json!({"run": {"command": ["true"]}, "items": []}),
+            400,
+            "unknown field",
+        ),
     ];
     for (spec, status, text) in &cases {
         let r = server.request("POST", "/husk/v1/runs", &key, spec.to_string().as_bytes());
         assert_eq!(r.status, *status, "{spec}: {}", r.text());
-        assert!(r.json()["message"].as_str().unwrap().contains(text), "{spec}: {}", r.text());
+        assert!(
+            r.json()["message"].as_str().unwrap().contains(text),
+            "{spec}: {}",
+            r.text()
+        );
     }
-    let r = server.admin("POST", "/husk/v1/batches", json!({"run": {"command": ["true"]}, "items": []}));
+    let r = server.admin(
+        "POST",
+        "/husk/v1/batches",
+        json!({"run": {"command": ["true"]}, "items": []}),
+    );
     assert_eq!(r.status, 400);
     assert!(r.text().contains("at least one item"), "{}", r.text());
     let r = server.admin(
@@ -523,7 +598,10 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     let r = server.request("POST", "/husk/v1/runs", &key, &huge);
     assert_eq!(r.status, 413);
     // Nothing was recorded or left running, and the server still works.
-    assert_eq!(server.admin("GET", "/husk/v1/runs", Value::Null).json()["runs"], json!([]));
+    assert_eq!(
+        server.admin("GET", "/husk/v1/runs", Value::Null).json()["runs"],
+        json!([])
+    );
     let events = run(&server, &key, json!({"command": ["echo", "fine"]}));
     assert_eq!(stdout_of(&events), "fine\n");
     no_sandbox_left(&server, &key);
