@@ -140,17 +140,29 @@ pub enum RunEvent {
     },
 }
 
-/// A started run: its id, its events, and the power to cancel it. Dropping the handle cancels
-/// the run (the client went away) unless it was [`RunHandle::detach`]ed.
-pub struct RunHandle {
+/// A started run or batch: its id, its events, and the power to cancel it. Dropping the handle
+/// cancels the work (its client went away) unless it was [`Handle::detach`]ed.
+pub struct Handle<E> {
     pub id: String,
-    pub events: mpsc::Receiver<RunEvent>,
+    pub events: mpsc::Receiver<E>,
     cancel: Cancel,
     detached: bool,
 }
 
-impl RunHandle {
-    /// Lets the run go on without this handle (its record tells how it ended).
+/// A started run.
+pub type RunHandle = Handle<RunEvent>;
+
+impl<E> Handle<E> {
+    fn new(id: String, events: mpsc::Receiver<E>, cancel: Cancel) -> Handle<E> {
+        Handle {
+            id,
+            events,
+            cancel,
+            detached: false,
+        }
+    }
+
+    /// Lets the work go on without this handle (its record tells how it ended).
     pub fn detach(mut self) {
         self.detached = true;
     }
@@ -158,9 +170,15 @@ impl RunHandle {
     pub fn cancel(&self) {
         self.cancel.cancel();
     }
+
+    /// Takes the events out (to stream them) while the handle keeps its cancel-on-drop.
+    pub fn take_events(&mut self) -> mpsc::Receiver<E> {
+        let (_closed, empty) = mpsc::channel(1);
+        std::mem::replace(&mut self.events, empty)
+    }
 }
 
-impl Drop for RunHandle {
+impl<E> Drop for Handle<E> {
     fn drop(&mut self) {
         if !self.detached {
             self.cancel.cancel();
@@ -302,12 +320,7 @@ impl Runs {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&run_id);
         });
-        Ok(RunHandle {
-            id,
-            events: rx,
-            cancel,
-            detached: false,
-        })
+        Ok(Handle::new(id, rx, cancel))
     }
 
     /// What the sandbox's creation would refuse (limits over the server's, a missing or

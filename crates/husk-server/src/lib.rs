@@ -10,6 +10,7 @@ pub mod runs;
 pub mod sandbox;
 pub mod secrets;
 pub mod templates;
+mod upload;
 pub mod workspaces;
 
 pub use app::{serve, AppState};

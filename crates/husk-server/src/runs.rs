@@ -17,8 +17,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use husk_core::runs::batch::{BatchEvent, BatchSpec};
-use husk_core::runs::{RunError, RunEvent, RunSpec, Runs};
+use husk_core::runs::batch::BatchSpec;
+use husk_core::runs::{Handle, RunError, RunSpec, Runs};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -168,30 +168,7 @@ async fn start_run(
     let runs = service(&state)?.clone();
     let spec: RunSpec = read_json(body).await?;
     let handle = runs.start(&who, &spec).await.map_err(answer)?;
-    let id = handle.id.clone();
-    if q.detach == Some(true) {
-        handle.detach();
-        return Ok((StatusCode::ACCEPTED, axum::Json(json!({"id": id}))).into_response());
-    }
-    let RunHandleParts { events, owner } = RunHandleParts::split(handle);
-    Ok(event_body(events, owner, wants_sse(&headers), &id))
-}
-
-/// A run handle taken apart: its events go to the body, the rest keeps the cancel-on-drop.
-struct RunHandleParts {
-    events: mpsc::Receiver<RunEvent>,
-    owner: husk_core::runs::RunHandle,
-}
-
-impl RunHandleParts {
-    fn split(mut handle: husk_core::runs::RunHandle) -> RunHandleParts {
-        let (_tx, empty) = mpsc::channel(1);
-        let events = std::mem::replace(&mut handle.events, empty);
-        RunHandleParts {
-            events,
-            owner: handle,
-        }
-    }
+    Ok(started(handle, q.detach == Some(true), &headers))
 }
 
 async fn start_batch(
@@ -203,15 +180,24 @@ async fn start_batch(
 ) -> Answer {
     let runs = service(&state)?.clone();
     let spec: BatchSpec = read_json(body).await?;
-    let mut handle = runs.start_batch(&who, &spec).await.map_err(answer)?;
+    let handle = runs.start_batch(&who, &spec).await.map_err(answer)?;
+    Ok(started(handle, q.detach == Some(true), &headers))
+}
+
+/// The answer to a started run or batch: `202 {"id"}` when detached, else its event stream
+/// (which owns the handle: a client that goes away cancels the work).
+fn started<E: Serialize + Send + 'static>(
+    mut handle: Handle<E>,
+    detach: bool,
+    headers: &HeaderMap,
+) -> Response {
     let id = handle.id.clone();
-    if q.detach == Some(true) {
+    if detach {
         handle.detach();
-        return Ok((StatusCode::ACCEPTED, axum::Json(json!({"id": id}))).into_response());
+        return (StatusCode::ACCEPTED, axum::Json(json!({"id": id}))).into_response();
     }
-    let (_tx, empty) = mpsc::channel::<BatchEvent>(1);
-    let events = std::mem::replace(&mut handle.events, empty);
-    Ok(event_body(events, handle, wants_sse(&headers), &id))
+    let events = handle.take_events();
+    event_body(events, handle, wants_sse(headers), &id)
 }
 
 async fn list_runs(

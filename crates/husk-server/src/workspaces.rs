@@ -26,14 +26,13 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bytes::Buf;
-use futures_util::StreamExt;
 use husk_core::workspaces::{Entry, WorkspaceError, WorkspaceInfo, Workspaces};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::rest::{error, rfc3339, Who};
+use crate::upload::{body_channel, drain, pump};
 use crate::AppState;
 
 type Answer = Result<Response, Response>;
@@ -46,10 +45,6 @@ const CHUNK: usize = 128 << 10;
 
 /// Chunks in flight between a blocking thread and the network.
 const CHANNEL_DEPTH: usize = 8;
-
-/// Most of a request body read and thrown away after husk has answered early, so that a client
-/// that sends its whole body before reading gets the answer rather than a reset connection.
-const MAX_DRAIN_BYTES: u64 = 64 << 20;
 
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -255,7 +250,7 @@ async fn upload(
     let (tx, reader) = body_channel();
     let writing =
         tokio::task::spawn_blocking(move || ws.write_file(&who.team, &name, &path, reader, limit));
-    let ((), written) = tokio::join!(pump(body, tx), writing);
+    let ((), written) = tokio::join!(pump(body, tx, u64::MAX, Arc::default()), writing);
     let report = written
         .map_err(|e| {
             error(
@@ -302,7 +297,7 @@ async fn import(
     let unpacking = tokio::task::spawn_blocking(move || {
         ws.import_tar(&who.team, &name, &q.path, reader, limits)
     });
-    let ((), done) = tokio::join!(pump(body, tx), unpacking);
+    let ((), done) = tokio::join!(pump(body, tx, u64::MAX, Arc::default()), unpacking);
     let report = done
         .map_err(|e| {
             error(
@@ -392,71 +387,5 @@ impl Write for ChannelWriter {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// The request body as a blocking reader, fed by [`pump`].
-struct BodyReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    chunk: Bytes,
-}
-
-impl Read for BodyReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.chunk.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(Ok(b)) => self.chunk = b,
-                Some(Err(e)) => return Err(e),
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.chunk.len());
-        buf[..n].copy_from_slice(&self.chunk[..n]);
-        self.chunk.advance(n);
-        Ok(n)
-    }
-}
-
-fn body_channel() -> (mpsc::Sender<io::Result<Bytes>>, BodyReader) {
-    let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-    (
-        tx,
-        BodyReader {
-            rx,
-            chunk: Bytes::new(),
-        },
-    )
-}
-
-/// Feeds the request body to the reader until it ends or the reader is gone (done, or it
-/// refused the upload); then drains what is left (bounded), so the client gets the answer.
-async fn pump(body: Body, tx: mpsc::Sender<io::Result<Bytes>>) {
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let item = chunk.map_err(|e| io::Error::other(format!("reading the request body: {e}")));
-        let failed = item.is_err();
-        if tx.send(item).await.is_err() || failed {
-            break;
-        }
-    }
-    drop(tx);
-    let mut n = 0u64;
-    while let Some(Ok(chunk)) = stream.next().await {
-        n += chunk.len() as u64;
-        if n > MAX_DRAIN_BYTES {
-            return;
-        }
-    }
-}
-
-/// Drains a body refused before it was read, unless the client waits for `100 Continue`
-/// (then nothing was sent, and nothing is read).
-async fn drain(headers: &HeaderMap, body: Body) {
-    let expects = headers
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if !expects {
-        let (tx, _) = mpsc::channel(1);
-        pump(body, tx).await;
     }
 }

@@ -12,7 +12,9 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::spec::InlineFile;
-use super::{json, new_id, Cancel, RunError, RunEvent, RunRecord, RunSpec, RunStatus, Runs};
+use super::{
+    json, new_id, Cancel, Handle, RunError, RunEvent, RunRecord, RunSpec, RunStatus, Runs,
+};
 use crate::store::{Principal, RunRow, RunTable};
 
 /// Most items of one batch.
@@ -123,26 +125,7 @@ pub enum BatchEvent {
 }
 
 /// A started batch; dropping it cancels the batch unless detached.
-pub struct BatchHandle {
-    pub id: String,
-    pub events: mpsc::Receiver<BatchEvent>,
-    cancel: Cancel,
-    detached: bool,
-}
-
-impl BatchHandle {
-    pub fn detach(mut self) {
-        self.detached = true;
-    }
-}
-
-impl Drop for BatchHandle {
-    fn drop(&mut self) {
-        if !self.detached {
-            self.cancel.cancel();
-        }
-    }
-}
+pub type BatchHandle = Handle<BatchEvent>;
 
 /// POSIX shell quoting of one word.
 fn shell_quote(s: &str) -> String {
@@ -275,12 +258,7 @@ impl Runs {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&bid);
         });
-        Ok(BatchHandle {
-            id,
-            events: rx,
-            cancel,
-            detached: false,
-        })
+        Ok(Handle::new(id, rx, cancel))
     }
 
     fn save_batch(&self, b: &BatchRecord) -> Result<(), RunError> {

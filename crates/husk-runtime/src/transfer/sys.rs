@@ -143,26 +143,9 @@ pub(super) fn lchown_at(dir: BorrowedFd<'_>, name: &CStr, owner: (u32, u32)) -> 
     })
 }
 
-/// Reads a symlink's target. Targets are at most PATH_MAX - 1 bytes, so a
-/// full buffer means something is off; report it rather than truncate.
+/// Reads a symlink's target (see [`crate::sys::readlinkat`]).
 pub(super) fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: `name` is NUL-terminated and `buf` has exactly `buf.len()`
-    // writable bytes; readlinkat writes at most that many.
-    let len = unsafe {
-        libc::readlinkat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    let len = usize::try_from(len).map_err(|_| io::Error::last_os_error())?;
-    if len >= buf.len() {
-        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-    }
-    buf.truncate(len);
-    Ok(buf)
+    crate::sys::readlinkat(dir, name)
 }
 
 /// Owns a `DIR*` so it is closed on every path out of [`list_dir`].

@@ -36,11 +36,11 @@ use husk_core::store::Principal;
 use husk_core::template::{summary_json, HOST_TEMPLATE};
 use serde_json::json;
 
-use super::body;
 use super::context::{self, ContextDir, ContextError};
 use super::events::Events;
 use super::{require_admin, service, Answer, TemplateService};
 use crate::rest::{error, Who};
+use crate::upload as body;
 use crate::AppState;
 
 /// The build slot of a server; free again when dropped.
@@ -197,7 +197,10 @@ async fn receive(
         let plan = load(&ctx, file.as_deref(), &build_args)?;
         Ok::<_, Response>((ctx, plan))
     });
-    let (_, unpacked) = tokio::join!(body::pump(body, tx, too_large.clone()), unpacking);
+    let (_, unpacked) = tokio::join!(
+        body::pump(body, tx, context::MAX_CONTEXT_BYTES, too_large.clone()),
+        unpacking
+    );
     let unpacked = unpacked.map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -9,7 +9,6 @@
 // Helpers return the finished error `Response` as their `Err` (as in `rest`).
 #![allow(clippy::result_large_err)]
 
-mod body;
 mod build;
 mod context;
 mod events;

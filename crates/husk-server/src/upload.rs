@@ -1,5 +1,6 @@
-//! The request body of an upload, streamed: to the tar reader on a blocking thread as it
-//! arrives, and drained when husk answers before reading all of it.
+//! The request body of an upload (a template's build context, a workspace file or archive),
+//! streamed: to a reader on a blocking thread as it arrives, and drained when husk answers
+//! before reading all of it.
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,9 +12,7 @@ use bytes::{Buf, Bytes};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::context::MAX_CONTEXT_BYTES;
-
-/// The request body as a blocking reader (for the tar reader on a blocking thread), fed by
+/// The request body as a blocking reader (for a reader on a blocking thread), fed by
 /// [`pump`].
 pub struct BodyReader {
     rx: mpsc::Receiver<io::Result<Bytes>>,
@@ -51,19 +50,24 @@ pub fn body_channel() -> (mpsc::Sender<io::Result<Bytes>>, BodyReader) {
 /// Most of a request body read and thrown away after husk has refused it (see [`drain`]).
 pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
 
-/// Feeds the request body to the reader until it ends, or passes [`MAX_CONTEXT_BYTES`] (then
-/// `too_large` is set and the reader gets an error). Once the reader is gone (done, or it
-/// refused the archive) the rest of the body is drained, so that the client gets the answer.
-pub async fn pump(body: Body, tx: mpsc::Sender<io::Result<Bytes>>, too_large: Arc<AtomicBool>) {
+/// Feeds the request body to the reader until it ends, or passes `max_bytes` (then `too_large`
+/// is set and the reader gets an error). Once the reader is gone (done, or it refused the
+/// upload) the rest of the body is drained, so that the client gets the answer.
+pub async fn pump(
+    body: Body,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    max_bytes: u64,
+    too_large: Arc<AtomicBool>,
+) {
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
         let item = match chunk {
             Ok(b) => {
                 total += b.len() as u64;
-                if total > MAX_CONTEXT_BYTES {
+                if total > max_bytes {
                     too_large.store(true, Ordering::Relaxed);
-                    Err(io::Error::other("the archive is too large"))
+                    Err(io::Error::other("the upload is too large"))
                 } else {
                     Ok(b)
                 }
