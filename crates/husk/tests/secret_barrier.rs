@@ -6,74 +6,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::io::Read;
 use std::time::Duration;
 
-use common::{sandbox_pids, wait_for, TempDir, HUSK};
+use common::server::{Reply, Server};
+use common::{sandbox_pids, wait_for, TempDir};
 use serde_json::{json, Value};
 
 const SECRET: &str = "BARRIER_KEY";
 const VALUE: &str = "sk-barrier-5e1d7c0a9b-not-for-siblings";
 /// `root:` in Basic auth: the call runs as the sandbox's root.
 const AS_ROOT: &str = "Basic cm9vdDo=";
-
-/// A running `husk serve`; killed on drop (a failing test must not leave it behind).
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An HTTP answer, body de-chunked.
-struct Answer {
-    status: u16,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn expect(self, status: u16) -> Answer {
-        assert_eq!(self.status, status, "{}", self.text());
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
-    }
-}
-
-/// Splits a chunked body into its data; stops at an incomplete chunk (`complete` false).
-fn dechunk(mut b: &[u8]) -> (Vec<u8>, bool) {
-    let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            return (out, false);
-        };
-        let size_text = String::from_utf8_lossy(&b[..eol]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
-            .unwrap_or_else(|_| panic!("bad chunk size {size_text:?}"));
-        if size == 0 {
-            return (out, true);
-        }
-        if b.len() < eol + 2 + size {
-            return (out, false);
-        }
-        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
-        b = b.get(eol + 4 + size..).unwrap_or_default();
-    }
-}
 
 /// Splits a Connect stream body into its envelopes' JSON payloads (end-stream included).
 fn envelopes(mut b: &[u8]) -> Vec<(u8, Value)> {
@@ -114,102 +57,6 @@ fn envelope(v: &Value) -> Vec<u8> {
     b
 }
 
-/// Where a request goes: husk's own API, or a sandbox's in-sandbox API.
-enum To<'a> {
-    Api(&'a str),
-    Sandbox {
-        id: &'a str,
-        token: &'a str,
-        user: Option<&'a str>,
-    },
-}
-
-impl Server {
-    fn start(state: &TempDir) -> Server {
-        let mut child = Command::new(HUSK)
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(state.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("server: {line}");
-                let _ = tx.send(line);
-            }
-        });
-        let mut server = Server { child, port: 0 };
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(30))
-                .expect("husk serve never said where it listens");
-            if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
-                server.port = rest.split_whitespace().next().unwrap().parse().unwrap();
-                return server;
-            }
-        }
-    }
-
-    /// Sends one request on a fresh connection; returns the connection.
-    fn send(&self, method: &str, path: &str, to: &To<'_>, ctype: &str, body: &[u8]) -> TcpStream {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ctype}\r\n\
-             Content-Length: {}\r\nConnection: close\r\n",
-            body.len()
-        );
-        match to {
-            To::Api(key) => head.push_str(&format!("X-API-KEY: {key}\r\n")),
-            To::Sandbox { id, token, user } => {
-                head.push_str(&format!(
-                    "E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n"
-                ));
-                if let Some(auth) = user {
-                    head.push_str(&format!("Authorization: {auth}\r\n"));
-                }
-            }
-        }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
-        s
-    }
-
-    fn request(&self, method: &str, path: &str, to: &To<'_>, ctype: &str, body: &[u8]) -> Answer {
-        let mut s = self.send(method, path, to, ctype, body);
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .expect("no end of headers");
-        let headers = String::from_utf8_lossy(&raw[..split]).to_lowercase();
-        let mut body = raw[split + 4..].to_vec();
-        if headers.contains("transfer-encoding: chunked") {
-            body = dechunk(&body).0;
-        }
-        Answer {
-            status: headers[9..12].parse().unwrap(),
-            body,
-        }
-    }
-
-    fn api(&self, method: &str, path: &str, key: &str, body: &str) -> Answer {
-        self.request(
-            method,
-            path,
-            &To::Api(key),
-            "application/json",
-            body.as_bytes(),
-        )
-    }
-}
-
 /// A sandbox of the server, driven through its in-sandbox API.
 struct Sandbox<'a> {
     server: &'a Server,
@@ -222,17 +69,22 @@ impl Drop for Sandbox<'_> {
     fn drop(&mut self) {
         let _ = self
             .server
-            .api("DELETE", &format!("/sandboxes/{}", self.id), &self.key, "");
+            .request("DELETE", &format!("/sandboxes/{}", self.id), &self.key, "");
     }
 }
 
 impl Sandbox<'_> {
-    fn to(&self, user: Option<&'static str>) -> To<'_> {
-        To::Sandbox {
-            id: &self.id,
-            token: &self.token,
-            user,
+    /// The headers of an in-sandbox API call as `user` (Basic auth; none: the default user).
+    fn headers<'h>(&'h self, user: Option<&'h str>, ctype: &'h str) -> Vec<(&'h str, &'h str)> {
+        let mut h = vec![
+            ("Content-Type", ctype),
+            ("E2b-Sandbox-Id", self.id.as_str()),
+            ("X-Access-Token", self.token.as_str()),
+        ];
+        if let Some(auth) = user {
+            h.push(("Authorization", auth));
         }
+        h
     }
 
     fn start_body(cmd: &str, args: &[&str], envs: Value) -> Vec<u8> {
@@ -245,27 +97,22 @@ impl Sandbox<'_> {
     /// Starts a command and returns its pid once started, leaving it running (the stream is
     /// dropped; the process keeps running).
     fn spawn(&self, cmd: &str, args: &[&str], envs: Value) -> u32 {
-        let mut s = self.server.send(
+        let mut s = self.server.stream_with(
             "POST",
             "/process.Process/Start",
-            &self.to(None),
-            "application/connect+json",
+            &self.headers(None, "application/connect+json"),
             &Self::start_body(cmd, args, envs),
         );
-        let mut raw = Vec::new();
+        let mut body = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
             let n = s.read(&mut buf).unwrap();
             assert!(
                 n > 0,
                 "stream ended before start: {}",
-                String::from_utf8_lossy(&raw)
+                String::from_utf8_lossy(&body)
             );
-            raw.extend_from_slice(&buf[..n]);
-            let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-                continue;
-            };
-            let (body, _) = dechunk(&raw[split + 4..]);
+            body.extend_from_slice(&buf[..n]);
             if let Some((_, first)) = envelopes(&body).into_iter().next() {
                 let pid = first["event"]["start"]["pid"].as_u64();
                 return pid.unwrap_or_else(|| panic!("no start event: {first}")) as u32;
@@ -284,12 +131,11 @@ impl Sandbox<'_> {
     ) -> (i64, String) {
         let answer = self
             .server
-            .request(
+            .request_with(
                 "POST",
                 "/process.Process/Start",
-                &self.to(user),
-                "application/connect+json",
-                &Self::start_body(cmd, args, envs),
+                &self.headers(user, "application/connect+json"),
+                Self::start_body(cmd, args, envs),
             )
             .expect(200);
         let events = envelopes(&answer.body);
@@ -313,13 +159,12 @@ impl Sandbox<'_> {
         self.run(user, "/bin/sh", &["-c", script], json!({}))
     }
 
-    fn list(&self) -> Answer {
+    fn list(&self) -> Reply {
         self.server
-            .request(
+            .request_with(
                 "POST",
                 "/process.Process/List",
-                &self.to(None),
-                "application/json",
+                &self.headers(None, "application/json"),
                 b"{}",
             )
             .expect(200)
@@ -338,20 +183,17 @@ fn host_pid(runtime_id: &str, ns_pid: u32) -> Option<i32> {
 #[test]
 fn a_commands_secret_is_out_of_reach_of_the_other_commands() {
     let state = TempDir::new("secret-barrier");
-    let server = Server::start(&state);
-    let key = std::fs::read_to_string(state.path().join("admin.key"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let server = Server::start(state.path());
+    let key = server.admin_key.clone();
     server
-        .api("PUT", &format!("/husk/v1/secrets/{SECRET}"), &key, VALUE)
+        .request("PUT", &format!("/husk/v1/secrets/{SECRET}"), &key, VALUE)
         .expect(204);
     let created = server
-        .api(
+        .request(
             "POST",
             "/sandboxes",
             &key,
-            &json!({
+            json!({
                 "templateID": "base",
                 "envVars": {"FROM_SANDBOX": format!("husk-secret://{SECRET}")},
             })
@@ -472,7 +314,7 @@ fn a_commands_secret_is_out_of_reach_of_the_other_commands() {
 
     drop(sb);
     server
-        .api("DELETE", &format!("/husk/v1/secrets/{SECRET}"), &key, "")
+        .request("DELETE", &format!("/husk/v1/secrets/{SECRET}"), &key, "")
         .expect(204);
     wait_for(Duration::from_secs(10), || {
         sandbox_pids(&runtime_id).is_empty().then_some(())

@@ -4,35 +4,12 @@
 mod common;
 
 use std::fs;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
-use common::{TempDir, HUSK};
+use common::{husk_state, TempDir};
 
+/// `husk secret ARGS --state-dir DIR`: (exit code, stdout, stderr).
 fn secret(dir: &TempDir, args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
-    let mut child = Command::new(HUSK)
-        .arg("secret")
-        .args(args)
-        .arg("--state-dir")
-        .arg(dir.path())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(data) = stdin {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    husk_state("secret", args, dir.path(), stdin)
 }
 
 const VALUE: &str = "sk-test-5f2b8c1e9d7a4b3c-do-not-print";

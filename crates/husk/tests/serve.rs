@@ -4,92 +4,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
+use common::server::Server;
 use common::{assert_gone, sandbox_pids, signal_process, wait_for, TempDir, HUSK};
 
-/// A running `husk serve`; killed on drop (a failing test must not leave it behind).
-struct Server {
-    child: Child,
-    port: u16,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(state: &TempDir) -> Server {
-        let mut child = Command::new(HUSK)
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(state.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut server = Server {
-            child,
-            port: 0,
-            lines,
-        };
-        let line = server.wait_line("listening on http://127.0.0.1:");
-        let port = line.rsplit(':').next().unwrap();
-        server.port = port.split_whitespace().next().unwrap().parse().unwrap();
-        server
-    }
-
-    /// Waits (bounded) for a log line containing `text`; returns it.
-    fn wait_line(&self, text: &str) -> String {
-        loop {
-            match self.lines.recv_timeout(Duration::from_secs(30)) {
-                Ok(l) if l.contains(text) => return l,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {text:?}: {e}"),
-            }
-        }
-    }
-
-    /// One HTTP/1.1 request on a fresh connection: (status, body).
-    fn request(&self, method: &str, path: &str, key: &str, body: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-KEY: {key}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        let status = resp[9..12].parse().unwrap();
-        let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        (status, body.to_string())
-    }
-
-    fn create(&self, key: &str) {
-        let (status, body) = self.request("POST", "/v2/sandboxes", key, r#"{"templateID":"base"}"#);
-        assert_eq!(status, 201, "{body}");
-    }
+fn create(server: &Server, key: &str) {
+    let r = server.request("POST", "/v2/sandboxes", key, r#"{"templateID":"base"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
 }
 
 /// The runtime ids of the sandboxes the server has recorded.
@@ -106,7 +30,7 @@ fn runtime_ids(state: &TempDir) -> Vec<String> {
 #[test]
 fn serve_recovers_from_a_crash_and_stops_cleanly() {
     let state = TempDir::new("serve");
-    let server = Server::start(&state);
+    let server = Server::start(state.path());
     let key_file = state.path().join("admin.key");
     assert_eq!(
         std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
@@ -117,11 +41,13 @@ fn serve_recovers_from_a_crash_and_stops_cleanly() {
         .trim()
         .to_string();
     assert_eq!(
-        server.request("GET", "/v2/sandboxes", "e2b_wrong", "").0,
+        server
+            .request("GET", "/v2/sandboxes", "e2b_wrong", "")
+            .status,
         401
     );
-    server.create(&key);
-    server.create(&key);
+    create(&server, &key);
+    create(&server, &key);
     let crashed = runtime_ids(&state);
     assert_eq!(crashed.len(), 2);
     for id in &crashed {
@@ -130,14 +56,14 @@ fn serve_recovers_from_a_crash_and_stops_cleanly() {
 
     // A crash: the spawner and every sandbox's PID 1 die with the server (parent-death
     // signals); what they leave on the host is cleaned up at the next start.
-    drop(server);
+    server.kill_hard();
     for id in &crashed {
         wait_for(Duration::from_secs(10), || {
             sandbox_pids(id).is_empty().then_some(())
         })
         .unwrap_or_else(|| panic!("processes of {id} outlived the server"));
     }
-    let mut server = Server::start(&state);
+    let mut server = Server::start(state.path());
     for id in &crashed {
         assert_gone(id);
     }
@@ -147,13 +73,15 @@ fn serve_recovers_from_a_crash_and_stops_cleanly() {
     );
 
     // An orderly stop destroys everything before the server exits.
-    server.create(&key);
+    create(&server, &key);
     let live = runtime_ids(&state);
     assert_eq!(live.len(), 1);
-    signal_process(&server.child, "TERM");
+    signal_process(server.child(), "TERM");
     server.wait_line("husk: stopped");
-    let status = wait_for(Duration::from_secs(30), || server.child.try_wait().unwrap())
-        .expect("husk serve did not exit after SIGTERM");
+    let status = wait_for(Duration::from_secs(30), || {
+        server.child().try_wait().unwrap()
+    })
+    .expect("husk serve did not exit after SIGTERM");
     assert!(status.success(), "{status}");
     assert_gone(&live[0]);
     assert!(runtime_ids(&state).is_empty());
@@ -162,59 +90,54 @@ fn serve_recovers_from_a_crash_and_stops_cleanly() {
 #[test]
 fn secrets_api_stores_lists_and_removes_without_ever_returning_a_value() {
     let state = TempDir::new("serve-secrets");
-    let server = Server::start(&state);
-    let admin = std::fs::read_to_string(state.path().join("admin.key"))
-        .unwrap()
-        .trim()
-        .to_string();
-    let out = Command::new(HUSK)
-        .args(["key", "create", "--team", "other", "--state-dir"])
-        .arg(state.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let other = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let server = Server::start(state.path());
+    let admin = server.admin_key.clone();
+    let other = server.key_for("other");
     const VALUE: &str = "sk-http-9f8e7d6c5b4a-never-returned";
     assert_eq!(
         server
             .request("PUT", "/husk/v1/secrets/API_KEY", &admin, VALUE)
-            .0,
+            .status,
         204
     );
-    let (status, body) = server.request("GET", "/husk/v1/secrets", &admin, "");
-    assert_eq!(status, 200, "{body}");
+    let r = server.request("GET", "/husk/v1/secrets", &admin, "");
+    let body = r.text();
+    assert_eq!(r.status, 200, "{body}");
     assert!(
         body.contains("\"API_KEY\"") && !body.contains(VALUE),
         "{body}"
     );
     // Another team: not listed, not removable.
-    let (_, body) = server.request("GET", "/husk/v1/secrets", &other, "");
+    let body = server.request("GET", "/husk/v1/secrets", &other, "").text();
     assert!(!body.contains("API_KEY"), "{body}");
     assert_eq!(
         server
             .request("DELETE", "/husk/v1/secrets/API_KEY", &other, "")
-            .0,
+            .status,
         404
     );
     // Bad input: clear errors, nothing stored.
-    let (status, body) = server.request("PUT", "/husk/v1/secrets/bad-name", &admin, "v");
-    assert_eq!(status, 400, "{body}");
+    let r = server.request("PUT", "/husk/v1/secrets/bad-name", &admin, "v");
+    let body = r.text();
+    assert_eq!(r.status, 400, "{body}");
     assert!(body.contains("invalid secret name"), "{body}");
     let big = "x".repeat(64 * 1024 + 1);
     assert_eq!(
         server
             .request("PUT", "/husk/v1/secrets/BIG", &admin, &big)
-            .0,
+            .status,
         413
     );
     assert_eq!(
         server
             .request("PUT", "/husk/v1/secrets/EMPTY", &admin, "")
-            .0,
+            .status,
         400
     );
     assert_eq!(
-        server.request("GET", "/husk/v1/secrets", "e2b_bogus", "").0,
+        server
+            .request("GET", "/husk/v1/secrets", "e2b_bogus", "")
+            .status,
         401
     );
     // The CLI sees what the API stored (one database, one master key).
@@ -243,13 +166,13 @@ fn secrets_api_stores_lists_and_removes_without_ever_returning_a_value() {
     assert_eq!(
         server
             .request("DELETE", "/husk/v1/secrets/API_KEY", &admin, "")
-            .0,
+            .status,
         204
     );
     assert_eq!(
         server
             .request("DELETE", "/husk/v1/secrets/API_KEY", &admin, "")
-            .0,
+            .status,
         404
     );
 }

@@ -7,12 +7,12 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{TempDir, HUSK};
+use common::tarball::raw_entry;
+use common::{husk_state, TempDir};
 
 /// `husk workspace ARGS --state-dir STATE`: (exit code, stdout, stderr).
 fn ws(state: &TempDir, args: &[&str]) -> (i32, String, String) {
@@ -20,29 +20,7 @@ fn ws(state: &TempDir, args: &[&str]) -> (i32, String, String) {
 }
 
 fn ws_stdin(state: &TempDir, args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
-    let mut child = Command::new(HUSK)
-        .arg("workspace")
-        .args(args)
-        .arg("--state-dir")
-        .arg(state.path())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(data) = stdin {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    husk_state("workspace", args, state.path(), stdin)
 }
 
 /// Runs and expects success; returns stdout.
@@ -101,27 +79,6 @@ fn make_tree(root: &Path) {
     fs::write(root.join("deep/x/y/z.bin"), &blob).unwrap();
     symlink("a.txt", root.join("link")).unwrap();
     symlink("/etc/passwd", root.join("abs")).unwrap();
-}
-
-/// One raw tar entry (any path, `..` included), as a hostile archive holds.
-fn raw_entry(out: &mut Vec<u8>, path: &str, kind: u8, data: &[u8], link: &str) {
-    let mut h = [0u8; 512];
-    h[..path.len()].copy_from_slice(path.as_bytes());
-    h[100..107].copy_from_slice(b"0000644");
-    h[108..115].copy_from_slice(b"0000000");
-    h[116..123].copy_from_slice(b"0000000");
-    h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
-    h[136..147].copy_from_slice(b"00000000000");
-    h[156] = kind;
-    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[263..265].copy_from_slice(b"00");
-    h[148..156].copy_from_slice(b"        ");
-    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-    out.extend_from_slice(&h);
-    out.extend_from_slice(data);
-    out.resize(out.len().div_ceil(512) * 512, 0);
 }
 
 #[test]

@@ -11,6 +11,7 @@ use husk_runtime::cgroup::CgroupLayout;
 use husk_runtime::uidrange;
 
 pub mod server;
+pub mod tarball;
 pub mod templates;
 
 pub const HUSK: &str = env!("CARGO_BIN_EXE_husk");
@@ -119,6 +120,40 @@ pub fn husk_run_stdin(flags: &[&str], cmd: &[&str], stdin: Option<&[u8]>) -> Run
         assert_gone(&run.id);
     }
     run
+}
+
+/// `husk <command> <args> --state-dir STATE`, `stdin` written to it (else none): (exit code,
+/// stdout, stderr).
+pub fn husk_state(
+    command: &str,
+    args: &[&str],
+    state: &Path,
+    stdin: Option<&[u8]>,
+) -> (i32, String, String) {
+    let mut child = Command::new(HUSK)
+        .arg(command)
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(data) = stdin {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Plain `husk <args>` (for CLI error tests).

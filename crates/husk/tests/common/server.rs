@@ -1,7 +1,14 @@
 //! A real `husk serve` for end-to-end tests: started on 127.0.0.1:0 with its own state
-//! directory, stopped with SIGTERM when dropped (it destroys its sandboxes; SIGKILL after 5 s),
-//! and plain HTTP/1.0 requests to it (HTTP/1.0: responses are never chunked, so a streamed body
-//! can be read line by line).
+//! directory (and any extra `husk serve` flags), its log echoed to the test's output, stopped
+//! with SIGTERM when dropped (it destroys its sandboxes; SIGKILL after 5 s) or killed outright
+//! with [`Server::kill_hard`] (a crash).
+//!
+//! Requests go on a fresh connection each: [`Server::request`] with an API key and a JSON
+//! content type, [`Server::request_with`] with exactly the headers given (a
+//! `Transfer-Encoding: chunked` among them sends the body chunked). Both are HTTP/1.1 and read
+//! the whole answer, de-chunked; a chunked body that breaks off panics (a broken transfer must
+//! not pass for a complete one). [`Server::stream`] and [`Server::stream_with`] are HTTP/1.0:
+//! the answer is never chunked, so its body can be read as it arrives, line by line or raw.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -11,6 +18,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::HUSK;
+
+/// How long a request waits for the server's next bytes (template builds are slow).
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct Server {
     child: Child,
@@ -22,6 +32,10 @@ pub struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // Already ended (and reaped): its pid may be another process's by now.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         // SIGTERM first: the server destroys its sandboxes; then make sure it is gone.
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -40,6 +54,7 @@ impl Drop for Server {
 /// A response read in full.
 pub struct Reply {
     pub status: u16,
+    /// The status line and the headers, lowercased.
     pub headers: String,
     pub body: Vec<u8>,
 }
@@ -54,15 +69,33 @@ impl Reply {
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 
+    /// A header's (lowercased) value.
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
         })
     }
+
+    /// Asserts the status; shows the body when it differs.
+    pub fn expect(self, status: u16) -> Reply {
+        assert_eq!(self.status, status, "{}", self.text());
+        self
+    }
+
+    /// Asserts an error answer: the status, and a JSON `{code, message}` whose message holds
+    /// `text`.
+    pub fn error(self, status: u16, text: &str) -> Reply {
+        let r = self.expect(status);
+        let v = r.json();
+        assert_eq!(v["code"], status, "{v}");
+        let msg = v["message"].as_str().unwrap();
+        assert!(msg.contains(text), "{text:?} not in {msg:?}");
+        r
+    }
 }
 
-/// A response whose body is read as it arrives.
+/// A response whose body is read as it arrives: by line, or raw through [`Read`].
 pub struct Streaming {
     pub status: u16,
     pub headers: String,
@@ -93,12 +126,24 @@ impl Streaming {
     }
 }
 
+impl Read for Streaming {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reader.read(buf)
+    }
+}
+
 impl Server {
     /// Starts `husk serve` on 127.0.0.1:0 with state in `state`.
     pub fn start(state: &Path) -> Server {
+        Server::start_with(state, &[])
+    }
+
+    /// Starts `husk serve` with `args` added (e.g. `--workspace-upload-limit N`).
+    pub fn start_with(state: &Path, args: &[&str]) -> Server {
         let mut child = Command::new(HUSK)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -108,9 +153,9 @@ impl Server {
         let stderr = child.stderr.take().unwrap();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                // The log stays visible for failing tests.
+                eprintln!("server: {line}");
+                let _ = tx.send(line);
             }
         });
         let mut server = Server {
@@ -132,6 +177,17 @@ impl Server {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The `husk serve` process (to signal it or wait for it).
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// A crash: SIGKILL, and waits until it is gone.
+    pub fn kill_hard(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 
     /// Waits (bounded) for a log line containing `text`; returns it.
@@ -160,33 +216,78 @@ impl Server {
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 
-    fn send(&self, method: &str, path: &str, key: &str, body: &[u8], extra: &str) -> TcpStream {
+    /// Sends a request on a fresh connection: Host, the body's length (none when `headers`
+    /// say chunked: the body goes in chunks), and `headers`.
+    fn send(
+        &self,
+        version: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
+        let chunked = headers.iter().any(|(k, v)| {
+            k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+        });
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        let head = format!(
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nX-API-Key: {key}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n",
-            body.len()
-        );
+        s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        let mut head = format!("{method} {path} {version}\r\nHost: 127.0.0.1\r\n");
+        if !chunked {
+            head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        if version == "HTTP/1.1" {
+            head.push_str("Connection: close\r\n");
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
         s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
+        if chunked {
+            for chunk in body.chunks(64 << 10) {
+                s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                    .unwrap();
+                s.write_all(chunk).unwrap();
+                s.write_all(b"\r\n").unwrap();
+            }
+            s.write_all(b"0\r\n\r\n").unwrap();
+        } else {
+            s.write_all(body).unwrap();
+        }
         s
     }
 
-    /// One request, read in full.
-    pub fn request(&self, method: &str, path: &str, key: &str, body: &[u8]) -> Reply {
-        let mut s = self.send(method, path, key, body, "");
+    /// One request with `key` (X-API-Key) and a JSON content type, read in full.
+    pub fn request(&self, method: &str, path: &str, key: &str, body: impl AsRef<[u8]>) -> Reply {
+        let headers = [("X-API-Key", key), ("Content-Type", "application/json")];
+        self.request_with(method, path, &headers, body)
+    }
+
+    /// One request with exactly `headers` (besides Host, Content-Length and Connection: close),
+    /// read in full.
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl AsRef<[u8]>,
+    ) -> Reply {
+        let mut s = self.send("HTTP/1.1", method, path, headers, body.as_ref());
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).unwrap();
         let split = raw
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
             .expect("a response head");
-        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+        let mut body = raw[split + 4..].to_vec();
+        if head.contains("transfer-encoding: chunked") {
+            body = dechunk(&body);
+        }
         Reply {
             status: head[9..12].parse().unwrap(),
             headers: head,
-            body: raw[split + 4..].to_vec(),
+            body,
         }
     }
 
@@ -197,12 +298,24 @@ impl Server {
         } else {
             body.to_string().into_bytes()
         };
-        self.request(method, path, &self.admin_key, &b)
+        self.request(method, path, &self.admin_key, b)
     }
 
-    /// A request whose body is read as it streams.
+    /// A request with `key` and a JSON content type whose body is read as it streams.
     pub fn stream(&self, method: &str, path: &str, key: &str, body: &[u8]) -> Streaming {
-        let s = self.send(method, path, key, body, "");
+        let headers = [("X-API-Key", key), ("Content-Type", "application/json")];
+        self.stream_with(method, path, &headers, body)
+    }
+
+    /// A request with exactly `headers` whose body is read as it streams.
+    pub fn stream_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Streaming {
+        let s = self.send("HTTP/1.0", method, path, headers, body);
         let mut reader = BufReader::new(s);
         let mut headers = String::new();
         loop {
@@ -229,5 +342,30 @@ impl Server {
             .iter()
             .map(|s| s["sandboxID"].as_str().unwrap().to_owned())
             .collect()
+    }
+}
+
+/// A chunked body, put back together; panics on a body that ends without its last chunk.
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let eol = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("truncated chunked body");
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&b[..eol])
+                .split(';')
+                .next()
+                .unwrap()
+                .trim(),
+            16,
+        )
+        .unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 4 + size..];
     }
 }
