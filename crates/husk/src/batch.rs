@@ -12,14 +12,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Args;
+use clap::{Arg, Args};
 use husk_core::runs::batch::{BatchItem, BatchRecord, BatchSpec, MAX_ITEMS};
 use husk_core::runs::{RunRecord, RunSpec, RunStatus};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Deserialize;
 
+use crate::cli::JobArgs;
 use crate::client::{Client, StopSignals};
-use crate::run::remote::{self, JobFlags};
+use crate::run::remote;
 use crate::run::EXIT_HUSK_ERROR;
 use crate::units::without_controls;
 
@@ -29,7 +30,83 @@ const CANCEL_WAIT: Duration = Duration::from_secs(30);
 /// Lines of a failed item's stderr shown in the summary.
 const TAIL_LINES: usize = 5;
 
+/// `husk batch`'s help for the flags it shares with `husk run` ([`JobArgs`], whose own help is
+/// `husk run`'s): the same flags, said of every item.
+const ITEM_HELP: [(&str, &str); 15] = [
+    (
+        "env",
+        "Environment variable of every item; `{}` in VALUE is the item's input (repeatable)",
+    ),
+    (
+        "workdir",
+        "Working directory inside the sandbox [default: the template's, else the user's home]",
+    ),
+    (
+        "user",
+        "User inside the sandbox: `user` or `root` [default: the template's, else user]",
+    ),
+    ("template", "Template [default: the server's (`base`)]"),
+    (
+        "timeout",
+        "Each item's time limit (e.g. 60s, 5m) [default: the server's (300 s)]",
+    ),
+    (
+        "memory",
+        "Memory limit of each item's sandbox [default: the server's]",
+    ),
+    (
+        "cpus",
+        "CPU quota of each item's sandbox, in CPUs [default: the server's]",
+    ),
+    (
+        "pids",
+        "Maximum processes and threads of each item [default: the server's]",
+    ),
+    (
+        "disk",
+        "Size of each item's writable layer [default: the server's]",
+    ),
+    (
+        "workspaces",
+        "Mount a workspace at /workspace/NAME (or PATH) in every item, read-only unless `:rw` \
+         (repeatable)",
+    ),
+    (
+        "secrets",
+        "The team's secret NAME as the environment variable NAME of every item, masked in its \
+         output (repeatable)",
+    ),
+    (
+        "saves",
+        "After each item, save this sandbox path into a workspace under runs/<run-id>/ \
+         (repeatable)",
+    ),
+    (
+        "save_to",
+        "The workspace --save goes to [default: the first --workspace]",
+    ),
+    (
+        "files",
+        "Send a local file along with every item, to DEST (relative to the workdir) [default \
+         DEST: the file's name] (repeatable)",
+    ),
+    (
+        "output_limit",
+        "Limit of each item's saved outputs: size, optionally with a file count [default: \
+         1G:10000]",
+    ),
+];
+
+/// Gives a shared flag its [`ITEM_HELP`].
+fn item_help(arg: Arg) -> Arg {
+    match ITEM_HELP.iter().find(|(id, _)| arg.get_id() == *id) {
+        Some((_, help)) => arg.help(*help),
+        None => arg,
+    }
+}
+
 #[derive(Args, Debug, Default)]
+#[command(mut_args(item_help))]
 pub struct BatchArgs {
     /// The husk server [default: $HUSK_SERVER, else http://127.0.0.1:3000]. The key comes from
     /// HUSK_API_KEY, else E2B_API_KEY, else STATE_DIR/admin.key.
@@ -55,56 +132,9 @@ pub struct BatchArgs {
     /// One item with VALUE as `{}` (repeatable).
     #[arg(long = "arg", value_name = "VALUE")]
     pub args: Vec<String>,
-    /// Send a local file along with every item, to DEST (relative to the workdir) [default
-    /// DEST: the file's name] (repeatable).
-    #[arg(long = "file", value_name = "LOCAL[:DEST]")]
-    pub files: Vec<String>,
-    /// Template [default: the server's (`base`)].
-    #[arg(short = 'T', long, value_name = "NAME")]
-    pub template: Option<String>,
-    /// Mount a workspace at /workspace/NAME (or PATH) in every item, read-only unless `:rw`
-    /// (repeatable).
-    #[arg(long = "workspace", value_name = "NAME[:rw][@PATH]")]
-    pub workspaces: Vec<String>,
-    /// After each item, save this sandbox path into a workspace under runs/<run-id>/
-    /// (repeatable).
-    #[arg(long = "save", value_name = "PATH")]
-    pub saves: Vec<String>,
-    /// The workspace --save goes to [default: the first --workspace].
-    #[arg(long, value_name = "NAME")]
-    pub save_to: Option<String>,
-    /// The team's secret NAME as the environment variable NAME of every item, masked in its
-    /// output (repeatable).
-    #[arg(long = "secret", value_name = "NAME")]
-    pub secrets: Vec<String>,
-    /// Environment variable of every item; `{}` in VALUE is the item's input (repeatable).
-    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
-    pub env: Vec<String>,
-    /// Working directory inside the sandbox [default: the template's, else the user's home].
-    #[arg(short = 'w', long, value_name = "DIR")]
-    pub workdir: Option<PathBuf>,
-    /// User inside the sandbox: `user` or `root` [default: the template's, else user].
-    #[arg(short = 'u', long, value_name = "user|root")]
-    pub user: Option<String>,
-    /// Each item's time limit (e.g. 60s, 5m) [default: the server's (300 s)].
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<String>,
-    /// Memory limit of each item's sandbox [default: the server's].
-    #[arg(short = 'm', long, value_name = "SIZE")]
-    pub memory: Option<String>,
-    /// CPU quota of each item's sandbox, in CPUs [default: the server's].
-    #[arg(long, value_name = "N")]
-    pub cpus: Option<String>,
-    /// Size of each item's writable layer [default: the server's].
-    #[arg(long, value_name = "SIZE")]
-    pub disk: Option<String>,
-    /// Maximum processes and threads of each item [default: the server's].
-    #[arg(long, value_name = "N")]
-    pub pids: Option<u64>,
-    /// Limit of each item's saved outputs: size, optionally with a file count [default:
-    /// 1G:10000].
-    #[arg(long, value_name = "SIZE[:FILES]")]
-    pub output_limit: Option<String>,
+    // What runs in every item (shared with `husk run`; help texts: ITEM_HELP).
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Print the batch's final record as JSON instead of the summary table.
     #[arg(long)]
     pub json: bool,
@@ -129,29 +159,12 @@ pub fn main(a: BatchArgs) -> i32 {
 }
 
 fn prepare(a: &BatchArgs) -> Result<(Client, BatchSpec)> {
-    let flags = JobFlags {
-        template: a.template.as_deref(),
-        env: &a.env,
-        workdir: a.workdir.as_deref(),
-        user: a.user.as_deref(),
-        timeout: a.timeout.as_deref(),
-        memory: a.memory.as_deref(),
-        cpus: a.cpus.as_deref(),
-        disk: a.disk.as_deref(),
-        pids: a.pids,
-        workspaces: &a.workspaces,
-        secrets: &a.secrets,
-        saves: &a.saves,
-        save_to: a.save_to.as_deref(),
-        files: &a.files,
-        output_limit: a.output_limit.as_deref(),
-    };
     if a.parallel == Some(0) {
         bail!("--parallel must be at least 1");
     }
     // One budget for every file sent: the whole batch is one request.
     let mut total = 0usize;
-    let run: RunSpec = flags.spec(a.command.clone(), &mut total)?;
+    let run: RunSpec = a.job.spec(a.command.clone(), &mut total)?;
     let items = items(a, &mut total)?;
     if !a.command.iter().any(|c| c.contains("{}")) {
         eprintln!("husk: note: the command has no {{}}: every item runs the same command");
@@ -701,6 +714,27 @@ fn summary(rec: &BatchRecord, items: &[ItemState]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_shared_flag_has_its_batch_help_and_keeps_its_run_help() {
+        use clap::{Args as _, CommandFactory};
+        let job = JobArgs::augment_args(clap::Command::new("job"));
+        let mut shared: Vec<&str> = job.get_arguments().map(|a| a.get_id().as_str()).collect();
+        let mut ids: Vec<&str> = ITEM_HELP.iter().map(|(id, _)| *id).collect();
+        shared.sort_unstable();
+        ids.sort_unstable();
+        assert_eq!(shared, ids);
+        let cli = crate::cli::Cli::command();
+        let help = |cmd: &str, id: &str| {
+            let c = cli.find_subcommand(cmd).unwrap();
+            let arg = c.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_help().unwrap().to_string()
+        };
+        for (id, text) in ITEM_HELP {
+            assert_eq!(help("batch", id), text);
+            assert_ne!(help("run", id), text);
+        }
+    }
 
     #[test]
     fn wildcards() {

@@ -43,6 +43,44 @@ pub struct RunArgs {
     /// Attach a terminal on stdin to the command (pipes and files are always attached).
     #[arg(short = 'i', long)]
     pub interactive: bool,
+    // What runs (shared with `husk batch`).
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// State directory: built templates, workspaces, and the admin key used with --server when
+    /// no key is in the environment [default: /var/lib/husk].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Hostname inside the sandbox [default: husk].
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
+    /// Run on this husk server (POST /husk/v1/runs) instead of in a local sandbox. The key
+    /// comes from HUSK_API_KEY, else E2B_API_KEY, else STATE_DIR/admin.key.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// Team whose workspaces a local run mounts (with --server, the key's team).
+    #[arg(long, value_name = "TEAM")]
+    pub team: Option<String>,
+    /// Bind-mount a host path, read-only unless `:rw` (always nosuid, nodev; repeatable).
+    #[arg(short = 'v', long = "mount", value_name = "HOST:SANDBOX[:rw]")]
+    pub mounts: Vec<String>,
+    /// Copy a host file or directory into the sandbox's writable layer (repeatable).
+    #[arg(long = "copy", value_name = "HOST:SANDBOX")]
+    pub copies: Vec<String>,
+    /// After the command ends, copy regular files under SANDBOX_DIR to HOST_DIR (repeatable).
+    #[arg(short = 'o', long = "output", value_name = "SANDBOX_DIR:HOST_DIR")]
+    pub outputs: Vec<String>,
+    /// Write the sandbox id to this file once it exists.
+    #[arg(long, value_name = "PATH")]
+    pub id_file: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// The flags of what runs, shared by `husk run` and `husk batch` (whose help says them of every
+/// item: `batch::ITEM_HELP`); `JobArgs::spec` turns them into a run spec for a server.
+#[derive(Args, Debug, Default)]
+pub struct JobArgs {
     /// Environment variable for the command (repeatable).
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -57,10 +95,6 @@ pub struct RunArgs {
     /// --server, the server's default (`base`)].
     #[arg(short = 'T', long, value_name = "NAME")]
     pub template: Option<String>,
-    /// State directory: built templates, workspaces, and the admin key used with --server when
-    /// no key is in the environment [default: /var/lib/husk].
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
     /// Kill the sandbox after this long (e.g. 30s, 500ms, 5m) [default: no timeout; with
     /// --server, the server's default (300 s)].
     #[arg(long, value_name = "DURATION")]
@@ -77,20 +111,10 @@ pub struct RunArgs {
     /// Size of the writable layer [default: 1G; with --server, the server's].
     #[arg(long, value_name = "SIZE")]
     pub disk: Option<String>,
-    /// Hostname inside the sandbox [default: husk].
-    #[arg(long, value_name = "NAME")]
-    pub hostname: Option<String>,
-    /// Run on this husk server (POST /husk/v1/runs) instead of in a local sandbox. The key
-    /// comes from HUSK_API_KEY, else E2B_API_KEY, else STATE_DIR/admin.key.
-    #[arg(long, value_name = "URL")]
-    pub server: Option<String>,
     /// Mount a workspace at /workspace/NAME (or at PATH), read-only unless `:rw`
     /// (repeatable). Locally, the workspace of --team in the state directory.
     #[arg(long = "workspace", value_name = "NAME[:rw][@PATH]")]
     pub workspaces: Vec<String>,
-    /// Team whose workspaces a local run mounts (with --server, the key's team).
-    #[arg(long, value_name = "TEAM")]
-    pub team: Option<String>,
     /// (--server) Give the command the team's secret NAME as the environment variable NAME,
     /// masked as **** in its output (repeatable).
     #[arg(long = "secret", value_name = "NAME")]
@@ -106,25 +130,10 @@ pub struct RunArgs {
     /// workdir) before the command starts [default DEST: the file's name] (repeatable).
     #[arg(long = "file", value_name = "LOCAL[:DEST]")]
     pub files: Vec<String>,
-    /// Bind-mount a host path, read-only unless `:rw` (always nosuid, nodev; repeatable).
-    #[arg(short = 'v', long = "mount", value_name = "HOST:SANDBOX[:rw]")]
-    pub mounts: Vec<String>,
-    /// Copy a host file or directory into the sandbox's writable layer (repeatable).
-    #[arg(long = "copy", value_name = "HOST:SANDBOX")]
-    pub copies: Vec<String>,
-    /// After the command ends, copy regular files under SANDBOX_DIR to HOST_DIR (repeatable).
-    #[arg(short = 'o', long = "output", value_name = "SANDBOX_DIR:HOST_DIR")]
-    pub outputs: Vec<String>,
     /// Limit of copied outputs (--output, --save), in total: size, optionally with a file
     /// count [default: 1G:10000].
     #[arg(long, value_name = "SIZE[:FILES]")]
     pub output_limit: Option<String>,
-    /// Write the sandbox id to this file once it exists.
-    #[arg(long, value_name = "PATH")]
-    pub id_file: Option<PathBuf>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -79,10 +79,10 @@ impl Config {
     /// Turns flags into a validated configuration; every error names the flag and the fix.
     pub fn from_args(a: RunArgs) -> Result<Config> {
         let server_only = [
-            ("--secret", !a.secrets.is_empty()),
-            ("--save", !a.saves.is_empty()),
-            ("--save-to", a.save_to.is_some()),
-            ("--file", !a.files.is_empty()),
+            ("--secret", !a.job.secrets.is_empty()),
+            ("--save", !a.job.saves.is_empty()),
+            ("--save-to", a.job.save_to.is_some()),
+            ("--file", !a.job.files.is_empty()),
         ];
         if let Some((flag, _)) = server_only.iter().find(|(_, given)| *given) {
             let hint = if *flag == "--file" {
@@ -94,33 +94,33 @@ impl Config {
         }
         let mut spec = SandboxSpec::new(a.command);
         spec.tty = a.tty;
-        let template_name = a.template.as_deref().unwrap_or("host");
+        let template_name = a.job.template.as_deref().unwrap_or("host");
         let template = resolve_template(template_name, a.state_dir.as_deref())?;
         spec.rootfs = template.rootfs;
         let defaults = template.defaults;
-        spec.user = match a.user.as_deref().or(defaults.user.as_deref()) {
+        spec.user = match a.job.user.as_deref().or(defaults.user.as_deref()) {
             None | Some("user") => User::User,
             Some("root") => User::Root,
             Some(other) => bail!("invalid --user {other:?}: use `user` or `root`"),
         };
         spec.hostname = a.hostname.unwrap_or_else(|| "husk".into());
-        spec.workdir = a.workdir.or(defaults.workdir.map(PathBuf::from));
+        spec.workdir = a.job.workdir.or(defaults.workdir.map(PathBuf::from));
         // The template's environment first: a --env of the same name wins.
         spec.env = defaults.env;
-        for e in a.env {
+        for e in a.job.env {
             let Some((k, v)) = e.split_once('=') else {
                 bail!("invalid --env {e:?}: expected KEY=VALUE");
             };
             spec.env.retain(|(name, _)| name != k);
             spec.env.push((k.to_owned(), v.to_owned()));
         }
-        let memory = a.memory.as_deref().unwrap_or("512M");
-        let disk = a.disk.as_deref().unwrap_or("1G");
+        let memory = a.job.memory.as_deref().unwrap_or("512M");
+        let disk = a.job.disk.as_deref().unwrap_or("1G");
         spec.limits.memory_bytes = parse_size(memory).map_err(|e| anyhow!("--memory: {e}"))?;
         spec.limits.disk_bytes = parse_size(disk).map_err(|e| anyhow!("--disk: {e}"))?;
         spec.limits.cpu_millis =
-            parse_cpus(a.cpus.as_deref().unwrap_or("1")).map_err(|e| anyhow!("{e}"))?;
-        spec.limits.pids = a.pids.unwrap_or(256);
+            parse_cpus(a.job.cpus.as_deref().unwrap_or("1")).map_err(|e| anyhow!("{e}"))?;
+        spec.limits.pids = a.job.pids.unwrap_or(256);
         for m in &a.mounts {
             let parts: Vec<&str> = m.split(':').collect();
             let (host, sandbox, writable) = match parts.as_slice() {
@@ -140,7 +140,7 @@ impl Config {
                 idmapped: false,
             });
         }
-        if !a.workspaces.is_empty() {
+        if !a.job.workspaces.is_empty() {
             let dir = a
                 .state_dir
                 .as_deref()
@@ -148,7 +148,7 @@ impl Config {
             let team = a.team.as_deref().unwrap_or("default");
             let all = husk_core::workspaces::Workspaces::open(dir)
                 .map_err(|e| anyhow!("--workspace: state directory {}: {e}", dir.display()))?;
-            for w in &a.workspaces {
+            for w in &a.job.workspaces {
                 let ws = remote::parse_workspace(w)?;
                 let host = all
                     .dir(team, &ws.name)
@@ -187,8 +187,10 @@ impl Config {
             }
             outputs.push((PathBuf::from(s), absolute_host(h)?));
         }
-        let output_limits = parse_output_limit(a.output_limit.as_deref().unwrap_or("1G:10000"))?;
+        let output_limits =
+            parse_output_limit(a.job.output_limit.as_deref().unwrap_or("1G:10000"))?;
         let timeout = a
+            .job
             .timeout
             .as_deref()
             .map(parse_duration)

@@ -5,7 +5,8 @@
 //! (`DELETE /husk/v1/runs/{id}`) and husk waits, bounded, for its end; a second signal leaves
 //! at once (the server cancels a run whose client went away).
 //!
-//! [`JobFlags`] turns the flags `husk run --server` and `husk batch` share into a [`RunSpec`].
+//! [`JobArgs::spec`] turns the flags `husk run --server` and `husk batch` share into a
+//! [`RunSpec`].
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -22,7 +23,7 @@ use husk_runtime::libc;
 use serde::Deserialize;
 
 use super::{EXIT_HUSK_ERROR, EXIT_TIMEOUT};
-use crate::cli::RunArgs;
+use crate::cli::{JobArgs, RunArgs};
 use crate::client::{Client, StopSignals};
 use crate::units::{
     format_duration, format_size, parse_cpus, parse_duration, parse_size, without_controls,
@@ -112,26 +113,6 @@ fn parse_file(text: &str) -> Result<(String, String)> {
     Ok((local.to_owned(), dest))
 }
 
-/// What a run on a server is made of: the flags `husk run --server` and `husk batch` share.
-#[derive(Default)]
-pub struct JobFlags<'a> {
-    pub template: Option<&'a str>,
-    pub env: &'a [String],
-    pub workdir: Option<&'a Path>,
-    pub user: Option<&'a str>,
-    pub timeout: Option<&'a str>,
-    pub memory: Option<&'a str>,
-    pub cpus: Option<&'a str>,
-    pub disk: Option<&'a str>,
-    pub pids: Option<u64>,
-    pub workspaces: &'a [String],
-    pub secrets: &'a [String],
-    pub saves: &'a [String],
-    pub save_to: Option<&'a str>,
-    pub files: &'a [String],
-    pub output_limit: Option<&'a str>,
-}
-
 /// Whole MiB, at least one (a size flag given to a server).
 fn mib(flag: &str, text: &str) -> Result<u64> {
     let bytes = parse_size(text).map_err(|e| anyhow!("{flag}: {e}"))?;
@@ -141,12 +122,13 @@ fn mib(flag: &str, text: &str) -> Result<u64> {
     Ok(bytes.div_ceil(1 << 20))
 }
 
-impl JobFlags<'_> {
-    /// The run spec; only what was given is sent (the server's defaults apply otherwise).
-    /// `inline_total` counts the bytes of inline files (a batch adds its items' to it).
+impl JobArgs {
+    /// The run spec on a server (`husk run --server`, every item of `husk batch`); only what
+    /// was given is sent (the server's defaults apply otherwise). `inline_total` counts the
+    /// bytes of inline files (a batch adds its items' to it).
     pub fn spec(&self, command: Vec<String>, inline_total: &mut usize) -> Result<RunSpec> {
         let mut env = BTreeMap::new();
-        for e in self.env {
+        for e in &self.env {
             let Some((k, v)) = e.split_once('=') else {
                 bail!("invalid --env {e:?}: expected KEY=VALUE");
             };
@@ -155,12 +137,12 @@ impl JobFlags<'_> {
             }
             env.insert(k.to_owned(), v.to_owned());
         }
-        if let Some(u) = self.user {
+        if let Some(u) = self.user.as_deref() {
             if u != "user" && u != "root" {
                 bail!("invalid --user {u:?}: use `user` or `root`");
             }
         }
-        let workdir = match self.workdir {
+        let workdir = match self.workdir.as_deref() {
             None => None,
             Some(w) => Some(
                 w.to_str()
@@ -168,7 +150,7 @@ impl JobFlags<'_> {
                     .to_owned(),
             ),
         };
-        let timeout = match self.timeout {
+        let timeout = match self.timeout.as_deref() {
             None => None,
             Some(t) => Some(
                 parse_duration(t)
@@ -177,13 +159,18 @@ impl JobFlags<'_> {
             ),
         };
         let limits = RunLimits {
-            memory_mb: self.memory.map(|m| mib("--memory", m)).transpose()?,
+            memory_mb: self
+                .memory
+                .as_deref()
+                .map(|m| mib("--memory", m))
+                .transpose()?,
             cpus: self
                 .cpus
+                .as_deref()
                 .map(|c| parse_cpus(c).map(|m| m as f64 / 1000.0))
                 .transpose()
                 .map_err(|e| anyhow!("{e}"))?,
-            disk_mb: self.disk.map(|d| mib("--disk", d)).transpose()?,
+            disk_mb: self.disk.as_deref().map(|d| mib("--disk", d)).transpose()?,
             pids: self.pids,
         };
         if limits.pids == Some(0) {
@@ -194,25 +181,25 @@ impl JobFlags<'_> {
             .iter()
             .map(|w| parse_workspace(w))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(w) = self.save_to {
+        if let Some(w) = self.save_to.as_deref() {
             husk_core::workspaces::validate_name(w)
                 .map_err(|e| anyhow!("invalid --save-to {w:?}: {e}"))?;
         }
         if !self.saves.is_empty() && workspaces.is_empty() && self.save_to.is_none() {
             bail!("--save needs a workspace to save into: --save-to NAME or --workspace NAME");
         }
-        for s in self.saves {
+        for s in &self.saves {
             if !s.starts_with('/') {
                 bail!("--save {s:?}: give an absolute sandbox path (e.g. /home/user/out)");
             }
         }
         let mut files = Vec::new();
-        for f in self.files {
+        for f in &self.files {
             let (local, dest) = parse_file(f)?;
             let bytes = read_local_file(Path::new(&local), "--file", inline_total)?;
             files.push(inline(&dest, &bytes));
         }
-        let output_limit = match self.output_limit {
+        let output_limit = match self.output_limit.as_deref() {
             None => OutputLimit::default(),
             Some(text) => {
                 let l = super::parse_output_limit(text)?;
@@ -223,18 +210,18 @@ impl JobFlags<'_> {
             }
         };
         Ok(RunSpec {
-            template: self.template.map(str::to_owned),
+            template: self.template.clone(),
             command: Some(command),
             files,
             workspaces,
             env,
-            secrets: self.secrets.to_vec(),
+            secrets: self.secrets.clone(),
             limits,
             timeout,
-            user: self.user.map(str::to_owned),
+            user: self.user.clone(),
             workdir,
-            outputs: self.saves.to_vec(),
-            output_workspace: self.save_to.map(str::to_owned),
+            outputs: self.saves.clone(),
+            output_workspace: self.save_to.clone(),
             output_limit,
             ..RunSpec::default()
         })
@@ -295,7 +282,7 @@ fn refuse_local_flags(a: &RunArgs) -> Result<()> {
 pub fn main(a: RunArgs) -> i32 {
     match prepare(&a).and_then(|(client, spec)| {
         let rt = crate::client::runtime()?;
-        rt.block_on(run(&client, &spec, a.timeout.as_deref()))
+        rt.block_on(run(&client, &spec, a.job.timeout.as_deref()))
     }) {
         Ok(code) => code,
         Err(e) => {
@@ -307,24 +294,7 @@ pub fn main(a: RunArgs) -> i32 {
 
 fn prepare(a: &RunArgs) -> Result<(Client, RunSpec)> {
     refuse_local_flags(a)?;
-    let flags = JobFlags {
-        template: a.template.as_deref(),
-        env: &a.env,
-        workdir: a.workdir.as_deref(),
-        user: a.user.as_deref(),
-        timeout: a.timeout.as_deref(),
-        memory: a.memory.as_deref(),
-        cpus: a.cpus.as_deref(),
-        disk: a.disk.as_deref(),
-        pids: a.pids,
-        workspaces: &a.workspaces,
-        secrets: &a.secrets,
-        saves: &a.saves,
-        save_to: a.save_to.as_deref(),
-        files: &a.files,
-        output_limit: a.output_limit.as_deref(),
-    };
-    let spec = flags.spec(a.command.clone(), &mut 0)?;
+    let spec = a.job.spec(a.command.clone(), &mut 0)?;
     let client = Client::from_flags(a.server.as_deref(), a.state_dir.as_deref())?;
     Ok((client, spec))
 }
@@ -624,20 +594,19 @@ mod tests {
 
     #[test]
     fn only_given_limits_are_sent() {
-        let spec = JobFlags::default()
+        let spec = JobArgs::default()
             .spec(vec!["true".into()], &mut 0)
             .unwrap();
         assert!(spec.limits.memory_mb.is_none() && spec.limits.cpus.is_none());
         assert!(spec.timeout.is_none() && spec.template.is_none());
         let json = serde_json::to_value(&spec).unwrap();
         assert_eq!(json["command"], serde_json::json!(["true"]));
-        let env = ["A=1".to_string()];
-        let spec = JobFlags {
-            memory: Some("1G"),
-            cpus: Some("0.5"),
-            timeout: Some("1500ms"),
-            env: &env,
-            ..JobFlags::default()
+        let spec = JobArgs {
+            memory: Some("1G".into()),
+            cpus: Some("0.5".into()),
+            timeout: Some("1500ms".into()),
+            env: vec!["A=1".into()],
+            ..JobArgs::default()
         }
         .spec(vec!["x".into()], &mut 0)
         .unwrap();
@@ -645,10 +614,9 @@ mod tests {
         assert_eq!(spec.limits.cpus, Some(0.5));
         assert_eq!(spec.timeout, Some(1.5));
         assert_eq!(spec.env["A"], "1");
-        let saves = ["/out".to_string()];
-        let err = JobFlags {
-            saves: &saves,
-            ..JobFlags::default()
+        let err = JobArgs {
+            saves: vec!["/out".into()],
+            ..JobArgs::default()
         }
         .spec(vec!["x".into()], &mut 0)
         .unwrap_err();
