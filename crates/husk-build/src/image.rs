@@ -188,6 +188,6 @@ pub fn release(store: &Store, run_dir: &Path, old: &TemplateRecord) {
         let _ = husk_runtime::images::unmount_replaced(run_dir, &old.digest, &old.image);
         return;
     }
-    let _ = husk_runtime::images::unmount(run_dir, &old.digest);
+    let _ = husk_runtime::images::unmount(run_dir, &old.digest, &old.image);
     let _ = fs::remove_file(&old.image);
 }

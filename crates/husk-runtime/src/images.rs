@@ -175,20 +175,25 @@ fn detach(mp: &Path) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// Detaches every mount of the image with `digest` (after its template was removed).
-/// Sandboxes that use it keep their own references; the mount points are removed.
-pub fn unmount(run_dir: &Path, digest: &str) -> Result<(), ImageError> {
+/// Detaches the mount of the image file `file` (after its template was removed; call before
+/// deleting the file). Only that file's mount: the same image may be mounted from another
+/// state directory's file (images are reproducible, so equal templates have equal digests),
+/// and those mounts are not this caller's. Sandboxes that use it keep their own references.
+pub fn unmount(run_dir: &Path, digest: &str, file: &Path) -> Result<(), ImageError> {
+    use std::os::unix::fs::MetadataExt;
     let dir = mount_point(run_dir, digest)?;
+    // husk before 0.1 mounted an image at `dir` itself.
     detach(&dir)?;
-    if let Ok(rd) = fs::read_dir(&dir) {
-        for e in rd.flatten() {
-            detach(&e.path())?;
-            let _ = fs::remove_dir(e.path());
-        }
+    if let Ok(m) = fs::metadata(file) {
+        let mp = dir.join(format!("{}-{}", m.dev(), m.ino()));
+        detach(&mp)?;
+        let _ = fs::remove_dir(&mp);
     }
-    let _ = fs::remove_dir(&dir);
-    // The record that the image was verified (see husk-core's template module).
-    let _ = fs::remove_file(dir.with_extension("verified"));
+    // Gone only when no other file's mount is left under it.
+    if fs::remove_dir(&dir).is_ok() {
+        // The record that the image was verified (see husk-core's template module).
+        let _ = fs::remove_file(dir.with_extension("verified"));
+    }
     Ok(())
 }
 
@@ -222,10 +227,11 @@ mod tests {
             }
             if let Ok(rd) = fs::read_dir(self.dir.join("run/images")) {
                 for e in rd.flatten() {
-                    let _ = unmount(
-                        &self.dir.join("run"),
-                        &format!("sha256:{}", e.file_name().to_string_lossy()),
-                    );
+                    if let Ok(mounts) = fs::read_dir(e.path()) {
+                        for m in mounts.flatten() {
+                            let _ = detach(&m.path());
+                        }
+                    }
                 }
             }
             let _ = fs::remove_dir_all(&self.dir);
@@ -285,6 +291,10 @@ mod tests {
         f.set_len(size / 2).unwrap();
         let err = ensure_mounted(&run, &image, size, DIGEST).unwrap_err();
         assert!(err.to_string().contains("damaged"), "{err}");
+        // Unmounted before its file goes: the mount and the digest's directory are gone.
+        unmount(&run, DIGEST, &image).unwrap();
+        assert!(!mp.exists() && !mp2.exists(), "a mount point stayed");
+        assert!(!mount_point(&run, DIGEST).unwrap().exists());
         fs::remove_file(&image).unwrap();
         let err = ensure_mounted(&run, &image, size, DIGEST).unwrap_err();
         assert!(err.to_string().contains("missing"), "{err}");
@@ -292,8 +302,26 @@ mod tests {
             ensure_mounted(&run, &image, size, "sha256:../../etc"),
             Err(ImageError::BadDigest(_)) | Err(ImageError::Missing(_))
         ));
-        unmount(&run, DIGEST).unwrap();
-        assert!(!mp.exists() && !mp2.exists(), "a mount point stayed");
+    }
+
+    #[test]
+    fn unmounting_one_file_leaves_another_files_mount_of_the_same_image() {
+        // Two state directories with the same template: two files, one digest.
+        let (fx, image, size) = fixture();
+        let run = fx.dir.join("run");
+        let other = fx.dir.join("other.erofs");
+        fs::copy(&image, &other).unwrap();
+        let mine = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        let theirs = ensure_mounted(&run, &other, size, DIGEST).unwrap();
+        assert_ne!(mine, theirs);
+        unmount(&run, DIGEST, &image).unwrap();
+        assert!(!mine.exists());
+        assert_eq!(
+            fs::read_to_string(theirs.join("etc/hello")).unwrap(),
+            "from the image\n",
+            "the other file's mount was detached"
+        );
+        unmount(&run, DIGEST, &other).unwrap();
         assert!(!mount_point(&run, DIGEST).unwrap().exists());
     }
 
