@@ -5,8 +5,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use super::{Side, SkipKind};
 
@@ -148,54 +147,12 @@ pub(super) fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8
     crate::sys::readlinkat(dir, name)
 }
 
-/// Owns a `DIR*` so it is closed on every path out of [`list_dir`].
-struct DirStream(NonNull<libc::DIR>);
-
-impl Drop for DirStream {
-    fn drop(&mut self) {
-        // SAFETY: the stream came from fdopendir and is closed exactly once.
-        unsafe { libc::closedir(self.0.as_ptr()) };
-    }
-}
-
 /// Lists the names in the directory open at `dir` (not `.`/`..`), sorted.
 /// Stops after `max + 1` names so a hostile directory cannot exhaust memory;
 /// callers treat more than `max` as over their limit.
 pub(super) fn list_dir(dir: BorrowedFd<'_>, max: u64) -> io::Result<Vec<CString>> {
-    // fdopendir takes ownership of its fd; give it a duplicate so `dir`
-    // stays usable for the *at calls on the entries.
-    let raw = dir.try_clone_to_owned()?.into_raw_fd();
-    // SAFETY: `raw` is an open fd that we own; on success the stream owns it.
-    let ptr = unsafe { libc::fdopendir(raw) };
-    let Some(ptr) = NonNull::new(ptr) else {
-        let err = io::Error::last_os_error();
-        // SAFETY: fdopendir failed, so `raw` is still ours alone to close.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        return Err(err);
-    };
-    let stream = DirStream(ptr);
-    let mut names = Vec::new();
-    while names.len() as u64 <= max {
-        // SAFETY: errno is thread-local; zeroing it lets us tell the end of
-        // the stream from an error when readdir64 returns NULL.
-        unsafe { *libc::__errno_location() = 0 };
-        // SAFETY: the stream is valid and used by this thread only.
-        let ent = unsafe { libc::readdir64(stream.0.as_ptr()) };
-        if ent.is_null() {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(0) {
-                break;
-            }
-            return Err(err);
-        }
-        // SAFETY: readdir64 returned a valid entry whose d_name is
-        // NUL-terminated and stays valid until the next readdir64 call; we
-        // copy it before then. addr_of! avoids asserting the full array size.
-        let name = unsafe { CStr::from_ptr(std::ptr::addr_of!((*ent).d_name).cast()) };
-        if name != c"." && name != c".." {
-            names.push(name.to_owned());
-        }
-    }
+    let bound = usize::try_from(max).unwrap_or(usize::MAX).saturating_add(1);
+    let (mut names, _more) = crate::sys::read_dir_names(dir, bound)?;
     names.sort();
     Ok(names)
 }
