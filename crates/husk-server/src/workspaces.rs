@@ -104,6 +104,20 @@ async fn blocking<T: Send + 'static>(
         .map_err(answer)
 }
 
+/// Runs `consume` on a blocking thread with the request body as its reader, while the body
+/// is pumped in (the core bounds what it reads); its result as [`blocking`] gives it.
+async fn with_body<T: Send + 'static>(
+    body: Body,
+    consume: impl FnOnce(crate::upload::BodyReader) -> Result<T, WorkspaceError> + Send + 'static,
+) -> Result<T, Response> {
+    let (tx, reader) = body_channel();
+    let ((), done) = tokio::join!(
+        pump(body, tx, u64::MAX, Arc::default()),
+        blocking(move || consume(reader))
+    );
+    done
+}
+
 fn info_json(i: &WorkspaceInfo) -> Value {
     json!({
         "name": i.name,
@@ -247,18 +261,10 @@ async fn upload(
             limit,
         }));
     }
-    let (tx, reader) = body_channel();
-    let writing =
-        tokio::task::spawn_blocking(move || ws.write_file(&who.team, &name, &path, reader, limit));
-    let ((), written) = tokio::join!(pump(body, tx, u64::MAX, Arc::default()), writing);
-    let report = written
-        .map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("workspace task failed: {e}"),
-            )
-        })?
-        .map_err(answer)?;
+    let report = with_body(body, move |reader| {
+        ws.write_file(&who.team, &name, &path, reader, limit)
+    })
+    .await?;
     Ok(if report.created {
         StatusCode::CREATED
     } else {
@@ -293,19 +299,10 @@ async fn import(
     let ws = service(&state)?;
     let q = query(q)?;
     let limits = ws.upload_limits();
-    let (tx, reader) = body_channel();
-    let unpacking = tokio::task::spawn_blocking(move || {
+    let report = with_body(body, move |reader| {
         ws.import_tar(&who.team, &name, &q.path, reader, limits)
-    });
-    let ((), done) = tokio::join!(pump(body, tx, u64::MAX, Arc::default()), unpacking);
-    let report = done
-        .map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("workspace task failed: {e}"),
-            )
-        })?
-        .map_err(answer)?;
+    })
+    .await?;
     Ok(axum::Json(json!({
         "files": report.files,
         "dirs": report.dirs,

@@ -19,14 +19,7 @@ fn batch(server: &Server, items: usize, parallel: usize) -> (Vec<Value>, Duratio
         "parallel": parallel,
     });
     let t0 = Instant::now();
-    let s = server.stream(
-        "POST",
-        "/husk/v1/batches",
-        &server.admin_key,
-        spec.to_string().as_bytes(),
-    );
-    assert_eq!(s.status, 200, "{}", s.headers);
-    let events = s.events();
+    let events = server.post_events("/husk/v1/batches", &server.admin_key, &spec);
     (events, t0.elapsed())
 }
 

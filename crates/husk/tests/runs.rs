@@ -19,9 +19,7 @@ fn start(tag: &str) -> (TempDir, Server) {
 
 /// Posts a run and reads every event to the end.
 fn run(server: &Server, key: &str, spec: Value) -> Vec<Value> {
-    let s = server.stream("POST", "/husk/v1/runs", key, spec.to_string().as_bytes());
-    assert_eq!(s.status, 200, "{}", s.headers);
-    s.events()
+    server.post_events("/husk/v1/runs", key, &spec)
 }
 
 fn last(events: &[Value]) -> &Value {
@@ -440,14 +438,7 @@ fn no_sandbox_is_left_after_a_disconnect_a_timeout_a_crash_or_a_cancel() {
 }
 
 fn batch(server: &Server, spec: Value) -> Vec<Value> {
-    let s = server.stream(
-        "POST",
-        "/husk/v1/batches",
-        &server.admin_key,
-        spec.to_string().as_bytes(),
-    );
-    assert_eq!(s.status, 200, "{}", s.headers);
-    s.events()
+    server.post_events("/husk/v1/batches", &server.admin_key, &spec)
 }
 
 #[test]

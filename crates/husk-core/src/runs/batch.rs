@@ -19,6 +19,8 @@ use crate::store::{Principal, RunRow, RunTable};
 
 /// Most items of one batch.
 pub const MAX_ITEMS: usize = 10_000;
+/// Most bytes of inline files across a batch's items (the run's files count once per item).
+pub const MAX_BATCH_INLINE_BYTES: usize = 256 << 20;
 /// Most sandboxes one batch runs at once.
 pub const MAX_PARALLEL: usize = 64;
 
@@ -147,6 +149,20 @@ impl BatchSpec {
         if self.items.len() > MAX_ITEMS {
             return Err(RunError::Invalid(format!(
                 "a batch has at most {MAX_ITEMS} items"
+            )));
+        }
+        // Every item gets its own copy of the run's files: bounded before anything is copied
+        // (a 60 MiB file times 10 000 items must not be attempted).
+        let size = |files: &[InlineFile]| -> usize {
+            files.iter().map(|f| f.content.len() + f.path.len()).sum()
+        };
+        let copies = size(&self.run.files).saturating_mul(self.items.len());
+        let own: usize = self.items.iter().map(|i| size(&i.files)).sum();
+        if copies.saturating_add(own) > MAX_BATCH_INLINE_BYTES {
+            return Err(RunError::TooLarge(format!(
+                "the batch's inline files take more than {} MiB once given to every item; \
+                 put shared inputs in a workspace",
+                MAX_BATCH_INLINE_BYTES >> 20
             )));
         }
         let mut out = Vec::with_capacity(self.items.len());
@@ -514,5 +530,18 @@ mod tests {
         );
         let empty = BatchSpec::default();
         assert!(empty.item_specs().is_err());
+    }
+
+    #[test]
+    fn the_run_s_files_copied_to_every_item_are_bounded_first() {
+        let big = "x".repeat(1 << 20);
+        let spec: BatchSpec = serde_json::from_value(serde_json::json!({
+            "run": {"command": ["true"], "files": [{"path": "in", "content": big}]},
+            "items": vec![serde_json::json!({}); 300],
+        }))
+        .unwrap();
+        let err = spec.item_specs().unwrap_err();
+        assert!(matches!(err, RunError::TooLarge(_)), "{err}");
+        assert!(err.to_string().contains("workspace"), "{err}");
     }
 }

@@ -316,6 +316,13 @@ impl RunSpec {
             }
             env.push((name.clone(), format!("{SECRET_PREFIX}{name}")));
         }
+        let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if env_bytes > crate::manager::MAX_ENV_BYTES {
+            return Err(invalid(format!(
+                "environment variables take {env_bytes} bytes, more than the limit of {}",
+                crate::manager::MAX_ENV_BYTES
+            )));
+        }
         for (k, v) in &env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                 return Err(invalid(format!("invalid environment variable {k:?}")));
@@ -522,6 +529,11 @@ mod tests {
         .contains("mode"));
         assert!(err(serde_json::json!({"command": ["a"], "timeout": 7200})).contains("allows"));
         assert!(err(serde_json::json!({"command": ["a"], "timeout": -1})).contains("timeout"));
+        let huge = "v".repeat(300 << 10);
+        assert!(
+            err(serde_json::json!({"command": ["a"], "env": {"BIG": huge}}))
+                .contains("more than the limit")
+        );
         let p = spec(serde_json::json!({"command": ["a"], "limits": {"memory_mb": 64}})).unwrap();
         let full = fill_limits(&p.limits.unwrap(), &Limits::default());
         assert_eq!(full.memory_bytes, 64 << 20);

@@ -307,6 +307,19 @@ impl Server {
         self.stream_with(method, path, &headers, body)
     }
 
+    /// POSTs the JSON `spec` to a streaming endpoint (a run or a batch) with `key`, expects
+    /// 200, and reads its NDJSON events to the end (keepalives dropped).
+    pub fn post_events(
+        &self,
+        path: &str,
+        key: &str,
+        spec: &serde_json::Value,
+    ) -> Vec<serde_json::Value> {
+        let s = self.stream("POST", path, key, spec.to_string().as_bytes());
+        assert_eq!(s.status, 200, "{}", s.headers);
+        s.events()
+    }
+
     /// A request with exactly `headers` whose body is read as it streams.
     pub fn stream_with(
         &self,
