@@ -1,0 +1,15 @@
+//! Sandbox networking. A sandbox has its own network namespace; one that may go out gets a link
+//! into husk's router namespace, where nftables enforce its egress policy (see
+//! `docs/design.md` §11). This crate holds what decides: the policy model ([`policy`]), the
+//! ranges no policy can open ([`denied`]) and the nftables rules that enforce both ([`nft`]);
+//! and what carries traffic: namespaces ([`netns`]), the per-sandbox state the resolver, the
+//! domain proxy and the denial log share ([`sandboxes`]).
+
+pub mod denied;
+pub mod netns;
+pub mod nft;
+pub mod policy;
+pub mod sandboxes;
+
+pub use policy::{NetPolicy, PolicyError, Target};
+pub use sandboxes::{Denial, SandboxNet, Sandboxes};
