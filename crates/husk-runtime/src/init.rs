@@ -123,8 +123,9 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         // The id map is only needed for the mounts just made.
         sys::close_fds_from(3, &[args.control, agent_fd]);
     }
-    if args.spec.network == crate::spec::NetworkMode::Loopback {
-        // The network namespace was created by the spawner in parallel with the work above.
+    if args.spec.network.isolated() {
+        // The network namespace was created by the spawner in parallel with the work above
+        // (or prepared by the caller, with a link out).
         match control::recv_to_init(control)? {
             Some(ToInit::NetNs { netns }) => sys::setns(netns.as_fd(), libc::CLONE_NEWNET)
                 .map_err(ctx("enter network namespace"))?,

@@ -441,6 +441,9 @@ fn etc_files(etc: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
         NetworkMode::Loopback => "# husk: this sandbox has no network access\n".to_string(),
         // A build step on the host's network uses the host's resolvers.
         NetworkMode::Host => fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        // Its only name server is husk's resolver on the router (which also answers whatever
+        // address a program sends DNS to).
+        NetworkMode::Joined { nameserver } => format!("nameserver {nameserver}\n"),
     };
     write_file(&etc.join("resolv.conf"), &resolv)
 }

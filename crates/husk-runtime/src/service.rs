@@ -135,7 +135,18 @@ impl SpawnerService {
 
     /// Creates a sandbox (`spec.agent` must be set). Blocks for the few milliseconds that takes.
     pub fn create(&self, spec: &SandboxSpec) -> Result<Created, ServiceError> {
-        let (reply, mut fds) = self.call(&Request::Create(Box::new(spec.clone())))?;
+        self.create_in(spec, None)
+    }
+
+    /// [`SpawnerService::create`] for a sandbox that joins the network namespace `netns`
+    /// (with `spec.network` [`crate::NetworkMode::Joined`]).
+    pub fn create_in(
+        &self,
+        spec: &SandboxSpec,
+        netns: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Created, ServiceError> {
+        let fds: Vec<std::os::fd::RawFd> = netns.iter().map(|f| f.as_raw_fd()).collect();
+        let (reply, mut fds) = self.call_with(&Request::Create(Box::new(spec.clone())), &fds)?;
         match reply {
             Reply::Created {
                 id,
@@ -180,12 +191,20 @@ impl SpawnerService {
     }
 
     fn call(&self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
+        self.call_with(req, &[])
+    }
+
+    fn call_with(
+        &self,
+        req: &Request,
+        fds: &[std::os::fd::RawFd],
+    ) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
         let bytes = postcard::to_stdvec(req).map_err(|e| ServiceError::Protocol(e.to_string()))?;
         if bytes.len() > MAX_MESSAGE {
             return Err(ServiceError::TooLarge(bytes.len()));
         }
         let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
-        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
+        sys::send_with_fds(sock.as_fd(), &bytes, fds).map_err(gone)?;
         recv(sock.as_fd())
     }
 }
@@ -255,8 +274,8 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
     loop {
         let req = match sys::recv_with_fds(sock.as_fd(), &mut buf) {
             Ok((0, _)) => break,
-            Ok((n, _)) => match postcard::from_bytes::<Request>(&buf[..n]) {
-                Ok(r) => r,
+            Ok((n, fds)) => match postcard::from_bytes::<Request>(&buf[..n]) {
+                Ok(r) => (r, fds),
                 Err(e) => {
                     let _ = send_reply(&sock, &Reply::Failed(format!("bad request: {e}")), &[]);
                     continue;
@@ -266,9 +285,18 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
             Err(_) => break,
         };
         let sent = match req {
-            Request::Create(spec) => {
+            (Request::Create(spec), mut fds) => {
                 let stdio = [null.as_fd(), null.as_fd(), null.as_fd()];
-                match spawner.create(&spec, Some(stdio)) {
+                // At most one descriptor comes with a create: the network namespace to join.
+                let netns = fds.pop();
+                let created = if fds.is_empty() {
+                    spawner.create_in(&spec, Some(stdio), netns)
+                } else {
+                    Err(crate::spawner::SpawnError::InvalidSpec(
+                        "more than one descriptor with a create request".into(),
+                    ))
+                };
+                match created {
                     Ok(mut sb) => match sb.take_agent_conn() {
                         Some(conn) => {
                             let reply = Reply::Created {
@@ -289,14 +317,14 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
                     Err(e) => send_reply(&sock, &Reply::Failed(e.to_string()), &[]),
                 }
             }
-            Request::Destroy(id) => match sandboxes.remove(&id) {
+            (Request::Destroy(id), _) => match sandboxes.remove(&id) {
                 Some(mut sb) => match sb.destroy() {
                     Ok(()) => send_reply(&sock, &Reply::Destroyed, &[]),
                     Err(e) => send_reply(&sock, &Reply::Failed(e.to_string()), &[]),
                 },
                 None => send_reply(&sock, &Reply::Failed(format!("no sandbox {id}")), &[]),
             },
-            Request::Shutdown => {
+            (Request::Shutdown, _) => {
                 for (_, mut sb) in sandboxes.drain() {
                     let _ = sb.destroy();
                 }

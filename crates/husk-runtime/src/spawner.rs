@@ -279,7 +279,23 @@ impl Spawner {
         spec: &SandboxSpec,
         stdio: Option<[BorrowedFd<'_>; 3]>,
     ) -> Result<Sandbox, SpawnError> {
+        self.create_in(spec, stdio, None)
+    }
+
+    /// [`Spawner::create`] for a sandbox that joins the network namespace `netns`
+    /// (`spec.network` must be [`NetworkMode::Joined`] exactly when it is given).
+    pub fn create_in(
+        &self,
+        spec: &SandboxSpec,
+        stdio: Option<[BorrowedFd<'_>; 3]>,
+        netns: Option<OwnedFd>,
+    ) -> Result<Sandbox, SpawnError> {
         validate(spec)?;
+        if matches!(spec.network, NetworkMode::Joined { .. }) != netns.is_some() {
+            return Err(SpawnError::InvalidSpec(
+                "a joined network needs exactly one network namespace (and only it)".into(),
+            ));
+        }
         // A long-lived spawner's template copy may have been replaced and removed after a
         // change of the host's /etc (see host_template::remove_unused): take the current one.
         if fs::symlink_metadata(&self.template.borrow().lower).is_err() {
@@ -335,7 +351,7 @@ impl Spawner {
             registry: Some(self.registry_entry(slot)),
             agent_conn: None,
         };
-        self.start(&mut sandbox, spec, stdio)?;
+        self.start(&mut sandbox, spec, stdio, netns)?;
         Ok(sandbox)
     }
 
@@ -344,6 +360,7 @@ impl Spawner {
         sb: &mut Sandbox,
         spec: &SandboxSpec,
         stdio: Option<[BorrowedFd<'_>; 3]>,
+        joined: Option<OwnedFd>,
     ) -> Result<(), SpawnError> {
         let v2_dir = sb.cgroup.v2_dir()?;
         let (parent_end, child_end) = sys::seqpacket_pair().map_err(io_ctx("control socket"))?;
@@ -424,10 +441,13 @@ impl Spawner {
         // While the child builds its root filesystem, create its network namespace (the most
         // expensive namespace, ~0.9 ms here) and finish the cgroups: the two sides run in
         // parallel, and the child enters and joins them before anything of the sandbox runs.
-        if spec.network == NetworkMode::Loopback {
-            let netns = self
-                .new_netns()
-                .map_err(io_ctx("create network namespace"))?;
+        if spec.network.isolated() {
+            let netns = match joined {
+                Some(fd) => fd,
+                None => self
+                    .new_netns()
+                    .map_err(io_ctx("create network namespace"))?,
+            };
             // A child that already failed has closed its end; its report is read below.
             let _ = control::send_to_init(control, &ToInit::NetNs { netns });
         }

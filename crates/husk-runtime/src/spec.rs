@@ -119,6 +119,17 @@ pub enum NetworkMode {
     /// The host's network namespace. Only for template build steps (package managers need
     /// the network); never for sandboxes that run users' code.
     Host,
+    /// A network namespace the caller prepared and passes with the create request (husk's
+    /// router gives it a link out and enforces its policy from outside). `nameserver` goes
+    /// into the sandbox's `/etc/resolv.conf`.
+    Joined { nameserver: std::net::Ipv4Addr },
+}
+
+impl NetworkMode {
+    /// Whether the sandbox gets a network namespace of its own (created or passed in).
+    pub fn isolated(&self) -> bool {
+        !matches!(self, NetworkMode::Host)
+    }
 }
 
 /// Everything the spawner needs to create one sandbox.
