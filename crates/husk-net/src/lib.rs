@@ -5,10 +5,15 @@
 //! and what carries traffic: namespaces ([`netns`]), the per-sandbox state the resolver, the
 //! domain proxy and the denial log share ([`sandboxes`]).
 
+pub mod addressing;
+pub mod cmd;
 pub mod denied;
+pub mod host_uplink;
 pub mod netns;
+pub mod nflog;
 pub mod nft;
 pub mod policy;
+pub mod router;
 pub mod sandboxes;
 
 pub use policy::{NetPolicy, PolicyError, Target};

@@ -1,0 +1,531 @@
+//! husk's router: a network namespace of its own (held by descriptors only, so it disappears
+//! with the husk process that made it, crash or not), with
+//! - the uplink `up0`: a veth to the host (NATed there, see [`crate::host_uplink`]) or to a
+//!   namespace standing for the internet (tests);
+//! - one veth per sandbox (`sb<N>` here, `eth0` in the sandbox, a /31 each);
+//! - the nftables table of [`crate::nft`] enforcing the always-denied ranges and each
+//!   sandbox's policy, and masquerading sandboxes onto the uplink.
+//!
+//! Sandbox namespaces are prepared ahead (a pool, refilled by a background thread), so that
+//! creating a sandbox with a network costs no more than one without.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+
+use ipnet::{IpNet, Ipv4Net};
+
+use crate::addressing::Links;
+use crate::cmd;
+use crate::netns::NetNs;
+use crate::nft::{self, Installed};
+use crate::policy::NetPolicy;
+use crate::sandboxes::{SandboxNet, Sandboxes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Config(String),
+    #[error("no free sandbox link: all {0} addresses of the sandbox subnet are in use")]
+    Exhausted(u32),
+    #[error("the router has stopped")]
+    Stopped,
+}
+
+fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> RouterError {
+    let what = what.into();
+    move |source| RouterError::Io { what, source }
+}
+
+/// Where the router's traffic goes out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uplink {
+    /// The host's own routing: a veth into the host's namespace, masqueraded there.
+    Host,
+    /// A veth into the namespace at `path` (a simulated internet): the far end gets
+    /// `gateway`, the router `address` (same prefix); the router routes everything there.
+    Netns {
+        path: PathBuf,
+        address: Ipv4Net,
+        gateway: Ipv4Addr,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub uplink: Uplink,
+    /// Cut into /31s, one per sandbox link. Always denied to sandboxes (so they cannot reach
+    /// each other).
+    pub subnet: Ipv4Net,
+    /// The operator's additions to the always-denied ranges.
+    pub extra_denied: Vec<String>,
+    /// Upstream name servers of husk's resolver (empty: the host's, from /etc/resolv.conf).
+    pub dns: Vec<SocketAddr>,
+    /// Sandbox namespaces kept ready.
+    pub pool: usize,
+    /// Where host-side records live (for clean-up after a crash): `<run_dir>/net`.
+    pub run_dir: PathBuf,
+}
+
+impl RouterConfig {
+    pub fn new(uplink: Uplink) -> RouterConfig {
+        RouterConfig {
+            uplink,
+            subnet: DEFAULT_SUBNET.parse().expect("literal subnet"),
+            extra_denied: Vec::new(),
+            dns: Vec::new(),
+            pool: 4,
+            run_dir: PathBuf::from("/run/husk"),
+        }
+    }
+}
+
+/// The default sandbox subnet (shared address space: never on the internet, and inside the
+/// always-denied 100.64.0.0/10).
+pub const DEFAULT_SUBNET: &str = "100.96.0.0/16";
+/// Where the resolver listens on the router (sandbox DNS to any address is redirected here).
+pub const RESOLVER_PORT: u16 = 53;
+/// Where the domain proxy listens on the router.
+pub const PROXY_PORT: u16 = 15001;
+
+/// A sandbox namespace with its link configured, not yet handed out.
+#[derive(Debug)]
+struct Prepared {
+    index: u32,
+    ns: NetNs,
+}
+
+#[derive(Debug)]
+struct Release {
+    index: u32,
+    installed: Installed,
+}
+
+#[derive(Debug, Default)]
+struct Work {
+    ready: VecDeque<Prepared>,
+    releases: Vec<Release>,
+    stop: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    ns: NetNs,
+    cfg: RouterConfig,
+    denied: Arc<Vec<IpNet>>,
+    sandboxes: Arc<Sandboxes>,
+    links: Mutex<Links>,
+    work: Mutex<Work>,
+    wake: Condvar,
+    host: Mutex<Option<crate::host_uplink::HostUplink>>,
+    /// Where the resolver's and the proxy's own connections are made (None: the caller's).
+    egress: Option<NetNs>,
+}
+
+/// husk's router. Dropping it (or [`Router::shutdown`]) removes what it made.
+#[derive(Debug)]
+pub struct Router {
+    inner: Arc<Inner>,
+    pool_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Router {
+    /// Builds the router namespace, its uplink and rules, and starts filling the pool.
+    /// Blocking (tens of milliseconds).
+    pub fn start(cfg: RouterConfig) -> Result<Router, RouterError> {
+        let mut denied = crate::denied::always_denied(&cfg.extra_denied).map_err(RouterError::Config)?;
+        denied.push(IpNet::V4(cfg.subnet.trunc()));
+        // The host's own addresses (on every interface of its namespace).
+        denied.extend(host_addresses().map_err(ctx("list the host's addresses"))?);
+        let ns = NetNs::create().map_err(ctx("create the router namespace"))?;
+        for (key, value) in [
+            ("net/ipv4/ip_forward", "1"),
+            ("net/ipv4/conf/all/rp_filter", "1"),
+            ("net/ipv4/conf/default/rp_filter", "1"),
+            ("net/ipv6/conf/all/disable_ipv6", "1"),
+            ("net/ipv6/conf/default/disable_ipv6", "1"),
+        ] {
+            cmd::sysctl(Some(&ns), key, value).map_err(ctx("set up the router namespace"))?;
+        }
+        cmd::ip(Some(&ns), "link set lo up\n").map_err(ctx("set up the router namespace"))?;
+        let (host, egress) = match &cfg.uplink {
+            Uplink::Host => {
+                let h = crate::host_uplink::HostUplink::attach(&ns, &cfg.run_dir)
+                    .map_err(ctx("connect the router to the host"))?;
+                denied.push(IpNet::V4(h.transit()));
+                (Some(h), None)
+            }
+            Uplink::Netns {
+                path,
+                address,
+                gateway,
+            } => {
+                let far = NetNs::open(path).map_err(ctx(format!("open {}", path.display())))?;
+                connect_uplink(&ns, &far, "husk-up", *address, *gateway)
+                    .map_err(ctx("connect the router to the uplink namespace"))?;
+                (None, Some(ns.clone()))
+            }
+        };
+        cmd::nft(Some(&ns), &nft::base_table(&denied, RESOLVER_PORT, PROXY_PORT))
+            .map_err(ctx("load the router's nftables rules"))?;
+        let inner = Arc::new(Inner {
+            links: Mutex::new(Links::new(cfg.subnet)),
+            ns,
+            cfg,
+            denied: Arc::new(denied),
+            sandboxes: Arc::default(),
+            work: Mutex::default(),
+            wake: Condvar::new(),
+            host: Mutex::new(host),
+            egress,
+        });
+        let weak = Arc::downgrade(&inner);
+        let pool_thread = std::thread::Builder::new()
+            .name("husk-net-pool".into())
+            .spawn(move || pool_loop(weak))
+            .map_err(ctx("start the pool thread"))?;
+        Ok(Router {
+            inner,
+            pool_thread: Mutex::new(Some(pool_thread)),
+        })
+    }
+
+    /// The router's namespace (for its listeners: resolver, proxy, denial log).
+    pub fn namespace(&self) -> &NetNs {
+        &self.inner.ns
+    }
+
+    /// Where the resolver's and the proxy's outgoing connections must be made (None: the
+    /// caller's namespace, i.e. the host's).
+    pub fn egress(&self) -> Option<&NetNs> {
+        self.inner.egress.as_ref()
+    }
+
+    /// The ranges no sandbox reaches: built-in, the operator's, the host's addresses, the
+    /// sandbox subnet and the uplink's transit network.
+    pub fn denied(&self) -> Arc<Vec<IpNet>> {
+        self.inner.denied.clone()
+    }
+
+    pub fn sandboxes(&self) -> Arc<Sandboxes> {
+        self.inner.sandboxes.clone()
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.inner.cfg
+    }
+
+    /// A namespace with a link out under `policy`, for a new sandbox (taken from the pool when
+    /// one is ready). Blocking.
+    pub fn attach(&self, policy: NetPolicy) -> Result<Attachment, RouterError> {
+        let ready = {
+            let mut w = self.inner.work.lock().unwrap_or_else(|p| p.into_inner());
+            if w.stop {
+                return Err(RouterError::Stopped);
+            }
+            w.ready.pop_front()
+        };
+        self.inner.wake.notify_all();
+        let prepared = match ready {
+            Some(p) => p,
+            None => self.inner.prepare()?,
+        };
+        let (gateway, address) = self.inner.links().addresses(prepared.index);
+        let (script, installed) = nft::apply(prepared.index, Installed::default(), &policy);
+        if !script.is_empty() {
+            if let Err(e) = cmd::nft(Some(&self.inner.ns), &script) {
+                self.inner.release(Release {
+                    index: prepared.index,
+                    installed: Installed::default(),
+                });
+                return Err(ctx("apply the sandbox's network policy")(e));
+            }
+        }
+        let net = Arc::new(SandboxNet::new(address, gateway, policy));
+        self.inner.sandboxes.insert(net.clone());
+        Ok(Attachment {
+            netns: prepared.ns,
+            net,
+            index: prepared.index,
+            installed: Mutex::new(installed),
+            router: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// Stops the pool and removes everything the router made on the host. The namespace itself
+    /// (and every link in it) goes when the last descriptor of it closes.
+    pub fn shutdown(&self) {
+        {
+            let mut w = self.inner.work.lock().unwrap_or_else(|p| p.into_inner());
+            w.stop = true;
+        }
+        self.inner.wake.notify_all();
+        if let Some(t) = self
+            .pool_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = t.join();
+        }
+        let ready: Vec<Prepared> = {
+            let mut w = self.inner.work.lock().unwrap_or_else(|p| p.into_inner());
+            w.ready.drain(..).collect()
+        };
+        for p in ready {
+            self.inner.release(Release {
+                index: p.index,
+                installed: Installed::default(),
+            });
+        }
+        if let Some(h) = self
+            .inner
+            .host
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            h.detach();
+        }
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Inner {
+    fn links(&self) -> std::sync::MutexGuard<'_, Links> {
+        self.links.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new sandbox namespace with its link up: `eth0` there, `sb<N>` here.
+    fn prepare(&self) -> Result<Prepared, RouterError> {
+        let index = {
+            let mut l = self.links();
+            l.take().ok_or(RouterError::Exhausted(l.capacity()))?
+        };
+        let (gateway, address) = self.links().addresses(index);
+        let made = (|| -> io::Result<NetNs> {
+            let ns = NetNs::create()?;
+            // No IPv6 on the link (the router speaks IPv4 only); loopback keeps ::1.
+            cmd::sysctl(Some(&ns), "net/ipv6/conf/default/disable_ipv6", "1")?;
+            let link = nft::link_name(index);
+            cmd::ip(
+                Some(&self.ns),
+                &format!(
+                    "link add {link} type veth peer name eth0 netns {}\n\
+                     addr add {gateway}/31 dev {link}\n\
+                     link set {link} up\n",
+                    fd_path(&ns)
+                ),
+            )?;
+            cmd::ip(
+                Some(&ns),
+                &format!(
+                    "link set lo up\n\
+                     addr add {address}/31 dev eth0\n\
+                     link set eth0 up\n\
+                     route add default via {gateway} dev eth0\n"
+                ),
+            )?;
+            Ok(ns)
+        })();
+        match made {
+            Ok(ns) => Ok(Prepared { index, ns }),
+            Err(e) => {
+                self.release(Release {
+                    index,
+                    installed: Installed::default(),
+                });
+                Err(ctx("prepare a sandbox link")(e))
+            }
+        }
+    }
+
+    /// Removes a link, its rules and its address's use.
+    fn release(&self, r: Release) {
+        let (_, address) = self.links().addresses(r.index);
+        self.sandboxes.remove(address);
+        let script = nft::remove(r.index, r.installed);
+        if !script.is_empty() {
+            if let Err(e) = cmd::nft(Some(&self.ns), &script) {
+                tracing::warn!("remove the rules of sandbox link {}: {e}", r.index);
+            }
+        }
+        // Deleting one end of a veth deletes both; it may be gone already (with the
+        // sandbox's namespace), which is fine.
+        let _ = cmd::ip(
+            Some(&self.ns),
+            &format!("link del {}\n", nft::link_name(r.index)),
+        );
+        self.links().give_back(r.index);
+    }
+}
+
+/// The background thread: removes released links and keeps `pool` namespaces ready.
+fn pool_loop(inner: Weak<Inner>) {
+    let mut failures = 0u32;
+    loop {
+        let Some(me) = inner.upgrade() else { return };
+        let (releases, refill) = {
+            let mut w = me.work.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if w.stop {
+                    return;
+                }
+                let need = w.ready.len() < me.cfg.pool && failures < 3;
+                if need || !w.releases.is_empty() {
+                    break;
+                }
+                let (g, _) = me
+                    .wake
+                    .wait_timeout(w, std::time::Duration::from_secs(5))
+                    .unwrap_or_else(|p| p.into_inner());
+                w = g;
+                failures = 0;
+            }
+            (std::mem::take(&mut w.releases), w.ready.len() < me.cfg.pool)
+        };
+        for r in releases {
+            me.release(r);
+        }
+        if refill && failures < 3 {
+            match me.prepare() {
+                Ok(p) => {
+                    failures = 0;
+                    let mut w = me.work.lock().unwrap_or_else(|p| p.into_inner());
+                    if w.stop {
+                        drop(w);
+                        me.release(Release {
+                            index: p.index,
+                            installed: Installed::default(),
+                        });
+                        return;
+                    }
+                    w.ready.push_back(p);
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!("prepare a sandbox link for the pool: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// A sandbox's link out. Its namespace is what the sandbox joins; dropping it removes the link
+/// and the sandbox's rules.
+#[derive(Debug)]
+pub struct Attachment {
+    pub netns: NetNs,
+    pub net: Arc<SandboxNet>,
+    index: u32,
+    installed: Mutex<Installed>,
+    router: Weak<Inner>,
+}
+
+impl Attachment {
+    /// Changes the policy while the sandbox runs. Blocking (one `nft` run).
+    pub fn set_policy(&self, policy: NetPolicy) -> Result<(), RouterError> {
+        let router = self.router.upgrade().ok_or(RouterError::Stopped)?;
+        let mut installed = self.installed.lock().unwrap_or_else(|p| p.into_inner());
+        let (script, next) = nft::apply(self.index, *installed, &policy);
+        if !script.is_empty() {
+            cmd::nft(Some(&router.ns), &script).map_err(ctx("change the sandbox's network policy"))?;
+        }
+        *installed = next;
+        self.net.set_policy(policy);
+        Ok(())
+    }
+
+    /// The router's side of the link (the sandbox's gateway and name server).
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.net.gateway
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let Some(router) = self.router.upgrade() else {
+            return;
+        };
+        // Stop serving it at once; the link and rules go in the background.
+        router.sandboxes.remove(self.net.address);
+        let installed = *self.installed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = router.work.lock().unwrap_or_else(|p| p.into_inner());
+        w.releases.push(Release {
+            index: self.index,
+            installed,
+        });
+        drop(w);
+        router.wake.notify_all();
+    }
+}
+
+/// A path through which a child process opens `ns` (an `ip … netns PATH` argument).
+fn fd_path(ns: &NetNs) -> String {
+    format!("/proc/{}/fd/{}", std::process::id(), ns.fd().as_raw_fd())
+}
+
+/// A veth from the router (`up0`, `address`, default route via `gateway`) into `far`
+/// (`far_name`, `gateway`).
+pub(crate) fn connect_uplink(
+    router: &NetNs,
+    far: &NetNs,
+    far_name: &str,
+    address: Ipv4Net,
+    gateway: Ipv4Addr,
+) -> io::Result<()> {
+    let up = nft::UPLINK;
+    cmd::ip(
+        Some(router),
+        &format!(
+            "link add {up} type veth peer name {far_name} netns {}\n\
+             addr add {address} dev {up}\n\
+             link set {up} up\n\
+             route add default via {gateway} dev {up}\n",
+            fd_path(far)
+        ),
+    )?;
+    let prefix = address.prefix_len();
+    cmd::ip(
+        Some(far),
+        &format!(
+            "addr add {gateway}/{prefix} dev {far_name}\n\
+             link set {far_name} up\n"
+        ),
+    )
+}
+
+/// Every address of the host's namespace (the caller's), as /32 and /128 nets.
+fn host_addresses() -> io::Result<Vec<IpNet>> {
+    let out = cmd::output(None, "ip", &["-o", "addr", "show"])?;
+    let mut nets = Vec::new();
+    for line in out.lines() {
+        // "2: eth0    inet 192.0.2.2/24 brd … scope global eth0"
+        let mut words = line.split_whitespace();
+        while let Some(w) = words.next() {
+            if w == "inet" || w == "inet6" {
+                if let Some(addr) = words.next().and_then(|a| a.split('/').next()) {
+                    if let Ok(ip) = addr.parse::<IpAddr>() {
+                        nets.push(IpNet::from(ip));
+                    }
+                }
+            }
+        }
+    }
+    Ok(nets)
+}
