@@ -8,13 +8,17 @@
 pub mod addressing;
 pub mod cmd;
 pub mod denied;
+pub mod dns;
 pub mod host_uplink;
+pub mod limit;
 pub mod netns;
 pub mod nflog;
 pub mod nft;
 pub mod policy;
+pub mod proxy;
 pub mod router;
 pub mod sandboxes;
+pub mod sniff;
 
 pub use policy::{NetPolicy, PolicyError, Target};
 pub use sandboxes::{Denial, SandboxNet, Sandboxes};
