@@ -83,6 +83,9 @@ pub struct CreateRequest {
     pub workspaces: Vec<WorkspaceMount>,
     /// Resources of this sandbox, when not the server's (each at most the server's).
     pub limits: Option<Limits>,
+    /// E2B `network.allowPublicTraffic`: `Some(false)` makes the sandbox's ports private (they
+    /// need its traffic token or a key of its team); unset is public, as on E2B.
+    pub allow_public_traffic: Option<bool>,
 }
 
 /// A team's workspace mounted into a sandbox.
@@ -148,8 +151,14 @@ pub struct LiveSandbox {
     pub default_user: User,
     /// The template's working directory, if it has one (else the user's home).
     pub default_workdir: Option<String>,
+    /// Required (as `E2B-Traffic-Access-Token`) by requests to the sandbox's own servers when
+    /// it is private; `None`: they are public.
+    pub traffic_access_token: Option<String>,
     /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
     init_pid: i32,
+    /// The sandbox's network namespace, held open from creation: ingress connects to the
+    /// sandbox's servers from inside it.
+    netns: husk_net::netns::NetNs,
     end_at: Mutex<OffsetDateTime>,
     timeout_changed: Notify,
     cgroup: SandboxCgroup,
@@ -206,6 +215,11 @@ impl LiveSandbox {
             .custom_flags(libc_o_path_directory())
             .open(format!("/proc/{}/root", self.init_pid))?;
         Ok(f.into())
+    }
+
+    /// The sandbox's network namespace (sockets made in it reach the sandbox's loopback).
+    pub fn netns(&self) -> &husk_net::netns::NetNs {
+        &self.netns
     }
 
     pub fn end_at(&self) -> OffsetDateTime {
@@ -587,6 +601,17 @@ impl Manager {
             .map_err(|e| CoreError::Spawn(e.to_string()))?;
         let runtime_id = created.id.clone();
         let init_pid = created.init_pid;
+        // Opened now, while PID 1 is certainly the sandbox's (the spawner reaps it only on
+        // destroy), and kept: ingress never resolves the namespace by pid again.
+        let netns = match husk_net::netns::NetNs::open(std::path::Path::new(&format!(
+            "/proc/{init_pid}/ns/net"
+        ))) {
+            Ok(ns) => ns,
+            Err(e) => {
+                self.destroy_runtime(runtime_id).await;
+                return Err(CoreError::Spawn(format!("sandbox network namespace: {e}")));
+            }
+        };
         // The template's environment, then the request's (which wins).
         let mut env: Vec<(String, String)> = defaults
             .env
@@ -626,6 +651,10 @@ impl Manager {
             runtime_id,
             agent,
             access_token: random_string(b"0123456789abcdef", 40)?,
+            traffic_access_token: match req.allow_public_traffic {
+                Some(false) => Some(random_string(b"0123456789abcdef", 40)?),
+                _ => None,
+            },
             env: req.env,
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,
@@ -635,6 +664,7 @@ impl Manager {
             default_user,
             default_workdir: defaults.workdir.clone(),
             init_pid,
+            netns,
             end_at: Mutex::new(now + timeout),
             timeout_changed: Notify::new(),
             cgroup: created.cgroup,

@@ -142,8 +142,10 @@ pub fn service(
                 }
                 None => rest.oneshot(req).await,
             }?;
+            // A sandbox's own server may have named itself (ingress); husk names the rest.
             resp.headers_mut()
-                .insert("server", HeaderValue::from_static("husk"));
+                .entry("server")
+                .or_insert(HeaderValue::from_static("husk"));
             Ok(resp)
         }
     })
@@ -157,7 +159,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
     let svc = service(state);
-    let make = axum::ServiceExt::<Request<Body>>::into_make_service(svc);
+    // The peer's address rides along for ingress's X-Forwarded-For.
+    let make = axum::ServiceExt::<Request<Body>>::into_make_service_with_connect_info::<
+        std::net::SocketAddr,
+    >(svc);
     // Streams (process output, Connect envelopes) are many small writes: without TCP_NODELAY,
     // Nagle's algorithm holds each one back until the client's delayed ACK, ~40 ms.
     let listener = listener.tap_io(|tcp| {

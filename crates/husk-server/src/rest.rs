@@ -175,6 +175,17 @@ struct NewSandbox {
     /// `:rw`.
     #[serde(rename = "volumeMounts")]
     volume_mounts: Option<Vec<VolumeMount>>,
+    network: Option<NetworkBody>,
+}
+
+/// E2B's `network` object of a create. Fields husk does not know are ignored, not rejected
+/// (newer SDKs add some).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct NetworkBody {
+    /// `false`: the sandbox's ports need its traffic token (or a key of its team).
+    #[serde(rename = "allowPublicTraffic")]
+    allow_public_traffic: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -230,7 +241,7 @@ fn sandbox_json(sb: &LiveSandbox) -> Value {
         "clientID": "husk",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": sb.access_token,
-        "trafficAccessToken": null,
+        "trafficAccessToken": sb.traffic_access_token,
         "domain": null,
     })
 }
@@ -251,6 +262,8 @@ fn detail_json(sb: &LiveSandbox) -> Value {
         "metadata": sb.metadata,
         "allowInternetAccess": sb.allow_internet_access,
         "volumeMounts": volume_mounts_json(sb),
+        "trafficAccessToken": sb.traffic_access_token,
+        "network": {"allowPublicTraffic": sb.traffic_access_token.is_none()},
         "domain": null,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
     })
@@ -297,6 +310,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
             .map(VolumeMount::to_core)
             .collect(),
         limits: None,
+        allow_public_traffic: req.network.and_then(|n| n.allow_public_traffic),
     };
     let started = std::time::Instant::now();
     let sb = state
@@ -512,6 +526,15 @@ mod tests {
         );
         assert_eq!(parse_metadata_filter(""), vec![]);
         assert_eq!(parse_metadata_filter("%3Dv"), vec![]);
+    }
+
+    #[test]
+    fn network_takes_allow_public_traffic_and_ignores_what_it_does_not_know() {
+        let body = br#"{"network":{"allowPublicTraffic":false,"maskRequestHost":"x","new":1}}"#;
+        let req: NewSandbox = parse_body(&Bytes::from_static(body)).unwrap();
+        assert_eq!(req.network.unwrap().allow_public_traffic, Some(false));
+        let req: NewSandbox = parse_body(&Bytes::from_static(br#"{"network":{}}"#)).unwrap();
+        assert_eq!(req.network.unwrap().allow_public_traffic, None);
     }
 
     #[test]

@@ -177,6 +177,7 @@ async fn execute(
             .limits
             .as_ref()
             .map(|l| fill_limits(l, manager.limits())),
+        allow_public_traffic: None,
     };
     // Not raced against the cancel: a creation under way always finishes (see
     // Manager::create), and the sandbox is destroyed just below if the run was cancelled.

@@ -1,5 +1,6 @@
 //! The per-sandbox API (what E2B's in-sandbox daemon serves on port 49983): process and
-//! filesystem services over Connect-JSON, `/files`, `/envs`, `/health`.
+//! filesystem services over Connect-JSON, `/files`, `/envs`, `/health`; every other port goes
+//! to the sandbox's own servers ([`ingress`]).
 //!
 //! Every request is addressed to one sandbox (see [`crate::app::SandboxTarget`]). An unknown or
 //! dead sandbox gets the 502 JSON answer the SDKs recognise as "not found"; a sandbox that
@@ -8,6 +9,7 @@
 
 mod files;
 mod filesystem;
+mod ingress;
 mod process;
 mod rpc;
 
@@ -36,19 +38,6 @@ pub fn router(state: AppState) -> Router {
     Router::new().fallback(handle).with_state(state)
 }
 
-fn port_not_open(id: &str, port: u16) -> Response {
-    (
-        StatusCode::BAD_GATEWAY,
-        axum::Json(json!({
-            "sandboxId": id,
-            "message": format!("The sandbox is running but port is not open: {port}"),
-            "port": port,
-            "code": 502,
-        })),
-    )
-        .into_response()
-}
-
 fn no_such_endpoint(path: &str) -> Response {
     FilesError::not_found(format!("no such endpoint: {path}")).into_response()
 }
@@ -65,7 +54,7 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
         return sandbox_not_found(&id);
     }
     if port != ENVD_PORT {
-        return port_not_open(&id, port);
+        return ingress::handle(&state, sb, port, req).await;
     }
     let path = req.uri().path().to_string();
     match (req.method().clone(), path.as_str()) {

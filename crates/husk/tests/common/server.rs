@@ -216,8 +216,8 @@ impl Server {
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 
-    /// Sends a request on a fresh connection: Host, the body's length (none when `headers`
-    /// say chunked: the body goes in chunks), and `headers`.
+    /// Sends a request on a fresh connection: Host (unless `headers` name one), the body's
+    /// length (none when `headers` say chunked: the body goes in chunks), and `headers`.
     fn send(
         &self,
         version: &str,
@@ -231,7 +231,11 @@ impl Server {
         });
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        let mut head = format!("{method} {path} {version}\r\nHost: 127.0.0.1\r\n");
+        let mut head = format!("{method} {path} {version}\r\n");
+        // The caller's Host (host-based routing) replaces the default.
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            head.push_str("Host: 127.0.0.1\r\n");
+        }
         if !chunked {
             head.push_str(&format!("Content-Length: {}\r\n", body.len()));
         }
