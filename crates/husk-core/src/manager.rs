@@ -83,6 +83,8 @@ pub struct CreateRequest {
     pub workspaces: Vec<WorkspaceMount>,
     /// Resources of this sandbox, when not the server's (each at most the server's).
     pub limits: Option<Limits>,
+    /// Egress policy; `None`: the server's default.
+    pub network: Option<husk_net::NetPolicy>,
     /// E2B `network.allowPublicTraffic`: `Some(false)` makes the sandbox's ports private (they
     /// need its traffic token or a key of its team); unset is public, as on E2B.
     pub allow_public_traffic: Option<bool>,
@@ -151,6 +153,9 @@ pub struct LiveSandbox {
     pub default_user: User,
     /// The template's working directory, if it has one (else the user's home).
     pub default_workdir: Option<String>,
+    /// The sandbox's link out through husk's router (None: loopback only, the server has no
+    /// egress). Dropped with the sandbox, which removes the link and its rules.
+    net: Option<husk_net::router::Attachment>,
     /// Required (as `E2B-Traffic-Access-Token`) by requests to the sandbox's own servers when
     /// it is private; `None`: they are public.
     pub traffic_access_token: Option<String>,
@@ -215,6 +220,19 @@ impl LiveSandbox {
             .custom_flags(libc_o_path_directory())
             .open(format!("/proc/{}/root", self.init_pid))?;
         Ok(f.into())
+    }
+
+    /// The sandbox's egress policy (`None` when it has no link out).
+    pub fn network_policy(&self) -> husk_net::NetPolicy {
+        self.net
+            .as_ref()
+            .map_or(husk_net::NetPolicy::None, |n| n.net.policy())
+    }
+
+    /// The connections its policy refused, oldest first (at most the last
+    /// [`husk_net::sandboxes::MAX_DENIALS`]).
+    pub fn denials(&self) -> Vec<husk_net::Denial> {
+        self.net.as_ref().map_or_else(Vec::new, |n| n.net.denials())
     }
 
     /// The sandbox's network namespace (sockets made in it reach the sandbox's loopback).
@@ -298,6 +316,15 @@ pub struct Manager {
     secrets: std::sync::OnceLock<Arc<crate::secrets::Secrets>>,
     /// Teams' workspaces, once the server has opened them.
     workspaces: std::sync::OnceLock<Arc<crate::workspaces::Workspaces>>,
+    /// Sandbox egress, once the server has started its router (else loopback only).
+    network: std::sync::OnceLock<Network>,
+}
+
+/// The server's sandbox networking and its default policy.
+#[derive(Debug)]
+pub struct Network {
+    pub service: Arc<husk_net::service::NetService>,
+    pub default: husk_net::NetPolicy,
 }
 
 /// `O_PATH | O_DIRECTORY`: opens a directory to resolve paths below it, without reading it.
@@ -348,6 +375,7 @@ impl Manager {
             templates: Arc::new(Templates::new(store.clone())),
             secrets: std::sync::OnceLock::new(),
             workspaces: std::sync::OnceLock::new(),
+            network: std::sync::OnceLock::new(),
             store,
             spawner,
             config,
@@ -373,6 +401,64 @@ impl Manager {
     /// Enables workspace mounts.
     pub fn set_workspaces(&self, workspaces: Arc<crate::workspaces::Workspaces>) {
         let _ = self.workspaces.set(workspaces);
+    }
+
+    /// Gives sandboxes links out through `service`, under `default` unless they ask.
+    pub fn set_network(
+        &self,
+        service: Arc<husk_net::service::NetService>,
+        default: husk_net::NetPolicy,
+    ) {
+        let _ = self.network.set(Network { service, default });
+    }
+
+    /// Sandbox networking, if enabled.
+    pub fn network(&self) -> Option<&Network> {
+        self.network.get()
+    }
+
+    /// The policy a create request gets: its own or the server's default; with no egress on
+    /// this server, asking for any is an error (a sandbox never silently gets less isolation
+    /// or less network than it asked for), and the default is no network.
+    pub fn request_policy(
+        &self,
+        asked: Option<&husk_net::NetPolicy>,
+    ) -> Result<husk_net::NetPolicy, CoreError> {
+        match (self.network.get(), asked) {
+            (Some(_), Some(p)) => Ok(p.clone()),
+            (Some(n), None) => Ok(n.default.clone()),
+            (None, None) | (None, Some(husk_net::NetPolicy::None)) => Ok(husk_net::NetPolicy::None),
+            (None, Some(_)) => Err(CoreError::Unsupported(
+                "this server gives sandboxes no network (start husk serve with --egress host or \
+                 --egress netns:...); ask for no network or leave it out"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Changes a running sandbox's egress policy.
+    pub async fn set_network_policy(
+        &self,
+        who: &Principal,
+        id: &str,
+        policy: husk_net::NetPolicy,
+    ) -> Result<(), CoreError> {
+        let sb = self.get(who, id)?;
+        if sb.net.is_none() {
+            if policy == husk_net::NetPolicy::None {
+                return Ok(());
+            }
+            return Err(CoreError::Unsupported(
+                "this server gives sandboxes no network (start husk serve with --egress)".into(),
+            ));
+        }
+        tokio::task::spawn_blocking(move || match &sb.net {
+            Some(net) => net.set_policy(policy),
+            None => Ok(()),
+        })
+        .await
+        .map_err(|e| CoreError::Spawn(e.to_string()))?
+        .map_err(|e| CoreError::Spawn(e.to_string()))
     }
 
     /// Teams' workspaces, if enabled.
@@ -594,11 +680,31 @@ impl Manager {
         spec.mounts = mounts;
         spec.rootfs = template.rootfs.clone();
         let defaults = &template.defaults;
+        let policy = self.request_policy(req.network.as_ref())?;
         let spawner = self.spawner.clone();
-        let created = tokio::task::spawn_blocking(move || spawner.create(&spec))
-            .await
-            .map_err(|e| CoreError::Spawn(e.to_string()))?
-            .map_err(|e| CoreError::Spawn(e.to_string()))?;
+        let service = self.network.get().map(|n| n.service.clone());
+        let (created, net) = tokio::task::spawn_blocking(move || {
+            // A link out from the router's pool, joined by the sandbox (with the router's
+            // resolver as its name server).
+            let net = match service {
+                Some(s) => Some(
+                    s.attach(policy)
+                        .map_err(|e| CoreError::Spawn(e.to_string()))?,
+                ),
+                None => None,
+            };
+            if let Some(n) = &net {
+                spec.network = husk_runtime::NetworkMode::Joined {
+                    nameserver: n.gateway(),
+                };
+            }
+            let created = spawner
+                .create_in(&spec, net.as_ref().map(|n| n.netns.fd()))
+                .map_err(|e| CoreError::Spawn(e.to_string()))?;
+            Ok::<_, CoreError>((created, net))
+        })
+        .await
+        .map_err(|e| CoreError::Spawn(e.to_string()))??;
         let runtime_id = created.id.clone();
         let init_pid = created.init_pid;
         // Opened now, while PID 1 is certainly the sandbox's (the spawner reaps it only on
@@ -665,6 +771,7 @@ impl Manager {
             default_workdir: defaults.workdir.clone(),
             init_pid,
             netns,
+            net,
             end_at: Mutex::new(now + timeout),
             timeout_changed: Notify::new(),
             cgroup: created.cgroup,

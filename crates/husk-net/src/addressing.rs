@@ -68,7 +68,10 @@ mod tests {
         let mut l = Links::new("100.96.0.0/29".parse().unwrap());
         assert_eq!(l.capacity(), 4);
         let a = l.take().unwrap();
-        assert_eq!(l.addresses(a), ("100.96.0.0".parse().unwrap(), "100.96.0.1".parse().unwrap()));
+        assert_eq!(
+            l.addresses(a),
+            ("100.96.0.0".parse().unwrap(), "100.96.0.1".parse().unwrap())
+        );
         l.give_back(a);
         let rest: Vec<u32> = (0..3).map(|_| l.take().unwrap()).collect();
         assert_eq!(rest, vec![1, 2, 3]);

@@ -10,7 +10,12 @@ use crate::netns::NetNs;
 
 /// Runs `program args…` with `script` on stdin, in `ns` (None: the caller's namespace). An
 /// error carries the tool's own message.
-pub fn run_script(ns: Option<&NetNs>, program: &str, args: &[&str], script: &str) -> io::Result<()> {
+pub fn run_script(
+    ns: Option<&NetNs>,
+    program: &str,
+    args: &[&str],
+    script: &str,
+) -> io::Result<()> {
     let go = || {
         let mut child = Command::new(program)
             .args(args)

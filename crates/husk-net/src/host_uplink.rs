@@ -186,6 +186,15 @@ fn clean_slot(slot: u32) {
     }
 }
 
+/// Removes what crashed husk processes added to the host (a server without egress calls this
+/// too). Returns nothing: failures are logged, and the next start tries again.
+pub fn reap(run_dir: &Path) {
+    let dir = run_dir.join("net");
+    if dir.is_dir() {
+        reap_dead(&dir);
+    }
+}
+
 /// Cleans the slots of dead instances (their locks are free).
 fn reap_dead(dir: &Path) {
     for slot in held_or_stale_slots(dir) {

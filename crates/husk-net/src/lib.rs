@@ -18,6 +18,7 @@ pub mod policy;
 pub mod proxy;
 pub mod router;
 pub mod sandboxes;
+pub mod service;
 pub mod sniff;
 
 pub use policy::{NetPolicy, PolicyError, Target};

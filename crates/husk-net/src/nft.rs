@@ -274,19 +274,24 @@ mod tests {
             NetPolicy::internet(),
         ] {
             let (text, next) = apply(3, state, &policy);
-            crate::cmd::nft(Some(&ns), &text).unwrap_or_else(|e| panic!("{policy:?}:\n{text}\n{e}"));
+            crate::cmd::nft(Some(&ns), &text)
+                .unwrap_or_else(|e| panic!("{policy:?}:\n{text}\n{e}"));
             state = next;
         }
         assert_eq!(state, Installed::default());
-        let listed = crate::cmd::output(Some(&ns), "nft", &["list", "table", "inet", TABLE]).unwrap();
+        let listed =
+            crate::cmd::output(Some(&ns), "nft", &["list", "table", "inet", TABLE]).unwrap();
         assert!(!listed.contains("p3"), "{listed}");
         assert!(listed.contains("169.254.0.0/16"), "{listed}");
     }
 
     #[test]
     fn allow_comes_before_deny_and_domains_stay_out() {
-        let p = NetPolicy::from_flags(&["allow=10.1.2.3,example.com".into(), "deny=10.0.0.0/8".into()])
-            .unwrap();
+        let p = NetPolicy::from_flags(&[
+            "allow=10.1.2.3,example.com".into(),
+            "deny=10.0.0.0/8".into(),
+        ])
+        .unwrap();
         let (text, st) = apply(1, Installed::default(), &p);
         assert!(st.chain && st.proxied);
         let allow_at = text.find("10.1.2.3").unwrap();

@@ -82,6 +82,15 @@ impl Target {
     }
 }
 
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Net(n) => write!(f, "{n}"),
+            Target::Domain(d) => f.write_str(d),
+        }
+    }
+}
+
 /// A sandbox's network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
@@ -211,6 +220,24 @@ impl NetPolicy {
         }
     }
 
+    /// As E2B reports it: (`allowInternetAccess`, `allowOut`, `denyOut`).
+    pub fn to_e2b(&self) -> (bool, Vec<String>, Vec<String>) {
+        match self {
+            NetPolicy::None => (false, Vec::new(), Vec::new()),
+            NetPolicy::Egress { allow, deny } => {
+                let all = everything();
+                let closed = all.iter().all(|t| deny.contains(t));
+                let show = |l: &[Target]| l.iter().map(Target::to_string).collect::<Vec<_>>();
+                let deny: Vec<Target> = if closed {
+                    deny.iter().filter(|t| !all.contains(t)).cloned().collect()
+                } else {
+                    deny.clone()
+                };
+                (!closed, show(allow), show(&deny))
+            }
+        }
+    }
+
     /// Whether any rule names a domain (then HTTP and TLS go through the domain proxy).
     pub fn has_domains(&self) -> bool {
         match self {
@@ -313,6 +340,18 @@ mod tests {
         assert_eq!(p.decide_ip(ip("8.8.8.8")), Verdict::Allow);
         assert_eq!(p.decide_ip(ip("8.8.4.4")), Verdict::Deny);
         assert!(NetPolicy::from_e2b(None, &s(&["bad name"]), &[], &default).is_err());
+    }
+
+    #[test]
+    fn e2b_view_round_trips() {
+        let default = NetPolicy::internet();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let p = NetPolicy::from_e2b(Some(false), &s(&["1.2.3.4"]), &[], &default).unwrap();
+        assert_eq!(p.to_e2b(), (false, s(&["1.2.3.4/32"]), vec![]));
+        let p = NetPolicy::from_e2b(Some(true), &[], &s(&["198.51.100.0/24"]), &default).unwrap();
+        assert_eq!(p.to_e2b(), (true, vec![], s(&["198.51.100.0/24"])));
+        assert_eq!(NetPolicy::None.to_e2b(), (false, vec![], vec![]));
+        assert_eq!(NetPolicy::internet().to_e2b(), (true, vec![], vec![]));
     }
 
     #[test]

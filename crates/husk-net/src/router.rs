@@ -71,7 +71,8 @@ pub struct RouterConfig {
     pub extra_denied: Vec<String>,
     /// Upstream name servers of husk's resolver (empty: the host's, from /etc/resolv.conf).
     pub dns: Vec<SocketAddr>,
-    /// Sandbox namespaces kept ready.
+    /// Sandbox namespaces kept ready by a background thread (0: no thread; each link is made
+    /// when asked for).
     pub pool: usize,
     /// Where host-side records live (for clean-up after a crash): `<run_dir>/net`.
     pub run_dir: PathBuf,
@@ -130,6 +131,9 @@ struct Inner {
     host: Mutex<Option<crate::host_uplink::HostUplink>>,
     /// Where the resolver's and the proxy's own connections are made (None: the caller's).
     egress: Option<NetNs>,
+    /// Whether a pool thread runs (`pool > 0`); without one, links are made and removed by
+    /// the caller, and the router starts no thread at all (`husk run` forks after it).
+    background: bool,
 }
 
 /// husk's router. Dropping it (or [`Router::shutdown`]) removes what it made.
@@ -143,7 +147,8 @@ impl Router {
     /// Builds the router namespace, its uplink and rules, and starts filling the pool.
     /// Blocking (tens of milliseconds).
     pub fn start(cfg: RouterConfig) -> Result<Router, RouterError> {
-        let mut denied = crate::denied::always_denied(&cfg.extra_denied).map_err(RouterError::Config)?;
+        let mut denied =
+            crate::denied::always_denied(&cfg.extra_denied).map_err(RouterError::Config)?;
         denied.push(IpNet::V4(cfg.subnet.trunc()));
         // The host's own addresses (on every interface of its namespace).
         denied.extend(host_addresses().map_err(ctx("list the host's addresses"))?);
@@ -176,8 +181,12 @@ impl Router {
                 (None, Some(ns.clone()))
             }
         };
-        cmd::nft(Some(&ns), &nft::base_table(&denied, RESOLVER_PORT, PROXY_PORT))
-            .map_err(ctx("load the router's nftables rules"))?;
+        cmd::nft(
+            Some(&ns),
+            &nft::base_table(&denied, RESOLVER_PORT, PROXY_PORT),
+        )
+        .map_err(ctx("load the router's nftables rules"))?;
+        let cfg_pool = cfg.pool;
         let inner = Arc::new(Inner {
             links: Mutex::new(Links::new(cfg.subnet)),
             ns,
@@ -188,15 +197,22 @@ impl Router {
             wake: Condvar::new(),
             host: Mutex::new(host),
             egress,
+            background: cfg_pool > 0,
         });
-        let weak = Arc::downgrade(&inner);
-        let pool_thread = std::thread::Builder::new()
-            .name("husk-net-pool".into())
-            .spawn(move || pool_loop(weak))
-            .map_err(ctx("start the pool thread"))?;
+        let pool_thread = if inner.background {
+            let weak = Arc::downgrade(&inner);
+            Some(
+                std::thread::Builder::new()
+                    .name("husk-net-pool".into())
+                    .spawn(move || pool_loop(weak))
+                    .map_err(ctx("start the pool thread"))?,
+            )
+        } else {
+            None
+        };
         Ok(Router {
             inner,
-            pool_thread: Mutex::new(Some(pool_thread)),
+            pool_thread: Mutex::new(pool_thread),
         })
     }
 
@@ -444,7 +460,8 @@ impl Attachment {
         let mut installed = self.installed.lock().unwrap_or_else(|p| p.into_inner());
         let (script, next) = nft::apply(self.index, *installed, &policy);
         if !script.is_empty() {
-            cmd::nft(Some(&router.ns), &script).map_err(ctx("change the sandbox's network policy"))?;
+            cmd::nft(Some(&router.ns), &script)
+                .map_err(ctx("change the sandbox's network policy"))?;
         }
         *installed = next;
         self.net.set_policy(policy);
@@ -465,11 +482,16 @@ impl Drop for Attachment {
         // Stop serving it at once; the link and rules go in the background.
         router.sandboxes.remove(self.net.address);
         let installed = *self.installed.lock().unwrap_or_else(|p| p.into_inner());
-        let mut w = router.work.lock().unwrap_or_else(|p| p.into_inner());
-        w.releases.push(Release {
+        let release = Release {
             index: self.index,
             installed,
-        });
+        };
+        if !router.background {
+            router.release(release);
+            return;
+        }
+        let mut w = router.work.lock().unwrap_or_else(|p| p.into_inner());
+        w.releases.push(release);
         drop(w);
         router.wake.notify_all();
     }

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::policy::NetPolicy;
 
@@ -15,7 +15,7 @@ use crate::policy::NetPolicy;
 pub const MAX_DENIALS: usize = 1000;
 
 /// One refused connection (or datagram).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Denial {
     /// Seconds since the Unix epoch.
     pub at: u64,
@@ -43,6 +43,20 @@ impl Denial {
             host: None,
             reason: reason.to_owned(),
         }
+    }
+}
+
+/// One line for a denial: `denied tcp 10.0.0.5:5432 (always denied)`, with the name when the
+/// proxy saw one.
+pub fn describe(d: &Denial) -> String {
+    let dest = match (d.address, d.port) {
+        (a, 0) => a.to_string(),
+        (IpAddr::V6(a), p) => format!("[{a}]:{p}"),
+        (a, p) => format!("{a}:{p}"),
+    };
+    match &d.host {
+        Some(h) => format!("denied {} {h} at {dest} ({})", d.protocol, d.reason),
+        None => format!("denied {} {dest} ({})", d.protocol, d.reason),
     }
 }
 

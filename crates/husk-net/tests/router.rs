@@ -15,7 +15,13 @@ use husk_net::NetPolicy;
 
 const PUBLIC: &str = "198.51.100.10";
 /// Targets the test places in always-denied ranges, inside its own internet namespace.
-const DENIED_TARGETS: &[&str] = &["10.20.30.40", "172.16.5.5", "192.168.7.7", "169.254.169.254", "100.64.1.1"];
+const DENIED_TARGETS: &[&str] = &[
+    "10.20.30.40",
+    "172.16.5.5",
+    "192.168.7.7",
+    "169.254.169.254",
+    "100.64.1.1",
+];
 
 struct Internet {
     ns: NetNs,
@@ -33,7 +39,11 @@ impl Internet {
     }
 
     fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), self.ns.fd().as_raw_fd()))
+        PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            self.ns.fd().as_raw_fd()
+        ))
     }
 
     /// A server at `addr` that answers every connection with "hello".
@@ -76,7 +86,11 @@ fn refused_fast(ns: &NetNs, to: SocketAddr) {
     let t = Instant::now();
     let e = fetch(ns, to).expect_err(&format!("{to} was reachable"));
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{to}: {e}");
-    assert!(t.elapsed() < Duration::from_secs(1), "{to}: took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "{to}: took {:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -112,7 +126,11 @@ fn internet_answers_and_denied_ranges_router_and_peers_are_refused() {
             s.recv(&mut buf).map(|_| ())
         })
         .expect_err("udp to the internet is not allowed by default");
-    assert_ne!(err.kind(), std::io::ErrorKind::WouldBlock, "udp: silent drop");
+    assert_ne!(
+        err.kind(),
+        std::io::ErrorKind::WouldBlock,
+        "udp: silent drop"
+    );
 }
 
 #[test]

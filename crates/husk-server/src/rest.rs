@@ -17,7 +17,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, on, post, MethodFilter, MethodRouter};
+use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
 use husk_core::manager::{CoreError, CreateRequest, ListFilter, LiveSandbox, ENVD_VERSION};
 use husk_core::store::Principal;
@@ -49,10 +49,9 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/snapshots", unsupported("snapshots"))
         .route("/snapshots", unsupported("snapshots"))
         .route("/templates/{id}", unsupported("snapshots"))
-        .route(
-            "/sandboxes/{id}/network",
-            unsupported("changing a sandbox's network policy"),
-        )
+        .route("/sandboxes/{id}/network", put(update_network))
+        .route("/sandboxes/{id}/logs", get(logs))
+        .route("/husk/v1/sandboxes/{id}/denials", get(denials))
         .fallback(not_found_route)
         .with_state(state)
 }
@@ -186,6 +185,52 @@ struct NetworkBody {
     /// `false`: the sandbox's ports need its traffic token (or a key of its team).
     #[serde(rename = "allowPublicTraffic")]
     allow_public_traffic: Option<bool>,
+    /// CIDRs, addresses and domains (`*.example.com`) the sandbox may reach; beats `denyOut`.
+    #[serde(rename = "allowOut")]
+    allow_out: Option<Vec<String>>,
+    /// CIDRs, addresses (and, in husk, domains) it may not.
+    #[serde(rename = "denyOut")]
+    deny_out: Option<Vec<String>>,
+    /// In `PUT /sandboxes/{id}/network` (the create request has it at the top level).
+    #[serde(rename = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+    /// E2B's SOCKS5 egress proxy and per-domain header rules: husk has neither, and says so
+    /// rather than ignore a security-relevant setting.
+    #[serde(rename = "egressProxy")]
+    egress_proxy: Option<Value>,
+    rules: Option<Value>,
+}
+
+impl NetworkBody {
+    /// The policy this body asks for, given `allow_internet_access`; `None` when it asks for
+    /// nothing in particular (the server's default applies). Only `false` or a list is a
+    /// request: the SDKs send `allow_internet_access: true` on every create.
+    fn policy(
+        &self,
+        allow_internet_access: Option<bool>,
+        update: bool,
+    ) -> Result<Option<husk_net::NetPolicy>, Response> {
+        let present = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        if present(&self.egress_proxy) || present(&self.rules) {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "network.egressProxy and network.rules are not supported by husk",
+            ));
+        }
+        let allow = self.allow_out.clone().unwrap_or_default();
+        let deny = self.deny_out.clone().unwrap_or_default();
+        if !update && allow_internet_access != Some(false) && allow.is_empty() && deny.is_empty() {
+            return Ok(None);
+        }
+        husk_net::NetPolicy::from_e2b(
+            allow_internet_access,
+            &allow,
+            &deny,
+            &husk_net::NetPolicy::internet(),
+        )
+        .map(Some)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string()))
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -247,6 +292,7 @@ fn sandbox_json(sb: &LiveSandbox) -> Value {
 }
 
 fn detail_json(sb: &LiveSandbox) -> Value {
+    let (internet, allow_out, deny_out) = sb.network_policy().to_e2b();
     json!({
         "templateID": sb.template,
         "sandboxID": sb.id,
@@ -260,10 +306,14 @@ fn detail_json(sb: &LiveSandbox) -> Value {
         "diskSizeMB": sb.disk_mb(),
         "state": "running",
         "metadata": sb.metadata,
-        "allowInternetAccess": sb.allow_internet_access,
+        "allowInternetAccess": internet,
         "volumeMounts": volume_mounts_json(sb),
         "trafficAccessToken": sb.traffic_access_token,
-        "network": {"allowPublicTraffic": sb.traffic_access_token.is_none()},
+        "network": {
+            "allowPublicTraffic": sb.traffic_access_token.is_none(),
+            "allowOut": allow_out,
+            "denyOut": deny_out,
+        },
         "domain": null,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
     })
@@ -297,6 +347,8 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
             "autoPause is not supported by husk: sandboxes are killed at their timeout",
         ));
     }
+    let network = req.network.unwrap_or_default();
+    let policy = network.policy(req.allow_internet_access, false)?;
     let create = CreateRequest {
         template: req.template_id.unwrap_or_else(|| "base".into()),
         timeout: timeout_secs(req.timeout)?,
@@ -310,7 +362,8 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
             .map(VolumeMount::to_core)
             .collect(),
         limits: None,
-        allow_public_traffic: req.network.and_then(|n| n.allow_public_traffic),
+        network: policy,
+        allow_public_traffic: network.allow_public_traffic,
     };
     let started = std::time::Instant::now();
     let sb = state
@@ -362,6 +415,61 @@ async fn set_timeout(
         .set_timeout(&who, &id, timeout_secs(Some(t))?)
         .map_err(core_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// E2B's `update_network`: replaces the sandbox's egress rules (omitted fields are cleared).
+async fn update_network(
+    State(state): State<AppState>,
+    Who(who): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    let req: NetworkBody = parse_body(&body)?;
+    let policy = req
+        .policy(req.allow_internet_access, true)?
+        .unwrap_or_else(husk_net::NetPolicy::internet);
+    state
+        .manager
+        .set_network_policy(&who, &id, policy)
+        .await
+        .map_err(core_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The sandbox's denied connections, as JSON records (husk's own API).
+async fn denials(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
+    let sb = state.manager.get(&who, &id).map_err(core_error)?;
+    Ok(axum::Json(json!({
+        "sandboxID": sb.id,
+        "policy": sb.network_policy(),
+        "denials": sb.denials(),
+    }))
+    .into_response())
+}
+
+/// E2B's sandbox logs: husk's are the denied connections, one line each.
+async fn logs(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
+    let sb = state.manager.get(&who, &id).map_err(core_error)?;
+    let entries: Vec<Value> = sb
+        .denials()
+        .iter()
+        .map(|d| {
+            let at = time::OffsetDateTime::from_unix_timestamp(d.at as i64)
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+            json!({
+                "timestamp": rfc3339(at),
+                "line": husk_net::sandboxes::describe(d),
+                "level": "warn",
+                "message": husk_net::sandboxes::describe(d),
+                "fields": {"kind": "denied-connection"},
+            })
+        })
+        .collect();
+    let logs: Vec<Value> = entries
+        .iter()
+        .map(|e| json!({"timestamp": e["timestamp"], "line": e["line"]}))
+        .collect();
+    Ok(axum::Json(json!({"logs": logs, "logEntries": entries})).into_response())
 }
 
 async fn info(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {

@@ -24,6 +24,8 @@ pub enum Command {
     Key(crate::keys::KeyArgs),
     /// Store, list and remove teams' secrets (encrypted at rest), and rotate the master key.
     Secret(crate::secret::SecretArgs),
+    /// Look at a server's sandboxes: `husk sandbox logs ID` shows its denied connections.
+    Sandbox(crate::sandbox::SandboxArgs),
     /// Persistent per-team workspaces: create, list, remove, and move files in and out.
     Workspace(crate::workspace::WorkspaceArgs),
     /// Build, list, inspect, remove and export templates (sandbox root file systems).
@@ -50,6 +52,9 @@ pub struct RunArgs {
     /// no key is in the environment [default: /var/lib/husk].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    // Where --net traffic goes out (local runs).
+    #[command(flatten)]
+    pub uplink: crate::egress::UplinkArgs,
     /// Hostname inside the sandbox [default: husk].
     #[arg(long, value_name = "NAME")]
     pub hostname: Option<String>,
@@ -134,6 +139,12 @@ pub struct JobArgs {
     /// count [default: 1G:10000].
     #[arg(long, value_name = "SIZE[:FILES]")]
     pub output_limit: Option<String>,
+    /// Network: `none` (loopback only), `internet`, `allow=LIST`, `deny=LIST` (LIST: CIDRs
+    /// and domains like pypi.org or *.example.com, comma-separated; allow beats deny; an allow
+    /// list alone allows only what it names). Private, host and metadata addresses are never
+    /// reachable. Repeatable [default: none locally; the server's default with --server].
+    #[arg(long = "net", value_name = "POLICY")]
+    pub net: Vec<String>,
 }
 
 #[derive(Args, Debug)]

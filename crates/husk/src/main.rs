@@ -8,9 +8,11 @@ mod batch;
 mod bench;
 mod cli;
 mod client;
+mod egress;
 mod keys;
 mod relay;
 mod run;
+mod sandbox;
 mod secret;
 mod serve;
 mod sudo;
@@ -39,6 +41,7 @@ fn main() {
         cli::Command::Key(args) => keys::main(args),
         cli::Command::Secret(args) => secret::main(args),
         cli::Command::Workspace(args) => workspace::main(args),
+        cli::Command::Sandbox(args) => sandbox::main(args),
         cli::Command::Template(args) => template::main(args),
         cli::Command::Bench(args) => bench::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),

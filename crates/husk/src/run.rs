@@ -37,6 +37,8 @@ pub struct Config {
     pub id_file: Option<PathBuf>,
     /// Attach a terminal on stdin (implied by a PTY).
     pub interactive: bool,
+    /// `--net` other than `none`: the policy and where its traffic goes out.
+    pub net: Option<(husk_net::NetPolicy, husk_net::router::RouterConfig)>,
 }
 
 /// What `--template NAME` means: `host` without touching the state directory, else the
@@ -92,6 +94,24 @@ impl Config {
             };
             bail!("{flag} needs --server URL: it is a feature of husk serve{hint}");
         }
+        let policy = if a.job.net.is_empty() {
+            husk_net::NetPolicy::None
+        } else {
+            husk_net::NetPolicy::from_flags(&a.job.net).map_err(|e| anyhow!("--net: {e}"))?
+        };
+        let net = match policy {
+            husk_net::NetPolicy::None => None,
+            p => {
+                let run_dir = PathBuf::from(husk_runtime::spawner::DEFAULT_RUN_DIR);
+                match a.uplink.config(run_dir).map_err(|e| anyhow!("{e}"))? {
+                    Some(cfg) => Some((p, cfg)),
+                    None => bail!(
+                        "--net {} needs a way out, but --egress is off",
+                        a.job.net.join(" --net ")
+                    ),
+                }
+            }
+        };
         let mut spec = SandboxSpec::new(a.command);
         spec.tty = a.tty;
         let template_name = a.job.template.as_deref().unwrap_or("host");
@@ -211,6 +231,7 @@ impl Config {
             output_limits,
             id_file: a.id_file,
             interactive: a.interactive || a.tty,
+            net,
         })
     }
 }
@@ -266,7 +287,7 @@ fn host_fd(i: i32) -> BorrowedFd<'static> {
 }
 
 /// Runs the configured sandbox to its end; returns the exit code.
-pub fn run(cfg: Config) -> Result<i32> {
+pub fn run(mut cfg: Config) -> Result<i32> {
     // Block the signals first, so a Ctrl-C during set-up is still handled by destroying the
     // sandbox rather than leaving it behind.
     let sigfd = sys::signalfd(HANDLED_SIGNALS).context("signalfd")?;
@@ -275,6 +296,19 @@ pub fn run(cfg: Config) -> Result<i32> {
     sys::ignore_signal(libc::SIGTTIN);
     sys::ignore_signal(libc::SIGTTOU);
     let spawner = Spawner::new()?;
+    // The router and the sandbox's link are made before the sandbox, without any thread (the
+    // spawner forks); the resolver and proxy start once it exists.
+    let net = match cfg.net.take() {
+        Some((policy, rcfg)) => {
+            let router = husk_net::router::Router::start(rcfg).context("--net")?;
+            let link = router.attach(policy).context("--net")?;
+            cfg.spec.network = husk_runtime::NetworkMode::Joined {
+                nameserver: link.gateway(),
+            };
+            Some((router, link))
+        }
+        None => None,
+    };
 
     // stdio: only pipes and /dev/null pass straight through. Anything else is relayed through
     // pipes (or the PTY): a host terminal would hand the sandbox its ioctls, a socket the host's
@@ -319,7 +353,15 @@ pub fn run(cfg: Config) -> Result<i32> {
         ),
         None => None,
     };
-    let mut sandbox = spawner.create(&cfg.spec, Some(stdio))?;
+    let joined = match &net {
+        Some((_, link)) => Some(link.netns.fd().try_clone_to_owned()?),
+        None => None,
+    };
+    let mut sandbox = spawner.create_in(&cfg.spec, Some(stdio), joined)?;
+    let net = match net {
+        Some((router, link)) => Some(LocalNet::serve(router, link)?),
+        None => None,
+    };
     drop(sandbox_ends);
     for (i, fd) in relays {
         pumps.push(if i == 0 {
@@ -375,9 +417,63 @@ pub fn run(cfg: Config) -> Result<i32> {
     for note in notes {
         eprintln!("{note}");
     }
+    if let Some(net) = net {
+        net.finish();
+    }
     let code = report(ending, &cfg);
     outputs?;
     Ok(code)
+}
+
+/// A local run's network: the router's services on a small runtime of their own (the run's
+/// loop is not async), and the sandbox's link.
+struct LocalNet {
+    runtime: tokio::runtime::Runtime,
+    service: husk_net::service::NetService,
+    link: husk_net::router::Attachment,
+}
+
+/// Denied connections `husk run` lists at the end (the rest are counted).
+const SHOWN_DENIALS: usize = 20;
+
+impl LocalNet {
+    fn serve(
+        router: husk_net::router::Router,
+        link: husk_net::router::Attachment,
+    ) -> Result<LocalNet> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("--net: async runtime")?;
+        let service = {
+            let _in = runtime.enter();
+            husk_net::service::NetService::serve(router).context("--net")?
+        };
+        Ok(LocalNet {
+            runtime,
+            service,
+            link,
+        })
+    }
+
+    /// Reports what the policy refused, and removes the link and the router.
+    fn finish(self) {
+        let denials = self.link.net.denials();
+        for d in denials.iter().take(SHOWN_DENIALS) {
+            eprintln!("husk: {}", husk_net::sandboxes::describe(d));
+        }
+        if denials.len() > SHOWN_DENIALS {
+            eprintln!(
+                "husk: ... and {} more denied connections",
+                denials.len() - SHOWN_DENIALS
+            );
+        }
+        drop(self.link);
+        self.service.shutdown();
+        drop(self.service);
+        self.runtime.shutdown_background();
+    }
 }
 
 /// How long a command may go on after a forwarded SIGINT/SIGTERM/SIGHUP/SIGQUIT before husk

@@ -40,6 +40,8 @@ pub struct ServeArgs {
     /// Largest upload into a workspace: one file, or the content of one tar archive.
     #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub workspace_upload_limit: u64,
+    #[command(flatten)]
+    pub egress: crate::egress::EgressArgs,
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -164,6 +166,19 @@ async fn run(
         Ok(m) => m,
         Err(e) => return fail(e),
     };
+    let default_policy = match args.egress.default_policy() {
+        Ok(p) => p,
+        Err(e) => return fail(format_args!("--net-default: {e}")),
+    };
+    let network = match args.egress.start(std::path::PathBuf::from(
+        husk_runtime::spawner::DEFAULT_RUN_DIR,
+    )) {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => return fail(e),
+    };
+    if let Some(n) = &network {
+        manager.set_network(n.clone(), default_policy);
+    }
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => return fail(format_args!("listen on {}: {e}", args.listen)),
@@ -217,6 +232,11 @@ async fn run(
         return fail(format_args!("server: {e}"));
     }
     manager.shutdown().await;
+    if let Some(n) = network {
+        // Sandboxes are gone; their links with them. Then the router and what it added to
+        // the host.
+        tokio::task::spawn_blocking(move || n.shutdown()).await.ok();
+    }
     eprintln!("husk: stopped");
     0
 }

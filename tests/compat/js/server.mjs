@@ -53,7 +53,9 @@ export async function startServer({ startupTimeoutMs = 30_000 } = {}) {
   }
   const bin = huskBinary()
   const stateDir = mkdtempSync(join(tmpdir(), 'husk-compat-js-'))
-  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir]
+  // No sandbox egress: the suite never changes the host's routing (tests/compat/python's
+  // network test gives its own server a simulated internet).
+  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, '--egress', 'off']
   // With setpriv (util-linux) the server gets SIGTERM if this process dies without stopping
   // it, so it still cleans up its sandboxes; setpriv execs husk in place (same pid).
   const setpriv = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p))

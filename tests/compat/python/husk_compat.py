@@ -164,6 +164,9 @@ def husk_binary() -> Path:
 
 def start_server(startup_timeout: float = 30, extra_args: Tuple[str, ...] = ()) -> HuskServer:
     binary = husk_binary()
+    # No sandbox egress unless the caller sets one up (never the host's routing in tests).
+    if not any(a.startswith("--egress") for a in extra_args):
+        extra_args = (*extra_args, "--egress", "off")
     state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
     log_path = state_dir.parent / f"{state_dir.name}.log"
     log = open(log_path, "wb")

@@ -177,6 +177,7 @@ async fn execute(
             .limits
             .as_ref()
             .map(|l| fill_limits(l, manager.limits())),
+        network: plan.network.clone(),
         allow_public_traffic: None,
     };
     // Not raced against the cancel: a creation under way always finishes (see

@@ -80,6 +80,10 @@ pub struct RunSpec {
     /// Mask secret values in the streamed output [default: true].
     #[serde(default)]
     pub redact: Option<bool>,
+    /// Egress, as `husk run --net` takes it: `none`, `internet`, `allow=LIST`, `deny=LIST`
+    /// (LIST: CIDRs and domains, comma-separated). Empty: the server's default.
+    #[serde(default)]
+    pub net: Vec<String>,
 }
 
 /// A file written into the sandbox before the run starts.
@@ -155,6 +159,8 @@ pub struct Plan {
     pub output_workspace: Option<String>,
     pub output_limits: husk_runtime::transfer::OutputLimits,
     pub redact: bool,
+    /// `None`: the server's default.
+    pub network: Option<husk_net::NetPolicy>,
 }
 
 fn invalid(msg: impl Into<String>) -> RunError {
@@ -404,6 +410,14 @@ impl RunSpec {
             output_workspace,
             output_limits,
             redact: self.redact.unwrap_or(true),
+            network: if self.net.is_empty() {
+                None
+            } else {
+                Some(
+                    husk_net::NetPolicy::from_flags(&self.net)
+                        .map_err(|e| invalid(e.to_string()))?,
+                )
+            },
         })
     }
 }

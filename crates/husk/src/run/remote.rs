@@ -223,6 +223,7 @@ impl JobArgs {
             outputs: self.saves.clone(),
             output_workspace: self.save_to.clone(),
             output_limit,
+            net: self.net.clone(),
             ..RunSpec::default()
         })
     }

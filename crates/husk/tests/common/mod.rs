@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use husk_runtime::cgroup::CgroupLayout;
 use husk_runtime::uidrange;
 
+pub mod internet;
 pub mod server;
 pub mod tarball;
 pub mod templates;

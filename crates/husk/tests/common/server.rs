@@ -138,11 +138,19 @@ impl Server {
         Server::start_with(state, &[])
     }
 
-    /// Starts `husk serve` with `args` added (e.g. `--workspace-upload-limit N`).
+    /// Starts `husk serve` with `args` added (e.g. `--workspace-upload-limit N`). Without an
+    /// `--egress` among them, sandboxes get no network (`--egress off`): tests never change
+    /// the host's routing unless they are about it.
     pub fn start_with(state: &Path, args: &[&str]) -> Server {
+        let egress: &[&str] = if args.iter().any(|a| a.starts_with("--egress")) {
+            &[]
+        } else {
+            &["--egress", "off"]
+        };
         let mut child = Command::new(HUSK)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
+            .args(egress)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,0 +1,726 @@
+//! Sandbox egress end to end, through `husk serve`, on a simulated internet (a namespace this
+//! test creates; see common/internet.rs): the default policy reaches the internet and nothing
+//! else (host loopback, host addresses, the router, other sandboxes, every always-denied
+//! range); CIDR and domain lists; allow over deny; changes at run time; `/etc/hosts` spoofing
+//! and a rebinding name; the denial log; and that nothing of husk's remains after a kill, a
+//! crash or a shutdown. All traffic stays on loopback or in namespaces the test made.
+
+mod common;
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::internet::{Internet, DENIED_TARGETS, PUBLIC};
+use common::server::Server;
+use common::TempDir;
+use serde_json::{json, Value};
+
+/// Run inside a sandbox: tries each probe and prints one JSON object {probe: {r, ms}}.
+/// Probes: `http:URL`, `tcp:HOST:PORT` (sends an HTTP request), `udp:HOST:PORT`,
+/// `dns:NAME`, `tls:HOST:PORT`; `GW` in a probe is the sandbox's gateway (its name server).
+const PROBE: &str = r#"
+import json, socket, ssl, sys, time, urllib.request, urllib.error
+gw = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')]
+out = {}
+for spec in sys.argv[1:]:
+    kind, _, rest = spec.partition(':')
+    if gw:
+        rest = rest.replace('GW', gw[0])
+    t = time.monotonic()
+    try:
+        if kind == 'http':
+            r = 'ok:' + urllib.request.urlopen(rest, timeout=5).read().decode()
+        elif kind == 'tcp':
+            host, port = rest.rsplit(':', 1)
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.settimeout(5)
+            s.sendall(b'GET / HTTP/1.0\r\nHost: ' + host.encode() + b'\r\n\r\n')
+            d = s.recv(300)
+            r = 'ok:' + d.decode(errors='replace') if d else 'closed'
+        elif kind == 'udp':
+            host, port = rest.rsplit(':', 1)
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.settimeout(3)
+            s.connect((host, int(port)))
+            s.send(b'x')
+            s.recv(100)
+            r = 'ok'
+        elif kind == 'dns':
+            r = 'ok:' + ','.join(sorted({a[4][0] for a in socket.getaddrinfo(rest, 80, socket.AF_INET)}))
+        elif kind == 'tls':
+            host, port = rest.rsplit(':', 1)
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            s = socket.create_connection((host, int(port)), timeout=5)
+            try:
+                ctx.wrap_socket(s, server_hostname=host)
+                r = 'ok'
+            except ssl.SSLError:
+                r = 'tls-error'
+    except ConnectionRefusedError:
+        r = 'refused'
+    except ConnectionResetError:
+        r = 'reset'
+    except socket.timeout:
+        r = 'timeout'
+    except urllib.error.URLError as e:
+        r = 'urlerror:' + str(e.reason)
+    except OSError as e:
+        r = 'oserror:' + str(e.errno)
+    out[spec] = {'r': r, 'ms': int((time.monotonic() - t) * 1000)}
+print(json.dumps(out))
+"#;
+
+fn envelope(v: &Value) -> Vec<u8> {
+    let json = v.to_string();
+    let mut b = vec![0u8];
+    b.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    b.extend_from_slice(json.as_bytes());
+    b
+}
+
+/// A sandbox of the server, killed when dropped.
+struct Sandbox<'a> {
+    server: &'a Server,
+    key: String,
+    id: String,
+    token: String,
+}
+
+impl Drop for Sandbox<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .server
+            .request("DELETE", &format!("/sandboxes/{}", self.id), &self.key, "");
+    }
+}
+
+impl<'a> Sandbox<'a> {
+    fn create(server: &'a Server, key: &str, body: Value) -> Sandbox<'a> {
+        let created = server
+            .request("POST", "/sandboxes", key, body.to_string())
+            .expect(201)
+            .json();
+        Sandbox {
+            server,
+            key: key.to_owned(),
+            id: created["sandboxID"].as_str().unwrap().to_owned(),
+            token: created["envdAccessToken"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    /// Runs `cmd args` as `user` to the end: (exit code, stdout).
+    fn exec_as(&self, user: &str, cmd: &str, args: &[&str]) -> (i64, String) {
+        let body = envelope(&json!({"process": {"cmd": cmd, "args": args}, "stdin": false}));
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
+        );
+        let headers = [
+            ("Content-Type", "application/connect+json"),
+            ("E2b-Sandbox-Id", self.id.as_str()),
+            ("X-Access-Token", self.token.as_str()),
+            ("Authorization", auth.as_str()),
+        ];
+        let mut s = self
+            .server
+            .stream_with("POST", "/process.Process/Start", &headers, &body);
+        assert_eq!(s.status, 200, "{}", s.headers);
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let (mut out, mut exit) = (Vec::new(), -1);
+        let mut at = 0;
+        while at + 5 <= raw.len() {
+            let len = u32::from_be_bytes(raw[at + 1..at + 5].try_into().unwrap()) as usize;
+            let msg: Value = serde_json::from_slice(&raw[at + 5..at + 5 + len]).unwrap();
+            at += 5 + len;
+            if let Some(d) = msg["event"]["data"]["stdout"].as_str() {
+                out.extend(base64::engine::general_purpose::STANDARD.decode(d).unwrap());
+            }
+            if let Some(c) = msg["event"]["end"]["exitCode"].as_i64() {
+                exit = c;
+            } else if msg["event"]["end"].is_object() {
+                exit = 0;
+            }
+        }
+        (exit, String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Runs the probes; their results by probe.
+    fn probe(&self, probes: &[&str]) -> Value {
+        let mut args = vec!["-c", PROBE];
+        args.extend_from_slice(probes);
+        let (code, out) = self.exec_as("user", "/usr/bin/python3", &args);
+        assert_eq!(code, 0, "probe failed: {out}");
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    /// Starts `cmd args` and leaves it running.
+    fn spawn(&self, cmd: &str, args: &[&str]) {
+        let body = envelope(&json!({"process": {"cmd": cmd, "args": args}, "stdin": false}));
+        let headers = [
+            ("Content-Type", "application/connect+json"),
+            ("E2b-Sandbox-Id", self.id.as_str()),
+            ("X-Access-Token", self.token.as_str()),
+        ];
+        let mut s = self
+            .server
+            .stream_with("POST", "/process.Process/Start", &headers, &body);
+        assert_eq!(s.status, 200);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&got).contains("\"start\"") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "ended before start");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    fn put_network(&self, body: Value) {
+        self.server
+            .request(
+                "PUT",
+                &format!("/sandboxes/{}/network", self.id),
+                &self.key,
+                body.to_string(),
+            )
+            .expect(204);
+    }
+
+    fn denials(&self) -> Vec<Value> {
+        let r = self
+            .server
+            .request(
+                "GET",
+                &format!("/husk/v1/sandboxes/{}/denials", self.id),
+                &self.key,
+                "",
+            )
+            .expect(200)
+            .json();
+        r["denials"].as_array().unwrap().clone()
+    }
+}
+
+fn result(v: &Value, probe: &str) -> String {
+    v[probe]["r"].as_str().unwrap_or("missing").to_owned()
+}
+
+/// The probe was refused at once (a reset or an ICMP error), never a silent timeout.
+fn assert_refused_fast(v: &Value, probe: &str) {
+    let r = result(v, probe);
+    let ms = v[probe]["ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        r == "refused"
+            || r == "reset"
+            || r == "closed"
+            || r.starts_with("oserror")
+            || r.starts_with("urlerror"),
+        "{probe}: expected a refusal, got {r}"
+    );
+    assert!(!r.contains("timed out"), "{probe}: {r}");
+    assert!(ms < 1500, "{probe}: refused only after {ms} ms ({r})");
+}
+
+fn start(internet: &Internet, state: &TempDir, extra: &[&str]) -> Server {
+    let mut args: Vec<String> = internet.serve_args();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start_with(state.path(), &args)
+}
+
+#[test]
+fn the_default_policy_reaches_the_internet_and_nothing_else() {
+    let internet = Internet::new();
+    let state = TempDir::new("net-default");
+    let server = start(&internet, &state, &[]);
+    let key = server.key_for("net-a");
+    // A service on the host's loopback (what `localhost:5432` stands for).
+    let host_service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = host_service.local_addr().unwrap().port();
+    let host_addr =
+        husk_net::cmd::output(None, "ip", &["-o", "-4", "addr", "show", "scope", "global"])
+            .unwrap()
+            .split_whitespace()
+            .skip_while(|w| *w != "inet")
+            .nth(1)
+            .map(|a| a.split('/').next().unwrap().to_owned());
+
+    let a = Sandbox::create(&server, &key, json!({"templateID": "base"}));
+    let b = Sandbox::create(&server, &key, json!({"templateID": "base"}));
+    b.spawn("/usr/bin/python3", &["-m", "http.server", "8080"]);
+    let (_, b_addr) = b.exec_as(
+        "user",
+        "/usr/bin/python3",
+        &["-c", "import socket;s=socket.socket(2,2);s.connect(('198.51.100.10',9));print(s.getsockname()[0])"],
+    );
+    let b_addr = b_addr.trim().to_owned();
+    assert!(b_addr.starts_with("100.96."), "{b_addr}");
+
+    let mut probes: Vec<String> = vec![
+        format!("http:http://{PUBLIC}/"),
+        "dns:allowed.test".into(),
+        format!("tcp:127.0.0.1:{host_port}"),
+        "tcp:GW:22".into(),
+        format!("tcp:{b_addr}:8080"),
+        format!("udp:{PUBLIC}:9"),
+    ];
+    if let Some(h) = &host_addr {
+        probes.push(format!("tcp:{h}:{host_port}"));
+    }
+    probes.extend(DENIED_TARGETS.iter().map(|t| format!("tcp:{t}:80")));
+    let probe_refs: Vec<&str> = probes.iter().map(String::as_str).collect();
+    let v = a.probe(&probe_refs);
+
+    assert_eq!(
+        result(&v, &probes[0]),
+        "ok:public host=198.51.100.10",
+        "{v}"
+    );
+    assert_eq!(
+        result(&v, "dns:allowed.test"),
+        format!("ok:{PUBLIC}"),
+        "{v}"
+    );
+    for p in &probes[2..] {
+        assert_refused_fast(&v, p);
+    }
+    assert!(
+        internet.denied_hits().is_empty(),
+        "{:?}",
+        internet.denied_hits()
+    );
+    // The other sandbox's server is up (reachable from inside it), just not from a.
+    let own = b.probe(&["tcp:127.0.0.1:8080"]);
+    assert!(
+        result(&own, "tcp:127.0.0.1:8080").starts_with("ok:HTTP/1.0"),
+        "{own}"
+    );
+
+    // The refusals were recorded, with the reason.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = a.denials();
+        let has = |addr: &str, port: u64, proto: &str, why: &str| {
+            log.iter().any(|d| {
+                d["address"] == addr
+                    && d["port"] == port
+                    && d["protocol"] == proto
+                    && d["reason"] == why
+            })
+        };
+        if has("10.20.30.40", 80, "tcp", "always denied")
+            && has("169.254.169.254", 80, "tcp", "always denied")
+            && has(&b_addr, 8080, "tcp", "always denied")
+            && has(PUBLIC, 9, "udp", "udp not allowed")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "denial log: {log:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // E2B's logs endpoint has them as lines; another team sees nothing of them.
+    let logs = server
+        .request("GET", &format!("/sandboxes/{}/logs", a.id), &key, "")
+        .expect(200)
+        .json();
+    assert!(
+        logs["logs"].as_array().unwrap().iter().any(|l| l["line"]
+            .as_str()
+            .unwrap()
+            .contains("denied tcp 10.20.30.40:80 (always denied)")),
+        "{logs}"
+    );
+    let other = server.key_for("net-b");
+    server
+        .request(
+            "GET",
+            &format!("/husk/v1/sandboxes/{}/denials", a.id),
+            &other,
+            "",
+        )
+        .expect(404);
+    // `husk sandbox logs` shows the same.
+    let out = std::process::Command::new(common::HUSK)
+        .args(["sandbox", "logs", &a.id, "--server", &server.url()])
+        .env("HUSK_API_KEY", &key)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("10.20.30.40:80") && text.contains("always denied"),
+        "{text}"
+    );
+}
+
+#[test]
+fn cidr_lists_allow_over_deny_and_changes_at_run_time() {
+    let internet = Internet::new();
+    let state = TempDir::new("net-cidr");
+    let server = start(&internet, &state, &[]);
+    let key = server.key_for("net-c");
+    let web = format!("tcp:{PUBLIC}:80");
+    let sb = Sandbox::create(
+        &server,
+        &key,
+        json!({"templateID": "base", "network": {"denyOut": ["198.51.100.0/24"]}}),
+    );
+    assert_refused_fast(&sb.probe(&[&web]), &web);
+    let info = server
+        .request("GET", &format!("/sandboxes/{}", sb.id), &key, "")
+        .expect(200)
+        .json();
+    assert_eq!(
+        info["network"]["denyOut"],
+        json!(["198.51.100.0/24"]),
+        "{info}"
+    );
+    assert_eq!(info["allowInternetAccess"], json!(true));
+    // Allow beats deny.
+    sb.put_network(json!({"allowOut": [PUBLIC], "denyOut": ["198.51.100.0/24"]}));
+    assert!(result(&sb.probe(&[&web]), &web).starts_with("ok:"));
+    // No internet at all, then everything again (omitted fields are cleared).
+    sb.put_network(json!({"allowInternetAccess": false}));
+    assert_refused_fast(&sb.probe(&[&web]), &web);
+    let info = server
+        .request("GET", &format!("/sandboxes/{}", sb.id), &key, "")
+        .expect(200)
+        .json();
+    assert_eq!(info["allowInternetAccess"], json!(false), "{info}");
+    sb.put_network(json!({}));
+    assert!(result(&sb.probe(&[&web]), &web).starts_with("ok:"));
+    // An allow list cannot open an always-denied range.
+    sb.put_network(json!({"allowOut": ["10.0.0.0/8"]}));
+    let private = "tcp:10.20.30.40:80";
+    assert_refused_fast(&sb.probe(&[private]), private);
+    assert!(internet.denied_hits().is_empty());
+    // Bad rules are a clear 400 and change nothing.
+    let bad = server.request(
+        "PUT",
+        &format!("/sandboxes/{}/network", sb.id),
+        &key,
+        json!({"allowOut": ["not a domain"]}).to_string(),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(bad.text().contains("not a domain"), "{}", bad.text());
+    assert!(result(&sb.probe(&[&web]), &web).starts_with("ok:"));
+    // Another team cannot change it.
+    let other = server.key_for("net-d");
+    server
+        .request(
+            "PUT",
+            &format!("/sandboxes/{}/network", sb.id),
+            &other,
+            json!({"allowInternetAccess": false}).to_string(),
+        )
+        .expect(404);
+    // A sandbox created without internet has none.
+    let closed = Sandbox::create(
+        &server,
+        &key,
+        json!({"templateID": "base", "allow_internet_access": false}),
+    );
+    let v = closed.probe(&[&web, "dns:allowed.test"]);
+    assert_refused_fast(&v, &web);
+    assert!(!result(&v, "dns:allowed.test").starts_with("ok:"), "{v}");
+}
+
+#[test]
+fn domains_go_through_the_proxy_which_resolves_them_itself() {
+    let internet = Internet::new();
+    let state = TempDir::new("net-domains");
+    let server = start(&internet, &state, &[]);
+    let key = server.key_for("net-e");
+    let sb = Sandbox::create(
+        &server,
+        &key,
+        json!({"templateID": "base", "allow_internet_access": false,
+               "network": {"allowOut": ["allowed.test", "*.wild.test"]}}),
+    );
+    let v = sb.probe(&[
+        "http:http://allowed.test/",
+        "http:http://api.wild.test/",
+        "http:http://other.test/",
+        &format!("http:http://{PUBLIC}/"),
+        "tls:allowed.test:443",
+        "tls:other.test:443",
+        "tcp:allowed.test:8080",
+    ]);
+    assert_eq!(
+        result(&v, "http:http://allowed.test/"),
+        "ok:public host=allowed.test",
+        "{v}"
+    );
+    assert_eq!(
+        result(&v, "http:http://api.wild.test/"),
+        "ok:public host=api.wild.test",
+        "{v}"
+    );
+    // Same address, name not allowed; the bare address is not a name.
+    assert_refused_fast(&v, "http:http://other.test/");
+    assert_refused_fast(&v, &format!("http:http://{PUBLIC}/"));
+    assert_refused_fast(&v, "tcp:allowed.test:8080");
+    // TLS: the ClientHello for allowed.test reached the server, the other one did not.
+    let tls_hits = |name: &str| {
+        internet
+            .hits()
+            .iter()
+            .filter(|(to, host)| to.ends_with(":443") && host == name)
+            .count()
+    };
+    assert_eq!(tls_hits("tls"), 1, "{:?} / {v}", internet.hits());
+    assert_ne!(result(&v, "tls:other.test:443"), "ok");
+    let log = sb.denials();
+    assert!(
+        log.iter()
+            .any(|d| d["host"] == "other.test" && d["reason"] == "policy"),
+        "{log:?}"
+    );
+
+    // /etc/hosts inside points allowed.test at a private address: the proxy resolves the
+    // name itself, so the request still goes to the real server, and the private target sees
+    // nothing.
+    let (code, _) = sb.exec_as(
+        "root",
+        "/bin/sh",
+        &["-c", "echo '10.20.30.40 allowed.test' >> /etc/hosts"],
+    );
+    assert_eq!(code, 0);
+    let v = sb.probe(&["http:http://allowed.test/", "dns:allowed.test"]);
+    assert_eq!(result(&v, "dns:allowed.test"), "ok:10.20.30.40", "{v}");
+    assert_eq!(
+        result(&v, "http:http://allowed.test/"),
+        "ok:public host=allowed.test",
+        "{v}"
+    );
+    assert!(
+        internet.denied_hits().is_empty(),
+        "{:?}",
+        internet.denied_hits()
+    );
+
+    // A name that resolves into the private network is refused even though it is allowed.
+    sb.put_network(json!({"allowInternetAccess": false, "allowOut": ["rebind.test"]}));
+    let v = sb.probe(&["http:http://rebind.test/"]);
+    assert_refused_fast(&v, "http:http://rebind.test/");
+    assert!(
+        internet.denied_hits().is_empty(),
+        "{:?}",
+        internet.denied_hits()
+    );
+    let log = sb.denials();
+    assert!(
+        log.iter()
+            .any(|d| d["host"] == "rebind.test" && d["reason"] == "resolves to a denied address"),
+        "{log:?}"
+    );
+}
+
+/// The router's namespace inside the server process (found by its uplink), if any.
+fn router_of(server: &mut Server) -> Option<husk_net::netns::NetNs> {
+    let pid = server.child().id();
+    let host = husk_net::netns::NetNs::current().unwrap();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        if !target.to_string_lossy().starts_with("net:") {
+            continue;
+        }
+        let Ok(ns) = husk_net::netns::NetNs::open(&e.path()) else {
+            continue;
+        };
+        if ns.same_as(&host) {
+            continue;
+        }
+        let links = husk_net::cmd::output(Some(&ns), "ip", &["-o", "link"]).unwrap_or_default();
+        if links.contains(" up0@") {
+            return Some(ns);
+        }
+    }
+    None
+}
+
+fn sandbox_links(router: &husk_net::netns::NetNs) -> usize {
+    husk_net::cmd::output(Some(router), "ip", &["-o", "link"])
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(": sb"))
+        .count()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[test]
+fn nothing_remains_after_kill_crash_and_shutdown() {
+    let internet = Internet::new();
+    let links_before = internet.links().lines().count();
+    let tables_before = husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap();
+    let state = TempDir::new("net-clean");
+    let mut server = start(&internet, &state, &["--net-pool", "1"]);
+    let key = server.key_for("net-f");
+    let mut router = None;
+    wait_until("the router is up", || {
+        router = router_of(&mut server);
+        router.is_some()
+    });
+    let router = router.unwrap();
+    wait_until("the pool is filled", || sandbox_links(&router) == 1);
+    {
+        let sb = Sandbox::create(
+            &server,
+            &key,
+            json!({"templateID": "base", "network": {"denyOut": ["198.51.100.0/24"]}}),
+        );
+        let rules = husk_net::cmd::output(Some(&router), "nft", &["list", "table", "inet", "husk"])
+            .unwrap();
+        assert!(rules.contains("198.51.100.0/24"), "{rules}");
+        wait_until("the pool is refilled", || sandbox_links(&router) == 2);
+        drop(sb);
+    }
+    wait_until("the killed sandbox's link is gone", || {
+        sandbox_links(&router) == 1
+    });
+    let rules =
+        husk_net::cmd::output(Some(&router), "nft", &["list", "table", "inet", "husk"]).unwrap();
+    assert!(!rules.contains("198.51.100.0/24"), "{rules}");
+
+    // Shutdown: the uplink goes with the router (once this test lets go of it too); nothing
+    // on the host changed.
+    drop(server);
+    drop(router);
+    wait_until("the uplink is gone after shutdown", || {
+        internet.links().lines().count() == links_before
+    });
+    assert_eq!(
+        husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap(),
+        tables_before
+    );
+
+    // Crash: SIGKILL leaves nothing either (the router lives only as long as the process).
+    let server = start(&internet, &state, &["--net-pool", "1"]);
+    let key = server.key_for("net-f");
+    let sb = Sandbox::create(&server, &key, json!({"templateID": "base"}));
+    assert!(internet.links().contains("husk-up"));
+    std::mem::forget(sb);
+    server.kill_hard();
+    wait_until("the uplink is gone after a crash", || {
+        internet.links().lines().count() == links_before
+    });
+    assert_eq!(
+        husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap(),
+        tables_before
+    );
+}
+
+fn host_state() -> (String, Vec<String>, String) {
+    let tables = husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap();
+    let links: Vec<String> = husk_net::cmd::output(None, "ip", &["-o", "link"])
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_owned()))
+        .collect();
+    let dev = husk_net::cmd::output(None, "ip", &["-4", "route", "show", "default"])
+        .unwrap()
+        .split_whitespace()
+        .skip_while(|w| *w != "dev")
+        .nth(1)
+        .unwrap_or("lo")
+        .to_owned();
+    let fwd = std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{dev}/forwarding"))
+        .unwrap_or_default();
+    (tables, links, fwd)
+}
+
+/// With the host as the uplink (production), husk adds exactly its table, its link and
+/// forwarding on two interfaces, keeps sandboxes off the host, and takes it all back on
+/// shutdown, and after a crash at the next start. No packet leaves the host: every probe
+/// targets the host itself and is refused inside husk's router.
+#[test]
+fn the_host_uplink_changes_only_what_it_says_and_takes_it_back() {
+    let before = host_state();
+    let state = TempDir::new("net-host");
+    let mut server = Server::start_with(state.path(), &["--egress", "host", "--net-pool", "1"]);
+    let mut router = None;
+    wait_until("the router is up", || {
+        router = router_of(&mut server);
+        router.is_some()
+    });
+    drop(router);
+    let during = host_state();
+    let table = during
+        .0
+        .lines()
+        .find(|l| l.starts_with("table inet husk-") && !before.0.contains(l))
+        .unwrap_or_else(|| panic!("no husk table on the host: {}", during.0))
+        .trim_start_matches("table inet ")
+        .to_owned();
+    let slot = table.trim_start_matches("husk-");
+    let link = format!("husk-up{slot}");
+    assert!(
+        during.1.iter().any(|l| l.starts_with(&link)),
+        "{:?}",
+        during.1
+    );
+    assert_eq!(
+        during.2.trim(),
+        "1",
+        "forwarding on the default route's interface"
+    );
+
+    let key = server.key_for("net-h");
+    let host_service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host_service.local_addr().unwrap().port();
+    let mut probes = vec![
+        format!("tcp:127.0.0.1:{port}"),
+        format!(
+            "tcp:100.127.0.{}:{port}",
+            4 * slot.parse::<u32>().unwrap() + 1
+        ),
+    ];
+    let host_addrs = husk_net::cmd::output(None, "ip", &["-o", "-4", "addr", "show"]).unwrap();
+    for l in host_addrs.lines() {
+        let mut w = l.split_whitespace().skip_while(|w| *w != "inet");
+        if let Some(a) = w.nth(1) {
+            let a = a.split('/').next().unwrap();
+            if !a.starts_with("127.") {
+                probes.push(format!("tcp:{a}:{port}"));
+            }
+        }
+    }
+    {
+        let sb = Sandbox::create(&server, &key, json!({"templateID": "base"}));
+        let refs: Vec<&str> = probes.iter().map(String::as_str).collect();
+        let v = sb.probe(&refs);
+        for p in &probes {
+            assert_refused_fast(&v, p);
+        }
+    }
+    drop(server);
+    assert_eq!(host_state(), before, "after shutdown");
+
+    // A crash leaves the table and forwarding; the next start removes them, and its own stop
+    // leaves the host as it was.
+    let server = Server::start_with(state.path(), &["--egress", "host", "--net-pool", "0"]);
+    server.key_for("net-h");
+    server.kill_hard();
+    let crashed = host_state();
+    assert!(crashed.0.contains("table inet husk-"), "{}", crashed.0);
+    // Even a server started without egress cleans up after a crashed one.
+    let server = Server::start_with(state.path(), &["--egress", "off"]);
+    drop(server);
+    assert_eq!(host_state(), before, "after a crash and a restart");
+}
