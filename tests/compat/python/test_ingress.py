@@ -1,0 +1,80 @@
+"""Ingress with the stock SDK: a server started in the sandbox through the SDK's commands API is
+reached at the host `get_host(port)` names (sent to husk as the `Host` header: the SDK's domain
+is never resolved) and by the routing headers; a closed port is the answer the SDK classifies
+as "port is not open". A private sandbox (`network={"allow_public_traffic": False}`) exposes
+`traffic_access_token`, which opens it, as a key of its own team does and another team's
+does not."""
+
+from __future__ import annotations
+
+from e2b import Sandbox
+from e2b.exceptions import is_sandbox_port_not_open_message
+
+from husk_compat import http_request, sandbox_headers, wait_for
+
+PORT = 8000
+BODY = b"hello from inside the sandbox\n"
+
+
+def via_host(husk, host: str, path: str = "/hello.txt", headers=None):
+    return http_request(husk.port, "GET", path, headers={"Host": host, **(headers or {})})
+
+
+def start_file_server(sbx: Sandbox) -> None:
+    sbx.files.write("/tmp/www/hello.txt", BODY)
+    sbx.commands.run(
+        f"python3 -m http.server {PORT} --bind 0.0.0.0 --directory /tmp/www",
+        background=True,
+    )
+
+
+def wait_serving(husk, host: str, headers=None):
+    def ok():
+        r = via_host(husk, host, headers=headers)
+        return r if r.status == 200 else None
+
+    return wait_for(ok, 30, f"the server at {host}")
+
+
+def test_get_host_reaches_a_server_in_the_sandbox(sandbox, husk):
+    assert sandbox.traffic_access_token is None
+    host = sandbox.get_host(PORT)
+    assert host.startswith(f"{PORT}-{sandbox.sandbox_id}.")
+
+    # Before anything listens: the SDK's own classification of the answer.
+    r = via_host(husk, host)
+    assert r.status == 502, r.text
+    assert is_sandbox_port_not_open_message(r.json()["message"]), r.text
+
+    start_file_server(sandbox)
+    assert wait_serving(husk, host).body == BODY
+    # The routing headers reach it too.
+    r = http_request(husk.port, "GET", "/hello.txt", headers=sandbox_headers(sandbox.sandbox_id, port=PORT))
+    assert r.status == 200 and r.body == BODY, r.text
+
+    r = via_host(husk, sandbox.get_host(PORT + 1))
+    assert r.status == 502 and is_sandbox_port_not_open_message(r.json()["message"]), r.text
+
+
+def test_a_private_sandbox_needs_its_traffic_token(sandbox_factory, husk, other_key):
+    sbx = sandbox_factory(network={"allow_public_traffic": False})
+    token = sbx.traffic_access_token
+    assert isinstance(token, str) and len(token) >= 32
+    info = Sandbox.get_info(sbx.sandbox_id, **husk.opts())
+    assert info.network is not None and info.network["allow_public_traffic"] is False
+    assert Sandbox.connect(sbx.sandbox_id, **husk.opts()).traffic_access_token == token
+
+    start_file_server(sbx)
+    host = sbx.get_host(PORT)
+    good = {"E2B-Traffic-Access-Token": token}
+    assert wait_serving(husk, host, headers=good).body == BODY
+
+    for headers in ({}, {"E2B-Traffic-Access-Token": "0" * len(token)}, {"X-API-Key": other_key}):
+        r = via_host(husk, host, headers=headers)
+        assert r.status == 403, (headers, r.status, r.text)
+        assert r.json()["code"] == 403
+    r = via_host(husk, host, headers={"X-API-Key": husk.admin_key})
+    assert r.status == 200 and r.body == BODY, r.text
+
+    # The SDK itself keeps working: the daemon's port has its own authentication.
+    assert sbx.commands.run("echo still here").stdout == "still here\n"
