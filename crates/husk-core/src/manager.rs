@@ -707,11 +707,16 @@ impl Manager {
         .map_err(|e| CoreError::Spawn(e.to_string()))??;
         let runtime_id = created.id.clone();
         let init_pid = created.init_pid;
-        // Opened now, while PID 1 is certainly the sandbox's (the spawner reaps it only on
-        // destroy), and kept: ingress never resolves the namespace by pid again.
-        let netns = match husk_net::netns::NetNs::open(std::path::Path::new(&format!(
-            "/proc/{init_pid}/ns/net"
-        ))) {
+        // The joined namespace, or the sandbox's own, opened now while PID 1 is certainly the
+        // sandbox's (the spawner reaps it only on destroy), and kept: ingress never resolves
+        // the namespace by pid again.
+        let opened = match &net {
+            Some(n) => Ok(n.netns.clone()),
+            None => husk_net::netns::NetNs::open(std::path::Path::new(&format!(
+                "/proc/{init_pid}/ns/net"
+            ))),
+        };
+        let netns = match opened {
             Ok(ns) => ns,
             Err(e) => {
                 self.destroy_runtime(runtime_id).await;
