@@ -1,8 +1,8 @@
 //! Ingress through a real `husk serve`: servers started inside a sandbox (through the process
 //! API, as the SDKs start them) are reached by header routing and by `Host` routing; bodies
-//! stream both ways; a server bound to 127.0.0.1 only is reached; an Upgrade is joined byte for
-//! byte; a closed port, an unknown and a killed sandbox get the answers the SDKs expect; a
-//! private sandbox admits only its traffic token or a key of its own team.
+//! stream both ways; a server bound to 127.0.0.1 or `::1` only is reached; an Upgrade is joined
+//! byte for byte; a closed port, an unknown and a killed sandbox get the answers the SDKs
+//! expect; a private sandbox admits only its traffic token or a key of its own team.
 
 mod common;
 
@@ -308,6 +308,10 @@ fn servers_in_a_sandbox_are_reached_by_header_and_by_host() {
             "{gone} reached the sandbox: {seen}"
         );
     }
+
+    // A server on the IPv6 loopback only.
+    sb.serve_py("::1", 8002);
+    sb.wait_serving(8002, "/headers", &[]);
 
     // 2 MiB up, with a length and chunked.
     let body: Vec<u8> = (0..2u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
