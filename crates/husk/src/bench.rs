@@ -6,6 +6,8 @@
 //! - throughput: N worker processes creating and destroying sandboxes for a fixed time, idle
 //!   (creates per second) and with `true` run in each (one-shot cycles per second).
 //! - idle density: host memory (MemAvailable) consumed per idle sandbox with many alive.
+//! - network ([`crate::bench_net`]): create with a link out against without, and latency and
+//!   throughput through husk's router and domain proxy against a plain veth.
 //! - with `--template NAME`: sandboxes from that built template against the host template,
 //!   interleaved (create → ready in process, and one-shot `husk run`), and the template's image
 //!   size against its root file system's.
@@ -27,11 +29,11 @@ use crate::units::format_size;
 const TEMPLATE_BUDGET: f64 = 1.1;
 
 /// An error with its whole chain of causes, on one line.
-fn chain<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
+pub(crate) fn chain<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
     format!("{:#}", anyhow::Error::new(e))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -87,7 +89,7 @@ fn bwrap_cmd() -> Command {
 }
 
 /// Prints the percentiles of `v` (sorting it); returns p50 and p99.
-fn stats(name: &str, v: &mut [f64]) -> (f64, f64) {
+pub(crate) fn stats(name: &str, v: &mut [f64]) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     let (p50, p99) = (percentile(v, 0.5), percentile(v, 0.99));
     println!(
@@ -429,7 +431,8 @@ pub fn main(args: BenchArgs) -> i32 {
                 "create + run `true` + destroy",
             )
         })
-        .and_then(|_| density(args.idle));
+        .and_then(|_| density(args.idle))
+        .and_then(|_| crate::bench_net::run(args.runs.min(100)));
     match result {
         Ok(()) => 0,
         Err(e) => {

@@ -6,6 +6,7 @@
 
 mod batch;
 mod bench;
+mod bench_net;
 mod cli;
 mod client;
 mod egress;
