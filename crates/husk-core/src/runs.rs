@@ -324,8 +324,9 @@ impl Runs {
     }
 
     /// What the sandbox's creation would refuse (limits over the server's, a missing or
-    /// damaged template), refused before the run exists.
+    /// damaged template, a network on a server without egress), refused before the run exists.
     async fn check_sandbox(&self, plan: &spec::Plan) -> Result<(), RunError> {
+        self.manager.request_policy(plan.network.as_ref())?;
         if let Some(l) = &plan.limits {
             let full = spec::fill_limits(l, self.manager.limits());
             self.manager.request_limits(Some(&full))?;
@@ -447,7 +448,7 @@ impl From<CoreError> for RunError {
             CoreError::TemplateNotFound(t) => RunError::TemplateNotFound(t),
             CoreError::TemplateBroken(m) => RunError::Unavailable(m),
             CoreError::WorkspaceNotFound(w) => RunError::WorkspaceNotFound(w),
-            CoreError::InvalidArgument(m) => RunError::Invalid(m),
+            CoreError::InvalidArgument(m) | CoreError::Unsupported(m) => RunError::Invalid(m),
             CoreError::Store(e) => RunError::Store(e),
             other => RunError::Unavailable(other.to_string()),
         }

@@ -523,6 +523,50 @@ fn domains_go_through_the_proxy_which_resolves_them_itself() {
     );
 }
 
+#[test]
+fn asking_a_server_without_egress_for_a_network_is_a_clear_error() {
+    let state = TempDir::new("net-off");
+    let server = Server::start(state.path()); // --egress off
+    let key = server.key_for("net-g");
+    let r = server.request(
+        "POST",
+        "/husk/v1/runs",
+        &key,
+        json!({"command": ["true"], "net": ["internet"]}).to_string(),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("no network"), "{}", r.text());
+    let runs = server
+        .request("GET", "/husk/v1/runs", &key, "")
+        .expect(200)
+        .json();
+    assert_eq!(runs["runs"].as_array().map(Vec::len), Some(0), "{runs}");
+    let r = server.request(
+        "POST",
+        "/sandboxes",
+        &key,
+        json!({"templateID": "base", "network": {"allowOut": ["pypi.org"]}}).to_string(),
+    );
+    assert_eq!(r.status, 501, "{}", r.text());
+    assert!(r.text().contains("--egress"), "{}", r.text());
+    assert!(server.sandboxes(&key).is_empty());
+    // What every SDK create sends (allow_internet_access: true) is the server's default: here,
+    // loopback only.
+    let sb = Sandbox::create(
+        &server,
+        &key,
+        json!({"templateID": "base", "allow_internet_access": true}),
+    );
+    let web = format!("tcp:{PUBLIC}:80");
+    let v = sb.probe(&[&web]);
+    assert_eq!(result(&v, &web), "oserror:101", "{v}"); // ENETUNREACH: no route at all
+    let info = server
+        .request("GET", &format!("/sandboxes/{}", sb.id), &key, "")
+        .expect(200)
+        .json();
+    assert_eq!(info["allowInternetAccess"], json!(false), "{info}");
+}
+
 /// The router's namespace inside the server process (found by its uplink), if any.
 fn router_of(server: &mut Server) -> Option<husk_net::netns::NetNs> {
     let pid = server.child().id();
