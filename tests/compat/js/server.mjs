@@ -47,15 +47,20 @@ export function unique(prefix = 't') {
   return `${prefix}-${randomBytes(6).toString('hex')}`
 }
 
-export async function startServer({ startupTimeoutMs = 30_000 } = {}) {
+/**
+ * Starts `husk serve`. `egressArgs`: its egress flags; by default `--egress off` (network.test.mjs
+ * passes `--egress netns:PATH ...` for a simulated internet of its own).
+ */
+export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--egress', 'off'] } = {}) {
   if (process.getuid && process.getuid() !== 0) {
     throw new Error('husk serve needs root (namespaces, cgroups, mounts): run as root')
   }
   const bin = huskBinary()
   const stateDir = mkdtempSync(join(tmpdir(), 'husk-compat-js-'))
-  // No sandbox egress: the suite never changes the host's routing (tests/compat/python's
-  // network test gives its own server a simulated internet).
-  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, '--egress', 'off']
+  // No sandbox egress unless the caller gives its own (never the host's routing in tests: the
+  // network tests give their server a simulated internet of their own).
+  if (!egressArgs.some((a) => a.startsWith('--egress'))) egressArgs = [...egressArgs, '--egress', 'off']
+  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, ...egressArgs]
   // With setpriv (util-linux) the server gets SIGTERM if this process dies without stopping
   // it, so it still cleans up its sandboxes; setpriv execs husk in place (same pid).
   const setpriv = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p))

@@ -1,0 +1,461 @@
+"""Sandbox egress with the stock SDK (e2b==2.63.0), on a simulated internet.
+
+The module builds the internet itself: a named network namespace (`husk-compat-<pid>`) with,
+on its loopback, a web server at 198.51.100.10:80 and a private target at 10.20.30.40:80 and a
+metadata target at 169.254.169.254:80 (all answer `public host=<Host>` and record every hit),
+and a name server at 198.51.100.53 (allowed.test and other.test -> 198.51.100.10, NXDOMAIN
+otherwise); the helpers are tests/compat/netsim/{web,dns}.py, run with `ip netns exec`. It then
+starts its own `husk serve` with that namespace as the uplink. No traffic leaves loopback or
+that namespace.
+
+Checks, through the SDK's own create/update_network/get_info (sync, and async once): the default
+policy reaches the internet and not the private network or metadata (refused fast, no hit);
+`allow_internet_access=False`; `network.deny_out` then `update_network` (allow beats deny,
+`allow_internet_access: False`, `{}`); a domain allow list with `deny_out: [ALL_TRAFFIC]`, also
+against an `/etc/hosts` entry pointing the allowed name at the private target; the denial log
+(husk's `/husk/v1/sandboxes/{id}/denials` and E2B's `/sandboxes/{id}/logs`, parsed with the
+SDK's own model)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox
+from e2b.api.client.models import SandboxLogs
+
+from husk_compat import HuskServer, http_request, start_server, wait_for
+
+NETSIM = Path(__file__).resolve().parent.parent / "netsim"
+PUBLIC = "198.51.100.10"
+DNS = "198.51.100.53"
+PRIVATE = "10.20.30.40"
+METADATA = "169.254.169.254"
+NAMES = {"allowed.test": PUBLIC, "other.test": PUBLIC}
+EGRESS_ARGS = (
+    "--egress-address",
+    "203.0.113.2/24",
+    "--egress-gateway",
+    "203.0.113.1",
+    "--net-dns",
+    DNS,
+)
+PROBE_SRC = (NETSIM / "probe.py").read_text()
+PROBE_PATH = "/tmp/husk-net-probe.py"
+NETNS_RE = re.compile(r"husk-compat-(\d+)")
+
+
+# --------------------------------------------------------------------------------------------
+# The simulated internet
+
+
+def _ip(*args: str) -> str:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def sweep_stale_namespaces() -> None:
+    """Removes `husk-compat-<pid>` namespaces whose creator is gone (a run killed before its
+    teardown, e.g. by pytest-timeout); a live process's namespace is never touched."""
+    for line in _ip("netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = NETNS_RE.fullmatch(name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+
+class SimInternet:
+    """The namespace, its addresses and its servers; `close()` removes all of it."""
+
+    def __init__(self) -> None:
+        self.name = f"husk-compat-{os.getpid()}"
+        self.dir = Path(tempfile.mkdtemp(prefix="husk-netsim-"))
+        self.hits_path = self.dir / "hits.jsonl"
+        self.hits_path.touch()
+        self.procs: List[subprocess.Popen] = []
+        self.reaper = None
+        self.created = False
+
+    @property
+    def netns_path(self) -> str:
+        return f"/run/netns/{self.name}"
+
+    def start(self) -> None:
+        # If this process dies before its teardown, the reaper removes the namespace.
+        self.reaper = subprocess.Popen(
+            [sys.executable, str(NETSIM / "reaper.py"), self.name, str(self.dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        _ip("netns", "add", self.name)
+        self.created = True
+        _ip("-n", self.name, "link", "set", "lo", "up")
+        for a in (PUBLIC, DNS, PRIVATE, METADATA):
+            _ip("-n", self.name, "addr", "add", f"{a}/32", "dev", "lo")
+        web_ready = self.dir / "web.ready"
+        dns_ready = self.dir / "dns.ready"
+        self._spawn(
+            "web.py",
+            str(self.hits_path),
+            str(web_ready),
+            f"{PUBLIC}:80",
+            f"{PRIVATE}:80",
+            f"{METADATA}:80",
+        )
+        self._spawn("dns.py", str(dns_ready), f"{DNS}:53", *(f"{n}={a}" for n, a in NAMES.items()))
+        for ready in (web_ready, dns_ready):
+            wait_for(lambda: self._check_alive() or ready.exists(), 15, f"the simulated internet's {ready.stem}")
+
+    def _spawn(self, script: str, *args: str) -> None:
+        with open(self.dir / f"{script}.log", "wb") as log:
+            self.procs.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", self.name, sys.executable, str(NETSIM / script), *args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
+            )
+
+    def _check_alive(self) -> None:
+        for p in self.procs:
+            if p.poll() is not None:
+                logs = "".join(f.read_text(errors="replace") for f in self.dir.glob("*.log"))
+                raise RuntimeError(f"a netsim helper exited with {p.returncode}: {logs}")
+
+    def hits(self) -> List[dict]:
+        """Every connection the internet's servers got so far: [{"to": "ADDR:PORT", "host": H}]."""
+        return [json.loads(l) for l in self.hits_path.read_text().splitlines() if l.strip()]
+
+    def hits_to(self, *addresses: str) -> List[dict]:
+        return [h for h in self.hits() if h["to"].rsplit(":", 1)[0] in addresses]
+
+    def close(self) -> None:
+        try:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+            for p in self.procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            try:
+                if self.created:
+                    subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)
+            finally:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                if self.reaper is not None and self.reaper.poll() is None:
+                    self.reaper.terminate()
+                    self.reaper.wait(timeout=10)
+
+
+class NetEnv:
+    def __init__(self, internet: SimInternet, server: HuskServer) -> None:
+        self.internet = internet
+        self.server = server
+
+
+@pytest.fixture(scope="module")
+def net():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    if shutil.which("ip") is None:
+        pytest.fail("iproute2 (`ip`) is not installed")
+    sweep_stale_namespaces()
+    internet = SimInternet()
+    server = None
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+    try:
+        internet.start()
+        server = start_server(extra_args=("--egress", f"netns:{internet.netns_path}", *EGRESS_ARGS))
+        # Safety net, as in conftest: an SDK call without per-call URLs still reaches this server.
+        os.environ["E2B_API_URL"] = server.url
+        os.environ["E2B_SANDBOX_URL"] = server.url
+        yield NetEnv(internet, server)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        try:
+            if server is not None:
+                rc, tail = server.close()
+                if rc not in (0, None):
+                    print(f"\nhusk serve (network) exited with {rc}; last log lines:\n{tail}")
+        finally:
+            internet.close()
+    assert not Path(internet.netns_path).exists(), f"{internet.netns_path} still exists"
+
+
+@pytest.fixture
+def make(net: NetEnv):
+    """Creates sandboxes on the network test's server with the sync SDK; kills them all."""
+    made = []
+
+    def create(**kwargs) -> Sandbox:
+        kwargs.setdefault("timeout", 120)
+        sbx = Sandbox.create(**kwargs, **net.server.opts())
+        made.append(sbx.sandbox_id)
+        return sbx
+
+    yield create
+    for sandbox_id in made:
+        try:
+            Sandbox.kill(sandbox_id, **net.server.opts())
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# Probes from inside a sandbox
+
+
+def _probe_cmd(probes) -> str:
+    return "python3 " + PROBE_PATH + " " + " ".join(shlex.quote(p) for p in probes)
+
+
+def _parse(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def probe(sbx: Sandbox, *probes: str) -> dict:
+    """Runs the probes inside the sandbox (as the default user); {probe: {"r", "ms"}}."""
+    sbx.files.write(PROBE_PATH, PROBE_SRC)
+    return _parse(sbx.commands.run(_probe_cmd(probes), timeout=60).stdout)
+
+
+async def aprobe(sbx: AsyncSandbox, *probes: str) -> dict:
+    await sbx.files.write(PROBE_PATH, PROBE_SRC)
+    return _parse((await sbx.commands.run(_probe_cmd(probes), timeout=60)).stdout)
+
+
+def result(v: dict, p: str) -> str:
+    return v.get(p, {}).get("r", "missing")
+
+
+def assert_ok(v: dict, p: str, body: str) -> None:
+    assert result(v, p) == f"ok:{body}", f"{p}: {v}"
+
+
+def assert_refused_fast(v: dict, p: str) -> None:
+    """Refused at once (a reset, an ICMP error, an unreachable network), never a silent hang."""
+    r, ms = result(v, p), v.get(p, {}).get("ms", 10**9)
+    assert r in ("refused", "reset", "closed") or r.startswith(("oserror:", "urlerror:")), f"{p}: expected a refusal, got {r} ({v})"
+    assert "timed out" not in r, f"{p}: {r}"
+    assert ms < 1500, f"{p}: refused only after {ms} ms ({r})"
+
+
+def http(url_host: str) -> str:
+    return f"http:http://{url_host}/"
+
+
+def tcp(addr: str, port: int = 80) -> str:
+    return f"tcp:{addr}:{port}"
+
+
+def denials(net: NetEnv, sandbox_id: str, api_key=None):
+    r = http_request(
+        net.server.port,
+        "GET",
+        f"/husk/v1/sandboxes/{sandbox_id}/denials",
+        {"X-API-Key": api_key or net.server.admin_key},
+    )
+    return r
+
+
+def wait_denial(net: NetEnv, sandbox_id: str, **want) -> List[dict]:
+    """Polls the denial log until it has a record with all of `want`; returns the log."""
+
+    def check():
+        r = denials(net, sandbox_id)
+        assert r.status == 200, r.text
+        log = r.json()["denials"]
+        return log if any(all(d.get(k) == v for k, v in want.items()) for d in log) else None
+
+    try:
+        return wait_for(check, 10, f"a denial {want}")
+    except Exception:
+        raise AssertionError(f"no denial {want} in {denials(net, sandbox_id).text}")
+
+
+def same_targets(got, want) -> bool:
+    """Whether two rule lists name the same CIDRs/addresses/domains (a bare address and its /32
+    are the same rule)."""
+
+    def norm(x: str):
+        try:
+            return str(ipaddress.ip_network(x, strict=False))
+        except ValueError:
+            return x.lower()
+
+    return sorted(map(norm, got or [])) == sorted(map(norm, want))
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+
+
+def test_the_default_policy_reaches_the_internet_and_not_the_private_network(net: NetEnv, make):
+    sbx = make()
+    v = probe(sbx, http(PUBLIC), "dns:allowed.test", tcp(PRIVATE), tcp(METADATA))
+    assert_ok(v, http(PUBLIC), f"public host={PUBLIC}")
+    assert_ok(v, "dns:allowed.test", PUBLIC)
+    assert_refused_fast(v, tcp(PRIVATE))
+    assert_refused_fast(v, tcp(METADATA))
+    assert any(h == {"to": f"{PUBLIC}:80", "host": PUBLIC} for h in net.internet.hits()), net.internet.hits()
+    assert net.internet.hits_to(PRIVATE, METADATA) == []
+
+    info = sbx.get_info()
+    assert info.allow_internet_access is True, info
+    assert info.network is not None, info
+    assert not info.network.get("allow_out") and not info.network.get("deny_out"), info.network
+
+
+def test_no_internet_access(net: NetEnv, make):
+    before = len(net.internet.hits())
+    sbx = make(allow_internet_access=False)
+    v = probe(sbx, http(PUBLIC), tcp(PUBLIC), tcp(PRIVATE), "dns:allowed.test")
+    assert_refused_fast(v, http(PUBLIC))
+    assert_refused_fast(v, tcp(PUBLIC))
+    assert_refused_fast(v, tcp(PRIVATE))
+    assert not result(v, "dns:allowed.test").startswith("ok:"), v
+    assert net.internet.hits()[before:] == []
+
+    info = sbx.get_info()
+    assert info.allow_internet_access is False, info
+    # The class method variant reports the same.
+    assert Sandbox.get_info(sbx.sandbox_id, **net.server.opts()).allow_internet_access is False
+
+
+def test_deny_out_then_update_network(net: NetEnv, make):
+    sbx = make(network={"deny_out": ["198.51.100.0/24"]})
+    web = tcp(PUBLIC)
+    assert_refused_fast(probe(sbx, web), web)
+    info = sbx.get_info()
+    assert info.allow_internet_access is True, info
+    assert same_targets(info.network.get("deny_out"), ["198.51.100.0/24"]), info.network
+    assert not info.network.get("allow_out"), info.network
+
+    # Allow beats deny.
+    sbx.update_network({"allow_out": [PUBLIC], "deny_out": ["198.51.100.0/24"]})
+    v = probe(sbx, web)
+    assert result(v, web).startswith("ok:HTTP/1.0 200"), v
+    info = sbx.get_info()
+    assert same_targets(info.network.get("allow_out"), [PUBLIC]), info.network
+    assert same_targets(info.network.get("deny_out"), ["198.51.100.0/24"]), info.network
+
+    # Everything open again: omitted fields are cleared.
+    sbx.update_network({})
+    v = probe(sbx, web, http(PUBLIC))
+    assert_ok(v, http(PUBLIC), f"public host={PUBLIC}")
+    info = sbx.get_info()
+    assert not info.network.get("allow_out") and not info.network.get("deny_out"), info.network
+
+    # No internet at all (the SDK sends `allow_internet_access` in the body).
+    sbx.update_network({"allow_internet_access": False})
+    v = probe(sbx, web)
+    assert_refused_fast(v, web)
+    assert sbx.get_info().allow_internet_access is False
+
+    # And open again.
+    Sandbox.update_network(sbx.sandbox_id, {}, **net.server.opts())
+    v = probe(sbx, http(PUBLIC))
+    assert_ok(v, http(PUBLIC), f"public host={PUBLIC}")
+    assert sbx.get_info().allow_internet_access is True
+    assert net.internet.hits_to(PRIVATE, METADATA) == []
+
+
+def test_a_domain_allow_list_resolves_names_itself(net: NetEnv, make):
+    sbx = make(network={"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC]})
+    info = sbx.get_info()
+    assert same_targets(info.network.get("allow_out"), ["allowed.test"]), info.network
+    assert same_targets(info.network.get("deny_out"), [ALL_TRAFFIC]), info.network
+
+    v = probe(sbx, http("allowed.test"), http("other.test"), http(PUBLIC), tcp(PRIVATE))
+    assert_ok(v, http("allowed.test"), "public host=allowed.test")
+    # Same address, a name that is not allowed; the bare address is not a name.
+    assert_refused_fast(v, http("other.test"))
+    assert_refused_fast(v, http(PUBLIC))
+    assert_refused_fast(v, tcp(PRIVATE))
+    assert not [h for h in net.internet.hits() if h["host"] == "other.test"], net.internet.hits()
+    wait_denial(net, sbx.sandbox_id, host="other.test", reason="policy")
+
+    # /etc/hosts inside points allowed.test at the private target: the request still reaches
+    # the real server, the private one sees nothing.
+    sbx.commands.run(f"echo '{PRIVATE} allowed.test' >> /etc/hosts", user="root")
+    v = probe(sbx, "dns:allowed.test", http("allowed.test"))
+    assert_ok(v, "dns:allowed.test", PRIVATE)
+    assert_ok(v, http("allowed.test"), "public host=allowed.test")
+    assert net.internet.hits_to(PRIVATE, METADATA) == []
+
+
+def test_the_denial_log_lists_refused_connections(net: NetEnv, make):
+    sbx = make()
+    v = probe(sbx, tcp(PRIVATE), tcp(METADATA))
+    assert_refused_fast(v, tcp(PRIVATE))
+    log = wait_denial(net, sbx.sandbox_id, address=PRIVATE, port=80, protocol="tcp", reason="always denied")
+    wait_denial(net, sbx.sandbox_id, address=METADATA, port=80, protocol="tcp", reason="always denied")
+    assert all(d.get("reason") for d in log), log
+
+    # E2B's logs endpoint, parsed with the SDK's own model.
+    r = http_request(net.server.port, "GET", f"/sandboxes/{sbx.sandbox_id}/logs", {"X-API-Key": net.server.admin_key})
+    assert r.status == 200, r.text
+    logs = SandboxLogs.from_dict(r.json())
+    assert any(f"{PRIVATE}:80" in l.line and "always denied" in l.line for l in logs.logs), r.text
+    assert any(f"{PRIVATE}:80" in e.message for e in logs.log_entries), r.text
+
+    # Another team sees nothing of it.
+    other = net.server.create_key("net-other")
+    assert denials(net, sbx.sandbox_id, api_key=other).status == 404
+    # Nor does a request without a key.
+    assert http_request(net.server.port, "GET", f"/husk/v1/sandboxes/{sbx.sandbox_id}/denials").status == 401
+
+
+@pytest.mark.asyncio
+async def test_async_domains_by_callable_and_update_network(net: NetEnv):
+    sbx = await AsyncSandbox.create(
+        timeout=120,
+        network={"allow_out": ["allowed.test"], "deny_out": lambda ctx: [ctx.all_traffic]},
+        **net.server.opts(),
+    )
+    try:
+        info = await sbx.get_info()
+        assert same_targets(info.network.get("allow_out"), ["allowed.test"]), info.network
+
+        v = await aprobe(sbx, http("allowed.test"), http("other.test"))
+        assert_ok(v, http("allowed.test"), "public host=allowed.test")
+        assert_refused_fast(v, http("other.test"))
+
+        # Swap the names.
+        await sbx.update_network({"allow_out": ["other.test"], "deny_out": lambda ctx: [ctx.all_traffic]})
+        v = await aprobe(sbx, http("allowed.test"), http("other.test"))
+        assert_ok(v, http("other.test"), "public host=other.test")
+        assert_refused_fast(v, http("allowed.test"))
+
+        # No internet, through the class method variant.
+        await AsyncSandbox.update_network(sbx.sandbox_id, {"allow_internet_access": False}, **net.server.opts())
+        v = await aprobe(sbx, http("other.test"), tcp(PUBLIC))
+        assert_refused_fast(v, http("other.test"))
+        assert_refused_fast(v, tcp(PUBLIC))
+        assert (await sbx.get_info()).allow_internet_access is False
+        assert net.internet.hits_to(PRIVATE, METADATA) == []
+    finally:
+        await AsyncSandbox.kill(sbx.sandbox_id, **net.server.opts())
