@@ -191,8 +191,9 @@ struct NetworkBody {
     /// CIDRs, addresses (and, in husk, domains) it may not.
     #[serde(rename = "denyOut")]
     deny_out: Option<Vec<String>>,
-    /// In `PUT /sandboxes/{id}/network` (the create request has it at the top level).
-    #[serde(rename = "allowInternetAccess")]
+    /// In `PUT /sandboxes/{id}/network` (the create request has it at the top level). The
+    /// SDKs send it in snake case, as in a create; the spec spells it in camel case.
+    #[serde(rename = "allowInternetAccess", alias = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     /// E2B's SOCKS5 egress proxy and per-domain header rules: husk has neither, and says so
     /// rather than ignore a security-relevant setting.
@@ -643,6 +644,27 @@ mod tests {
         assert_eq!(req.network.unwrap().allow_public_traffic, Some(false));
         let req: NewSandbox = parse_body(&Bytes::from_static(br#"{"network":{}}"#)).unwrap();
         assert_eq!(req.network.unwrap().allow_public_traffic, None);
+    }
+
+    #[test]
+    fn network_updates_take_allow_internet_access_in_either_spelling() {
+        for body in [
+            &br#"{"allow_internet_access":false}"#[..],
+            &br#"{"allowInternetAccess":false}"#[..],
+        ] {
+            let req: NetworkBody = parse_body(&Bytes::copy_from_slice(body)).unwrap();
+            assert_eq!(req.allow_internet_access, Some(false));
+            let policy = req.policy(req.allow_internet_access, true).ok().flatten();
+            assert_eq!(policy, Some(husk_net::NetPolicy::None));
+        }
+        // Omitted fields are cleared: an empty update is the internet.
+        let req: NetworkBody = parse_body(&Bytes::from_static(b"{}")).unwrap();
+        let policy = req.policy(req.allow_internet_access, true).ok().flatten();
+        assert_eq!(policy, Some(husk_net::NetPolicy::internet()));
+        // The SOCKS proxy and header rules are refused, not ignored.
+        let req: NetworkBody =
+            parse_body(&Bytes::from_static(br#"{"egressProxy":{"address":"x:1"}}"#)).unwrap();
+        assert!(req.policy(None, true).is_err());
     }
 
     #[test]
