@@ -11,7 +11,7 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::internet::{Internet, DENIED_TARGETS, PUBLIC};
+use common::internet::{Internet, DENIED_TARGETS, FLIP, PUBLIC};
 use common::server::Server;
 use common::TempDir;
 use serde_json::{json, Value};
@@ -266,6 +266,9 @@ fn the_default_policy_reaches_the_internet_and_nothing_else() {
         "tcp:GW:22".into(),
         format!("tcp:{b_addr}:8080"),
         format!("udp:{PUBLIC}:9"),
+        // IPv6 (unique local, link-local): no way there.
+        "tcp:fd00::1:80".into(),
+        "tcp:fe80::1:80".into(),
     ];
     if let Some(h) = &host_addr {
         probes.push(format!("tcp:{h}:{host_port}"));
@@ -287,6 +290,11 @@ fn the_default_policy_reaches_the_internet_and_nothing_else() {
     for p in &probes[2..] {
         assert_refused_fast(&v, p);
     }
+    // Multicast is not routed at all; no ICMP error is ever sent for it, so this one is
+    // simply never answered.
+    let multicast = "udp:239.1.2.3:9";
+    let m = a.probe(&[multicast]);
+    assert_eq!(result(&m, multicast), "timeout", "{m}");
     assert!(
         internet.denied_hits().is_empty(),
         "{:?}",
@@ -520,6 +528,25 @@ fn domains_go_through_the_proxy_which_resolves_them_itself() {
         log.iter()
             .any(|d| d["host"] == "rebind.test" && d["reason"] == "resolves to a denied address"),
         "{log:?}"
+    );
+
+    // A rebinding name server (answers alternate between a public and a private address):
+    // whatever the sandbox was told, the bytes go to the public server or nowhere.
+    sb.put_network(json!({"allowInternetAccess": false, "allowOut": [FLIP]}));
+    let probe = format!("http:http://{FLIP}/");
+    for _ in 0..4 {
+        let v = sb.probe(&[&probe]);
+        let r = result(&v, &probe);
+        if r.starts_with("ok:") {
+            assert_eq!(r, format!("ok:public host={FLIP}"), "{v}");
+        } else {
+            assert_refused_fast(&v, &probe);
+        }
+    }
+    assert!(
+        internet.denied_hits().is_empty(),
+        "{:?}",
+        internet.denied_hits()
     );
 }
 

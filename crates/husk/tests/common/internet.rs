@@ -32,6 +32,7 @@ pub const DENIED_TARGETS: &[&str] = &[
     "192.168.7.7",
     "169.254.169.254",
     "100.64.1.1",
+    "198.18.0.5",
 ];
 
 /// What the name server answers (A records); anything else is NXDOMAIN.
@@ -39,9 +40,13 @@ pub const NAMES: &[(&str, &str)] = &[
     ("allowed.test", PUBLIC),
     ("other.test", PUBLIC),
     ("api.wild.test", PUBLIC),
-    // A rebinding name: it points into the private network.
+    // A name that points into the private network.
     ("rebind.test", "10.20.30.40"),
 ];
+
+/// A rebinding name: its A answers alternate between [`PUBLIC`] and a private target, with a
+/// TTL of 0 (so that whoever asks second gets the other one).
+pub const FLIP: &str = "flip.test";
 
 /// A connection a server of the internet got: (the address it was made to, the first line or
 /// `Host` it carried).
@@ -153,7 +158,20 @@ impl Internet {
             .collect();
         std::thread::spawn(move || {
             let mut buf = [0u8; 1500];
+            let mut flips = 0u64;
             while let Ok((n, from)) = sock.recv_from(&mut buf) {
+                let mut names = names.clone();
+                if let Ok((name, 1, _)) = husk_net::dns::wire::question(&buf[..n]) {
+                    if name.trim_end_matches('.').eq_ignore_ascii_case(FLIP) {
+                        let to = if flips % 2 == 0 {
+                            PUBLIC
+                        } else {
+                            DENIED_TARGETS[0]
+                        };
+                        names.insert(FLIP, to.parse().unwrap());
+                        flips += 1;
+                    }
+                }
                 if let Some(reply) = answer(&buf[..n], &names) {
                     let _ = sock.send_to(&reply, from);
                 }
@@ -175,7 +193,8 @@ fn answer(q: &[u8], names: &BTreeMap<&str, Ipv4Addr>) -> Option<Vec<u8>> {
     match names.get(name.as_str()) {
         Some(ip) if qtype == 1 => {
             r[7] = 1;
-            r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4]);
+            let ttl = if name == FLIP { 0 } else { 30 };
+            r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, ttl, 0, 4]);
             r.extend_from_slice(&ip.octets());
         }
         Some(_) => {}
