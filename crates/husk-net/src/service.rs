@@ -2,8 +2,11 @@
 //! domain proxy listening in the router's namespace, and the reader that turns the router's
 //! logged rejections into each sandbox's denial log.
 
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -18,9 +21,19 @@ use crate::sandboxes::{Denial, Sandboxes};
 #[derive(Debug)]
 pub struct NetService {
     router: Router,
-    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    stop: Arc<AtomicBool>,
-    log_thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    log: Arc<LogControl>,
+    log_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// How the denial log's thread is woken (to stop, or to file what is pending now).
+#[derive(Debug)]
+struct LogControl {
+    stop: AtomicBool,
+    wake: UnixStream,
+    /// Rounds finished on request: (asked, done).
+    rounds: Mutex<(u64, u64)>,
+    done: Condvar,
 }
 
 fn io_err(what: &str) -> impl FnOnce(std::io::Error) -> RouterError + '_ {
@@ -64,20 +77,26 @@ impl NetService {
             tokio::spawn(resolver.serve_tcp(tcp, sandboxes.clone())),
             tokio::spawn(proxy.serve(proxy_listener)),
         ];
-        let stop = Arc::new(AtomicBool::new(false));
         let reader = NflogReader::open(&ns, crate::nft::LOG_GROUP).map_err(io_err("denial log"))?;
+        let (wake, woken) = UnixStream::pair().map_err(io_err("denial log"))?;
+        let log = Arc::new(LogControl {
+            stop: AtomicBool::new(false),
+            wake,
+            rounds: Mutex::new((0, 0)),
+            done: Condvar::new(),
+        });
         let log_thread = {
-            let stop = stop.clone();
+            let log = log.clone();
             std::thread::Builder::new()
                 .name("husk-net-log".into())
-                .spawn(move || log_loop(reader, sandboxes, stop))
+                .spawn(move || log_loop(reader, woken, sandboxes, log))
                 .map_err(io_err("denial log thread"))?
         };
         Ok(NetService {
             router,
-            tasks: std::sync::Mutex::new(tasks),
-            stop,
-            log_thread: std::sync::Mutex::new(Some(log_thread)),
+            tasks: Mutex::new(tasks),
+            log,
+            log_thread: Mutex::new(Some(log_thread)),
         })
     }
 
@@ -88,6 +107,22 @@ impl NetService {
 
     pub fn router(&self) -> &Router {
         &self.router
+    }
+
+    /// Files every rejection the kernel has logged so far into the sandboxes' denial logs
+    /// (waits at most `timeout`): what a caller about to read a log wants to be complete.
+    pub fn sync_log(&self, timeout: Duration) {
+        let target = {
+            let mut r = self.log.rounds.lock().unwrap_or_else(|p| p.into_inner());
+            r.0 += 1;
+            r.0
+        };
+        let _ = (&self.log.wake).write_all(&[1]);
+        let r = self.log.rounds.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .log
+            .done
+            .wait_timeout_while(r, timeout, |r| r.1 < target);
     }
 
     /// Stops the services and removes what the router made on the host. Idempotent.
@@ -101,7 +136,8 @@ impl NetService {
         for t in tasks {
             t.abort();
         }
-        self.stop.store(true, Ordering::Relaxed);
+        self.log.stop.store(true, Ordering::Relaxed);
+        let _ = (&self.log.wake).write_all(&[0]);
         let thread = self
             .log_thread
             .lock()
@@ -120,26 +156,70 @@ impl Drop for NetService {
     }
 }
 
-/// Reads the router's logged rejections into the sandboxes' denial logs until `stop`.
-fn log_loop(mut reader: NflogReader, sandboxes: Arc<Sandboxes>, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Relaxed) {
-        match reader.recv_timeout(Duration::from_millis(200)) {
-            Ok(packets) => {
-                for p in packets {
-                    if let Some(sb) = sandboxes.by_address(p.src) {
-                        sb.record(Denial::now(
-                            protocol_name(p.protocol),
-                            p.dst,
-                            p.dst_port,
-                            &p.prefix,
-                        ));
-                    }
-                }
+/// Reads the router's logged rejections into the sandboxes' denial logs until stopped. It
+/// sleeps in poll(2) on the log socket and the wake-up socket: no periodic wake-ups.
+fn log_loop(
+    mut reader: NflogReader,
+    mut woken: UnixStream,
+    sandboxes: Arc<Sandboxes>,
+    log: Arc<LogControl>,
+) {
+    let file = |packets: Vec<crate::nflog::LoggedPacket>| {
+        for p in packets {
+            if let Some(sb) = sandboxes.by_address(p.src) {
+                sb.record(Denial::now(
+                    protocol_name(p.protocol),
+                    p.dst,
+                    p.dst_port,
+                    &p.prefix,
+                ));
             }
-            Err(e) => {
-                tracing::warn!("denial log: {e}");
+        }
+    };
+    let _ = woken.set_nonblocking(true);
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: reader.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: woken.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::warn!("denial log: poll: {e}");
                 std::thread::sleep(Duration::from_millis(200));
             }
+            continue;
+        }
+        // Everything pending, whatever woke us.
+        loop {
+            match reader.recv_timeout(Duration::ZERO) {
+                Ok(p) if p.is_empty() => break,
+                Ok(p) => file(p),
+                Err(e) => {
+                    tracing::warn!("denial log: {e}");
+                    break;
+                }
+            }
+        }
+        if fds[1].revents != 0 {
+            let mut buf = [0u8; 64];
+            while matches!(woken.read(&mut buf), Ok(n) if n > 0) {}
+            if log.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let mut r = log.rounds.lock().unwrap_or_else(|p| p.into_inner());
+            r.1 = r.0;
+            log.done.notify_all();
         }
     }
 }

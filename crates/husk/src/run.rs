@@ -459,6 +459,7 @@ impl LocalNet {
 
     /// Reports what the policy refused, and removes the link and the router.
     fn finish(self) {
+        self.service.sync_log(Duration::from_millis(500));
         let denials = self.link.net.denials();
         for d in denials.iter().take(SHOWN_DENIALS) {
             eprintln!("husk: {}", husk_net::sandboxes::describe(d));
