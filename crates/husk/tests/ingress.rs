@@ -10,9 +10,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use common::sandbox::Sandbox;
 use common::server::{Reply, Server};
 use common::{wait_for, TempDir};
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 /// The in-sandbox test server: `/headers` (what it was sent, as JSON), `POST /sum` (length
@@ -110,81 +111,18 @@ fn data() -> Vec<u8> {
 /// first label).
 const DOMAIN: &str = "husk.test";
 
-fn envelope(v: &Value) -> Vec<u8> {
-    let json = v.to_string();
-    let mut b = vec![0u8];
-    b.extend_from_slice(&(json.len() as u32).to_be_bytes());
-    b.extend_from_slice(json.as_bytes());
-    b
-}
-
-/// A sandbox of the server; killed when dropped.
-struct Sandbox<'a> {
-    server: &'a Server,
-    key: String,
-    id: String,
-    envd_token: String,
-    created: Value,
-}
-
-impl Drop for Sandbox<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .server
-            .request("DELETE", &format!("/sandboxes/{}", self.id), &self.key, "");
-    }
-}
-
-impl<'a> Sandbox<'a> {
-    fn create(server: &'a Server, key: &str, body: Value) -> Sandbox<'a> {
-        let created = server
-            .request("POST", "/sandboxes", key, body.to_string())
-            .expect(201)
-            .json();
-        Sandbox {
-            server,
-            key: key.to_owned(),
-            id: created["sandboxID"].as_str().unwrap().to_owned(),
-            envd_token: created["envdAccessToken"].as_str().unwrap().to_owned(),
-            created,
-        }
-    }
-
+/// Routing and the test server, for this test.
+impl Sandbox<'_> {
     /// `<port>-<id>.<domain>`.
     fn host(&self, port: u16) -> String {
         let domain = self.created["domain"].as_str().unwrap_or(DOMAIN);
         format!("{port}-{}.{domain}", self.id)
     }
 
-    /// Starts `cmd args` in the sandbox and returns once it has started; it keeps running.
-    fn spawn(&self, cmd: &str, args: &[&str]) {
-        let body = envelope(&json!({"process": {"cmd": cmd, "args": args}, "stdin": false}));
-        let headers = [
-            ("Content-Type", "application/connect+json"),
-            ("E2b-Sandbox-Id", self.id.as_str()),
-            ("X-Access-Token", self.envd_token.as_str()),
-        ];
-        let mut s = self
-            .server
-            .stream_with("POST", "/process.Process/Start", &headers, &body);
-        assert_eq!(s.status, 200, "{}", s.headers);
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&got).contains("\"start\"") {
-            let n = s.read(&mut buf).unwrap();
-            assert!(
-                n > 0,
-                "ended before start: {}",
-                String::from_utf8_lossy(&got)
-            );
-            got.extend_from_slice(&buf[..n]);
-        }
-    }
-
     /// Starts the test server on `addr:port` inside.
     fn serve_py(&self, addr: &str, port: u16) {
         let port = port.to_string();
-        self.spawn("/usr/bin/python3", &["-c", SERVER_PY, addr, &port]);
+        self.spawn("/usr/bin/python3", &["-c", SERVER_PY, addr, &port], &[]);
     }
 
     /// A request to `port` by the routing headers, with `extra` headers.
@@ -275,6 +213,7 @@ fn servers_in_a_sandbox_are_reached_by_header_and_by_host() {
              && exec /usr/bin/python3 -m http.server 8000 --bind 0.0.0.0 --directory /tmp/www \
              2>/dev/null",
         ],
+        &[],
     );
     sb.serve_py("127.0.0.1", 8001);
 
@@ -407,7 +346,7 @@ fn a_private_sandbox_admits_its_token_and_its_teams_keys_only() {
         .unwrap_or_else(|| panic!("no traffic token: {}", sb.created))
         .to_owned();
     assert_eq!(token.len(), 40);
-    assert_ne!(token, sb.envd_token);
+    assert_ne!(token, sb.token);
     // get_info and connect say the same.
     let info = server
         .request("GET", &format!("/sandboxes/{}", sb.id), &key, "")

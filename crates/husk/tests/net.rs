@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use common::internet::{Internet, DENIED_TARGETS, FLIP, PUBLIC};
+use common::sandbox::Sandbox;
 use common::server::Server;
 use common::TempDir;
 use serde_json::{json, Value};
@@ -83,109 +82,16 @@ for spec in sys.argv[1:]:
 print(json.dumps(out))
 "#;
 
-fn envelope(v: &Value) -> Vec<u8> {
-    let json = v.to_string();
-    let mut b = vec![0u8];
-    b.extend_from_slice(&(json.len() as u32).to_be_bytes());
-    b.extend_from_slice(json.as_bytes());
-    b
-}
-
-/// A sandbox of the server, killed when dropped.
-struct Sandbox<'a> {
-    server: &'a Server,
-    key: String,
-    id: String,
-    token: String,
-}
-
-impl Drop for Sandbox<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .server
-            .request("DELETE", &format!("/sandboxes/{}", self.id), &self.key, "");
-    }
-}
-
-impl<'a> Sandbox<'a> {
-    fn create(server: &'a Server, key: &str, body: Value) -> Sandbox<'a> {
-        let created = server
-            .request("POST", "/sandboxes", key, body.to_string())
-            .expect(201)
-            .json();
-        Sandbox {
-            server,
-            key: key.to_owned(),
-            id: created["sandboxID"].as_str().unwrap().to_owned(),
-            token: created["envdAccessToken"].as_str().unwrap().to_owned(),
-        }
-    }
-
-    /// Runs `cmd args` as `user` to the end: (exit code, stdout).
-    fn exec_as(&self, user: &str, cmd: &str, args: &[&str]) -> (i64, String) {
-        let body = envelope(&json!({"process": {"cmd": cmd, "args": args}, "stdin": false}));
-        let auth = format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
-        );
-        let headers = [
-            ("Content-Type", "application/connect+json"),
-            ("E2b-Sandbox-Id", self.id.as_str()),
-            ("X-Access-Token", self.token.as_str()),
-            ("Authorization", auth.as_str()),
-        ];
-        let mut s = self
-            .server
-            .stream_with("POST", "/process.Process/Start", &headers, &body);
-        assert_eq!(s.status, 200, "{}", s.headers);
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        let (mut out, mut exit) = (Vec::new(), -1);
-        let mut at = 0;
-        while at + 5 <= raw.len() {
-            let len = u32::from_be_bytes(raw[at + 1..at + 5].try_into().unwrap()) as usize;
-            let msg: Value = serde_json::from_slice(&raw[at + 5..at + 5 + len]).unwrap();
-            at += 5 + len;
-            if let Some(d) = msg["event"]["data"]["stdout"].as_str() {
-                out.extend(base64::engine::general_purpose::STANDARD.decode(d).unwrap());
-            }
-            if let Some(c) = msg["event"]["end"]["exitCode"].as_i64() {
-                exit = c;
-            } else if msg["event"]["end"].is_object() {
-                exit = 0;
-            }
-        }
-        (exit, String::from_utf8_lossy(&out).into_owned())
-    }
-
+/// Probes, network changes and the denial log, for this test.
+impl Sandbox<'_> {
     /// Runs the probes; their results by probe.
     fn probe(&self, probes: &[&str]) -> Value {
         let mut args = vec!["-c", PROBE];
         args.extend_from_slice(probes);
-        let (code, out) = self.exec_as("user", "/usr/bin/python3", &args);
+        let ran = self.run(Some("user"), "/usr/bin/python3", &args, &[]);
+        let (code, out) = (ran.code, ran.stdout);
         assert_eq!(code, 0, "probe failed: {out}");
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
-    }
-
-    /// Starts `cmd args` and leaves it running.
-    fn spawn(&self, cmd: &str, args: &[&str]) {
-        let body = envelope(&json!({"process": {"cmd": cmd, "args": args}, "stdin": false}));
-        let headers = [
-            ("Content-Type", "application/connect+json"),
-            ("E2b-Sandbox-Id", self.id.as_str()),
-            ("X-Access-Token", self.token.as_str()),
-        ];
-        let mut s = self
-            .server
-            .stream_with("POST", "/process.Process/Start", &headers, &body);
-        assert_eq!(s.status, 200);
-        let mut got = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !String::from_utf8_lossy(&got).contains("\"start\"") {
-            let n = s.read(&mut buf).unwrap();
-            assert!(n > 0, "ended before start");
-            got.extend_from_slice(&buf[..n]);
-        }
     }
 
     fn put_network(&self, body: Value) {
@@ -260,13 +166,14 @@ fn the_default_policy_reaches_the_internet_and_nothing_else() {
 
     let a = Sandbox::create(&server, &key, json!({"templateID": "base"}));
     let b = Sandbox::create(&server, &key, json!({"templateID": "base"}));
-    b.spawn("/usr/bin/python3", &["-m", "http.server", "8080"]);
-    let (_, b_addr) = b.exec_as(
-        "user",
+    b.spawn("/usr/bin/python3", &["-m", "http.server", "8080"], &[]);
+    let ran = b.run(
+        Some("user"),
         "/usr/bin/python3",
         &["-c", "import socket;s=socket.socket(2,2);s.connect(('198.51.100.10',9));print(s.getsockname()[0])"],
+        &[],
     );
-    let b_addr = b_addr.trim().to_owned();
+    let b_addr = ran.stdout.trim().to_owned();
     assert!(b_addr.starts_with("100.96."), "{b_addr}");
 
     let mut probes: Vec<String> = vec![
@@ -513,11 +420,14 @@ fn domains_go_through_the_proxy_which_resolves_them_itself() {
     // /etc/hosts inside points allowed.test at a private address: the proxy resolves the
     // name itself, so the request still goes to the real server, and the private target sees
     // nothing.
-    let (code, _) = sb.exec_as(
-        "root",
-        "/bin/sh",
-        &["-c", "echo '10.20.30.40 allowed.test' >> /etc/hosts"],
-    );
+    let code = sb
+        .run(
+            Some("root"),
+            "/bin/sh",
+            &["-c", "echo '10.20.30.40 allowed.test' >> /etc/hosts"],
+            &[],
+        )
+        .code;
     assert_eq!(code, 0);
     let v = sb.probe(&["http:http://allowed.test/", "dns:allowed.test"]);
     assert_eq!(result(&v, "dns:allowed.test"), "ok:10.20.30.40", "{v}");

@@ -11,6 +11,7 @@ use husk_runtime::cgroup::CgroupLayout;
 use husk_runtime::uidrange;
 
 pub mod internet;
+pub mod sandbox;
 pub mod server;
 pub mod tarball;
 pub mod templates;
