@@ -176,7 +176,13 @@ impl Router {
                 gateway,
             } => {
                 let far = NetNs::open(path).map_err(ctx(format!("open {}", path.display())))?;
-                connect_uplink(&ns, &far, "husk-up", *address, *gateway)
+                // Named per router: several routers may share one uplink namespace (husk run
+                // after husk run: a finished router's link goes only when the kernel has
+                // dismantled its namespace, shortly after).
+                let mut tag = [0u8; 3];
+                getrandom::fill(&mut tag).map_err(|e| RouterError::Config(e.to_string()))?;
+                let far_name = format!("husk-{:02x}{:02x}{:02x}", tag[0], tag[1], tag[2]);
+                connect_uplink(&ns, &far, &far_name, *address, *gateway)
                     .map_err(ctx("connect the router to the uplink namespace"))?;
                 (None, Some(ns.clone()))
             }
@@ -512,16 +518,29 @@ pub(crate) fn connect_uplink(
     gateway: Ipv4Addr,
 ) -> io::Result<()> {
     let up = nft::UPLINK;
-    cmd::ip(
-        Some(router),
-        &format!(
-            "link add {up} type veth peer name {far_name} netns {}\n\
-             addr add {address} dev {up}\n\
-             link set {up} up\n\
-             route add default via {gateway} dev {up}\n",
-            fd_path(far)
-        ),
-    )?;
+    let script = format!(
+        "link add {up} type veth peer name {far_name} netns {}\n\
+         addr add {address} dev {up}\n\
+         link set {up} up\n\
+         route add default via {gateway} dev {up}\n",
+        fd_path(far)
+    );
+    // A link of the same name can be on its way out (an earlier instance's, in a namespace the
+    // kernel is still dismantling): wait for it, within a bound.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match cmd::ip(Some(router), &script) {
+            Ok(()) => break,
+            Err(e)
+                if e.to_string().contains("File exists")
+                    && std::time::Instant::now() < deadline =>
+            {
+                let _ = cmd::ip(Some(router), &format!("link del {up}\n"));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
     let prefix = address.prefix_len();
     cmd::ip(
         Some(far),
