@@ -32,7 +32,7 @@ const TAIL_LINES: usize = 5;
 
 /// `husk batch`'s help for the flags it shares with `husk run` ([`JobArgs`], whose own help is
 /// `husk run`'s): the same flags, said of every item.
-const ITEM_HELP: [(&str, &str); 15] = [
+const ITEM_HELP: [(&str, &str); 16] = [
     (
         "env",
         "Environment variable of every item; `{}` in VALUE is the item's input (repeatable)",
@@ -94,6 +94,11 @@ const ITEM_HELP: [(&str, &str); 15] = [
         "output_limit",
         "Limit of each item's saved outputs: size, optionally with a file count [default: \
          1G:10000]",
+    ),
+    (
+        "net",
+        "Network of every item's sandbox: none, internet, allow=LIST, deny=LIST (CIDRs and \
+         domains; repeatable) [default: the server's]",
     ),
 ];
 
