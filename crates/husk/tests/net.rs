@@ -316,9 +316,15 @@ fn cidr_lists_allow_over_deny_and_changes_at_run_time() {
         "{info}"
     );
     assert_eq!(info["allowInternetAccess"], json!(true));
-    // Allow beats deny.
+    // Allow beats deny. UDP goes out only where an allow rule names it: the datagram then
+    // reaches the internet's host, whose "port unreachable" comes back (connection refused),
+    // where before the router's "administratively prohibited" did (host unreachable).
+    let udp = format!("udp:{PUBLIC}:9");
+    assert_eq!(result(&sb.probe(&[&udp]), &udp), "oserror:113");
     sb.put_network(json!({"allowOut": [PUBLIC], "denyOut": ["198.51.100.0/24"]}));
-    assert!(result(&sb.probe(&[&web]), &web).starts_with("ok:"));
+    let v = sb.probe(&[&web, &udp]);
+    assert!(result(&v, &web).starts_with("ok:"), "{v}");
+    assert_eq!(result(&v, &udp), "refused", "{v}");
     // No internet at all, then everything again (omitted fields are cleared).
     sb.put_network(json!({"allowInternetAccess": false}));
     assert_refused_fast(&sb.probe(&[&web]), &web);
@@ -774,4 +780,56 @@ fn husk_run_net_goes_out_under_its_policy_and_reports_denials() {
         err.contains("--net") && err.contains("not a domain"),
         "{err}"
     );
+}
+
+/// The operator's settings: a default policy, and ranges added to the always-denied ones.
+#[test]
+fn the_servers_default_policy_and_extra_denied_ranges_apply() {
+    let internet = Internet::new();
+    let web = format!("tcp:{PUBLIC}:80");
+    {
+        let state = TempDir::new("net-default-none");
+        let server = start(&internet, &state, &["--net-default", "none"]);
+        let key = server.key_for("net-i");
+        // What the SDKs send on every create (allow_internet_access: true) leaves the default.
+        let sb = Sandbox::create(
+            &server,
+            &key,
+            json!({"templateID": "base", "allow_internet_access": true}),
+        );
+        assert_refused_fast(&sb.probe(&[&web]), &web);
+        let sb = Sandbox::create(
+            &server,
+            &key,
+            json!({"templateID": "base", "allow_internet_access": false, "network": {"allowOut": [PUBLIC]}}),
+        );
+        assert!(result(&sb.probe(&[&web]), &web).starts_with("ok:"));
+    }
+    let state = TempDir::new("net-extra-deny");
+    let server = start(&internet, &state, &["--net-deny", "198.51.100.10/32"]);
+    let key = server.key_for("net-j");
+    let sb = Sandbox::create(&server, &key, json!({"templateID": "base"}));
+    assert_refused_fast(&sb.probe(&[&web]), &web);
+    // No policy opens it.
+    sb.put_network(json!({"allowOut": [PUBLIC]}));
+    assert_refused_fast(&sb.probe(&[&web]), &web);
+    assert!(
+        sb.denials()
+            .iter()
+            .any(|d| d["address"] == PUBLIC && d["reason"] == "always denied"),
+        "{:?}",
+        sb.denials()
+    );
+    // A bad range is refused at start, with its name.
+    let other = TempDir::new("net-bad-deny");
+    let bad = std::process::Command::new(common::HUSK)
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(other.path())
+        .args(internet.serve_args())
+        .args(["--net-deny", "10.0.0.0/33"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("10.0.0.0/33"), "{err}");
 }
