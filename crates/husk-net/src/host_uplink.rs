@@ -94,10 +94,8 @@ impl HostUplink {
         };
         // Whatever a dead holder of this slot left (reap_dead ran before we held it).
         clean_slot(slot);
-        if let Err(e) = up.connect(router) {
-            up.undo();
-            return Err(e);
-        }
+        // On failure, dropping `up` takes back whatever was done.
+        up.connect(router)?;
         Ok(up)
     }
 
@@ -166,8 +164,13 @@ table inet {table} {{
         restore_if_last(&self.dir, Some(self.slot));
     }
 
-    /// Removes everything this instance added on the host.
-    pub fn detach(self) {
+    /// Removes everything this instance added on the host (as dropping it does: a router
+    /// whose start fails half-way takes the host's side back too).
+    pub fn detach(self) {}
+}
+
+impl Drop for HostUplink {
+    fn drop(&mut self) {
         self.undo();
     }
 }

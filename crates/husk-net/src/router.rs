@@ -184,6 +184,9 @@ impl Router {
                 let far_name = format!("husk-{:02x}{:02x}{:02x}", tag[0], tag[1], tag[2]);
                 connect_uplink(&ns, &far, &far_name, *address, *gateway)
                     .map_err(ctx("connect the router to the uplink namespace"))?;
+                // The uplink's own network (its gateway, whatever else is on it) is the
+                // operator's, never a sandbox's destination: as the host's transit net is.
+                denied.push(IpNet::V4(address.trunc()));
                 (None, Some(ns.clone()))
             }
         };
@@ -234,7 +237,7 @@ impl Router {
     }
 
     /// The ranges no sandbox reaches: built-in, the operator's, the host's addresses, the
-    /// sandbox subnet and the uplink's transit network.
+    /// sandbox subnet and the uplink's network.
     pub fn denied(&self) -> Arc<Vec<IpNet>> {
         self.inner.denied.clone()
     }

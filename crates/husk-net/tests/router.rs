@@ -105,6 +105,9 @@ fn internet_answers_and_denied_ranges_router_and_peers_are_refused() {
         let at = internet.serve(target);
         refused_fast(&a.netns, at);
     }
+    // The uplink's own network (its gateway is the internet side's address here).
+    let gateway = internet.serve("203.0.113.1");
+    refused_fast(&a.netns, gateway);
     // The router itself (its side of the link; only DNS and the proxy listen there, and
     // nothing else is let in).
     refused_fast(&a.netns, SocketAddr::new(a.gateway().into(), 22));
