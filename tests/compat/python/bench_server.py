@@ -10,7 +10,11 @@ Prints, from one run against one server it starts itself:
   transport is CPU-bound on the client side for downloads: compare both);
 - a one-shot run's round trip through husk's run API (submit -> output saved in a workspace)
   beside `husk run` of the same script with `--output` (no server), interleaved;
-- a batch of 20 items: wall time at parallelism 1, 2 and 4.
+- a batch of 20 items: wall time at parallelism 1, 2 and 4;
+- create with a network vs without: a second server whose egress is a simulated internet (a
+  network namespace of the benchmark's own, only its loopback up; removed at the end, and by
+  tests/compat/netsim/reaper.py if this process dies), creates interleaved with the first
+  server's (egress off): create -> agent ready server side and client side, and the ratios.
 
 Figures are printed, never asserted: this machine is a shared VM, compare ratios within a run.
 Run with tests/compat/bench.sh (as root); HUSK_BIN picks the binary (use a release build).
@@ -23,21 +27,32 @@ import importlib.metadata
 import http.client
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from typing import Callable, List
+from pathlib import Path
+from typing import Callable, List, Optional
 
 from e2b import Sandbox
 
 from husk_compat import (
+    Deadline,
     create_raw_sandbox,
     envelope,
     kill_raw_sandbox,
     parse_envelopes,
     sandbox_headers,
     start_server,
+    wait_for,
 )
+
+NETSIM = Path(__file__).resolve().parent.parent / "netsim"
+BENCH_NETNS_RE = re.compile(r"husk-bench-(\d+)")
 
 
 def pct(values: List[float], p: float) -> float:
@@ -277,6 +292,164 @@ def batch_walls(server, items: int) -> None:
         print(f"  batch of {items} items at parallelism {parallel}                 wall {wall * 1000:8.1f} ms   ({items / wall:5.1f} items/s)")
 
 
+def ratio_line(name: str, num: List[float], den: List[float]) -> None:
+    print(
+        f"  {name:<46} p50 {pct(num, 50) / pct(den, 50):7.2f}      p99 {pct(num, 99) / pct(den, 99):7.2f}"
+    )
+
+
+class BenchNetns:
+    """A named network namespace `husk-bench-<pid>` with only its loopback up: the uplink of the
+    egress server (husk puts the gateway address on its own veth end there). `close()` removes
+    it; if this process dies first, tests/compat/netsim/reaper.py does."""
+
+    def __init__(self) -> None:
+        self.name = f"husk-bench-{os.getpid()}"
+        self.path = f"/run/netns/{self.name}"
+        self.reaper: Optional[subprocess.Popen] = None
+        self.created = False
+
+    @staticmethod
+    def ip(*args: str) -> str:
+        out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+        return out.stdout
+
+    @classmethod
+    def sweep_stale(cls) -> None:
+        """Removes `husk-bench-<pid>` namespaces whose creator is gone (never a live one's)."""
+        for entry in cls.ip("netns", "list").splitlines():
+            name = entry.split()[0] if entry.split() else ""
+            m = BENCH_NETNS_RE.fullmatch(name)
+            if m and not Path(f"/proc/{m.group(1)}").exists():
+                subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+    def start(self) -> None:
+        self.reaper = subprocess.Popen(
+            [sys.executable, str(NETSIM / "reaper.py"), self.name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        self.ip("netns", "add", self.name)
+        self.created = True
+        self.ip("-n", self.name, "link", "set", "lo", "up")
+
+    def close(self) -> None:
+        try:
+            if self.created:
+                subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)
+        finally:
+            if self.reaper is not None and self.reaper.poll() is None:
+                self.reaper.terminate()
+                self.reaper.wait(timeout=10)
+        if Path(self.path).exists():
+            raise RuntimeError(f"{self.path} still exists after `ip netns del`")
+
+
+class Creator:
+    """Sequential creates (`POST /sandboxes`) and deletes over one keep-alive connection."""
+
+    BODY = json.dumps({"templateID": "base"}).encode()
+
+    def __init__(self, port: int, key: str) -> None:
+        self.key = key
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def create(self) -> tuple:
+        """(status, body, server-side ms or None, client-side ms); deletes what it created."""
+        t = time.perf_counter()
+        self.conn.request("POST", "/sandboxes", self.BODY, {"X-API-KEY": self.key, "Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        client = (time.perf_counter() - t) * 1000
+        if resp.status != 201:
+            return resp.status, data, None, client
+        m = re.search(r"\bcreate;dur=([0-9.]+)", resp.getheader("server-timing", ""))
+        if not m:
+            raise RuntimeError(f"create: no Server-Timing create;dur in {resp.getheaders()!r}")
+        sid = json.loads(data)["sandboxID"]
+        self.conn.request("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": self.key})
+        d = self.conn.getresponse()
+        d.read()
+        if d.status not in (200, 204):
+            raise RuntimeError(f"delete {sid}: {d.status}")
+        return resp.status, data, float(m.group(1)), client
+
+    def timed_create(self) -> tuple:
+        status, data, server, client = self.create()
+        if server is None:
+            raise RuntimeError(f"create: {status} {data[:300]!r}")
+        return server, client
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def network_vs_none(plain, n: int, warmups: int = 3) -> None:
+    """Create with a network vs without: `n` creates on a server whose egress is a simulated
+    internet, interleaved with `n` on `plain` (egress off)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print("  create with a network vs without: skipped (needs root and iproute2)")
+        return
+    BenchNetns.sweep_stale()
+    netns = BenchNetns()
+    server = None
+    try:
+        netns.start()
+        server = start_server(extra_args=(
+            "--egress", f"netns:{netns.path}",
+            "--egress-address", "203.0.113.2/24",
+            "--egress-gateway", "203.0.113.1",
+        ))
+        off, on = Creator(plain.port, plain.admin_key), Creator(server.port, server.admin_key)
+        try:
+            # The egress server prepares its router and links in the background: wait until a
+            # first create succeeds, then a few uncounted ones on both servers.
+            last = ["no answer"]
+
+            def first() -> bool:
+                try:
+                    status, data, server_ms, _ = on.create()
+                except OSError as e:
+                    last[0] = repr(e)
+                    return False
+                last[0] = f"{status} {data[:300]!r}"
+                return server_ms is not None
+
+            try:
+                wait_for(first, 60, "a first create on the egress server", 0.2)
+            except Deadline as e:
+                raise RuntimeError(f"{e} (last answer: {last[0]})\n{server.log_tail()}") from None
+            for _ in range(warmups):
+                off.timed_create()
+                on.timed_create()
+            server_off, client_off, server_on, client_on = [], [], [], []
+            for i in range(n):
+                # Alternate which server goes first, so neither always follows the other.
+                for which in ((off, on) if i % 2 == 0 else (on, off)):
+                    s, c = which.timed_create()
+                    (server_off if which is off else server_on).append(s)
+                    (client_off if which is off else client_on).append(c)
+        finally:
+            off.close()
+            on.close()
+        line("create -> ready, server side, no network", server_off)
+        line("create -> ready, server side, with network", server_on)
+        ratio_line("ratio with / without network, server side", server_on, server_off)
+        line("create over HTTP, client side, no network", client_off)
+        line("create over HTTP, client side, with network", client_on)
+        ratio_line("ratio with / without network, client side", client_on, client_off)
+    finally:
+        try:
+            if server is not None:
+                rc, tail = server.close()
+                if rc not in (0, None):
+                    print(f"husk serve (egress) exited with {rc}; last log lines:\n{tail}", file=sys.stderr)
+        finally:
+            netns.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
@@ -285,6 +458,8 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
     args = ap.parse_args()
+    # A SIGTERM unwinds like Ctrl-C, so the servers and the namespace are removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = start_server()
     try:
         key = server.admin_key
@@ -297,6 +472,7 @@ def main() -> None:
         transfer(opts, server.port, key, args.size_mb)
         run_round_trip(server, max(5, args.iterations // 4))
         batch_walls(server, args.batch_items)
+        network_vs_none(server, args.iterations)
     finally:
         server.close()
 
