@@ -43,6 +43,8 @@ const MAX_CONNS: usize = 4096;
 const MAX_CONNS_PER_SANDBOX: usize = 256;
 /// Most of a name's addresses tried before giving up.
 const MAX_ADDRS_TRIED: usize = 4;
+/// Buffer of each direction of a proxied connection.
+const COPY_BUF: usize = 64 << 10;
 /// How long to wait before accepting again after accept failed (out of descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -226,7 +228,10 @@ impl DomainProxy {
             }
         };
         upstream.write_all(&sniffed.bytes).await?;
-        tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+        // 64 KiB each way (tokio's default is 8 KiB: a 1 GB download then costs 125 000
+        // read/write pairs, and the proxy ran at a tenth of the NAT's throughput).
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, COPY_BUF, COPY_BUF)
+            .await?;
         Ok(())
     }
 
