@@ -348,15 +348,20 @@ impl Inner {
             // No IPv6 on the link (the router speaks IPv4 only); loopback keeps ::1.
             cmd::sysctl(Some(&ns), "net/ipv6/conf/default/disable_ipv6", "1")?;
             let link = nft::link_name(index);
-            cmd::ip(
-                Some(&self.ns),
-                &format!(
-                    "link add {link} type veth peer name eth0 netns {}\n\
-                     addr add {gateway}/31 dev {link}\n\
-                     link set {link} up\n",
-                    fd_path(&ns)
-                ),
-            )?;
+            let script = format!(
+                "link add {link} type veth peer name eth0 netns {}\n\
+                 addr add {gateway}/31 dev {link}\n\
+                 link set {link} up\n",
+                fd_path(&ns)
+            );
+            if let Err(e) = cmd::ip(Some(&self.ns), &script) {
+                if !e.to_string().contains("File exists") {
+                    return Err(e);
+                }
+                // A released link whose namespace is still held somewhere (see release).
+                cmd::ip(Some(&self.ns), &format!("link del {link}\n"))?;
+                cmd::ip(Some(&self.ns), &script)?;
+            }
             cmd::ip(
                 Some(&ns),
                 &format!(
@@ -390,12 +395,10 @@ impl Inner {
                 tracing::warn!("remove the rules of sandbox link {}: {e}", r.index);
             }
         }
-        // Deleting one end of a veth deletes both; it may be gone already (with the
-        // sandbox's namespace), which is fine.
-        let _ = cmd::ip(
-            Some(&self.ns),
-            &format!("link del {}\n", nft::link_name(r.index)),
-        );
+        // The link itself goes with the sandbox's namespace (a veth pair dies with either
+        // end's namespace): no `ip link del` here, which would double the pool thread's work.
+        // Should the namespace outlive its sandbox (a descriptor still open somewhere) until
+        // the index comes round again, `prepare` removes the stale link then.
         self.links().give_back(r.index);
     }
 }

@@ -181,3 +181,29 @@ fn nothing_of_the_router_remains_after_it_is_dropped() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_link_whose_namespace_outlives_its_sandbox_does_not_block_its_address() {
+    let internet = Internet::new();
+    let mut cfg = RouterConfig::new(Uplink::Netns {
+        path: internet.path(),
+        address: "203.0.113.2/24".parse().unwrap(),
+        gateway: Ipv4Addr::new(203, 0, 113, 1),
+    });
+    // Room for two links only, no pool: indexes come round again at once.
+    cfg.subnet = "100.96.0.0/30".parse().unwrap();
+    cfg.pool = 0;
+    cfg.run_dir = std::env::temp_dir().join(format!("husk-net-test-{}", std::process::id()));
+    let r = Router::start(cfg).unwrap();
+    let public = internet.serve(PUBLIC);
+    let first = r.attach(NetPolicy::internet()).unwrap();
+    // Something keeps the first sandbox's namespace (and so its link) alive after it ends.
+    let held = first.netns.clone();
+    drop(first);
+    let second = r.attach(NetPolicy::internet()).unwrap();
+    drop(second);
+    // The first index again: its stale link is replaced, and the new sandbox works.
+    let third = r.attach(NetPolicy::internet()).unwrap();
+    assert_eq!(fetch(&third.netns, public).unwrap(), "hello");
+    drop(held);
+}
