@@ -15,72 +15,9 @@ use common::server::Server;
 use common::TempDir;
 use serde_json::{json, Value};
 
-/// Run inside a sandbox: tries each probe and prints one JSON object {probe: {r, ms}}.
-/// Probes: `http:URL`, `tcp:HOST:PORT` (sends an HTTP request), `udp:HOST:PORT`,
-/// `dns:NAME`, `tls:HOST:PORT`; `GW` in a probe is the sandbox's gateway (its name server).
-const PROBE: &str = r#"
-import json, socket, ssl, sys, time, urllib.request, urllib.error
-gw = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')]
-out = {}
-for spec in sys.argv[1:]:
-    kind, _, rest = spec.partition(':')
-    if gw:
-        rest = rest.replace('GW', gw[0])
-    t = time.monotonic()
-    try:
-        if kind == 'http':
-            r = 'ok:' + urllib.request.urlopen(rest, timeout=5).read().decode()
-        elif kind == 'tcp':
-            host, port = rest.rsplit(':', 1)
-            s = socket.create_connection((host, int(port)), timeout=5)
-            s.settimeout(5)
-            s.sendall(b'GET / HTTP/1.0\r\nHost: ' + host.encode() + b'\r\n\r\n')
-            d = s.recv(300)
-            r = 'ok:' + d.decode(errors='replace') if d else 'closed'
-        elif kind == 'udp':
-            host, port = rest.rsplit(':', 1)
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.settimeout(3)
-            s.connect((host, int(port)))
-            s.send(b'x')
-            s.recv(100)
-            r = 'ok'
-        elif kind == 'dns':
-            r = 'ok:' + ','.join(sorted({a[4][0] for a in socket.getaddrinfo(rest, 80, socket.AF_INET)}))
-        elif kind == 'dnsat':
-            # A raw A query for NAME sent to SERVER:53, whoever SERVER is.
-            server, name = rest.split(':', 1)
-            q = b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00'
-            q += b''.join(bytes([len(l)]) + l.encode() for l in name.split('.')) + b'\x00\x00\x01\x00\x01'
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.settimeout(3)
-            s.sendto(q, (server, 53))
-            d, frm = s.recvfrom(512)
-            r = 'ok:' + frm[0] + ':' + '.'.join(str(b) for b in d[-4:])
-        elif kind == 'tls':
-            host, port = rest.rsplit(':', 1)
-            ctx = ssl.create_default_context()
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-            s = socket.create_connection((host, int(port)), timeout=5)
-            try:
-                ctx.wrap_socket(s, server_hostname=host)
-                r = 'ok'
-            except ssl.SSLError:
-                r = 'tls-error'
-    except ConnectionRefusedError:
-        r = 'refused'
-    except ConnectionResetError:
-        r = 'reset'
-    except socket.timeout:
-        r = 'timeout'
-    except urllib.error.URLError as e:
-        r = 'urlerror:' + str(e.reason)
-    except OSError as e:
-        r = 'oserror:' + str(e.errno)
-    out[spec] = {'r': r, 'ms': int((time.monotonic() - t) * 1000)}
-print(json.dumps(out))
-"#;
+/// Run inside a sandbox: tries each probe and prints one JSON object {probe: {r, ms}} (the
+/// probes are described in the script, shared with the SDK compat suites).
+const PROBE: &str = include_str!("../../../tests/compat/netsim/probe.py");
 
 /// Probes, network changes and the denial log, for this test.
 impl Sandbox<'_> {
