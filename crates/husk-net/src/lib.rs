@@ -20,6 +20,8 @@ pub mod router;
 pub mod sandboxes;
 pub mod service;
 pub mod sniff;
+#[cfg(test)]
+mod testutil;
 
 pub use policy::{NetPolicy, PolicyError, Target};
 pub use sandboxes::{Denial, SandboxNet, Sandboxes};

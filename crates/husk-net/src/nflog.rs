@@ -740,13 +740,8 @@ mod tests {
         // A body shorter than nfgenmsg.
         assert!(parse(&nlmsg((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET, 0, &[2])).is_empty());
         // Pseudo-random bytes, and valid frames around random bodies.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        };
+        let mut x = crate::testutil::XorShift(0x2545_f491_4f6c_dd1d);
+        let mut rnd = || x.next() as u8;
         for len in 0..2000 {
             let junk: Vec<u8> = (0..len % 300).map(|_| rnd()).collect();
             let _ = parse(&junk);

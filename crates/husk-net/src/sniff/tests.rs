@@ -145,17 +145,7 @@ fn tls_without_a_single_valid_name_gives_none() {
     assert_eq!(tls_sni(&h), Parse::NoName);
 }
 
-/// A small deterministic generator, so the garbage below is the same on every run.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use crate::testutil::XorShift;
 
 #[test]
 fn hostile_bytes_never_panic() {

@@ -183,17 +183,7 @@ fn empty_replies_keep_id_and_question() {
     assert!(empty_reply(&q[..11], RCODE_FORMERR, false).is_none());
 }
 
-/// A small deterministic generator, so the garbage below is the same on every run.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use crate::testutil::XorShift;
 
 fn poke(msg: &[u8]) {
     let _ = question(msg);
