@@ -330,6 +330,11 @@ impl Connection {
     /// Feeds bytes read from the socket. Complete frames are parsed at once; what they mean
     /// becomes available from [`Self::next_event`], and replies (PONG) land in [`Self::output`].
     /// On error the connection is poisoned and the caller should close the socket.
+    ///
+    /// Memory: besides `data` itself, this side holds at most one incomplete frame and the
+    /// finished parts of one incomplete message, so about twice [`Limits::max_message`] at
+    /// worst. Events queue up until taken; drain them after each call (and stop reading while
+    /// the consumer is behind) to keep that queue bounded too.
     pub fn receive(&mut self, data: &[u8]) -> Result<(), ZmtpError> {
         self.check()?;
         self.input.extend_from_slice(data);
@@ -363,6 +368,10 @@ impl Connection {
         };
         self.input = input;
         self.input.drain(..pos);
+        if self.input.is_empty() && self.input.capacity() > 1 << 20 {
+            // One large frame must not pin its buffer for the connection's lifetime.
+            self.input = Vec::new();
+        }
         result
     }
 

@@ -268,8 +268,9 @@ fn ipykernel_end_to_end() {
     // ipykernel's iopub is an XPUB that answers each subscription with `iopub_welcome`: once it
     // arrives, the subscription is in place and no output of ours can be lost (PUB/SUB drops
     // whatever is published before the subscription lands).
-    let welcome = client.iopub.recv(&client.session, start);
-    assert_eq!(welcome.msg_type(), "iopub_welcome");
+    // Startup output the kernel publishes may come first (the subscription can land while it is
+    // still starting); it belongs to no request of ours.
+    while client.iopub.recv(&client.session, start).msg_type() != "iopub_welcome" {}
     assert!(client.iopub.conn.is_ready());
     // pyzmq's libzmq 4.3.5 speaks ZMTP 3.1, so the subscription above went out as a SUBSCRIBE
     // command (3.0 peers get the message form, covered by the unit tests).
@@ -285,6 +286,13 @@ fn ipykernel_end_to_end() {
     assert!(kernel_info.protocol_version.starts_with("5."));
     assert_eq!(kernel_info.implementation, "ipython");
     assert_eq!(client.shell.peer.as_ref().unwrap().socket_type, "ROUTER");
+
+    // The heartbeat echoes (ipykernel runs a ROUTER-to-itself queue; REQ adds and strips the
+    // empty delimiter).
+    let mut hb = Socket::connect("hb", &info, Channel::Heartbeat, SocketType::Req, start);
+    hb.conn.send(&[b"ping"]).unwrap();
+    hb.flush();
+    assert_eq!(hb.recv_frames(start), vec![b"ping".to_vec()]);
 
     // A statement with output and a value.
     let timeout = Duration::from_secs(30);
