@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use husk_proto::{
-    AgentError, FromAgent, FsEvent, Hello, ProcEvent, Reply, Request, Selector, StartProc, ToAgent,
-    User, CHUNK, VERSION,
+    AgentError, ExecEvent, FromAgent, FsEvent, Hello, KernelEvent, KernelStart, ProcEvent, Reply,
+    Request, Selector, StartProc, ToAgent, User, CHUNK, VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -45,6 +45,7 @@ enum Subscribe {
     None,
     Proc(mpsc::Sender<ProcEvent>),
     Watch(mpsc::Sender<Vec<FsEvent>>),
+    Kernel(u32, mpsc::Sender<KernelEvent>),
 }
 
 struct Pending {
@@ -57,6 +58,7 @@ struct Routes {
     pending: HashMap<u64, Pending>,
     procs: HashMap<u32, Vec<mpsc::Sender<ProcEvent>>>,
     watches: HashMap<u32, mpsc::Sender<Vec<FsEvent>>>,
+    kernels: HashMap<u32, mpsc::Sender<KernelEvent>>,
     closed: bool,
 }
 
@@ -142,6 +144,17 @@ impl ProcStream {
     }
 }
 
+/// Events of one kernel, until its `Dead` (or until the sandbox is gone: `None` without it).
+pub struct KernelStream {
+    rx: mpsc::Receiver<KernelEvent>,
+}
+
+impl KernelStream {
+    pub async fn next(&mut self) -> Option<KernelEvent> {
+        self.rx.recv().await
+    }
+}
+
 /// Events of one watch; the watch is stopped in the agent when this is dropped.
 pub struct WatchStream {
     id: u32,
@@ -198,6 +211,29 @@ fn valid(msg: &FromAgent) -> bool {
             ..
         } => d.len() <= CHUNK,
         FromAgent::Watch { events, .. } => events.len() <= 100_000,
+        FromAgent::Kernel { event, .. } => match event {
+            KernelEvent::Ready {
+                language,
+                implementation,
+            } => language.len() <= 1024 && implementation.len() <= 1024,
+            KernelEvent::Dead { message } => message.len() <= CHUNK,
+            KernelEvent::Exec { event, .. } => match event {
+                ExecEvent::Count(_) | ExecEvent::Done { .. } => true,
+                ExecEvent::Stdout { text, date } | ExecEvent::Stderr { text, date } => {
+                    text.len() <= CHUNK && date.len() <= 64
+                }
+                ExecEvent::ResultPart { mime, json } => mime.len() <= 256 && json.len() <= CHUNK,
+                ExecEvent::Result { date, .. } => date.len() <= 64,
+                ExecEvent::Error {
+                    name,
+                    value,
+                    traceback,
+                } => {
+                    name.len() + value.len() + traceback.iter().map(String::len).sum::<usize>()
+                        <= CHUNK
+                }
+            },
+        },
         _ => true,
     }
 }
@@ -331,6 +367,20 @@ impl AgentClient {
         }
     }
 
+    /// Starts a kernel and subscribes to its events (until its `Dead`, or the sandbox's end:
+    /// `None` without `Dead`).
+    pub async fn kernel_start(&self, k: KernelStart) -> Result<KernelStream, CallError> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        let kernel = k.kernel;
+        match self
+            .send_call(Request::KernelStart(k), Subscribe::Kernel(kernel, tx))
+            .await?
+        {
+            Reply::Done => Ok(KernelStream { rx }),
+            _ => Err(CallError::Gone),
+        }
+    }
+
     /// Closes the connection from the server's side (the agent exits, ending the sandbox).
     pub async fn close(&self) {
         let _ = self.inner.writer.lock().await.shutdown().await;
@@ -355,6 +405,9 @@ async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
                         }
                         (Ok(Reply::Watch { watch }), Subscribe::Watch(tx)) => {
                             routes.watches.insert(*watch, tx);
+                        }
+                        (Ok(Reply::Done), Subscribe::Kernel(kernel, tx)) => {
+                            routes.kernels.insert(kernel, tx);
                         }
                         _ => {}
                     }
@@ -390,6 +443,20 @@ async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
                     let _ = tx.send(events).await;
                 }
             }
+            FromAgent::Kernel { kernel, event } => {
+                let dead = matches!(event, KernelEvent::Dead { .. });
+                let tx = {
+                    let mut routes = lock(&inner.routes);
+                    if dead {
+                        routes.kernels.remove(&kernel)
+                    } else {
+                        routes.kernels.get(&kernel).cloned()
+                    }
+                };
+                if let Some(tx) = tx {
+                    let _ = tx.send(event).await;
+                }
+            }
             // A second hello is a protocol violation.
             FromAgent::Hello { .. } => break,
         }
@@ -401,6 +468,7 @@ async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
     }
     routes.procs.clear();
     routes.watches.clear();
+    routes.kernels.clear();
     drop(routes);
     // send_replace, not send: `send` leaves the value unchanged when nobody is waiting at this
     // moment, and `is_closed` must still see it.

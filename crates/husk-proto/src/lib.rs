@@ -18,9 +18,11 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+pub mod kernel;
 pub mod sudo;
 pub mod types;
 
+pub use kernel::{ExecEvent, Execute, KernelEvent, KernelSpec, KernelStart};
 pub use types::*;
 
 /// The protocol version both ends must speak.
@@ -68,6 +70,8 @@ pub enum FromAgent {
     Proc { pid: u32, event: ProcEvent },
     /// Events of a watch started with [`Request::WatchStart`].
     Watch { watch: u32, events: Vec<FsEvent> },
+    /// Events of a kernel started with [`Request::KernelStart`].
+    Kernel { kernel: u32, event: KernelEvent },
 }
 
 /// Encodes `msg` as one frame (length prefix included).

@@ -274,6 +274,19 @@ pub enum Request {
     Env,
     /// Disk usage of the sandbox's writable layer → [`Reply::Disk`].
     Disk,
+
+    /// The Jupyter kernel specs the image has → [`Reply::KernelSpecs`].
+    KernelSpecs,
+    /// See [`crate::KernelStart`] → [`Reply::Done`].
+    KernelStart(crate::KernelStart),
+    /// See [`crate::Execute`] → [`Reply::Done`].
+    Execute(crate::Execute),
+    /// Interrupt the kernel's running execution (as its spec says: SIGINT to its process
+    /// group, or an `interrupt_request`) → [`Reply::Done`]. The execution then ends as usual.
+    KernelInterrupt { kernel: u32 },
+    /// Kill the kernel's process group → [`Reply::Done`]; its [`crate::KernelEvent::Dead`]
+    /// follows (as the last event of that kernel id).
+    KernelStop { kernel: u32 },
 }
 
 impl Request {
@@ -306,6 +319,7 @@ pub enum Reply {
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Env(Vec<(String, String)>),
     Disk { used: u64, total: u64 },
+    KernelSpecs(Vec<crate::KernelSpec>),
 }
 
 /// Why a call failed.
