@@ -2,8 +2,10 @@
 # Installs what husk's E2B-SDK compatibility suite needs, idempotently:
 #   - Debian packages, only if missing: python3-venv (when python3 cannot make a venv),
 #     nodejs/npm (when `node`/`npm` are missing);
-#   - python/.venv with the pinned stock SDK (e2b==2.63.0) and pytest (python/requirements.txt);
-#   - js/node_modules with the pinned stock SDK (e2b@2.51.0) via `npm ci` (js/package-lock.json).
+#   - python/.venv with the pinned stock SDKs (e2b==2.63.0, e2b-code-interpreter==2.11.5) and
+#     pytest (python/requirements.txt);
+#   - js/node_modules with the pinned stock SDKs (e2b@2.51.0, @e2b/code-interpreter@2.8.0) via
+#     `npm ci` (js/package-lock.json).
 # A stamp file per environment records the hash of its lock file, so a second run does nothing.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -64,7 +66,12 @@ else
   [ -d "$VENV" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
   log "installing pinned Python packages"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$PY_DIR/requirements.txt"
-  "$VENV/bin/python" -c 'import importlib.metadata as m; v = m.version("e2b"); assert v == "2.63.0", v'
+  "$VENV/bin/python" -c '
+import importlib.metadata as m
+for name, want in (("e2b", "2.63.0"), ("e2b-code-interpreter", "2.11.5")):
+    have = m.version(name)
+    assert have == want, f"{name} is {have}, want {want}"
+'
   echo "$py_stamp" > "$VENV/.husk-compat-stamp"
 fi
 
@@ -73,7 +80,12 @@ js_stamp="$(hash_of "$JS_DIR/package.json" "$JS_DIR/package-lock.json")"
 if [ "$(cat "$JS_DIR/node_modules/.husk-compat-stamp" 2>/dev/null)" != "$js_stamp" ]; then
   log "running npm ci in $JS_DIR"
   (cd "$JS_DIR" && npm ci --no-audit --no-fund --loglevel=error)
-  node -e 'const v = require(process.argv[1]).version; if (v !== "2.51.0") { console.error(`e2b is ${v}`); process.exit(1) }' \
-    "$JS_DIR/node_modules/e2b/package.json"
+  node -e '
+    const want = { "e2b": "2.51.0", "@e2b/code-interpreter": "2.8.0" }
+    for (const [name, v] of Object.entries(want)) {
+      const have = require(`${process.argv[1]}/node_modules/${name}/package.json`).version
+      if (have !== v) { console.error(`${name} is ${have}, want ${v}`); process.exit(1) }
+    }
+  ' "$JS_DIR"
   echo "$js_stamp" > "$JS_DIR/node_modules/.husk-compat-stamp"
 fi
