@@ -60,16 +60,21 @@ pub enum ExecEvent {
     /// The execution count the kernel gave the request (from `execute_input`, or from the reply
     /// for kernels that do not publish their input). Always first, at most once.
     ExecutionCount(u64),
+    /// `date` (here and in `Stderr` and `Result`) is the message header's, as the kernel wrote
+    /// it (ISO 8601 by the spec; unchecked).
     Stdout {
         text: String,
+        date: String,
     },
     Stderr {
         text: String,
+        date: String,
     },
     /// `execute_result` (the main result, `is_main`) or `display_data`.
     Result {
         is_main: bool,
         data: MimeBundle,
+        date: String,
     },
     /// The iopub `error`; or, for a kernel that published none, the error of the reply.
     Error {
@@ -516,6 +521,7 @@ impl KernelClient {
         }
         let current = self.current.as_mut().expect("is_current");
         let id = current.id;
+        let date = msg.header.date.clone();
         let event = match Iopub::parse(&msg)? {
             Iopub::ExecuteInput {
                 execution_count, ..
@@ -527,17 +533,19 @@ impl KernelClient {
                 ExecEvent::ExecutionCount(execution_count)
             }
             Iopub::Stream { name, text } => match name.as_str() {
-                "stdout" => ExecEvent::Stdout { text },
-                "stderr" => ExecEvent::Stderr { text },
+                "stdout" => ExecEvent::Stdout { text, date },
+                "stderr" => ExecEvent::Stderr { text, date },
                 _ => return Ok(()),
             },
             Iopub::ExecuteResult { data, .. } => ExecEvent::Result {
                 is_main: true,
                 data,
+                date,
             },
             Iopub::DisplayData { data, .. } => ExecEvent::Result {
                 is_main: false,
                 data,
+                date,
             },
             Iopub::Error(e) => {
                 current.error_sent = true;
@@ -691,6 +699,7 @@ mod tests {
 
         fn reply(&mut self, parent: &str, msg_type: &str, content: serde_json::Value) -> Message {
             let mut msg = self.kernel.message(msg_type, content);
+            msg.header.date = DATE.into();
             msg.parent_header = Some(self.parent(parent));
             msg
         }
@@ -735,6 +744,9 @@ mod tests {
         }
     }
 
+    /// The header date of every message the fake kernel sends.
+    const DATE: &str = "2026-01-02T03:04:05.678901Z";
+
     fn ok(n: u64) -> serde_json::Value {
         json!({"status": "ok", "execution_count": n})
     }
@@ -770,7 +782,10 @@ mod tests {
             f.drain(),
             [
                 ExecEvent::ExecutionCount(1),
-                ExecEvent::Stdout { text: "1\n".into() },
+                ExecEvent::Stdout {
+                    text: "1\n".into(),
+                    date: DATE.into()
+                },
                 ExecEvent::Done {
                     reply: ExecuteReply::Ok { execution_count: 1 }
                 }

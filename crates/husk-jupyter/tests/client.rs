@@ -103,7 +103,28 @@ fn run(client: &mut KernelClient, code: &str) -> Vec<ExecEvent> {
     let mut others = Vec::new();
     let events = collect(client, id, Duration::from_secs(30), &mut others);
     assert!(others.is_empty(), "{others:#?}");
-    merge_streams(events)
+    merge_streams(events.into_iter().map(checked_date).collect())
+}
+
+/// What [`checked_date`] leaves of a header date.
+const DATE: &str = "<date>";
+
+/// Checks that an output event carries its message's header date (ipykernel writes ISO 8601
+/// UTC with microseconds, e.g. `2026-01-02T03:04:05.678901Z`) and replaces it with [`DATE`],
+/// so events compare equal across runs.
+fn checked_date(mut event: ExecEvent) -> ExecEvent {
+    if let ExecEvent::Stdout { date, .. }
+    | ExecEvent::Stderr { date, .. }
+    | ExecEvent::Result { date, .. } = &mut event
+    {
+        let ok = date.len() >= 20
+            && date.as_bytes()[4] == b'-'
+            && date.as_bytes()[10] == b'T'
+            && (date.ends_with('Z') || date.ends_with("+00:00"));
+        assert!(ok, "not an ISO 8601 UTC date: {date:?}");
+        *date = DATE.into();
+    }
+    event
 }
 
 /// Joins consecutive chunks of one stream: ipykernel may split a print across messages.
@@ -111,8 +132,8 @@ fn merge_streams(events: Vec<ExecEvent>) -> Vec<ExecEvent> {
     let mut out: Vec<ExecEvent> = Vec::new();
     for event in events {
         match (out.last_mut(), &event) {
-            (Some(ExecEvent::Stdout { text }), ExecEvent::Stdout { text: more })
-            | (Some(ExecEvent::Stderr { text }), ExecEvent::Stderr { text: more }) => {
+            (Some(ExecEvent::Stdout { text, .. }), ExecEvent::Stdout { text: more, .. })
+            | (Some(ExecEvent::Stderr { text, .. }), ExecEvent::Stderr { text: more, .. }) => {
                 text.push_str(more)
             }
             _ => out.push(event),
@@ -163,7 +184,8 @@ fn kernel_client_end_to_end() {
             ExecEvent::ExecutionCount(2),
             ExecEvent::Result {
                 is_main: true,
-                data: plain("42")
+                data: plain("42"),
+                date: DATE.into()
             },
             ExecEvent::Done {
                 reply: ExecuteReply::Ok { execution_count: 2 }
@@ -182,13 +204,16 @@ fn kernel_client_end_to_end() {
         [
             ExecEvent::ExecutionCount(3),
             ExecEvent::Stdout {
-                text: "out 1\n".into()
+                text: "out 1\n".into(),
+                date: DATE.into()
             },
             ExecEvent::Stderr {
-                text: "err\n".into()
+                text: "err\n".into(),
+                date: DATE.into()
             },
             ExecEvent::Stdout {
-                text: "out 2\n".into()
+                text: "out 2\n".into(),
+                date: DATE.into()
             },
             ExecEvent::Done {
                 reply: ExecuteReply::Ok { execution_count: 3 }
@@ -232,6 +257,7 @@ fn kernel_client_end_to_end() {
     let [ExecEvent::ExecutionCount(5), ExecEvent::Result {
         is_main: false,
         data,
+        ..
     }, ExecEvent::Done {
         reply: ExecuteReply::Ok { execution_count: 5 },
     }] = events.as_slice()
@@ -283,7 +309,8 @@ fn kernel_client_end_to_end() {
             ExecEvent::ExecutionCount(7),
             ExecEvent::Result {
                 is_main: true,
-                data: plain("41")
+                data: plain("41"),
+                date: DATE.into()
             },
             ExecEvent::Done {
                 reply: ExecuteReply::Ok { execution_count: 7 }
