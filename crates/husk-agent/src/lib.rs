@@ -4,8 +4,8 @@
 //! `husk_runtime::Spawner::set_agent`). From then on this single-threaded loop serves the
 //! server's calls (see `husk_proto`) over one stream socket: it starts processes as `user`
 //! or `root` inside the sandbox's fences ([`procs`]), relays their output and input, runs
-//! file operations ([`fs`]) and inotify watches ([`watch`]), brokers `sudo` ([`sudo`]), and
-//! reaps every zombie of the
+//! file operations ([`fs`]) and inotify watches ([`watch`]), brokers `sudo` ([`sudo`]), runs
+//! Jupyter kernels for the code interpreter ([`kernels`]), and reaps every zombie of the
 //! sandbox. When the server closes the socket, or the spawner goes away, the agent exits and
 //! the kernel ends every process of the sandbox with it.
 //!
@@ -15,6 +15,7 @@
 
 pub mod conn;
 pub mod fs;
+pub mod kernels;
 pub mod procs;
 pub mod sudo;
 pub mod watch;
@@ -45,6 +46,7 @@ struct Agent {
     procs: Procs,
     files: fs::Files,
     watches: watch::Watches,
+    kernels: kernels::Kernels,
 }
 
 fn poll_in(fd: i32) -> libc::pollfd {
@@ -97,6 +99,7 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         procs: Procs::default(),
         files: fs::Files::new(),
         watches: watch::Watches::new().map_err(|e| e.to_string())?,
+        kernels: kernels::Kernels::new(),
     };
     // Without its socket (it cannot fail in a fresh network namespace) the sandbox still works,
     // only `sudo` does not.
@@ -106,6 +109,8 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         if conn.closed {
             return Ok(());
         }
+        // Kernel events held back while the server was behind, now that there may be room.
+        agent.kernels.pump(&mut conn);
         let mut out_events = libc::POLLIN;
         if conn.queued() > 0 {
             out_events |= libc::POLLOUT;
@@ -137,7 +142,17 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         }));
         let sudo_fds = sudo.as_ref().map(Sudo::poll_set).unwrap_or_default();
         fds.extend(sudo_fds.iter().map(|&(_, fd)| poll_in(fd)));
-        let timeout = match agent.procs.next_deadline() {
+        let kernel_fds = agent.kernels.poll_set(conn.queued() < HIGH_WATER);
+        fds.extend(kernel_fds.iter().map(|&(_, fd, events)| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        }));
+        let deadline = [agent.procs.next_deadline(), agent.kernels.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
+        let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 left.as_millis().min(i32::MAX as u128) as i32 + 1
@@ -182,13 +197,23 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
                 .collect();
             sudo.ready(ctx, &ready);
         }
+        let base = 4 + proc_fds.len() + sudo_fds.len();
+        for (i, &(kernel, fd, _)) in kernel_fds.iter().enumerate() {
+            if fds[base + i].revents != 0 {
+                agent.kernels.ready(kernel, fd, fds[base + i].revents);
+            }
+        }
         // Reaping every round is cheap (one WNOHANG waitpid) and never misses a coalesced
         // SIGCHLD.
         for (pid, status) in agent.procs.reap(&mut conn) {
+            if agent.kernels.exited(pid, status, &mut conn) {
+                continue;
+            }
             if let Some(sudo) = &mut sudo {
                 sudo.exited(pid, status);
             }
         }
+        agent.kernels.tick(&mut conn);
         if fds[3].revents != 0 {
             for (watch, events) in agent.watches.drain() {
                 conn.event(&FromAgent::Watch { watch, events });
@@ -263,6 +288,23 @@ impl Agent {
                 Ok(Reply::Done)
             }
             Request::Env => Ok(Reply::Env(self.hello.env.clone())),
+            Request::KernelSpecs => Ok(Reply::KernelSpecs(self.kernels.specs(&self.hello.env))),
+            Request::KernelStart(k) => {
+                self.kernels.start(ctx, &self.hello, &k)?;
+                Ok(Reply::Done)
+            }
+            Request::Execute(e) => {
+                self.kernels.execute(&e)?;
+                Ok(Reply::Done)
+            }
+            Request::KernelInterrupt { kernel } => {
+                self.kernels.interrupt(kernel)?;
+                Ok(Reply::Done)
+            }
+            Request::KernelStop { kernel } => {
+                self.kernels.stop(kernel)?;
+                Ok(Reply::Done)
+            }
             other => self.files.handle(&other),
         }
     }

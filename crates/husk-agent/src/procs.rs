@@ -113,7 +113,7 @@ pub fn process_env(
     env
 }
 
-fn runtime_user(u: User) -> husk_runtime::User {
+pub(crate) fn runtime_user(u: User) -> husk_runtime::User {
     match u {
         User::User => husk_runtime::User::User,
         User::Root => husk_runtime::User::Root,
