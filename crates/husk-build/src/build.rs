@@ -532,6 +532,9 @@ fn merge_plan_defaults(d: &mut TemplateDefaults, plan: &crate::plan::Defaults) {
         d.env.retain(|(n, _)| n != k);
         d.env.push((k.clone(), v.clone()));
     }
+    if let Some(c) = &plan.contexts {
+        d.contexts = c.clone();
+    }
     if plan.start_cmd.is_some() {
         d.start_cmd = plan.start_cmd.clone();
         d.ready_cmd = plan.ready_cmd.clone();

@@ -102,6 +102,9 @@ pub struct Defaults {
     pub ready_cmd: Option<String>,
     /// How long the ready check may take before the create fails (default 60 s).
     pub ready_timeout: Option<Duration>,
+    /// Languages whose code contexts (Jupyter kernels) start with every sandbox, ready before
+    /// it is handed out; `None`: the base's.
+    pub contexts: Option<Vec<String>>,
 }
 
 /// A parse or validation error, naming where it is.

@@ -106,6 +106,8 @@ struct RawSandbox {
     start_cmd: Option<String>,
     ready_cmd: Option<String>,
     ready_timeout: Option<i64>,
+    /// Languages whose code contexts start with every sandbox (`["python"]`).
+    contexts: Option<Vec<String>>,
 }
 
 /// Largest spec or Dockerfile read (they also arrive in contexts uploaded over HTTP).
@@ -460,6 +462,39 @@ fn sandbox_defaults(
             ));
         }
     };
+    let contexts = match &raw.contexts {
+        None => None,
+        Some(list) => {
+            if list.len() > 8 {
+                return Err(at(
+                    "sandbox.contexts",
+                    format!(
+                        "{} languages; at most 8 contexts start with a sandbox",
+                        list.len()
+                    ),
+                ));
+            }
+            let mut out: Vec<String> = Vec::new();
+            for lang in list {
+                let ok = !lang.is_empty()
+                    && lang.len() <= 32
+                    && lang
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                if !ok {
+                    return Err(at(
+                        "sandbox.contexts",
+                        format!("{lang:?} is not a language name (letters, digits, - and _)"),
+                    ));
+                }
+                let lang = lang.to_ascii_lowercase();
+                if !out.contains(&lang) {
+                    out.push(lang);
+                }
+            }
+            Some(out)
+        }
+    };
     Ok(Defaults {
         user: raw.user.clone(),
         workdir: raw.workdir.clone(),
@@ -467,6 +502,7 @@ fn sandbox_defaults(
         start_cmd: raw.start_cmd.clone(),
         ready_cmd: raw.ready_cmd.clone(),
         ready_timeout,
+        contexts,
     })
 }
 

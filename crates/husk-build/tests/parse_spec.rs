@@ -100,6 +100,7 @@ env = { LANG = "C.UTF-8", APP_HOME = "/srv/app" }
 start_cmd = "python3 -m http.server 8000"
 ready_cmd = "curl -sf localhost:8000"
 ready_timeout = 30
+contexts = ["Python", "bash", "python"]
 "#;
 
 #[test]
@@ -195,6 +196,8 @@ fn full_spec_round_trip() {
             start_cmd: Some("python3 -m http.server 8000".into()),
             ready_cmd: Some("curl -sf localhost:8000".into()),
             ready_timeout: Some(Duration::from_secs(30)),
+            // Lower-cased, duplicates dropped, in order.
+            contexts: Some(vec!["python".into(), "bash".into()]),
         },
     };
     assert_eq!(plan, expected);
@@ -436,6 +439,13 @@ fn sandbox_defaults_are_checked() {
         ),
         ("env = { \"A-B\" = \"a\" }", "sandbox.env", "not a valid"),
         ("env = { X = \"a\\u0000b\" }", "sandbox.env", "NUL"),
+        ("contexts = [\"py thon\"]", "sandbox.contexts", "not a language name"),
+        ("contexts = [\"\"]", "sandbox.contexts", "not a language name"),
+        (
+            "contexts = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\"]",
+            "sandbox.contexts",
+            "at most 8",
+        ),
     ];
     for (text, origin, part) in cases {
         let e = parse_err(&format!("{base}{text}\n"));

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod contexts;
 pub mod keys;
 pub mod manager;
 pub mod runs;

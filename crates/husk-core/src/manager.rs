@@ -153,6 +153,8 @@ pub struct LiveSandbox {
     pub default_user: User,
     /// The template's working directory, if it has one (else the user's home).
     pub default_workdir: Option<String>,
+    /// Its code contexts (Jupyter kernels run by the agent).
+    pub contexts: Arc<crate::contexts::Contexts>,
     /// The sandbox's link out through husk's router (None: loopback only, the server has no
     /// egress). Dropped with the sandbox, which removes the link and its rules.
     net: Option<husk_net::router::Attachment>,
@@ -753,6 +755,17 @@ impl Manager {
             self.destroy_runtime(runtime_id).await;
             return Err(CoreError::TemplateBroken(e));
         }
+        let contexts = match self
+            .start_contexts(&agent, &who.team, &req.env, &template, default_user)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                agent.close().await;
+                self.destroy_runtime(runtime_id).await;
+                return Err(e);
+            }
+        };
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
         let sb = Arc::new(LiveSandbox {
@@ -774,6 +787,7 @@ impl Manager {
             workspaces: req.workspaces,
             default_user,
             default_workdir: defaults.workdir.clone(),
+            contexts,
             init_pid,
             netns,
             net,
@@ -798,6 +812,50 @@ impl Manager {
         write(&self.sandboxes).insert(id.clone(), sb.clone());
         tokio::spawn(self.clone().supervise(sb.clone()));
         Ok(sb)
+    }
+
+    /// The sandbox's code contexts, with the template's default ones started and ready.
+    async fn start_contexts(
+        &self,
+        agent: &AgentClient,
+        team: &str,
+        req_env: &[(String, String)],
+        template: &Resolved,
+        user: User,
+    ) -> Result<Arc<crate::contexts::Contexts>, CoreError> {
+        let defaults = &template.defaults;
+        // Kernels get the sandbox's secrets in their process environment, as commands do.
+        let mut secret_envs = Vec::new();
+        if req_env
+            .iter()
+            .any(|(_, v)| v.starts_with(crate::secrets::SECRET_PREFIX))
+        {
+            if let Some(secrets) = self.secrets() {
+                let mut none = Vec::new();
+                let inj = secrets
+                    .inject(team, req_env, &mut none)
+                    .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
+                secret_envs = inj.env;
+            }
+        }
+        let cwd = defaults
+            .workdir
+            .clone()
+            .unwrap_or_else(|| user.home().to_owned());
+        let contexts = Arc::new(crate::contexts::Contexts::new(
+            agent.clone(),
+            crate::contexts::KernelEnv { user, secret_envs },
+            cwd,
+        ));
+        for lang in &defaults.contexts {
+            contexts.default_for(lang).await.map_err(|e| {
+                CoreError::TemplateBroken(format!(
+                    "template '{}': its {lang} context did not start: {e}",
+                    template.name
+                ))
+            })?;
+        }
+        Ok(contexts)
     }
 
     /// Ends the sandbox at its timeout, or when its agent dies.

@@ -28,6 +28,13 @@ pub const HOST_TEMPLATE: &str = "host";
 /// The name that falls back to the host template until a template of that name is built.
 pub const BASE_TEMPLATE: &str = "base";
 
+/// The template E2B's code-interpreter SDKs ask for by default.
+pub const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
+
+/// husk's code-interpreter preset (`templates/code-interpreter`), which
+/// [`E2B_CODE_INTERPRETER`] means unless a template of that name is built.
+pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter";
+
 /// Errors of resolving a template.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
@@ -73,6 +80,9 @@ pub struct TemplateDefaults {
     /// Run until it exits 0 after `start_cmd`; the sandbox is ready then.
     pub ready_cmd: Option<String>,
     pub ready_timeout_secs: Option<u64>,
+    /// Languages whose code contexts (Jupyter kernels) start with every sandbox; it is handed
+    /// out once they are ready.
+    pub contexts: Vec<String>,
 }
 
 /// One layer of a built template, as recorded in its manifest.
@@ -224,7 +234,11 @@ impl Templates {
         if name == HOST_TEMPLATE {
             return Ok(host());
         }
-        let Some(rec) = self.store.template(name)? else {
+        let mut rec = self.store.template(name)?;
+        if rec.is_none() && name == E2B_CODE_INTERPRETER {
+            rec = self.store.template(CODE_INTERPRETER_TEMPLATE)?;
+        }
+        let Some(rec) = rec else {
             if name == BASE_TEMPLATE {
                 return Ok(host());
             }

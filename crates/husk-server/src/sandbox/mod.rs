@@ -1,6 +1,7 @@
 //! The per-sandbox API (what E2B's in-sandbox daemon serves on port 49983): process and
-//! filesystem services over Connect-JSON, `/files`, `/envs`, `/health`; every other port goes
-//! to the sandbox's own servers ([`ingress`]).
+//! filesystem services over Connect-JSON, `/files`, `/envs`, `/health`; port 49999 is the
+//! code interpreter ([`interpreter`]); every other port goes to the sandbox's own servers
+//! ([`ingress`]).
 //!
 //! Every request is addressed to one sandbox (see [`crate::app::SandboxTarget`]). An unknown or
 //! dead sandbox gets the 502 JSON answer the SDKs recognise as "not found"; a sandbox that
@@ -10,6 +11,7 @@
 mod files;
 mod filesystem;
 mod ingress;
+mod interpreter;
 mod process;
 mod rpc;
 
@@ -52,6 +54,9 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
     };
     if sb.agent.is_closed() {
         return sandbox_not_found(&id);
+    }
+    if port == interpreter::PORT {
+        return interpreter::handle(sb, req).await;
     }
     if port != ENVD_PORT {
         return ingress::handle(&state, sb, port, req).await;

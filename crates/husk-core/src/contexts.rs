@@ -1,0 +1,425 @@
+//! Code contexts: the stateful Jupyter kernels of one sandbox (E2B's code interpreter).
+//!
+//! A context is one kernel the agent runs inside the sandbox ([`husk_proto::KernelStart`]),
+//! with a language, a working directory and an id clients name it by. Executions in a context
+//! run one at a time (a second waits for the first); each is a task of its own
+//! ([`exec`]) that keeps going when its client leaves: it interrupts the kernel and waits for
+//! the kernel to finish, so the next execution finds the context idle and its state intact.
+//!
+//! Every sandbox has at most one *default* context per language: the one `/execute` uses when
+//! the client names no context. The template's `contexts` start with the sandbox; other
+//! languages' defaults start on first use. Restart replaces the kernel (same context id, state
+//! gone); a kernel that dies stays dead until restarted, and executions say so.
+//!
+//! Nothing here knows HTTP or E2B's JSON: the server's code-interpreter adapter maps it.
+
+mod envcode;
+mod exec;
+mod kernel;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use husk_proto::{KernelSpec, KernelStart, Reply, Request, User};
+
+use crate::agent::{AgentClient, CallError};
+
+pub use exec::{ExecOut, MimeValue};
+use kernel::Kernel;
+
+/// Contexts per sandbox (each is a kernel process: tens of MB).
+pub const MAX_CONTEXTS: usize = 16;
+/// How long a kernel may take to start (import its libraries, bind its ports).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors of context operations.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ContextError {
+    #[error("context {0} not found")]
+    NotFound(String),
+    /// A bad request: unknown language, bad cwd, bad env var.
+    #[error("{0}")]
+    Invalid(String),
+    /// Too many contexts.
+    #[error("{0}")]
+    Exhausted(String),
+    /// The kernel did not start, or died.
+    #[error("{0}")]
+    Kernel(String),
+    #[error("the sandbox is gone")]
+    Gone,
+}
+
+impl From<CallError> for ContextError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Gone => ContextError::Gone,
+            CallError::Agent(a) => match a.kind {
+                husk_proto::ErrorKind::NotFound | husk_proto::ErrorKind::InvalidArgument => {
+                    ContextError::Invalid(a.message)
+                }
+                husk_proto::ErrorKind::ResourceExhausted => ContextError::Exhausted(a.message),
+                _ => ContextError::Kernel(a.message),
+            },
+        }
+    }
+}
+
+/// What the sandbox's kernels get besides their own settings.
+#[derive(Clone)]
+pub struct KernelEnv {
+    pub user: User,
+    /// Resolved secrets of the sandbox's environment (`husk-secret://` values), for the
+    /// kernel's process only.
+    pub secret_envs: Vec<(String, String)>,
+}
+
+/// One context, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextInfo {
+    pub id: String,
+    pub language: String,
+    pub cwd: String,
+}
+
+/// One context.
+pub struct Context {
+    pub id: String,
+    pub language: String,
+    /// Where its kernel runs (absolute, as the client gave it or the default).
+    pub cwd: String,
+    spec: String,
+    /// The current kernel; replaced on restart.
+    kernel: Mutex<Arc<Kernel>>,
+    /// Held by an execution from start to end (one at a time), and by a restart while it
+    /// replaces the kernel (after stopping the old one, which ends a running execution).
+    exec_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Context {
+    fn kernel(&self) -> Arc<Kernel> {
+        self.kernel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn info(&self) -> ContextInfo {
+        ContextInfo {
+            id: self.id.clone(),
+            language: self.language.clone(),
+            cwd: self.cwd.clone(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    contexts: HashMap<String, Arc<Context>>,
+    /// Language → id of its default context.
+    defaults: HashMap<String, String>,
+}
+
+/// The contexts of one sandbox.
+pub struct Contexts {
+    agent: AgentClient,
+    env: KernelEnv,
+    /// Working directory of contexts that name none.
+    default_cwd: String,
+    specs: tokio::sync::OnceCell<Vec<KernelSpec>>,
+    table: Mutex<Table>,
+    /// Creating a default context is serialised, so two first calls do not start two.
+    default_lock: tokio::sync::Mutex<()>,
+    next_kernel: std::sync::atomic::AtomicU32,
+}
+
+/// The language names clients use, normalised: E2B's SDKs send `python`, `js`/`javascript`,
+/// `ts`/`typescript` (JavaScript kernel), `bash`, `r`, `java`.
+pub fn normalize_language(lang: &str) -> String {
+    let l = lang.trim().to_ascii_lowercase();
+    match l.as_str() {
+        "py" | "python3" | "ipython" => "python".into(),
+        "js" | "ts" | "typescript" | "node" | "nodejs" => "javascript".into(),
+        "sh" | "shell" => "bash".into(),
+        _ => l,
+    }
+}
+
+fn lock(m: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn new_context_id() -> Result<String, ContextError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| ContextError::Kernel(format!("random id: {e}")))?;
+    // UUID-shaped like Jupyter's kernel ids, which E2B uses as context ids.
+    let h = hex::encode(b);
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    ))
+}
+
+impl Contexts {
+    pub fn new(agent: AgentClient, env: KernelEnv, default_cwd: String) -> Contexts {
+        Contexts {
+            agent,
+            env,
+            default_cwd,
+            specs: tokio::sync::OnceCell::new(),
+            table: Mutex::new(Table::default()),
+            default_lock: tokio::sync::Mutex::new(()),
+            next_kernel: std::sync::atomic::AtomicU32::new(1),
+        }
+    }
+
+    /// The kernel specs of the sandbox's image (asked once).
+    pub async fn specs(&self) -> Result<&[KernelSpec], ContextError> {
+        let specs = self
+            .specs
+            .get_or_try_init(|| async {
+                match self.agent.call(Request::KernelSpecs).await? {
+                    Reply::KernelSpecs(s) => Ok::<_, ContextError>(s),
+                    _ => Err(ContextError::Gone),
+                }
+            })
+            .await?;
+        Ok(specs)
+    }
+
+    /// The languages this sandbox has kernels for.
+    pub async fn languages(&self) -> Result<Vec<String>, ContextError> {
+        let mut langs: Vec<String> = self
+            .specs()
+            .await?
+            .iter()
+            .map(|s| normalize_language(&s.language))
+            .collect();
+        langs.sort();
+        langs.dedup();
+        Ok(langs)
+    }
+
+    /// The spec to launch for `language` (normalised): the one named like the language's
+    /// usual kernel (`python3` for Python), else the first of that language.
+    async fn spec_for(&self, language: &str) -> Result<String, ContextError> {
+        let specs = self.specs().await?;
+        let of_lang: Vec<&KernelSpec> = specs
+            .iter()
+            .filter(|s| normalize_language(&s.language) == language)
+            .collect();
+        let preferred = match language {
+            "python" => "python3",
+            other => other,
+        };
+        if let Some(s) = of_lang.iter().find(|s| s.name == preferred) {
+            return Ok(s.name.clone());
+        }
+        if let Some(s) = of_lang.first() {
+            return Ok(s.name.clone());
+        }
+        let have = self.languages().await?;
+        Err(ContextError::Invalid(if have.is_empty() {
+            format!(
+                "no kernel for language '{language}': this sandbox's template has no Jupyter \
+                 kernels (use the code-interpreter template)"
+            )
+        } else {
+            format!(
+                "no kernel for language '{language}' in this sandbox (it has: {})",
+                have.join(", ")
+            )
+        }))
+    }
+
+    fn kernel_start(&self, kernel: u32, spec: &str, cwd: &str) -> KernelStart {
+        KernelStart {
+            kernel,
+            spec: spec.to_owned(),
+            cwd: Some(cwd.to_owned()),
+            user: self.env.user,
+            envs: Vec::new(),
+            secret_envs: self.env.secret_envs.clone(),
+        }
+    }
+
+    async fn start_kernel(&self, spec: &str, cwd: &str) -> Result<Arc<Kernel>, ContextError> {
+        let id = self
+            .next_kernel
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stream = self
+            .agent
+            .kernel_start(self.kernel_start(id, spec, cwd))
+            .await?;
+        let kernel = Kernel::spawn(id, self.agent.clone(), stream);
+        kernel.wait_ready(START_TIMEOUT).await?;
+        Ok(kernel)
+    }
+
+    /// Creates a context and waits for its kernel. `language` defaults to Python; `cwd` to
+    /// the sandbox's working directory.
+    pub async fn create(
+        &self,
+        language: Option<&str>,
+        cwd: Option<&str>,
+    ) -> Result<Arc<Context>, ContextError> {
+        self.create_inner(language, cwd, false).await
+    }
+
+    async fn create_inner(
+        &self,
+        language: Option<&str>,
+        cwd: Option<&str>,
+        default: bool,
+    ) -> Result<Arc<Context>, ContextError> {
+        let language = normalize_language(language.unwrap_or("python"));
+        let cwd = match cwd {
+            Some(c) if !c.trim().is_empty() => {
+                if c.contains('\0') || c.len() > 4096 {
+                    return Err(ContextError::Invalid(format!("invalid cwd {c:?}")));
+                }
+                c.to_owned()
+            }
+            _ => self.default_cwd.clone(),
+        };
+        if lock(&self.table).contexts.len() >= MAX_CONTEXTS {
+            return Err(ContextError::Exhausted(format!(
+                "this sandbox has {MAX_CONTEXTS} contexts, the most it may; remove one first"
+            )));
+        }
+        let spec = self.spec_for(&language).await?;
+        let kernel = self.start_kernel(&spec, &cwd).await?;
+        let ctx = Arc::new(Context {
+            id: new_context_id()?,
+            language: language.clone(),
+            cwd,
+            spec,
+            kernel: Mutex::new(kernel.clone()),
+            exec_lock: Arc::new(tokio::sync::Mutex::new(())),
+        });
+        let full = {
+            let mut t = lock(&self.table);
+            let full = t.contexts.len() >= MAX_CONTEXTS;
+            if !full {
+                t.contexts.insert(ctx.id.clone(), ctx.clone());
+                if default {
+                    t.defaults.insert(language, ctx.id.clone());
+                }
+            }
+            full
+        };
+        if full {
+            kernel.stop().await;
+            return Err(ContextError::Exhausted(format!(
+                "this sandbox has {MAX_CONTEXTS} contexts, the most it may; remove one first"
+            )));
+        }
+        Ok(ctx)
+    }
+
+    /// The default context of `language`, started if there is none yet.
+    pub async fn default_for(&self, language: &str) -> Result<Arc<Context>, ContextError> {
+        let language = normalize_language(language);
+        let find = |t: &Table| {
+            t.defaults
+                .get(&language)
+                .and_then(|id| t.contexts.get(id))
+                .cloned()
+        };
+        if let Some(c) = find(&lock(&self.table)) {
+            return Ok(c);
+        }
+        let _one = self.default_lock.lock().await;
+        if let Some(c) = find(&lock(&self.table)) {
+            return Ok(c);
+        }
+        self.create_inner(Some(&language), None, true).await
+    }
+
+    /// A context by id.
+    pub fn get(&self, id: &str) -> Result<Arc<Context>, ContextError> {
+        lock(&self.table)
+            .contexts
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ContextError::NotFound(id.to_owned()))
+    }
+
+    /// The contexts clients created (not the per-language defaults), oldest first is not
+    /// promised.
+    pub fn list(&self) -> Vec<ContextInfo> {
+        let t = lock(&self.table);
+        let mut v: Vec<ContextInfo> = t
+            .contexts
+            .values()
+            .filter(|c| !t.defaults.values().any(|d| *d == c.id))
+            .map(|c| c.info())
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// Removes a context and stops its kernel (a running execution ends with the kernel).
+    pub async fn remove(&self, id: &str) -> Result<(), ContextError> {
+        let ctx = {
+            let mut t = lock(&self.table);
+            let ctx = t
+                .contexts
+                .remove(id)
+                .ok_or_else(|| ContextError::NotFound(id.to_owned()))?;
+            t.defaults.retain(|_, d| d != id);
+            ctx
+        };
+        ctx.kernel().stop().await;
+        Ok(())
+    }
+
+    /// Replaces a context's kernel with a fresh one (its state is gone). A running execution
+    /// ends with the old kernel.
+    pub async fn restart(&self, id: &str) -> Result<(), ContextError> {
+        let ctx = self.get(id)?;
+        // Stopped first: a running execution (maybe the reason for the restart) then ends,
+        // and its lock is free.
+        ctx.kernel().stop().await;
+        let _exec = ctx.exec_lock.lock().await;
+        let fresh = self.start_kernel(&ctx.spec, &ctx.cwd).await?;
+        *ctx.kernel.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// Runs `code` in `ctx` with `env_vars` set for this execution only. The events come on
+    /// the returned channel, ending with [`ExecOut::End`]; dropping the receiver interrupts
+    /// the execution (the context stays usable).
+    pub async fn execute(
+        &self,
+        ctx: Arc<Context>,
+        code: String,
+        env_vars: Vec<(String, String)>,
+    ) -> Result<tokio::sync::mpsc::Receiver<ExecOut>, ContextError> {
+        for (k, v) in &env_vars {
+            if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+                return Err(ContextError::Invalid(format!(
+                    "invalid environment variable '{k}'"
+                )));
+            }
+        }
+        let envcode = if env_vars.is_empty() {
+            None
+        } else {
+            Some(
+                envcode::for_language(&ctx.language, &env_vars).ok_or_else(|| {
+                    ContextError::Invalid(format!(
+                        "per-call env_vars are not supported for {} contexts",
+                        ctx.language
+                    ))
+                })?,
+            )
+        };
+        Ok(exec::start(ctx, code, envcode))
+    }
+}

@@ -1,0 +1,328 @@
+//! One execution in a context, as a task of its own.
+//!
+//! It takes the context's exec lock (executions run one at a time), sets per-call environment
+//! variables with silent set-up code, runs the code, forwards what the kernel reports, and
+//! restores the variables. When its client goes away (the receiver is dropped) it interrupts
+//! the kernel and keeps draining until the kernel is done, so the lock is released only once
+//! the kernel is idle again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use husk_proto::{ExecEvent, Execute, Request};
+use tokio::sync::mpsc;
+
+use super::envcode::EnvCode;
+use super::kernel::{Kernel, KernelOut, State};
+use super::Context;
+
+/// Bytes of result values (all MIME types of one result) assembled before the rest of that
+/// result is dropped: a kernel's display data is hostile.
+pub const MAX_RESULT_BYTES: usize = 64 << 20;
+
+static NEXT_EXEC: AtomicU64 = AtomicU64::new(1);
+
+/// One value of a result: its MIME type and its JSON value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MimeValue {
+    pub mime: String,
+    pub value: serde_json::Value,
+}
+
+/// What an execution reports to its client, in order; always ends with [`ExecOut::End`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecOut {
+    Count(u64),
+    Stdout {
+        text: String,
+        date: String,
+    },
+    Stderr {
+        text: String,
+        date: String,
+    },
+    Result {
+        is_main: bool,
+        data: Vec<MimeValue>,
+    },
+    Error {
+        name: String,
+        value: String,
+        traceback: Vec<String>,
+    },
+    /// The kernel died during the execution (or was dead already); the context needs a
+    /// restart.
+    KernelDied(String),
+    End,
+}
+
+/// Starts the execution task; its events come on the returned channel.
+pub fn start(ctx: Arc<Context>, code: String, env: Option<EnvCode>) -> mpsc::Receiver<ExecOut> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let _one = ctx.exec_lock.clone().lock_owned().await;
+        let kernel = ctx.kernel();
+        run(&kernel, &code, env.as_ref(), &tx).await;
+        let _ = tx.send(ExecOut::End).await;
+    });
+    rx
+}
+
+async fn run(kernel: &Kernel, code: &str, env: Option<&EnvCode>, tx: &mpsc::Sender<ExecOut>) {
+    if let Some(env) = env {
+        if let Err(out) = silent(kernel, &env.set).await {
+            let _ = tx.send(out).await;
+            return;
+        }
+    }
+    let died = one(kernel, code, false, Some(tx)).await.err();
+    if let Some(why) = died {
+        let _ = tx.send(ExecOut::KernelDied(why)).await;
+        return;
+    }
+    if let Some(env) = env {
+        // A failed restore is reported: the variables would otherwise leak into later calls.
+        if let Err(out) = silent(kernel, &env.restore).await {
+            let _ = tx.send(out).await;
+        }
+    }
+}
+
+/// Runs set-up code; its error (or the kernel's death) is what the client hears instead.
+async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
+    let (etx, mut erx) = mpsc::channel(8);
+    // Read while it runs: set-up code's own output must not fill the channel and stall it.
+    let collect = async move {
+        let mut error = None;
+        while let Some(out) = erx.recv().await {
+            if let ExecOut::Error { name, value, .. } = out {
+                error.get_or_insert(ExecOut::Error {
+                    name: "EnvironmentError".into(),
+                    value: format!("setting the call's env_vars failed: {name}: {value}"),
+                    traceback: Vec::new(),
+                });
+            }
+        }
+        error
+    };
+    let run = async move { one(kernel, code, true, Some(&etx)).await };
+    let (res, error) = tokio::join!(run, collect);
+    if let Err(why) = res {
+        return Err(ExecOut::KernelDied(why));
+    }
+    match error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Runs one execute request to its end; `Err` when the kernel died. Events go to `tx` while
+/// it listens; once it is gone the kernel is interrupted (once) and the rest drained.
+async fn one(
+    kernel: &Kernel,
+    code: &str,
+    silent: bool,
+    tx: Option<&mpsc::Sender<ExecOut>>,
+) -> Result<(), String> {
+    let exec = NEXT_EXEC.fetch_add(1, Ordering::Relaxed);
+    let mut rx = kernel.route(exec);
+    // After routing: a death from now on reaches `rx`; one before shows in the state.
+    if let State::Dead(why) = kernel.state() {
+        kernel.unroute(exec);
+        return Err(why);
+    }
+    let req = Request::Execute(Execute {
+        kernel: kernel.id,
+        exec,
+        code: code.to_owned(),
+        silent,
+    });
+    if let Err(e) = kernel.agent().call(req).await {
+        kernel.unroute(exec);
+        return Err(match kernel.state() {
+            State::Dead(why) => why,
+            _ => e.to_string(),
+        });
+    }
+    let mut listening = tx.is_some();
+    let mut interrupted = false;
+    let mut result = Assembler::default();
+    let outcome = loop {
+        let msg = if listening {
+            let client = tx.expect("listening implies a sender");
+            tokio::select! {
+                m = rx.recv() => m,
+                _ = client.closed() => {
+                    listening = false;
+                    continue;
+                }
+            }
+        } else {
+            if !interrupted {
+                interrupted = true;
+                kernel.interrupt().await;
+            }
+            rx.recv().await
+        };
+        let Some(msg) = msg else {
+            break Err("the sandbox is gone".to_string());
+        };
+        let out = match msg {
+            KernelOut::Dead(why) => break Err(why),
+            KernelOut::Event(ExecEvent::Done { .. }) => break Ok(()),
+            KernelOut::Event(ev) => result.push(ev),
+        };
+        if let (Some(out), true) = (out, listening) {
+            let client = tx.expect("listening implies a sender");
+            if client.send(out).await.is_err() {
+                listening = false;
+            }
+        }
+    };
+    kernel.unroute(exec);
+    outcome
+}
+
+/// Turns the agent's events into client events, assembling result values from their parts.
+#[derive(Default)]
+struct Assembler {
+    parts: Vec<(String, Vec<u8>)>,
+    bytes: usize,
+    overflowed: bool,
+}
+
+impl Assembler {
+    fn push(&mut self, ev: ExecEvent) -> Option<ExecOut> {
+        match ev {
+            ExecEvent::Count(n) => Some(ExecOut::Count(n)),
+            ExecEvent::Stdout { text, date } => Some(ExecOut::Stdout { text, date }),
+            ExecEvent::Stderr { text, date } => Some(ExecOut::Stderr { text, date }),
+            ExecEvent::Error {
+                name,
+                value,
+                traceback,
+            } => Some(ExecOut::Error {
+                name,
+                value,
+                traceback,
+            }),
+            ExecEvent::ResultPart { mime, json } => {
+                self.bytes += json.len();
+                if self.bytes > MAX_RESULT_BYTES {
+                    self.overflowed = true;
+                    return None;
+                }
+                match self.parts.last_mut() {
+                    Some((m, buf)) if *m == mime => buf.extend_from_slice(&json),
+                    _ => self.parts.push((mime, json)),
+                }
+                None
+            }
+            ExecEvent::Result { is_main, .. } => {
+                let parts = std::mem::take(&mut self.parts);
+                let overflowed = std::mem::take(&mut self.overflowed);
+                self.bytes = 0;
+                let mut data: Vec<MimeValue> = Vec::with_capacity(parts.len());
+                for (mime, json) in parts {
+                    // A value that is not JSON is the kernel's fault; it is dropped, not
+                    // guessed at.
+                    if let Ok(value) = serde_json::from_slice(&json) {
+                        data.retain(|d| d.mime != mime);
+                        data.push(MimeValue { mime, value });
+                    }
+                }
+                if overflowed {
+                    data.push(MimeValue {
+                        mime: "text/plain".into(),
+                        value: serde_json::Value::String(format!(
+                            "[result dropped: larger than {} MiB]",
+                            MAX_RESULT_BYTES >> 20
+                        )),
+                    });
+                    data.retain(|d| d.mime == "text/plain");
+                    data.truncate(1);
+                }
+                Some(ExecOut::Result { is_main, data })
+            }
+            ExecEvent::Done { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_parts_are_joined_per_mime_and_parsed() {
+        let mut a = Assembler::default();
+        for (mime, json) in [
+            ("text/plain", &b"\"4"[..]),
+            ("text/plain", b"2\""),
+            ("application/json", b"{\"a\": [1, 2]}"),
+            ("image/png", b"not json"),
+        ] {
+            assert_eq!(
+                a.push(ExecEvent::ResultPart {
+                    mime: mime.into(),
+                    json: json.to_vec()
+                }),
+                None
+            );
+        }
+        let out = a.push(ExecEvent::Result {
+            is_main: true,
+            date: String::new(),
+        });
+        assert_eq!(
+            out,
+            Some(ExecOut::Result {
+                is_main: true,
+                data: vec![
+                    MimeValue {
+                        mime: "text/plain".into(),
+                        value: serde_json::json!("42")
+                    },
+                    MimeValue {
+                        mime: "application/json".into(),
+                        value: serde_json::json!({"a": [1, 2]})
+                    },
+                ]
+            })
+        );
+        // The next result starts empty.
+        let out = a.push(ExecEvent::Result {
+            is_main: false,
+            date: String::new(),
+        });
+        assert_eq!(
+            out,
+            Some(ExecOut::Result {
+                is_main: false,
+                data: vec![]
+            })
+        );
+    }
+
+    #[test]
+    fn an_oversized_result_is_replaced_by_a_note() {
+        let mut a = Assembler::default();
+        let big = vec![b'a'; 1 << 20];
+        for _ in 0..(MAX_RESULT_BYTES >> 20) + 1 {
+            a.push(ExecEvent::ResultPart {
+                mime: "image/png".into(),
+                json: big.clone(),
+            });
+        }
+        let Some(ExecOut::Result { data, .. }) = a.push(ExecEvent::Result {
+            is_main: true,
+            date: String::new(),
+        }) else {
+            panic!("no result");
+        };
+        assert_eq!(data.len(), 1);
+        assert_eq!(data[0].mime, "text/plain");
+        assert!(data[0].value.as_str().unwrap().contains("result dropped"));
+        assert_eq!(a.bytes, 0);
+    }
+}
