@@ -505,6 +505,44 @@ async fn cases(agent: &AgentClient) {
     assert!(msg.contains("exit status 7"), "{msg}");
     assert!(msg.contains("the broken kernel says no"), "{msg}");
 
+    // A spec of the image's own: interrupted by message, with an environment of its own.
+    let python = VENV.to_owned() + "/bin/python";
+    let by_message = serde_json::json!({
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (interrupt by message)",
+        "language": "python",
+        "interrupt_mode": "message",
+        "env": {"HUSK_SPEC_ENV": "from the spec"},
+    });
+    write_file(
+        agent,
+        "/home/user/.local/share/jupyter/kernels/py-message/kernel.json",
+        by_message.to_string().as_bytes(),
+    )
+    .await;
+    let mut s3 = start(agent, start_req(3, "py-message")).await;
+    let code = "import os; print(os.environ['HUSK_SPEC_ENV'])";
+    let o = outcome(&run(agent, &mut s3, 3, 10, code).await);
+    assert_eq!(o.stdout, "from the spec\n");
+    submit(agent, 3, 11, "import time; time.sleep(30)").await;
+    assert!(matches!(
+        next(&mut s3, EVENT_WITHIN).await,
+        KernelEvent::Exec {
+            exec: 11,
+            event: ExecEvent::Count(_)
+        }
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = std::time::Instant::now();
+    let reply = agent.call(Request::KernelInterrupt { kernel: 3 }).await;
+    assert_eq!(reply.expect("interrupt"), Reply::Done);
+    let o = outcome(&collect(&mut s3, 11).await);
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(o.error.expect("an error").0, "KeyboardInterrupt");
+    let reply = agent.call(Request::KernelStop { kernel: 3 }).await;
+    assert_eq!(reply.expect("stop"), Reply::Done);
+    assert_eq!(expect_dead(&mut s3, EVENT_WITHIN).await, "stopped");
+
     // Nothing is left behind.
     assert!(connection_files(agent).await.is_empty());
     expect_err(

@@ -451,16 +451,18 @@ impl Kernels {
     /// Interrupts the kernel's running execution as its spec says.
     pub fn interrupt(&mut self, kernel: u32) -> Result<(), AgentError> {
         let k = self.live(kernel)?;
+        // A SIGINT before the kernel has set up its handler would kill it.
+        if k.phase != Phase::Ready || k.stopping || k.cause.is_some() {
+            return Err(err(ErrorKind::InvalidArgument, "kernel is not ready"));
+        }
         match k.interrupt_mode {
             // jupyter_client signals the whole process group too.
             InterruptMode::Signal => sys::kill(-(k.pid as i32), libc::SIGINT)
                 .or_else(|_| sys::kill(k.pid as i32, libc::SIGINT))
                 .map_err(|e| internal("interrupt", e)),
             InterruptMode::Message => match &mut k.client {
-                Some(client) if k.phase == Phase::Ready => {
-                    client.interrupt().map_err(|e| internal("interrupt", e))
-                }
-                _ => Err(err(ErrorKind::InvalidArgument, "kernel is not ready")),
+                Some(client) => client.interrupt().map_err(|e| internal("interrupt", e)),
+                None => Err(err(ErrorKind::InvalidArgument, "kernel is not ready")),
             },
         }
     }
