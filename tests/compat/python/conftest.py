@@ -13,7 +13,15 @@ import pytest
 
 from e2b import Sandbox
 
-from husk_compat import HuskServer, create_raw_sandbox, kill_raw_sandbox, start_server
+from husk_compat import (
+    PRESETS_DIR,
+    HuskServer,
+    build_template,
+    create_raw_sandbox,
+    kill_raw_sandbox,
+    remove_template,
+    start_server,
+)
 
 
 @pytest.fixture(scope="session")
@@ -133,3 +141,72 @@ def tokened_sandbox(husk: HuskServer):
     yield make
     for sandbox_id, key in made:
         kill_raw_sandbox(husk.port, key, sandbox_id)
+
+
+# --------------------------------------------------------------------------------------------
+# The code interpreter (e2b-code-interpreter==2.11.5)
+
+CODE_INTERPRETER_PRESETS = ("base", "code-interpreter")
+
+
+@pytest.fixture(scope="session")
+def ci_husk(husk: HuskServer) -> HuskServer:
+    """A `husk serve` of its own for the code-interpreter suites, with husk's `base` and
+    `code-interpreter` presets (templates/) built into its state directory with the shared layer
+    cache. Not the session's main server: a built `base` would replace the host template as
+    every other test's default. (Depends on `husk` only for its environment safety net.)
+    The code-interpreter modules mark their tests `timeout(..., func_only=True)`, so this
+    fixture's builds (seconds with a warm layer cache, minutes cold) are bounded by their own
+    timeout, not the per-test one. The templates are removed and the server stopped at the end."""
+    server = start_server()
+    built = []
+    try:
+        for preset in CODE_INTERPRETER_PRESETS:
+            line = build_template(server, PRESETS_DIR / preset)
+            built.append(preset)
+            print(f"\ncode-interpreter suite: {line}")
+        yield server
+    finally:
+        _warn_about_leftover_sandboxes(server)
+        for preset in reversed(built):
+            remove_template(server, preset)
+        rc, log_tail = server.close()
+        if rc not in (0, None):
+            print(f"\nhusk serve (code interpreter) exited with {rc}; last log lines:\n{log_tail}")
+
+
+@pytest.fixture
+def ci_sandbox_factory(ci_husk: HuskServer):
+    """Creates code-interpreter sandboxes with the stock SDK (`e2b_code_interpreter.Sandbox`;
+    its default template, `code-interpreter-v1`, unless one is given) on `ci_husk`; kills every
+    one of them in teardown."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    made: List[str] = []
+
+    def make(template=None, **kwargs) -> CodeSandbox:
+        kwargs.setdefault("timeout", 180)
+        if template is not None:
+            kwargs["template"] = template
+        sbx = CodeSandbox.create(**kwargs, **ci_husk.opts())
+        made.append(sbx.sandbox_id)
+        return sbx
+
+    yield make
+    for sandbox_id in made:
+        try:
+            CodeSandbox.kill(sandbox_id, **ci_husk.opts())
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def ci_cleanup_ids(ci_husk: HuskServer):
+    """Sandbox ids (e.g. of async sandboxes) killed on `ci_husk` in teardown."""
+    ids: List[str] = []
+    yield ids
+    for sandbox_id in ids:
+        try:
+            Sandbox.kill(sandbox_id, **ci_husk.opts())
+        except Exception:
+            pass

@@ -26,6 +26,12 @@ DEFAULT_BIN = REPO_ROOT / "target" / "x86_64-unknown-linux-gnu" / "debug" / "hus
 LISTEN_RE = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 KEY_RE = re.compile(r"^e2b_[0-9a-f]{40}$")
 ENVD_PORT = 49983
+JUPYTER_PORT = 49999
+# husk's preset templates (templates/README.md), and the layer cache the tests share with the
+# cargo tests (crates/husk/tests/common/templates.rs): layers are keyed by content, so a
+# machine bootstraps Debian once.
+PRESETS_DIR = REPO_ROOT / "templates"
+LAYER_CACHE = "/var/tmp/husk-test-layers"
 
 T = TypeVar("T")
 
@@ -153,6 +159,28 @@ class HuskServer:
             except OSError:
                 pass
         return rc, tail
+
+
+def build_template(server: "HuskServer", spec: Path, name: Optional[str] = None,
+                   timeout: float = 900) -> str:
+    """`husk template build SPEC [--name NAME]` into the server's state directory (with the
+    shared layer cache), next to the running server. Returns the CLI's last line (name, size,
+    build time); raises with the build's output if it fails."""
+    args = [str(server.bin), "template", "build", str(spec), "--quiet",
+            "--state-dir", str(server.state_dir), "--layer-cache", LAYER_CACHE]
+    if name:
+        args += ["--name", name]
+    out = subprocess.run(args, capture_output=True, timeout=timeout)
+    text = (out.stdout + out.stderr).decode(errors="replace").strip()
+    if out.returncode != 0:
+        raise RuntimeError(f"husk template build {spec} failed ({out.returncode}):\n{text[-4000:]}")
+    return text.splitlines()[-1] if text else ""
+
+
+def remove_template(server: "HuskServer", name: str) -> None:
+    """`husk template rm NAME` (best effort: used in teardown)."""
+    subprocess.run([str(server.bin), "template", "rm", name, "--state-dir", str(server.state_dir)],
+                   capture_output=True, timeout=60)
 
 
 def husk_binary() -> Path:

@@ -1,0 +1,370 @@
+"""The code interpreter through the stock sync SDK (`e2b_code_interpreter.Sandbox`, pinned
+2.11.5): `run_code` on the Jupyter kernels husk's agent runs in sandboxes of the
+`code-interpreter` preset (port 49999: `/execute` NDJSON, `/contexts`, `/health`; see
+/work/shared/e2b-protocol.md §4).
+
+Runs against `ci_husk` (conftest.py): a server of its own with the `base` and
+`code-interpreter` presets built. The SDK's default template, `code-interpreter-v1`, is the
+`code-interpreter` preset."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from datetime import datetime
+
+import pytest
+from e2b import InvalidArgumentException, NotFoundException, SandboxException, TimeoutException
+from e2b_code_interpreter import Context, Sandbox
+from e2b_code_interpreter.charts import ChartType
+
+from husk_compat import JUPYTER_PORT, http_request, sandbox_headers
+
+# Tests bound their own body; the session fixture that builds the templates is not counted.
+pytestmark = pytest.mark.timeout(120, func_only=True)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def stdout_of(execution) -> str:
+    return "".join(execution.logs.stdout)
+
+
+def timestamp_value(ts) -> float:
+    """An OutputMessage timestamp as a number: the server sends the kernel message's date
+    (ISO 8601), which the SDK passes through; an integer (epoch ns) is taken as is."""
+    assert ts, f"empty timestamp {ts!r}"
+    if isinstance(ts, (int, float)):
+        return float(ts) / 1e9
+    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+
+
+def raw_execute(ci_husk, sbx: Sandbox, body: dict, timeout: float = 60):
+    """POST /execute with plain HTTP, named by the routing headers (port 49999) and carrying the
+    access token, like the SDK."""
+    headers = sandbox_headers(sbx.sandbox_id, sbx._envd_access_token, port=JUPYTER_PORT)
+    headers["Content-Type"] = "application/json"
+    return http_request(ci_husk.port, "POST", "/execute", headers, json.dumps(body).encode(), timeout=timeout)
+
+
+def test_default_template_is_stateful(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()  # code-interpreter-v1
+    first = sbx.run_code("x = 1")
+    assert first.error is None, first.error
+    assert first.results == []
+    assert isinstance(first.execution_count, int) and first.execution_count >= 1
+    second = sbx.run_code("x + 1")
+    assert second.error is None, second.error
+    assert [r.text for r in second.results] == ["2"]
+    assert second.results[0].is_main_result is True
+    assert second.text == "2"
+    assert second.execution_count == first.execution_count + 1
+    # The sandbox is an ordinary one too.
+    assert sbx.commands.run("echo $HOME").stdout == "/home/user\n"
+
+
+def test_template_by_name(ci_sandbox_factory):
+    sbx = ci_sandbox_factory("code-interpreter")
+    r = sbx.run_code("import sys; sys.version_info[:2]")
+    assert r.error is None, r.error
+    assert r.text == "(3, 11)"
+
+
+def test_contexts_are_isolated(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    ctx = sbx.create_code_context()
+    assert isinstance(ctx, Context) and ctx.id
+    assert ctx.language == "python"
+    assert ctx.cwd == "/home/user"
+    assert sbx.run_code("secret = 41", context=ctx).error is None
+    assert sbx.run_code("secret + 1", context=ctx).text == "42"
+
+    # Not in the default context, nor in a second one.
+    r = sbx.run_code("secret")
+    assert r.error is not None and r.error.name == "NameError", r.error
+    other = sbx.create_code_context(language="python")
+    assert other.id != ctx.id
+    r = sbx.run_code("secret", context=other)
+    assert r.error is not None and r.error.name == "NameError", r.error
+
+    listed = {c.id: c for c in sbx.list_code_contexts()}
+    assert ctx.id in listed and other.id in listed, listed
+    assert listed[ctx.id].language == "python" and listed[ctx.id].cwd == "/home/user"
+
+    sbx.remove_code_context(other)
+    assert other.id not in {c.id for c in sbx.list_code_contexts()}
+    with pytest.raises(NotFoundException):
+        sbx.run_code("1", context=other)
+    # By id too; the first context still has its state.
+    sbx.remove_code_context(ctx.id)
+    assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
+    assert sbx.run_code("2 * 21").text == "42"
+
+
+def test_streaming_callbacks_in_order(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    events = []
+    code = "\n".join([
+        "import sys, time",
+        "print('out-1', flush=True)",
+        "time.sleep(0.3)",
+        "print('err-1', file=sys.stderr, flush=True)",
+        "time.sleep(0.3)",
+        "print('out-2', flush=True)",
+        "time.sleep(0.3)",
+        "from IPython.display import display, Markdown",
+        "display(Markdown('**shown**'))",
+        "'last'",
+    ])
+    r = sbx.run_code(
+        code,
+        on_stdout=lambda m: events.append(("stdout", m)),
+        on_stderr=lambda m: events.append(("stderr", m)),
+        on_result=lambda res: events.append(("result", res)),
+        on_error=lambda e: events.append(("error", e)),
+    )
+    assert r.error is None, r.error
+    assert stdout_of(r) == "out-1\nout-2\n"
+    assert "".join(r.logs.stderr) == "err-1\n"
+    kinds = [k for k, _ in events]
+    assert "error" not in kinds, events
+
+    def first(kind, text):
+        for i, (k, v) in enumerate(events):
+            if k == kind and text in (v.line if k in ("stdout", "stderr") else (v.markdown or v.text or "")):
+                return i
+        raise AssertionError(f"no {kind} event with {text!r}: {events!r}")
+
+    order = [first("stdout", "out-1"), first("stderr", "err-1"), first("stdout", "out-2"),
+             first("result", "**shown**"), first("result", "last")]
+    assert order == sorted(order), events
+    msgs = [v for k, v in events if k in ("stdout", "stderr")]
+    assert [m.error for m in msgs] == [k == "stderr" for k, _ in events if k in ("stdout", "stderr")]
+    stamps = [timestamp_value(m.timestamp) for m in msgs]
+    assert stamps == sorted(stamps), stamps
+    assert abs(stamps[0] - time.time()) < 300, stamps
+    # The display is not the main result; the last expression is.
+    results = [v for k, v in events if k == "result"]
+    assert [res.is_main_result for res in results] == [False, True]
+    # text/plain of a str, with one level of single quotes stripped (as E2B's server does).
+    assert results[1].text == "last"
+    assert r.results == results
+
+
+def test_error_has_name_value_and_traceback(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    seen = []
+    r = sbx.run_code("print('before')\n1 / 0", on_error=seen.append)
+    assert r.error is not None
+    assert r.error.name == "ZeroDivisionError"
+    assert r.error.value == "division by zero"
+    assert isinstance(r.error.traceback, str) and "ZeroDivisionError" in r.error.traceback
+    assert seen and seen[0].name == "ZeroDivisionError"
+    assert stdout_of(r) == "before\n"
+    assert r.results == []
+    r = sbx.run_code("raise ValueError('boom ' + 'bang')")
+    assert (r.error.name, r.error.value) == ("ValueError", "boom bang")
+    # The kernel is fine afterwards.
+    assert sbx.run_code("6 * 7").text == "42"
+
+
+def test_matplotlib_chart_is_a_png(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [1, 4, 9])\n"
+        "plt.title('squares')\n"
+        "plt.show()"
+    )
+    assert r.error is None, r.error
+    pngs = [res for res in r.results if res.png]
+    assert len(pngs) == 1, r.results
+    png = base64.b64decode(pngs[0].png)
+    assert png.startswith(PNG_MAGIC)
+    assert len(png) > 1000
+    assert pngs[0].is_main_result is False
+    # husk's startup file adds the figure as data (e2b/chart, via e2b-charts).
+    chart = pngs[0].chart
+    assert chart is not None, pngs[0].formats()
+    assert chart.type == ChartType.LINE and chart.title == "squares"
+    # A figure as the last expression is the main result.
+    r = sbx.run_code("fig = plt.figure(); plt.bar(['a', 'b'], [3, 5]); fig")
+    assert r.error is None, r.error
+    main = [res for res in r.results if res.is_main_result]
+    assert len(main) == 1 and main[0].png, r.results
+    assert base64.b64decode(main[0].png).startswith(PNG_MAGIC)
+    assert main[0].chart is not None and main[0].chart.type == ChartType.BAR
+
+
+def test_dataframe_as_html_and_data(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code(
+        "import pandas as pd\n"
+        "pd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', None], 'c': [0.5, float('nan'), 2.5]})"
+    )
+    assert r.error is None, r.error
+    assert len(r.results) == 1
+    res = r.results[0]
+    assert res.is_main_result
+    assert "<table" in res.html and "<th>a</th>" in res.html
+    assert res.data == {"a": [1, 2, 3], "b": ["x", "y", None], "c": [0.5, None, 2.5]}
+    assert "a" in res.text and "x" in res.text
+    assert set(res.formats()) >= {"text", "html", "data"}
+
+
+def test_display_data_are_not_main_results(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code(
+        "from IPython.display import display, HTML, JSON, Markdown\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "display(Markdown('# title'))\n"
+        "display(JSON({'k': [1, 2]}))\n"
+        "40 + 2"
+    )
+    assert r.error is None, r.error
+    assert [res.is_main_result for res in r.results] == [False, False, False, True]
+    assert r.results[0].html == "<b>bold</b>"
+    assert r.results[1].markdown == "# title"
+    assert r.results[2].json == {"k": [1, 2]}
+    assert r.results[3].text == "42"
+    assert r.text == "42"
+
+
+def test_env_vars_per_call_and_global(ci_sandbox_factory):
+    sbx = ci_sandbox_factory(envs={"HUSK_GLOBAL": "global-value"})
+    show = "import os; print(os.environ.get('HUSK_GLOBAL'), os.environ.get('HUSK_CALL'))"
+    assert stdout_of(sbx.run_code(show)) == "global-value None\n"
+    r = sbx.run_code(show, envs={"HUSK_CALL": "call-value", "HUSK_GLOBAL": "overridden"})
+    assert r.error is None, r.error
+    assert stdout_of(r) == "overridden call-value\n"
+    # Only for that call.
+    assert stdout_of(sbx.run_code(show)) == "global-value None\n"
+    # Global ones reach new contexts too; per-call ones work in them.
+    ctx = sbx.create_code_context()
+    assert stdout_of(sbx.run_code(show, context=ctx)) == "global-value None\n"
+    assert stdout_of(sbx.run_code(show, context=ctx, envs={"HUSK_CALL": "c2"})) == "global-value c2\n"
+    assert stdout_of(sbx.run_code(show, context=ctx)) == "global-value None\n"
+
+
+def test_context_cwd(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    ctx = sbx.create_code_context(cwd="/tmp")
+    assert ctx.cwd == "/tmp"
+    assert stdout_of(sbx.run_code("import os; print(os.getcwd())", context=ctx)) == "/tmp\n"
+    assert stdout_of(sbx.run_code("import os; print(os.getcwd())")) == "/home/user\n"
+    listed = {c.id: c for c in sbx.list_code_contexts()}
+    assert listed[ctx.id].cwd == "/tmp"
+
+
+def test_timeout_interrupts_and_the_context_is_reused(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    ctx = sbx.create_code_context()
+    assert sbx.run_code("kept = 7", context=ctx).error is None
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sbx.run_code("import time; time.sleep(30)", context=ctx, timeout=2)
+    assert time.monotonic() - t0 < 15
+    # The client went away, so the server interrupted the kernel: the next call neither waits
+    # for the sleep to end nor loses the context's state.
+    t1 = time.monotonic()
+    r = sbx.run_code("kept + 1", context=ctx, timeout=20)
+    assert r.error is None, r.error
+    assert r.text == "8"
+    assert time.monotonic() - t1 < 20
+    # The default context was never blocked.
+    assert sbx.run_code("1 + 1", timeout=20).text == "2"
+
+
+def test_restart_context(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    ctx = sbx.create_code_context()
+    assert sbx.run_code("gone_after_restart = 5", context=ctx).error is None
+    sbx.restart_code_context(ctx)
+    r = sbx.run_code("gone_after_restart", context=ctx)
+    assert r.error is not None and r.error.name == "NameError", r.error
+    assert sbx.run_code("3 * 3", context=ctx).text == "9"
+    # By id, and the default context.
+    assert sbx.run_code("d = 1").error is None
+    default_ctx = sbx.create_code_context()
+    sbx.restart_code_context(default_ctx.id)
+    assert sbx.run_code("1 + 2", context=default_ctx).text == "3"
+    assert sbx.run_code("d").text == "1"  # another context: untouched
+
+
+def test_killed_sandbox(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    assert sbx.run_code("1").text == "1"
+    assert sbx.kill() is True
+    with pytest.raises(SandboxException):
+        sbx.run_code("1", timeout=20)
+    with pytest.raises(SandboxException):
+        sbx.create_code_context()
+
+
+def test_bad_language_context_id_and_both(ci_husk, ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    with pytest.raises(SandboxException) as e:
+        sbx.run_code("1", language="cobol")
+    assert "cobol" in str(e.value), str(e.value)
+    with pytest.raises(SandboxException) as e:
+        sbx.create_code_context(language="cobol")
+    assert "cobol" in str(e.value), str(e.value)
+
+    missing = Context("nosuchcontext", "python", "/home/user")
+    with pytest.raises(NotFoundException):
+        sbx.run_code("1", context=missing)
+    with pytest.raises(NotFoundException):
+        sbx.remove_code_context("nosuchcontext")
+    with pytest.raises(NotFoundException):
+        sbx.restart_code_context("nosuchcontext")
+
+    ctx = sbx.create_code_context()
+    # The SDK refuses both itself; the server does too.
+    with pytest.raises(InvalidArgumentException):
+        sbx.run_code("1", language="python", context=ctx)
+    r = raw_execute(ci_husk, sbx, {"code": "1", "context_id": ctx.id, "language": "python"})
+    assert r.status == 400, (r.status, r.text)
+    assert "Only one of context_id or language can be provided" in r.text
+    # Still usable.
+    assert sbx.run_code("5", context=ctx).text == "5"
+
+
+def test_wire_format_and_health(ci_husk, ci_sandbox_factory):
+    """Below the SDK: the NDJSON lines of /execute and GET /health on port 49999."""
+    sbx = ci_sandbox_factory()
+    r = raw_execute(ci_husk, sbx, {"code": "print('hi')\n1 + 1", "context_id": None, "language": None,
+                                   "env_vars": None})
+    assert r.status == 200, (r.status, r.text)
+    lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+    types = [line["type"] for line in lines if line["type"] != "keepalive"]
+    assert types[0] == "number_of_executions" and isinstance(lines[0]["execution_count"], int), lines
+    assert types[-1] == "end_of_execution", lines
+    assert {"type": "stdout", "text": "hi\n", "timestamp": lines[types.index("stdout")]["timestamp"]} in lines
+    result = next(line for line in lines if line["type"] == "result")
+    assert result["is_main_result"] is True and result["text"] == "2", result
+    assert "html" not in result  # exclude_none: absent formats are absent
+    # JS sends only the keys it has.
+    r = raw_execute(ci_husk, sbx, {"code": "3"})
+    assert r.status == 200
+    assert any(json.loads(line).get("text") == "3" for line in r.text.splitlines() if line.strip())
+
+    h = http_request(ci_husk.port, "GET", "/health", sandbox_headers(sbx.sandbox_id, port=JUPYTER_PORT))
+    assert h.status == 200, (h.status, h.text)
+    assert "OK" in h.text
+
+
+def test_bash(ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code("echo hello-$((40 + 2))", language="bash")
+    assert r.error is None, r.error
+    assert stdout_of(r) == "hello-42\n"
+    # The bash context keeps its state (variables, cwd) across calls.
+    assert sbx.run_code("export HUSK_BASH=kept; cd /tmp", language="bash").error is None
+    assert stdout_of(sbx.run_code("echo $HUSK_BASH $(pwd) $(whoami)", language="bash")) == "kept /tmp user\n"
+    # A bash context of its own does not share it.
+    ctx = sbx.create_code_context(language="bash")
+    assert ctx.language == "bash"
+    assert stdout_of(sbx.run_code("echo \"[$HUSK_BASH]\"", context=ctx)) == "[]\n"
+    # Python is unaffected.
+    assert sbx.run_code("'py'").text == "py"
