@@ -90,6 +90,9 @@ pub struct Context {
     /// Where its kernel runs (absolute, as the client gave it or the default).
     pub cwd: String,
     spec: String,
+    /// What its kernel process gets (kept for restarts).
+    env: KernelEnv,
+    envs: Vec<(String, String)>,
     /// The current kernel; replaced on restart.
     kernel: Mutex<Arc<Kernel>>,
     /// Held by an execution from start to end (one at a time), and by a restart while it
@@ -237,25 +240,25 @@ impl Contexts {
         }))
     }
 
-    fn kernel_start(&self, kernel: u32, spec: &str, cwd: &str) -> KernelStart {
-        KernelStart {
-            kernel,
-            spec: spec.to_owned(),
-            cwd: Some(cwd.to_owned()),
-            user: self.env.user,
-            envs: Vec::new(),
-            secret_envs: self.env.secret_envs.clone(),
-        }
-    }
-
-    async fn start_kernel(&self, spec: &str, cwd: &str) -> Result<Arc<Kernel>, ContextError> {
+    async fn start_kernel(
+        &self,
+        spec: &str,
+        cwd: &str,
+        env: &KernelEnv,
+        envs: &[(String, String)],
+    ) -> Result<Arc<Kernel>, ContextError> {
         let id = self
             .next_kernel
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let stream = self
-            .agent
-            .kernel_start(self.kernel_start(id, spec, cwd))
-            .await?;
+        let start = KernelStart {
+            kernel: id,
+            spec: spec.to_owned(),
+            cwd: Some(cwd.to_owned()),
+            user: env.user,
+            envs: envs.to_vec(),
+            secret_envs: env.secret_envs.clone(),
+        };
+        let stream = self.agent.kernel_start(start).await?;
         let kernel = Kernel::spawn(id, self.agent.clone(), stream);
         kernel.wait_ready(START_TIMEOUT).await?;
         Ok(kernel)
@@ -268,7 +271,23 @@ impl Contexts {
         language: Option<&str>,
         cwd: Option<&str>,
     ) -> Result<Arc<Context>, ContextError> {
-        self.create_inner(language, cwd, false).await
+        self.create_inner(language, cwd, false, None).await
+    }
+
+    /// Like [`Contexts::create`], for one run: its kernel process gets `envs` over the
+    /// sandbox's environment, as `user`, with the run's resolved secrets (instead of the
+    /// sandbox's).
+    pub async fn create_for_run(
+        &self,
+        language: &str,
+        cwd: Option<&str>,
+        user: User,
+        envs: Vec<(String, String)>,
+        secret_envs: Vec<(String, String)>,
+    ) -> Result<Arc<Context>, ContextError> {
+        let env = KernelEnv { user, secret_envs };
+        self.create_inner(Some(language), cwd, false, Some((env, envs)))
+            .await
     }
 
     async fn create_inner(
@@ -276,6 +295,7 @@ impl Contexts {
         language: Option<&str>,
         cwd: Option<&str>,
         default: bool,
+        own: Option<(KernelEnv, Vec<(String, String)>)>,
     ) -> Result<Arc<Context>, ContextError> {
         let language = normalize_language(language.unwrap_or("python"));
         let cwd = match cwd {
@@ -293,12 +313,15 @@ impl Contexts {
             )));
         }
         let spec = self.spec_for(&language).await?;
-        let kernel = self.start_kernel(&spec, &cwd).await?;
+        let (env, envs) = own.unwrap_or_else(|| (self.env.clone(), Vec::new()));
+        let kernel = self.start_kernel(&spec, &cwd, &env, &envs).await?;
         let ctx = Arc::new(Context {
             id: new_context_id()?,
             language: language.clone(),
             cwd,
             spec,
+            env,
+            envs,
             kernel: Mutex::new(kernel.clone()),
             exec_lock: Arc::new(tokio::sync::Mutex::new(())),
         });
@@ -338,7 +361,7 @@ impl Contexts {
         if let Some(c) = find(&lock(&self.table)) {
             return Ok(c);
         }
-        self.create_inner(Some(&language), None, true).await
+        self.create_inner(Some(&language), None, true, None).await
     }
 
     /// A context by id.
@@ -387,7 +410,9 @@ impl Contexts {
         // and its lock is free.
         ctx.kernel().stop().await;
         let _exec = ctx.exec_lock.lock().await;
-        let fresh = self.start_kernel(&ctx.spec, &ctx.cwd).await?;
+        let fresh = self
+            .start_kernel(&ctx.spec, &ctx.cwd, &ctx.env, &ctx.envs)
+            .await?;
         *ctx.kernel.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
         Ok(())
     }

@@ -12,6 +12,7 @@
 pub mod batch;
 mod cancel;
 mod exec;
+mod kernel;
 mod outputs;
 pub mod spec;
 
@@ -107,6 +108,9 @@ pub struct RunRecord {
     /// The last bytes of stdout and stderr (masked like the stream), for a summary.
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// `code` runs in a kernel: the main result's text (bounded), if there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
 }
 
 /// What a run streams.
@@ -130,6 +134,12 @@ pub enum RunEvent {
         duration_ms: u64,
     },
     Outputs(OutputsReport),
+    /// `code` runs in a kernel: a rich result (`is_main`: the last expression's value, else
+    /// display data), its MIME bundle as the kernel gave it.
+    Result {
+        is_main: bool,
+        data: serde_json::Map<String, serde_json::Value>,
+    },
     /// A problem on husk's side (the record's `error`).
     Error {
         message: String,
@@ -302,6 +312,7 @@ impl Runs {
             outputs: None,
             stdout_tail: String::new(),
             stderr_tail: String::new(),
+            result: None,
         };
         self.save_run(&record)?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);

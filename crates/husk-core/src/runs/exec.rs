@@ -103,10 +103,10 @@ fn incomplete_tail(b: &[u8]) -> usize {
 
 /// The last [`TAIL_BYTES`] of a stream.
 #[derive(Default)]
-struct Tail(Vec<u8>);
+pub(super) struct Tail(Vec<u8>);
 
 impl Tail {
-    fn push(&mut self, b: &[u8]) {
+    pub(super) fn push(&mut self, b: &[u8]) {
         self.0.extend_from_slice(b);
         if self.0.len() > TAIL_BYTES * 2 {
             let cut = self.0.len() - TAIL_BYTES;
@@ -114,7 +114,7 @@ impl Tail {
         }
     }
 
-    fn text(&self) -> String {
+    pub(super) fn text(&self) -> String {
         let start = self.0.len().saturating_sub(TAIL_BYTES);
         String::from_utf8_lossy(&self.0[start..]).into_owned()
     }
@@ -122,7 +122,7 @@ impl Tail {
 
 /// Sends an event; a client that went away is not an error here (its handle's drop cancels
 /// the run, unless it was detached).
-async fn emit(tx: &mpsc::Sender<RunEvent>, ev: RunEvent) {
+pub(super) async fn emit(tx: &mpsc::Sender<RunEvent>, ev: RunEvent) {
     let _ = tx.send(ev).await;
 }
 
@@ -212,7 +212,22 @@ async fn execute(
     // Relative files go where the command runs: the run's workdir, else the template's (else
     // the agent resolves them against the user's home, where the command then runs too).
     let workdir = plan.workdir.clone().or_else(|| sb.default_workdir.clone());
-    for (path, bytes) in plan.code_file.iter().chain(plan.files.iter()) {
+    // Code runs in the template's Jupyter kernel for its language when there is one (the code
+    // interpreter's path: the last expression's value and display data come back as results);
+    // otherwise as a file run by the language's interpreter.
+    let kernel = match &plan.code {
+        Some((lang, code)) => match sb.contexts.languages().await {
+            Ok(langs) if langs.contains(lang) => Some((lang.clone(), code.clone())),
+            _ => None,
+        },
+        None => None,
+    };
+    let code_file = if kernel.is_some() {
+        None
+    } else {
+        plan.code_file.as_ref()
+    };
+    for (path, bytes) in code_file.into_iter().chain(plan.files.iter()) {
         let path = match (&workdir, path.starts_with('/')) {
             (Some(w), false) => format!("{}/{path}", w.trim_end_matches('/')),
             _ => path.clone(),
@@ -222,6 +237,25 @@ async fn execute(
             .map_err(|e| format!("writing {path} into the sandbox failed: {e}"))?;
     }
 
+    if let Some((lang, code)) = kernel {
+        let (status, exit_code, reason) = super::kernel::run(
+            &manager,
+            who,
+            plan,
+            &sb,
+            &lang,
+            code,
+            workdir.clone(),
+            rec,
+            tx,
+            cancel,
+        )
+        .await?;
+        return finish(
+            runs, who, plan, rec, tx, &sb, guard, started, status, exit_code, reason,
+        )
+        .await;
+    }
     let mut p = StartProc {
         cmd: plan.argv[0].clone(),
         args: plan.argv[1..].to_vec(),
@@ -341,6 +375,28 @@ async fn execute(
             ),
         }
     };
+    finish(
+        runs, who, plan, rec, tx, &sb, guard, started, status, exit_code, reason,
+    )
+    .await
+}
+
+/// Records how the run ended, saves its outputs and destroys its sandbox.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    runs: &Arc<Runs>,
+    who: &Principal,
+    plan: &Plan,
+    rec: &mut RunRecord,
+    tx: &mpsc::Sender<RunEvent>,
+    sb: &Arc<LiveSandbox>,
+    guard: Destroy,
+    started: Instant,
+    status: RunStatus,
+    exit_code: Option<i32>,
+    reason: String,
+) -> Result<(), String> {
+    let cancelled = status == RunStatus::Cancelled;
     rec.status = status;
     rec.exit_code = exit_code;
     rec.reason = Some(reason.clone());
@@ -356,7 +412,7 @@ async fn execute(
     .await;
 
     if !plan.outputs.is_empty() && !cancelled {
-        let saved = save_outputs(runs, who, plan, &rec.id, &sb).await;
+        let saved = save_outputs(runs, who, plan, &rec.id, sb).await;
         match saved {
             Ok(report) => {
                 rec.outputs = Some(report.clone());

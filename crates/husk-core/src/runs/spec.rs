@@ -143,8 +143,12 @@ pub struct Plan {
     pub template: String,
     /// What the record shows as the command.
     pub argv: Vec<String>,
-    /// Source code to write before starting (`(path, code)`), for `code` runs.
+    /// Source code to write before starting (`(path, code)`), for `code` runs without a
+    /// kernel for their language.
     pub code_file: Option<(String, Vec<u8>)>,
+    /// `code` runs: the language (normalised) and the code, run in the template's Jupyter
+    /// kernel for that language when it has one (else as `code_file` with `argv`).
+    pub code: Option<(String, String)>,
     pub files: Vec<(String, Vec<u8>)>,
     pub workspaces: Vec<WorkspaceMount>,
     /// The process's environment, secrets as `husk-secret://NAME` references.
@@ -161,6 +165,15 @@ pub struct Plan {
     pub redact: bool,
     /// `None`: the server's default.
     pub network: Option<husk_net::NetPolicy>,
+}
+
+/// The kernel language of a code run's interpreter.
+fn interp_language(interp: &str) -> &'static str {
+    match interp {
+        "python3" => "python",
+        "node" => "javascript",
+        _ => "bash",
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> RunError {
@@ -223,6 +236,7 @@ impl RunSpec {
             return Err(invalid("language is only for code"));
         }
         let mut code_file = None;
+        let mut kernel_code = None;
         let argv = if let Some(argv) = &self.command {
             if argv.is_empty() || argv[0].is_empty() {
                 return Err(invalid("command is empty"));
@@ -247,6 +261,10 @@ impl RunSpec {
                 }
             };
             let path = format!("/tmp/husk-run/main.{ext}");
+            kernel_code = Some((
+                crate::contexts::normalize_language(interp_language(interp)),
+                code.clone(),
+            ));
             code_file = Some((path.clone(), code.into_bytes()));
             vec![interp.into(), path]
         };
@@ -398,6 +416,7 @@ impl RunSpec {
             template,
             argv,
             code_file,
+            code: kernel_code,
             files,
             workspaces,
             env,

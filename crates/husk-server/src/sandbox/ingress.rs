@@ -162,7 +162,7 @@ fn bad_gateway(id: &str, port: u16, e: hyper::Error) -> Response {
 
 /// Whether the sandbox admits the request: public, or the right traffic token, or a key of
 /// its team (never another team's, whatever its rights elsewhere).
-fn admitted(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
+pub(super) fn admitted(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
     let Some(token) = &sb.traffic_access_token else {
         return true;
     };

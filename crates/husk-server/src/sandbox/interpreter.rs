@@ -18,7 +18,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::Sandbox;
-use crate::envd::auth::access_token_ok;
+use crate::app::AppState;
+use crate::envd::auth::{access_token_ok, ACCESS_TOKEN_HEADER};
 
 /// The port E2B's SDKs send code-interpreter calls to.
 pub const PORT: u16 = 49999;
@@ -80,16 +81,26 @@ struct CreateBody {
     cwd: Option<String>,
 }
 
-pub async fn handle(sb: Sandbox, req: Request<Body>) -> Response {
+/// Serves one request. Access is E2B's for a sandbox port: a public sandbox's port admits
+/// whoever names the sandbox (its id is the secret), a private one its traffic token or a key
+/// of its team ([`super::ingress::admitted`]); the sandbox's access token (`X-Access-Token`,
+/// which the SDKs send with `/execute`) also admits.
+pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Response {
     let path = req.uri().path().trim_end_matches('/').to_string();
     let method = req.method().clone();
     if (method.clone(), path.as_str()) == (Method::GET, "/health") {
         return axum::Json("OK").into_response();
     }
-    if !access_token_ok(req.headers(), Some(&sb.access_token)) {
+    let token_ok = req.headers().contains_key(ACCESS_TOKEN_HEADER)
+        && access_token_ok(req.headers(), Some(&sb.access_token));
+    if !token_ok && !super::ingress::admitted(state, &sb, req.headers()) {
         return text(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid X-Access-Token",
+            StatusCode::FORBIDDEN,
+            format!(
+                "sandbox {} is private: send its traffic access token in the \
+                 E2B-Traffic-Access-Token header, or an API key of its team",
+                sb.id
+            ),
         );
     }
     let body = req.into_body();

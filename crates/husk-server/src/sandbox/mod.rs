@@ -56,7 +56,7 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
         return sandbox_not_found(&id);
     }
     if port == interpreter::PORT {
-        return interpreter::handle(sb, req).await;
+        return interpreter::handle(&state, sb, req).await;
     }
     if port != ENVD_PORT {
         return ingress::handle(&state, sb, port, req).await;
