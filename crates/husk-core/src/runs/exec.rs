@@ -170,7 +170,18 @@ async fn execute(
         template: plan.template.clone(),
         timeout: plan.timeout + OUTPUT_GRACE,
         metadata,
-        env: Vec::new(),
+        // A code run's environment is its sandbox's: the kernel (the sandbox's interpreter)
+        // and the agent's kernel lookup (`JUPYTER_PATH`) see it. Secrets stay references
+        // there, resolved for the one process or kernel that runs.
+        env: match &plan.code {
+            Some(_) => plan
+                .env
+                .iter()
+                .filter(|(k, _)| k != REDACT_ENV)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        },
         allow_internet_access: None,
         workspaces: plan.workspaces.clone(),
         limits: plan

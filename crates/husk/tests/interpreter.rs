@@ -1,0 +1,450 @@
+//! The code interpreter through a real `husk serve`: port 49999's `/execute` (NDJSON),
+//! `/contexts` and `/health` on real ipykernel 7.4.0 kernels run by the agent, and `code` runs
+//! on the same path.
+//!
+//! The kernel comes from a venv made by `scripts/jupyter-test-venv` with the host's
+//! `/usr/bin/python3` (the host template shows `/usr`), copied into a workspace that the
+//! sandboxes mount read-only at the venv's own path; `JUPYTER_PATH` and `PATH` in the
+//! sandbox's environment point into it. (The stock SDK suites in `tests/compat` use the real
+//! `code-interpreter` template instead.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::sandbox::Sandbox;
+use common::server::{Server, Streaming};
+use common::{wait_for, TempDir};
+use serde_json::{json, Value};
+
+/// Where the venv lives on the host and in the sandboxes.
+const VENV: &str = "/var/tmp/husk-ipykernel-sandbox-venv";
+
+fn venv() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/jupyter-test-venv");
+    let out = Command::new(&script)
+        .arg(VENV)
+        .env("PYTHON", "/usr/bin/python3")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed: this test needs python3 with venv and pip, and PyPI",
+        script.display()
+    );
+    let python = PathBuf::from(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .expect("the python path"),
+    );
+    let real = std::fs::canonicalize(&python).unwrap();
+    assert!(
+        real.starts_with("/usr/"),
+        "{} is {}, which the host template does not show; remove {VENV} to rebuild it",
+        python.display(),
+        real.display()
+    );
+    PathBuf::from(VENV)
+}
+
+/// The sandbox environment that finds the venv's kernel.
+fn kernel_env() -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "JUPYTER_PATH".into(),
+        json!(format!("{VENV}/share/jupyter")),
+    );
+    m.insert(
+        "PATH".into(),
+        json!(format!("{VENV}/bin:/usr/local/bin:/usr/bin:/bin")),
+    );
+    m
+}
+
+/// A server with the venv in its team's workspace `kvenv`.
+fn server_with_venv(state: &TempDir) -> Server {
+    let venv = venv();
+    let server = Server::start(state.path());
+    server
+        .request(
+            "POST",
+            "/husk/v1/workspaces",
+            &server.admin_key,
+            br#"{"name": "kvenv"}"#,
+        )
+        .expect(201);
+    let ws = state.path().join("workspaces/default/kvenv");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", venv.display()))
+        .arg(&ws)
+        .status()
+        .unwrap();
+    assert!(st.success(), "copying the venv into the workspace failed");
+    server
+}
+
+fn create(server: &Server, extra: Value) -> Sandbox<'_> {
+    let mut env = kernel_env();
+    if let Some(more) = extra.get("envVars").and_then(Value::as_object) {
+        env.extend(more.clone());
+    }
+    let mut body = json!({
+        "templateID": "base",
+        "timeout": 300,
+        "envVars": env,
+        "volumeMounts": [{"name": "kvenv", "path": VENV}],
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        if k != "envVars" {
+            body[k] = v.clone();
+        }
+    }
+    Sandbox::create(server, &server.admin_key, body)
+}
+
+fn headers(sb: &Sandbox<'_>, token: bool) -> Vec<(&'static str, String)> {
+    let mut h = vec![
+        ("Content-Type", "application/json".to_owned()),
+        ("E2b-Sandbox-Id", sb.id.clone()),
+        ("E2b-Sandbox-Port", "49999".to_owned()),
+    ];
+    if token {
+        h.push(("X-Access-Token", sb.token.clone()));
+    }
+    h
+}
+
+fn start_exec(sb: &Sandbox<'_>, body: Value) -> Streaming {
+    let h = headers(sb, true);
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    sb.server
+        .stream_with("POST", "/execute", &h, body.to_string().as_bytes())
+}
+
+/// Runs code; the NDJSON lines (keepalives dropped). Asserts 200 and the final
+/// `end_of_execution`.
+fn exec(sb: &Sandbox<'_>, body: Value) -> Vec<Value> {
+    let s = start_exec(sb, body.clone());
+    assert_eq!(s.status, 200, "{body}: {}", s.headers);
+    let events = s.events();
+    assert_eq!(
+        events.last().map(|e| e["type"].clone()),
+        Some(json!("end_of_execution")),
+        "{events:?}"
+    );
+    events
+}
+
+fn call(sb: &Sandbox<'_>, method: &str, path: &str, body: &str, token: bool) -> (u16, String) {
+    let h = headers(sb, token);
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = sb
+        .server
+        .request_with(method, path, &h, body.as_bytes().to_vec());
+    (r.status, r.text())
+}
+
+fn of_type<'e>(events: &'e [Value], t: &str) -> Vec<&'e Value> {
+    events.iter().filter(|e| e["type"] == t).collect()
+}
+
+fn main_text(events: &[Value]) -> Option<String> {
+    of_type(events, "result")
+        .into_iter()
+        .find(|r| r["is_main_result"] == true)
+        .and_then(|r| r["text"].as_str().map(str::to_owned))
+}
+
+fn stdout(events: &[Value]) -> String {
+    of_type(events, "stdout")
+        .iter()
+        .map(|e| e["text"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn execute_and_contexts_on_real_kernels() {
+    let state = TempDir::new("interp");
+    let server = server_with_venv(&state);
+    let sb = create(&server, json!({"envVars": {"GLOBAL_V": "g"}}));
+
+    // Health needs nothing; the default Python context starts on first use.
+    assert_eq!(
+        call(&sb, "GET", "/health", "", false),
+        (200, "\"OK\"".into())
+    );
+
+    // State persists across calls; counts go up; stdout carries the kernel's timestamps.
+    let first = exec(&sb, json!({"code": "x = 41"}));
+    assert_eq!(
+        of_type(&first, "number_of_executions")[0]["execution_count"],
+        1
+    );
+    let second = exec(
+        &sb,
+        json!({"code": "print(x + 1)\nx + 1", "language": "python"}),
+    );
+    assert_eq!(second[0]["type"], "number_of_executions", "{second:?}");
+    assert_eq!(second[0]["execution_count"], 2);
+    assert_eq!(stdout(&second), "42\n");
+    let ts = of_type(&second, "stdout")[0]["timestamp"].as_str().unwrap();
+    assert!(ts.starts_with("20") && ts.contains('T'), "{ts}");
+    assert_eq!(main_text(&second).as_deref(), Some("42"));
+
+    // Errors: name, value, traceback.
+    let err = exec(&sb, json!({"code": "1 / 0"}));
+    let e = of_type(&err, "error")[0];
+    assert_eq!(e["name"], "ZeroDivisionError");
+    assert_eq!(e["value"], "division by zero");
+    assert!(
+        e["traceback"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError"),
+        "{e}"
+    );
+
+    // Display data is a non-main result; MIME types map onto E2B's fields; quotes of a
+    // string's repr are stripped once.
+    let shown = exec(
+        &sb,
+        json!({"code": "from IPython.display import display, HTML\n\
+                        display(HTML('<b>hi</b>'))\n'done'"}),
+    );
+    let results = of_type(&shown, "result");
+    assert_eq!(results.len(), 2, "{shown:?}");
+    assert_eq!(results[0]["is_main_result"], false);
+    assert_eq!(results[0]["html"], "<b>hi</b>");
+    assert_eq!(main_text(&shown).as_deref(), Some("done"));
+
+    // Per-call env vars are set for that call only; the sandbox's are always there.
+    let code = "import os; print(os.environ.get('PER_CALL'), os.environ.get('GLOBAL_V'))";
+    let with = exec(
+        &sb,
+        json!({"code": code, "env_vars": {"PER_CALL": "p'\"\\"}}),
+    );
+    assert_eq!(stdout(&with), "p'\"\\ g\n");
+    assert_eq!(stdout(&exec(&sb, json!({"code": code}))), "None g\n");
+
+    // Large output arrives whole, in order.
+    let big = exec(&sb, json!({"code": "print('a' * 3_000_000)"}));
+    assert_eq!(stdout(&big).len(), 3_000_001);
+
+    // Contexts: created with a cwd, listed (not the default), isolated, restarted, removed.
+    let (st, made) = call(&sb, "POST", "/contexts", r#"{"cwd": "/tmp"}"#, false);
+    assert_eq!(st, 200, "{made}");
+    let made: Value = serde_json::from_str(&made).unwrap();
+    let ctx = made["id"].as_str().unwrap().to_owned();
+    assert_eq!(made["language"], "python");
+    assert_eq!(made["cwd"], "/tmp");
+    let (st, list) = call(&sb, "GET", "/contexts", "", false);
+    assert_eq!(st, 200);
+    let list: Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list, json!([made]), "the default context is not listed");
+    let cwd = exec(
+        &sb,
+        json!({"code": "import os; os.getcwd()", "context_id": ctx}),
+    );
+    assert_eq!(main_text(&cwd).as_deref(), Some("/tmp"));
+    let isolated = exec(&sb, json!({"code": "x", "context_id": ctx}));
+    assert_eq!(of_type(&isolated, "error")[0]["name"], "NameError");
+    exec(&sb, json!({"code": "y = 1", "context_id": ctx}));
+    let (st, _) = call(&sb, "POST", &format!("/contexts/{ctx}/restart"), "", false);
+    assert_eq!(st, 200);
+    let after = exec(&sb, json!({"code": "y", "context_id": ctx}));
+    assert_eq!(of_type(&after, "error")[0]["name"], "NameError");
+
+    // Bad requests: plain-text errors the SDKs map.
+    let both = start_exec(
+        &sb,
+        json!({"code": "1", "context_id": ctx, "language": "python"}),
+    );
+    assert_eq!(both.status, 400);
+    let mut both = both;
+    assert_eq!(
+        both.next_line().as_deref(),
+        Some("Only one of context_id or language can be provided")
+    );
+    let mut missing = start_exec(&sb, json!({"code": "1", "context_id": "nope"}));
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.next_line().as_deref(),
+        Some("Context nope not found")
+    );
+    let mut cobol = start_exec(&sb, json!({"code": "1", "language": "cobol"}));
+    assert_eq!(cobol.status, 400);
+    let msg = cobol.next_line().unwrap();
+    assert!(
+        msg.contains("no kernel for language 'cobol'") && msg.contains("python"),
+        "{msg}"
+    );
+    assert_eq!(call(&sb, "DELETE", "/contexts/nope", "", false).0, 404);
+    assert_eq!(
+        call(&sb, "DELETE", &format!("/contexts/{ctx}"), "", false).0,
+        200
+    );
+    assert_eq!(
+        start_exec(&sb, json!({"code": "1", "context_id": ctx})).status,
+        404
+    );
+
+    // A client that goes away interrupts its execution; the context keeps its state and the
+    // next call runs at once.
+    let mut slow = start_exec(&sb, json!({"code": "import time\ntime.sleep(120)"}));
+    assert_eq!(slow.status, 200);
+    let first = slow.next_line().unwrap();
+    assert!(first.contains("number_of_executions"), "{first}");
+    drop(slow);
+    let t = Instant::now();
+    let again = exec(&sb, json!({"code": "x"}));
+    assert_eq!(main_text(&again).as_deref(), Some("41"), "{again:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "the abandoned execution held the context for {:?}",
+        t.elapsed()
+    );
+
+    // A kernel that dies is reported, and a restart brings the context back.
+    let (st, made) = call(&sb, "POST", "/contexts", "{}", false);
+    assert_eq!(st, 200);
+    let ctx: Value = serde_json::from_str(&made).unwrap();
+    let ctx = ctx["id"].as_str().unwrap().to_owned();
+    let died = exec(
+        &sb,
+        json!({"code": "import os; os._exit(3)", "context_id": ctx}),
+    );
+    let e = of_type(&died, "error")[0];
+    assert_eq!(e["name"], "KernelDied", "{died:?}");
+    assert!(
+        e["value"].as_str().unwrap().contains("exit status 3"),
+        "{e}"
+    );
+    let still = exec(&sb, json!({"code": "1", "context_id": ctx}));
+    assert_eq!(of_type(&still, "error")[0]["name"], "KernelDied");
+    assert_eq!(
+        call(&sb, "POST", &format!("/contexts/{ctx}/restart"), "", false).0,
+        200
+    );
+    let back = exec(&sb, json!({"code": "2 + 2", "context_id": ctx}));
+    assert_eq!(main_text(&back).as_deref(), Some("4"));
+
+    // Killing the sandbox ends a running execution's stream.
+    let mut running = start_exec(&sb, json!({"code": "import time\ntime.sleep(120)"}));
+    assert!(running
+        .next_line()
+        .unwrap()
+        .contains("number_of_executions"));
+    server
+        .request("DELETE", &format!("/sandboxes/{}", sb.id), &sb.key, "")
+        .expect(204);
+    let t = Instant::now();
+    while running.next_line().is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the stream outlived the sandbox"
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(20));
+    // And the port answers like the SDKs expect of a gone sandbox.
+    assert_eq!(call(&sb, "GET", "/contexts", "", false).0, 502);
+}
+
+#[test]
+fn private_sandboxes_and_code_runs() {
+    let state = TempDir::new("interp-runs");
+    let server = server_with_venv(&state);
+
+    // A private sandbox's interpreter admits its access token or traffic token, not strangers.
+    let private = create(&server, json!({"network": {"allowPublicTraffic": false}}));
+    assert_eq!(call(&private, "GET", "/contexts", "", false).0, 403);
+    assert_eq!(
+        call(&private, "GET", "/contexts", "", true),
+        (200, "[]".into())
+    );
+    let traffic = private.created["trafficAccessToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut h = headers(&private, false);
+    h.push(("E2B-Traffic-Access-Token", traffic));
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(
+        server
+            .request_with("GET", "/contexts", &h, Vec::new())
+            .status,
+        200
+    );
+    drop(private);
+
+    // `code` runs go through the kernel: results, output, errors with their name.
+    let mut env = kernel_env();
+    env.insert("RUN_V".into(), json!("r"));
+    let spec = |code: &str| {
+        json!({
+            "template": "base",
+            "code": code,
+            "language": "python",
+            "env": env,
+            "workspaces": [{"name": "kvenv", "path": VENV}],
+            "timeout": 60,
+        })
+    };
+    let events = server.post_events(
+        "/husk/v1/runs",
+        &server.admin_key,
+        &spec("import os\nprint('hi', os.environ['RUN_V'])\n6 * 7"),
+    );
+    let out: String = events
+        .iter()
+        .filter(|e| e["type"] == "stdout")
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(out, "hi r\n", "{events:?}");
+    let result = events
+        .iter()
+        .find(|e| e["type"] == "result")
+        .unwrap_or_else(|| panic!("no result: {events:?}"));
+    assert_eq!(result["is_main"], true);
+    assert_eq!(result["data"]["text/plain"], "42");
+    let end = events.last().unwrap();
+    assert_eq!(end["type"], "end", "{events:?}");
+    assert_eq!(end["run"]["status"], "succeeded", "{end}");
+    assert_eq!(end["run"]["exit_code"], 0);
+    assert_eq!(end["run"]["result"], "42");
+
+    let events = server.post_events("/husk/v1/runs", &server.admin_key, &spec("y = 1\ny / 0"));
+    let end = &events.last().unwrap()["run"];
+    assert_eq!(end["status"], "failed", "{end}");
+    assert_eq!(end["exit_code"], 1);
+    assert_eq!(end["reason"], "ZeroDivisionError: division by zero");
+    let stderr = end["stderr_tail"].as_str().unwrap();
+    assert!(
+        stderr.contains("ZeroDivisionError") && !stderr.contains('\u{1b}'),
+        "{stderr:?}"
+    );
+
+    // A timeout interrupts the kernel and says so.
+    let mut slow = spec("import time\ntime.sleep(60)");
+    slow["timeout"] = json!(2);
+    let t = Instant::now();
+    let events = server.post_events("/husk/v1/runs", &server.admin_key, &slow);
+    let end = &events.last().unwrap()["run"];
+    assert_eq!(end["status"], "timed_out", "{end}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+
+    // Every run's sandbox is gone.
+    assert!(
+        wait_for(Duration::from_secs(10), || server
+            .sandboxes(&server.admin_key)
+            .is_empty()
+            .then_some(()))
+        .is_some(),
+        "run sandboxes left behind"
+    );
+}
