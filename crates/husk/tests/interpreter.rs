@@ -144,9 +144,7 @@ fn exec(sb: &Sandbox<'_>, body: Value) -> Vec<Value> {
 fn call(sb: &Sandbox<'_>, method: &str, path: &str, body: &str, token: bool) -> (u16, String) {
     let h = headers(sb, token);
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let r = sb
-        .server
-        .request_with(method, path, &h, body.as_bytes().to_vec());
+    let r = sb.server.request_with(method, path, &h, body.as_bytes());
     (r.status, r.text())
 }
 
