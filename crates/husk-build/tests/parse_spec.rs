@@ -439,8 +439,16 @@ fn sandbox_defaults_are_checked() {
         ),
         ("env = { \"A-B\" = \"a\" }", "sandbox.env", "not a valid"),
         ("env = { X = \"a\\u0000b\" }", "sandbox.env", "NUL"),
-        ("contexts = [\"py thon\"]", "sandbox.contexts", "not a language name"),
-        ("contexts = [\"\"]", "sandbox.contexts", "not a language name"),
+        (
+            "contexts = [\"py thon\"]",
+            "sandbox.contexts",
+            "not a language name",
+        ),
+        (
+            "contexts = [\"\"]",
+            "sandbox.contexts",
+            "not a language name",
+        ),
         (
             "contexts = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\"]",
             "sandbox.contexts",
