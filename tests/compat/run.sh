@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs husk's E2B-SDK compatibility suite: the stock Python SDK (e2b==2.63.0, sync and async)
-# and the stock JS SDK (e2b@2.51.0) against a real `husk serve` that each suite starts itself.
+# Runs husk's E2B-SDK compatibility suite: the stock Python SDKs (e2b==2.63.0 and
+# e2b-code-interpreter==2.11.5, sync and async) and the stock JS SDKs (e2b@2.51.0 and
+# @e2b/code-interpreter@2.8.0) against a real `husk serve` that each suite starts itself.
 #
 #   tests/compat/run.sh              # both suites
 #   COMPAT_ONLY=python tests/compat/run.sh [pytest args...]
@@ -32,14 +33,27 @@ py_rc=0
 js_rc=0
 
 if [ "$only" = all ] || [ "$only" = python ]; then
-  echo "compat: Python (e2b==2.63.0)" >&2
+  echo "compat: Python (e2b==2.63.0, e2b-code-interpreter==2.11.5)" >&2
   (cd "$HERE/python" && .venv/bin/python -m pytest -q "$@")
   py_rc=$?
 fi
 
 if [ "$only" = all ] || [ "$only" = js ]; then
-  echo "compat: JS (e2b@2.51.0)" >&2
-  (cd "$HERE/js" && node --test --test-concurrency=1 --test-timeout=90000 ./*.test.mjs)
+  echo "compat: JS (e2b@2.51.0, @e2b/code-interpreter@2.8.0)" >&2
+  # node --test applies --test-timeout to each file as a whole too. The code-interpreter file
+  # builds the base and code-interpreter templates first (minutes when the layer cache is cold),
+  # so it runs on its own with a long limit; its tests carry their own 90 s timeouts.
+  (
+    cd "$HERE/js" || exit 1
+    rc=0
+    files=()
+    for f in ./*.test.mjs; do
+      [ "$f" = ./code_interpreter.test.mjs ] || files+=("$f")
+    done
+    node --test --test-concurrency=1 --test-timeout=90000 "${files[@]}" || rc=1
+    node --test --test-timeout=1500000 ./code_interpreter.test.mjs || rc=1
+    exit $rc
+  )
   js_rc=$?
 fi
 

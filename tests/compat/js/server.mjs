@@ -4,7 +4,7 @@
 // its "listening on http://127.0.0.1:PORT" line, reads the admin key, and returns helpers;
 // stop() sends SIGTERM and waits for the exit, then removes the state dir.
 
-import { spawn, execFileSync } from 'node:child_process'
+import { spawn, execFileSync, execFile } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync, existsSync, accessSync, constants } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve, dirname } from 'node:path'
@@ -19,6 +19,11 @@ const DEFAULT_BIN = join(REPO_ROOT, 'target', 'x86_64-unknown-linux-gnu', 'debug
 const LISTEN_RE = /listening on http:\/\/127\.0\.0\.1:(\d+)/
 const KEY_RE = /^e2b_[0-9a-f]{40}$/
 export const ENVD_PORT = 49983
+export const JUPYTER_PORT = 49999
+// husk's preset templates (templates/README.md), and the layer cache the tests share with the
+// cargo tests and the Python suite: layers are keyed by content, so a machine bootstraps Debian once.
+export const PRESETS_DIR = join(REPO_ROOT, 'templates')
+export const LAYER_CACHE = '/var/tmp/husk-test-layers'
 
 export function huskBinary() {
   const bin = process.env.HUSK_BIN || DEFAULT_BIN
@@ -197,6 +202,27 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
       if (!KEY_RE.test(out)) throw new Error(`husk key create printed ${JSON.stringify(out)}`)
       keys.set(team, out)
       return out
+    },
+    /**
+     * `husk template build SPEC [--name NAME]` into this server's state dir (shared layer cache),
+     * next to the running server. Resolves to the CLI's last line (name, size, build time).
+     */
+    buildTemplate(spec, name, timeoutMs = 900_000) {
+      const args = ['template', 'build', spec, '--quiet', '--state-dir', stateDir, '--layer-cache', LAYER_CACHE]
+      if (name) args.push('--name', name)
+      return new Promise((res, rej) => {
+        execFile(bin, args, { timeout: timeoutMs, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
+          const text = `${stdout}${stderr}`.trim()
+          if (err) rej(new Error(`husk template build ${spec} failed (${err.code ?? err.signal}):\n${text.slice(-4000)}`))
+          else res(text.split('\n').pop())
+        })
+      })
+    },
+    /** `husk template rm NAME` (best effort: used in teardown). */
+    removeTemplate(name) {
+      return new Promise((res) => {
+        execFile(bin, ['template', 'rm', name, '--state-dir', stateDir], { timeout: 60_000 }, () => res())
+      })
     },
     /** Creates a sandbox killed by `t.after` (pass the node:test context). */
     async sandbox(t, opts = {}) {

@@ -1,0 +1,295 @@
+// The code interpreter through the stock JS SDK (`@e2b/code-interpreter@2.8.0` on e2b@2.51.0):
+// runCode on the Jupyter kernels husk's agent runs in sandboxes of the `code-interpreter` preset
+// (port 49999: /execute NDJSON, /contexts, /health).
+//
+// This file's server gets husk's `base` and `code-interpreter` presets built into its state dir
+// (shared layer cache) in `before`; they are removed in `after`. The SDK's default template,
+// `code-interpreter-v1`, is the `code-interpreter` preset.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+
+import { Sandbox, NotFoundError, SandboxError, TimeoutError, InvalidArgumentError } from '@e2b/code-interpreter'
+
+import { startServer, PRESETS_DIR, JUPYTER_PORT } from './server.mjs'
+import { join } from 'node:path'
+
+const PRESETS = ['base', 'code-interpreter']
+// run.sh runs this file on its own with a long --test-timeout, which bounds the whole file
+// (template builds included); each test keeps the suite's usual 90 s.
+const PER_TEST = { timeout: 90_000 }
+const PNG_MAGIC = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])
+
+let husk
+const built = []
+// Builds take seconds with a warm layer cache and minutes cold: more than the per-test timeout.
+before(
+  async () => {
+    husk = await startServer()
+    for (const preset of PRESETS) {
+      const line = await husk.buildTemplate(join(PRESETS_DIR, preset))
+      built.push(preset)
+      console.log(`code-interpreter suite: ${line}`)
+    }
+  },
+  { timeout: 1_200_000 },
+)
+after(
+  async () => {
+    for (const preset of built.reverse()) await husk.removeTemplate(preset)
+    await husk?.stop()
+  },
+  { timeout: 180_000 },
+)
+
+/** A code-interpreter sandbox (default template unless one is given), killed by `t.after`. */
+async function ciSandbox(t, template, opts = {}) {
+  const o = { timeoutMs: 180_000, ...opts, ...husk.opts() }
+  const sbx = template ? await Sandbox.create(template, o) : await Sandbox.create(o)
+  t.after(async () => {
+    await Sandbox.kill(sbx.sandboxId, husk.opts()).catch(() => {})
+  })
+  return sbx
+}
+
+const stdoutOf = (execution) => execution.logs.stdout.join('')
+
+/** POST /execute with plain HTTP, named by the routing headers (port 49999), like the SDK. */
+function rawExecute(sbx, body, query = '') {
+  return husk.http('POST', `/execute${query}`, {
+    headers: {
+      'E2b-Sandbox-Id': sbx.sandboxId,
+      'E2b-Sandbox-Port': String(JUPYTER_PORT),
+      'X-Access-Token': sbx.envdAccessToken,
+      'Content-Type': 'application/json',
+    },
+    body: JSON.stringify(body),
+  })
+}
+
+test('default template: state and execution count', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const a = await sbx.runCode('x = 1')
+  assert.equal(a.error, undefined)
+  assert.deepEqual(a.results, [])
+  assert.ok(Number.isInteger(a.executionCount) && a.executionCount >= 1, String(a.executionCount))
+  const b = await sbx.runCode('x + 1')
+  assert.equal(b.error, undefined)
+  assert.equal(b.text, '2')
+  assert.equal(b.results.length, 1)
+  assert.equal(b.results[0].isMainResult, true)
+  assert.equal(b.executionCount, a.executionCount + 1)
+  assert.equal((await sbx.commands.run('echo $HOME')).stdout, '/home/user\n')
+})
+
+test('template by name', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t, 'code-interpreter')
+  assert.equal((await sbx.runCode('import sys; sys.version_info[:2]')).text, '(3, 11)')
+})
+
+test('contexts are isolated; list, remove', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const ctx = await sbx.createCodeContext()
+  assert.ok(ctx.id)
+  assert.equal(ctx.language, 'python')
+  assert.equal(ctx.cwd, '/home/user')
+  await sbx.runCode('secret = 41', { context: ctx })
+  assert.equal((await sbx.runCode('secret + 1', { context: ctx })).text, '42')
+  assert.equal((await sbx.runCode('secret')).error?.name, 'NameError')
+  const other = await sbx.createCodeContext({ language: 'python' })
+  assert.notEqual(other.id, ctx.id)
+  assert.equal((await sbx.runCode('secret', { context: other })).error?.name, 'NameError')
+
+  const ids = (await sbx.listCodeContexts()).map((c) => c.id)
+  assert.ok(ids.includes(ctx.id) && ids.includes(other.id), JSON.stringify(ids))
+
+  await sbx.removeCodeContext(other)
+  assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === other.id))
+  await assert.rejects(sbx.runCode('1', { context: other }), NotFoundError)
+  await sbx.removeCodeContext(ctx.id)
+  assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
+  assert.equal((await sbx.runCode('2 * 21')).text, '42')
+})
+
+test('stdout, stderr, results and errors stream to the callbacks in order', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const events = []
+  const code = [
+    'import sys, time',
+    "print('out-1', flush=True)",
+    'time.sleep(0.3)',
+    "print('err-1', file=sys.stderr, flush=True)",
+    'time.sleep(0.3)',
+    "print('out-2', flush=True)",
+    'time.sleep(0.3)',
+    'display(3)',
+    "'last'",
+  ].join('\n')
+  const r = await sbx.runCode(code, {
+    onStdout: (m) => events.push(['stdout', m]),
+    onStderr: (m) => events.push(['stderr', m]),
+    onResult: async (res) => events.push(['result', res]),
+    onError: (e) => events.push(['error', e]),
+  })
+  assert.equal(r.error, undefined)
+  assert.deepEqual(
+    events.map(([k, v]) => [k, k === 'result' ? [v.isMainResult, v.text] : v.line]),
+    [
+      ['stdout', 'out-1\n'],
+      ['stderr', 'err-1\n'],
+      ['stdout', 'out-2\n'],
+      ['result', [false, '3']],
+      ['result', [true, 'last']],
+    ],
+  )
+  for (const [k, v] of events.filter(([k]) => k !== 'result')) {
+    assert.equal(v.error, k === 'stderr')
+    assert.ok(v.timestamp > 0)
+  }
+  assert.deepEqual(r.logs, { stdout: ['out-1\n', 'out-2\n'], stderr: ['err-1\n'] })
+
+  const errors = []
+  const e = await sbx.runCode("print('before')\n1 / 0", { onError: (err) => errors.push(err) })
+  assert.equal(e.error.name, 'ZeroDivisionError')
+  assert.equal(e.error.value, 'division by zero')
+  assert.match(e.error.traceback, /ZeroDivisionError/)
+  assert.equal(errors.length, 1)
+  assert.equal(stdoutOf(e), 'before\n')
+  assert.equal((await sbx.runCode('6 * 7')).text, '42')
+})
+
+test('a matplotlib chart is a PNG (and chart data); a DataFrame is HTML and data', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const r = await sbx.runCode(
+    "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares')\nplt.show()",
+  )
+  assert.equal(r.error, undefined)
+  const pngs = r.results.filter((x) => x.png)
+  assert.equal(pngs.length, 1)
+  const png = Buffer.from(pngs[0].png, 'base64')
+  assert.ok(png.subarray(0, 8).equals(PNG_MAGIC), png.subarray(0, 8).toString('hex'))
+  assert.equal(pngs[0].isMainResult, false)
+  assert.equal(pngs[0].chart?.type, 'line')
+  assert.equal(pngs[0].chart?.title, 'squares')
+
+  const df = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', None]})")
+  assert.equal(df.error, undefined)
+  assert.equal(df.results.length, 1)
+  assert.match(df.results[0].html, /<table/)
+  assert.deepEqual(df.results[0].data, { a: [1, 2], b: ['x', null] })
+  assert.equal(df.results[0].isMainResult, true)
+
+  const shown = await sbx.runCode(
+    "from IPython.display import display, HTML, JSON\ndisplay(HTML('<b>bold</b>'))\ndisplay(JSON({'k': [1]}))\n5",
+  )
+  assert.deepEqual(
+    shown.results.map((x) => [x.isMainResult, x.html ?? x.json ?? x.text]),
+    [
+      [false, '<b>bold</b>'],
+      [false, { k: [1] }],
+      [true, '5'],
+    ],
+  )
+})
+
+test('env vars: per call and global', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t, undefined, { envs: { HUSK_GLOBAL: 'global-value' } })
+  const show = "import os; print(os.environ.get('HUSK_GLOBAL'), os.environ.get('HUSK_CALL'))"
+  assert.equal(stdoutOf(await sbx.runCode(show)), 'global-value None\n')
+  assert.equal(
+    stdoutOf(await sbx.runCode(show, { envs: { HUSK_CALL: 'call-value', HUSK_GLOBAL: 'overridden' } })),
+    'overridden call-value\n',
+  )
+  assert.equal(stdoutOf(await sbx.runCode(show)), 'global-value None\n')
+})
+
+test('cwd of a context', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const ctx = await sbx.createCodeContext({ cwd: '/tmp' })
+  assert.equal(ctx.cwd, '/tmp')
+  assert.equal(stdoutOf(await sbx.runCode('import os; print(os.getcwd())', { context: ctx })), '/tmp\n')
+  assert.equal(stdoutOf(await sbx.runCode('import os; print(os.getcwd())')), '/home/user\n')
+})
+
+test('a timeout interrupts the cell; the context is reused with its state', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const ctx = await sbx.createCodeContext()
+  await sbx.runCode('kept = 7', { context: ctx })
+  const t0 = Date.now()
+  await assert.rejects(sbx.runCode('import time; time.sleep(30)', { context: ctx, timeoutMs: 2_000 }), TimeoutError)
+  assert.ok(Date.now() - t0 < 15_000)
+  const t1 = Date.now()
+  const r = await sbx.runCode('kept + 1', { context: ctx, timeoutMs: 20_000 })
+  assert.equal(r.text, '8')
+  assert.ok(Date.now() - t1 < 20_000)
+})
+
+test('restart a context', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const ctx = await sbx.createCodeContext()
+  await sbx.runCode('gone = 5', { context: ctx })
+  await sbx.restartCodeContext(ctx)
+  assert.equal((await sbx.runCode('gone', { context: ctx })).error?.name, 'NameError')
+  assert.equal((await sbx.runCode('3 * 3', { context: ctx })).text, '9')
+  await sbx.restartCodeContext(ctx.id)
+  assert.equal((await sbx.runCode('1 + 2', { context: ctx })).text, '3')
+})
+
+test('bad language, unknown context, context and language together; wire format', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  // JS puts only "<status> <statusText>" in the error (the body only with requestSource "ci").
+  for (const call of [() => sbx.runCode('1', { language: 'cobol' }), () => sbx.createCodeContext({ language: 'cobol' })]) {
+    await assert.rejects(call(), (err) => {
+      assert.ok(err instanceof SandboxError, String(err))
+      assert.ok(!/^5\d\d/.test(err.message), err.message)
+      assert.ok(/cobol/.test(err.message) || /^4\d\d /.test(err.message), err.message)
+      return true
+    })
+  }
+  const missing = { id: 'nosuchcontext', language: 'python', cwd: '/' }
+  await assert.rejects(sbx.runCode('1', { context: missing }), NotFoundError)
+  await assert.rejects(sbx.removeCodeContext('nosuchcontext'), NotFoundError)
+  await assert.rejects(sbx.restartCodeContext('nosuchcontext'), NotFoundError)
+
+  const ctx = await sbx.createCodeContext()
+  await assert.rejects(sbx.runCode('1', { context: ctx, language: 'python' }), InvalidArgumentError)
+  const both = await rawExecute(sbx, { code: '1', context_id: ctx.id, language: 'python' })
+  assert.equal(both.status, 400, both.text)
+  assert.match(both.text, /Only one of context_id or language can be provided/)
+
+  // NDJSON as JS sends it (undefined keys left out), with a query parameter to ignore.
+  const r = await rawExecute(sbx, { code: "print('hi')\n1 + 1" }, '?source=husk-compat')
+  assert.equal(r.status, 200, r.text)
+  const lines = r.text.split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l))
+  const kinds = lines.map((l) => l.type).filter((k) => k !== 'keepalive')
+  assert.equal(kinds[0], 'number_of_executions')
+  assert.equal(kinds.at(-1), 'end_of_execution')
+  assert.ok(lines.some((l) => l.type === 'stdout' && l.text === 'hi\n' && l.timestamp))
+  assert.ok(lines.some((l) => l.type === 'result' && l.is_main_result === true && l.text === '2'))
+
+  const health = await husk.http('GET', '/health', {
+    headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': String(JUPYTER_PORT) },
+  })
+  assert.equal(health.status, 200, health.text)
+  assert.match(health.text, /OK/)
+})
+
+test('bash', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  assert.equal(stdoutOf(await sbx.runCode('echo hello-$((40 + 2))', { language: 'bash' })), 'hello-42\n')
+  await sbx.runCode('export HUSK_BASH=kept; cd /tmp', { language: 'bash' })
+  assert.equal(
+    stdoutOf(await sbx.runCode('echo $HUSK_BASH $(pwd) $(whoami)', { language: 'bash' })),
+    'kept /tmp user\n',
+  )
+  const ctx = await sbx.createCodeContext({ language: 'bash' })
+  assert.equal(ctx.language, 'bash')
+  assert.equal(stdoutOf(await sbx.runCode('echo "[$HUSK_BASH]"', { context: ctx })), '[]\n')
+})
+
+test('a killed sandbox', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  assert.equal((await sbx.runCode('1')).text, '1')
+  assert.equal(await sbx.kill(), true)
+  await assert.rejects(sbx.runCode('1', { timeoutMs: 20_000, requestTimeoutMs: 20_000 }), SandboxError)
+  await assert.rejects(sbx.createCodeContext(), SandboxError)
+})
