@@ -14,7 +14,12 @@ Prints, from one run against one server it starts itself:
 - create with a network vs without: a second server whose egress is a simulated internet (a
   network namespace of the benchmark's own, only its loopback up; removed at the end, and by
   tests/compat/netsim/reaper.py if this process dies), creates interleaved with the first
-  server's (egress off): create -> agent ready server side and client side, and the ratios.
+  server's (egress off): create -> agent ready server side and client side, and the ratios;
+- the code interpreter, on a third server with the `base` and `code-interpreter` presets built
+  (shared layer cache) and the stock e2b-code-interpreter SDK: `Sandbox.create()` + first
+  `run_code("1+1")`; `run_code("1+1")` in a ready sandbox beside the same ipykernel driven
+  directly by jupyter_client on this host (the peer; scripts/jupyter-test-venv), and the
+  kernel's own time; memory of an idle sandbox with its Python kernel beside one without.
 
 Figures are printed, never asserted: this machine is a shared VM, compare ratios within a run.
 Run with tests/compat/bench.sh (as root); HUSK_BIN picks the binary (use a release build).
@@ -41,7 +46,12 @@ from typing import Callable, List, Optional
 from e2b import Sandbox
 
 from husk_compat import (
+    CODE_INTERPRETER_PRESETS,
+    PRESETS_DIR,
+    REPO_ROOT,
     Deadline,
+    build_template,
+    remove_template,
     create_raw_sandbox,
     envelope,
     kill_raw_sandbox,
@@ -450,6 +460,73 @@ def network_vs_none(plain, n: int, warmups: int = 3) -> None:
             netns.close()
 
 
+def code_interpreter(n: int) -> None:
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    print("code interpreter (stock e2b-code-interpreter "
+          f"{importlib.metadata.version('e2b-code-interpreter')}, ipykernel 7.4.0)")
+    server = start_server()
+    try:
+        t = time.perf_counter()
+        for preset in CODE_INTERPRETER_PRESETS:
+            build_template(server, PRESETS_DIR / preset)
+        print(f"  (presets built in {time.perf_counter() - t:.1f} s with the layer cache)")
+        opts = server.opts(api_key=server.admin_key)
+        # Warm: the template's image is mounted and hashed once per server.
+        CodeSandbox.create(**opts).kill()
+
+        first = []
+        for _ in range(n):
+            t = time.perf_counter()
+            sbx = CodeSandbox.create(**opts)
+            ex = sbx.run_code("1+1")
+            first.append((time.perf_counter() - t) * 1000)
+            if ex.text != "2":
+                raise RuntimeError(f"run_code('1+1') gave {ex.text!r} ({ex.error})")
+            sbx.kill()
+        line("SDK Sandbox.create() + first run_code('1+1')", first)
+
+        sbx = CodeSandbox.create(**opts)
+        try:
+            for _ in range(3):
+                sbx.run_code("1+1")
+            husk_ms = [timed(lambda: sbx.run_code("1+1")) for _ in range(max(n, 20))]
+            line("SDK run_code('1+1') in a ready sandbox", husk_ms)
+            # Memory: the sandbox with its idle Python kernel, beside an idle base sandbox.
+            time.sleep(1)  # a metrics sample needs the kernel settled; no event to wait for
+            with_kernel = [m for m in sbx.get_metrics() if m.mem_total > 0]
+        finally:
+            sbx.kill()
+        plain = Sandbox.create("base", **opts)
+        try:
+            plain.commands.run("true")
+            without = [m for m in plain.get_metrics() if m.mem_total > 0]
+        finally:
+            plain.kill()
+        # The peer: the same kernel through the reference client, no husk.
+        venv_py = subprocess.run([str(REPO_ROOT / "scripts" / "jupyter-test-venv")],
+                                 capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        peer = subprocess.run([venv_py, str(Path(__file__).with_name("bench_kernel_peer.py")), "1+1",
+                               str(max(n, 20))], capture_output=True, text=True, timeout=300)
+        if peer.returncode != 0:
+            raise RuntimeError(f"the jupyter_client peer failed: {peer.stderr[-2000:]}")
+        figures = json.loads(peer.stdout.strip().splitlines()[-1])
+        line("jupyter_client execute, same kernel (peer)", figures["round_trip_ms"])
+        if figures["kernel_ms"]:
+            line("  of which the kernel's own time", figures["kernel_ms"])
+        overhead = pct(husk_ms, 50) - pct(figures["round_trip_ms"], 50)
+        print(f"  run_code overhead over the direct client (p50)        {overhead:7.2f} ms")
+        if with_kernel and without:
+            k, b = with_kernel[-1], without[-1]
+            print(f"  memory, idle sandbox with its Python kernel          {k.mem_used / 2**20:7.1f} MiB")
+            print(f"  memory, idle base sandbox (no kernel)                {b.mem_used / 2**20:7.1f} MiB")
+            print(f"  the kernel's share                                   {(k.mem_used - b.mem_used) / 2**20:7.1f} MiB")
+    finally:
+        for preset in reversed(CODE_INTERPRETER_PRESETS):
+            remove_template(server, preset)
+        server.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
@@ -473,6 +550,7 @@ def main() -> None:
         run_round_trip(server, max(5, args.iterations // 4))
         batch_walls(server, args.batch_items)
         network_vs_none(server, args.iterations)
+        code_interpreter(max(5, args.iterations // 4))
     finally:
         server.close()
 

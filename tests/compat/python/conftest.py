@@ -14,6 +14,7 @@ import pytest
 from e2b import Sandbox
 
 from husk_compat import (
+    CODE_INTERPRETER_PRESETS,
     PRESETS_DIR,
     HuskServer,
     build_template,
@@ -145,8 +146,6 @@ def tokened_sandbox(husk: HuskServer):
 
 # --------------------------------------------------------------------------------------------
 # The code interpreter (e2b-code-interpreter==2.11.5)
-
-CODE_INTERPRETER_PRESETS = ("base", "code-interpreter")
 
 
 @pytest.fixture(scope="session")

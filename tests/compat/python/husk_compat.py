@@ -31,6 +31,8 @@ JUPYTER_PORT = 49999
 # cargo tests (crates/husk/tests/common/templates.rs): layers are keyed by content, so a
 # machine bootstraps Debian once.
 PRESETS_DIR = REPO_ROOT / "templates"
+# The presets a code-interpreter server needs, in build order.
+CODE_INTERPRETER_PRESETS = ("base", "code-interpreter")
 LAYER_CACHE = "/var/tmp/husk-test-layers"
 
 T = TypeVar("T")
