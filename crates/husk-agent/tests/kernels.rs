@@ -12,8 +12,6 @@
 //! `main` (`harness = false`): the spawner is forked before any thread exists. The sandbox and
 //! the spawner are destroyed when the test ends, also when it fails.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use husk_core::agent::{AgentClient, CallError, KernelStream};
@@ -23,6 +21,10 @@ use husk_proto::{
 };
 use husk_runtime::service::SpawnerService;
 use husk_runtime::{MountSpec, SandboxSpec};
+
+#[path = "support/sandbox_venv.rs"]
+mod sandbox_venv;
+use sandbox_venv::{venv, VENV};
 
 /// Destroys the sandbox, then shuts the spawner down, when dropped.
 struct Guard {
@@ -97,39 +99,6 @@ fn main() {
     drop(rt);
     drop(guard);
     println!("kernels end to end: ok");
-}
-
-/// Where the sandbox's venv is made (apart from husk-jupyter's, which may use another python).
-const VENV: &str = "/var/tmp/husk-ipykernel-sandbox-venv";
-
-/// The venv's root (runs the venv script, which reuses a good venv).
-fn venv() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/jupyter-test-venv");
-    let out = Command::new(&script)
-        .arg(VENV)
-        .env("PYTHON", "/usr/bin/python3")
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed: this test needs python3 with venv and pip, and PyPI",
-        script.display()
-    );
-    let stdout = String::from_utf8(out.stdout).expect("a path");
-    let python = PathBuf::from(stdout.lines().last().expect("the python path"));
-    let real = std::fs::canonicalize(&python).expect("the venv's python");
-    assert!(
-        real.starts_with("/usr/"),
-        "{} is {}, which the host template does not show; remove {VENV} to rebuild it",
-        python.display(),
-        real.display()
-    );
-    python
-        .parent()
-        .and_then(Path::parent)
-        .expect("VENV/bin/python")
-        .to_owned()
 }
 
 const READY_WITHIN: Duration = Duration::from_secs(60);

@@ -9,48 +9,17 @@
 //! `code-interpreter` template instead.)
 
 mod common;
+#[path = "../../husk-agent/tests/support/sandbox_venv.rs"]
+mod sandbox_venv;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::sandbox::Sandbox;
 use common::server::{Server, Streaming};
 use common::{wait_for, TempDir};
+use sandbox_venv::{venv, VENV};
 use serde_json::{json, Value};
-
-/// Where the venv lives on the host and in the sandboxes.
-const VENV: &str = "/var/tmp/husk-ipykernel-sandbox-venv";
-
-fn venv() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/jupyter-test-venv");
-    let out = Command::new(&script)
-        .arg(VENV)
-        .env("PYTHON", "/usr/bin/python3")
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed: this test needs python3 with venv and pip, and PyPI",
-        script.display()
-    );
-    let python = PathBuf::from(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .expect("the python path"),
-    );
-    let real = std::fs::canonicalize(&python).unwrap();
-    assert!(
-        real.starts_with("/usr/"),
-        "{} is {}, which the host template does not show; remove {VENV} to rebuild it",
-        python.display(),
-        real.display()
-    );
-    PathBuf::from(VENV)
-}
 
 /// The sandbox environment that finds the venv's kernel.
 fn kernel_env() -> serde_json::Map<String, Value> {
