@@ -139,7 +139,18 @@ fn stdout(events: &[Value]) -> String {
 fn execute_and_contexts_on_real_kernels() {
     let state = TempDir::new("interp");
     let server = server_with_venv(&state);
-    let sb = create(&server, json!({"envVars": {"GLOBAL_V": "g"}}));
+    server
+        .request(
+            "PUT",
+            "/husk/v1/secrets/KERNEL_SECRET",
+            &server.admin_key,
+            "s3cr3t-value",
+        )
+        .expect(204);
+    let sb = create(
+        &server,
+        json!({"envVars": {"GLOBAL_V": "g", "SECRET_V": "husk-secret://KERNEL_SECRET"}}),
+    );
 
     // Health needs nothing; the default Python context starts on first use.
     assert_eq!(
@@ -198,6 +209,13 @@ fn execute_and_contexts_on_real_kernels() {
     );
     assert_eq!(stdout(&with), "p'\"\\ g\n");
     assert_eq!(stdout(&exec(&sb, json!({"code": code}))), "None g\n");
+    // A secret the sandbox was created with is in the kernel's environment (compared inside,
+    // so the value itself never crosses).
+    let secret = exec(
+        &sb,
+        json!({"code": "import os; os.environ.get('SECRET_V') == 's3cr3t-value'"}),
+    );
+    assert_eq!(main_text(&secret).as_deref(), Some("True"), "{secret:?}");
 
     // Large output arrives whole, in order.
     let big = exec(&sb, json!({"code": "print('a' * 3_000_000)"}));
