@@ -1,5 +1,7 @@
-//! A batch of CPU-bound items runs them in parallel. A test binary of its own: no other test
-//! competes for the CPUs while it measures.
+//! A batch of CPU-bound items runs them in parallel: every item's work overlaps every other's
+//! (each prints when its work started and ended). How much faster that is belongs to the
+//! benchmark (`tests/compat/bench.sh`, batch walls at parallelism 1, 2 and 4), not to a test
+//! whose verdict would depend on the machine's load.
 
 mod common;
 
@@ -27,9 +29,6 @@ fn batch(server: &Server, items: usize, parallel: usize) -> (Vec<Value>, Duratio
 fn five_cpu_bound_items_run_in_parallel_and_every_item_is_reported() {
     let state = TempDir::new("batch-parallel");
     let server = Server::start(state.path());
-    // The same five items one at a time (five times one item), then five at a time: measured
-    // back to back, so both see the same machine.
-    let (_, serial) = batch(&server, 5, 1);
     let (events, five) = batch(&server, 5, 5);
 
     let end = events.last().unwrap();
@@ -54,11 +53,5 @@ fn five_cpu_bound_items_run_in_parallel_and_every_item_is_reported() {
     let last_start = spans.iter().map(|s| s.1).fold(f64::MIN, f64::max);
     let first_end = spans.iter().map(|s| s.2).fold(f64::MAX, f64::min);
     assert!(last_start < first_end, "items did not overlap: {spans:?}");
-    // On 2 CPUs five items in parallel need about half the serial time (2.5 times one item,
-    // not 5 times).
-    assert!(
-        five.as_secs_f64() < serial.as_secs_f64() * 0.75,
-        "5 items in parallel took {five:?}, one after another {serial:?}"
-    );
-    println!("five one after another {serial:?}, five in parallel {five:?}");
+    println!("five in parallel took {five:?}");
 }
