@@ -29,7 +29,7 @@ pub enum CoreError {
     /// No such sandbox for this team (whether it exists for another team is not said).
     #[error("sandbox {0} not found")]
     NotFound(String),
-    #[error("template '{0}' not found")]
+    #[error("template '{0}' not found{hint}", hint = template_hint(.0))]
     TemplateNotFound(String),
     #[error("workspace '{0}' not found")]
     WorkspaceNotFound(String),
@@ -48,6 +48,16 @@ pub enum CoreError {
     Spawn(String),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+}
+
+/// What to do about a missing template the SDKs ask for by default.
+fn template_hint(name: &str) -> &'static str {
+    if name == crate::template::E2B_CODE_INTERPRETER {
+        " (E2B's code-interpreter template is husk's 'code-interpreter' preset: build it with \
+         scripts/build-templates)"
+    } else {
+        ""
+    }
 }
 
 /// Server-wide settings of the manager.

@@ -367,6 +367,17 @@ fn private_sandboxes_and_code_runs() {
     );
     drop(private);
 
+    // The code-interpreter SDKs' default template, on a server without the preset built: a
+    // clear answer that says what to build.
+    let r = server.request(
+        "POST",
+        "/sandboxes",
+        &server.admin_key,
+        json!({"templateID": "code-interpreter-v1"}).to_string(),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("scripts/build-templates"), "{}", r.text());
+
     // `code` runs go through the kernel: results, output, errors with their name.
     let mut env = kernel_env();
     env.insert("RUN_V".into(), json!("r"));
