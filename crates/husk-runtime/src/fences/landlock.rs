@@ -101,15 +101,19 @@ fn build_ruleset() -> Result<RulesetCreated, FenceError> {
     Ok(ruleset)
 }
 
-/// The ruleset of a command's own domain: it handles `Execute` only and allows it beneath
-/// `/`, so it restricts nothing the sandbox's domain allows (Landlock needs at least one
-/// handled right for a ruleset). No scopes: signals and abstract sockets between the commands
-/// of one sandbox keep working; the sandbox's domain already scopes both to the sandbox.
+/// The ruleset of a command's own domain: it handles `Execute` and `Refer` and allows both
+/// beneath `/`, so it restricts nothing the sandbox's domain allows (Landlock needs at least
+/// one handled right for a ruleset). `Refer` must be granted explicitly: Landlock treats it as
+/// handled by every domain (ABI >= 2), so a domain without it makes every link or rename into
+/// another directory fail with EXDEV. No scopes: signals and abstract sockets between the
+/// commands of one sandbox keep working; the sandbox's domain already scopes both to the
+/// sandbox.
 fn build_command_ruleset() -> Result<OwnedFd, FenceError> {
+    let rights = AccessFs::Execute | AccessFs::Refer;
     let ruleset = Ruleset::default()
-        .handle_access(AccessFs::Execute)?
+        .handle_access(rights)?
         .create()?
-        .add_rule(PathBeneath::new(open("/")?, AccessFs::Execute))?;
+        .add_rule(PathBeneath::new(open("/")?, rights))?;
     Option::<OwnedFd>::from(ruleset).ok_or_else(|| FenceError::Sys {
         op: "landlock: the per-command ruleset has no fd",
         error: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
@@ -331,6 +335,55 @@ mod tests {
         let first = fence.command_ruleset().expect("command ruleset");
         assert_eq!(first.is_none(), fence.state() == LandlockState::Unsupported);
         assert_eq!(fence.command_ruleset().expect("command ruleset"), first);
+    }
+
+    /// Linking and renaming into another directory (npm's cache, git's objects, pip, `mv`)
+    /// work inside the sandbox's domain and a command's domain nested in it. Landlock treats
+    /// `Refer` as handled by every ruleset (ABI >= 2): a domain that does not grant it beneath
+    /// `/` makes both fail with EXDEV. Same-directory links and renames never need it.
+    #[test]
+    fn links_and_renames_across_directories_work_in_a_command_domain() {
+        let fence = LandlockFence::prepare().expect("prepare");
+        let dir = TempDir::new("ll-refer");
+        for sub in ["a", "b"] {
+            std::fs::create_dir(dir.0.join(sub)).unwrap();
+        }
+        for f in ["a/f", "a/g"] {
+            std::fs::write(dir.0.join(f), b"x").unwrap();
+        }
+        let (src, dst) = (cpath(&dir.0.join("a/f")), cpath(&dir.0.join("b/f")));
+        let (from, to) = (cpath(&dir.0.join("a/g")), cpath(&dir.0.join("b/g")));
+        let child = in_child(|out| {
+            if fence.apply().is_err() {
+                return 2;
+            }
+            match fence.command_ruleset() {
+                Ok(Some(fd)) => {
+                    if restrict_self(fd).is_err() {
+                        return 3;
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => return 4,
+            }
+            // SAFETY: NUL-terminated paths.
+            unsafe {
+                out.send_i32(rc(libc::link(src.as_ptr(), dst.as_ptr())));
+                out.send_i32(rc(libc::rename(from.as_ptr(), to.as_ptr())));
+            }
+            0
+        });
+        assert!(child.exited(0), "{child:?}");
+        // ABI 1 has no `Refer`: reparenting is always denied under it.
+        let want = match fence.state() {
+            LandlockState::Enforced { abi: 1 } => libc::EXDEV,
+            _ => 0,
+        };
+        assert_eq!(
+            child.i32s(),
+            [want, want],
+            "link, rename across directories"
+        );
     }
 
     /// If the root changed after prepare (prepare ran before pivot_root), the ruleset is rebuilt

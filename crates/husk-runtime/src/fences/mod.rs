@@ -217,8 +217,8 @@ impl Fences {
 ///
 /// Every command PID 1 (the agent or husk's init) starts enters a new domain of its own, made
 /// of a ruleset that restricts nothing beyond the sandbox's domain (it handles `Execute` and
-/// allows it beneath `/`) and scopes nothing. What it changes is the domain hierarchy:
-/// Landlock lets a process ptrace another, which includes `PTRACE_MODE_READ` (reading
+/// `Refer` and allows both beneath `/`) and scopes nothing. What it changes is the domain
+/// hierarchy: Landlock lets a process ptrace another, which includes `PTRACE_MODE_READ` (reading
 /// `/proc/PID/environ`, `mem`, `maps`, `fd/N`, `cwd`, `exe`, `stack`, and `process_vm_readv`,
 /// `pidfd_getfd`, `kcmp`), only if the tracer's domain is the target's or one of its
 /// ancestors. Sibling domains are neither, so a command cannot read another command's
