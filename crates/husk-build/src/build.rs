@@ -91,8 +91,11 @@ impl BuildOptions {
                 memory_bytes: 4 << 30,
                 cpu_millis: cpus * 1000,
                 pids: 4096,
-                // Only the build sandbox's skeleton lives on its tmpfs; the layer is on disk.
-                disk_bytes: 64 << 20,
+                // Only the build sandbox's skeleton lives on its tmpfs (a size cap, not an
+                // allocation); the layer is on disk. The same figure is every command's
+                // RLIMIT_FSIZE, the largest file a step may write: package managers write big
+                // ones (deno's binary is 96 MB, torch's libraries several hundred).
+                disk_bytes: 64 << 30,
             },
             step_timeout: Duration::from_secs(3600),
             registry: oci::RegistryOptions::from_env(),

@@ -249,9 +249,14 @@ pub fn parse_spec(text: &str, file: &Path) -> Result<BuildPlan, PlanError> {
     if !raw.packages.npm.is_empty() {
         check_tool_packages(&raw.packages.npm, "npm", &at)?;
         let pkgs = dedup(&raw.packages.npm);
+        // npm's cache (the packages' tarballs) and its log go to a directory removed after
+        // the install, as pip's --no-cache-dir: the layer keeps only what was installed.
         steps.push(package_step(
             "npm",
-            format!("npm install -g --no-fund --no-audit {}", quote_all(&pkgs)),
+            format!(
+                "npm install -g --no-fund --no-audit --cache {NPM_CACHE} {} && rm -rf {NPM_CACHE}",
+                quote_all(&pkgs)
+            ),
             format!("npm install -g {}", pkgs.join(" ")),
             &[],
         ));
@@ -505,6 +510,9 @@ fn sandbox_defaults(
         contexts,
     })
 }
+
+/// Where the npm step's cache lives during the install (removed after it).
+const NPM_CACHE: &str = "/tmp/.husk-npm-cache";
 
 /// Checks pip or npm package specs. They are single-quoted in the command anyway; this
 /// rejects what is surely a mistake (several in one string, an option) or an attempt at the

@@ -144,7 +144,8 @@ fn full_spec_round_trip() {
             run_step(
                 "husk.toml: packages.npm",
                 "npm install -g typescript@5",
-                "npm install -g --no-fund --no-audit 'typescript@5'",
+                "npm install -g --no-fund --no-audit --cache /tmp/.husk-npm-cache 'typescript@5' \
+                 && rm -rf /tmp/.husk-npm-cache",
                 &sandbox_env,
             ),
             Step {

@@ -123,6 +123,25 @@ fn a_rebuild_with_only_the_last_step_changed_reruns_only_that_step() {
     assert!(!cached(&err, "COPY busybox /bin/busybox"), "{err}");
 }
 
+/// What package managers do in a step: write a file far bigger than the build sandbox's
+/// skeleton tmpfs (deno's npm package has a 96 MB binary; torch's wheels more), and hard-link
+/// (or rename) files into other directories (npm's cache, git's objects). The token keeps the
+/// step out of the cache, so it really runs.
+#[test]
+fn a_build_step_writes_big_files_and_links_across_directories() {
+    let state = State::new("tmpl-big");
+    let ctx = TempDir::new("ctx-big");
+    let token = format!("{:x}", rand());
+    let dockerfile = busybox_context(
+        ctx.path(),
+        &format!(
+            "RUN echo {token} && dd if=/dev/zero of=/big bs=1048576 count=80 && rm /big && \
+             mkdir -p /x/a /x/b && echo hi > /x/a/f && ln /x/a/f /x/b/f && cat /x/b/f\n"
+        ),
+    );
+    state.build_ok(&dockerfile, "big");
+}
+
 #[test]
 fn a_dockerfile_sets_env_workdir_user_and_copies_with_owners() {
     let state = State::new("tmpl-docker");
