@@ -30,6 +30,10 @@ use kernel::Kernel;
 
 /// Contexts per sandbox (each is a kernel process: tens of MB).
 pub const MAX_CONTEXTS: usize = 16;
+/// Largest code of one execution (and of its env set-up code): it travels to the agent in
+/// one frame of the agent protocol, with room to spare for the rest of the message.
+pub const MAX_CODE_BYTES: usize = husk_proto::CHUNK - (16 << 10);
+
 /// How long a kernel may take to start (import its libraries, bind its ports).
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -445,6 +449,16 @@ impl Contexts {
                 })?,
             )
         };
+        let longest = envcode
+            .as_ref()
+            .map_or(0, |c| c.set.len().max(c.restore.len()))
+            .max(code.len());
+        if longest > MAX_CODE_BYTES {
+            return Err(ContextError::Invalid(format!(
+                "the code (or its env_vars) takes {longest} bytes, more than the limit of \
+                 {MAX_CODE_BYTES}: put large inputs in a file"
+            )));
+        }
         Ok(exec::start(ctx, code, envcode))
     }
 }

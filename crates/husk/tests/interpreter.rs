@@ -269,6 +269,10 @@ fn execute_and_contexts_on_real_kernels() {
         msg.contains("no kernel for language 'cobol'") && msg.contains("python"),
         "{msg}"
     );
+    let mut huge = start_exec(&sb, json!({"code": format!("# {}", "x".repeat(2 << 20))}));
+    assert_eq!(huge.status, 400);
+    let msg = huge.next_line().unwrap();
+    assert!(msg.contains("more than the limit"), "{msg}");
     assert_eq!(call(&sb, "DELETE", "/contexts/nope", "", false).0, 404);
     assert_eq!(
         call(&sb, "DELETE", &format!("/contexts/{ctx}"), "", false).0,
@@ -424,6 +428,14 @@ fn private_sandboxes_and_code_runs() {
         stderr.contains("ZeroDivisionError") && !stderr.contains('\u{1b}'),
         "{stderr:?}"
     );
+
+    // Code too large for one kernel request runs as a file instead (no rich result then).
+    let big = format!("# {}\nprint('big ok')", "a".repeat(1_100_000));
+    let events = server.post_events("/husk/v1/runs", &server.admin_key, &spec(&big));
+    let end = &events.last().unwrap()["run"];
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(end["stdout_tail"], "big ok\n");
+    assert!(end.get("result").is_none(), "{end}");
 
     // A timeout interrupts the kernel and says so.
     let mut slow = spec("import time\ntime.sleep(60)");

@@ -75,9 +75,8 @@ async fn run(kernel: &Kernel, code: &str, env: Option<&EnvCode>, tx: &mpsc::Send
             return;
         }
     }
-    let died = one(kernel, code, false, Some(tx)).await.err();
-    if let Some(why) = died {
-        let _ = tx.send(ExecOut::KernelDied(why)).await;
+    if let Err(e) = one(kernel, code, false, Some(tx)).await {
+        let _ = tx.send(e.into_out()).await;
         return;
     }
     if let Some(env) = env {
@@ -107,8 +106,8 @@ async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
     };
     let run = async move { one(kernel, code, true, Some(&etx)).await };
     let (res, error) = tokio::join!(run, collect);
-    if let Err(why) = res {
-        return Err(ExecOut::KernelDied(why));
+    if let Err(e) = res {
+        return Err(e.into_out());
     }
     match error {
         Some(e) => Err(e),
@@ -116,20 +115,41 @@ async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
     }
 }
 
-/// Runs one execute request to its end; `Err` when the kernel died. Events go to `tx` while
-/// it listens; once it is gone the kernel is interrupted (once) and the rest drained.
+/// Why one execute request did not run to its end.
+enum Failed {
+    /// The kernel died (or was dead, or the sandbox went).
+    Died(String),
+    /// The agent refused the request (the kernel lives on).
+    Refused(String),
+}
+
+impl Failed {
+    fn into_out(self) -> ExecOut {
+        match self {
+            Failed::Died(why) => ExecOut::KernelDied(why),
+            Failed::Refused(why) => ExecOut::Error {
+                name: "ExecutionError".into(),
+                value: why,
+                traceback: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Runs one execute request to its end. Events go to `tx` while it listens; once it is gone
+/// the kernel is interrupted (once) and the rest drained.
 async fn one(
     kernel: &Kernel,
     code: &str,
     silent: bool,
     tx: Option<&mpsc::Sender<ExecOut>>,
-) -> Result<(), String> {
+) -> Result<(), Failed> {
     let exec = NEXT_EXEC.fetch_add(1, Ordering::Relaxed);
     let mut rx = kernel.route(exec);
     // After routing: a death from now on reaches `rx`; one before shows in the state.
     if let State::Dead(why) = kernel.state() {
         kernel.unroute(exec);
-        return Err(why);
+        return Err(Failed::Died(why));
     }
     let req = Request::Execute(Execute {
         kernel: kernel.id,
@@ -139,9 +159,10 @@ async fn one(
     });
     if let Err(e) = kernel.agent().call(req).await {
         kernel.unroute(exec);
-        return Err(match kernel.state() {
-            State::Dead(why) => why,
-            _ => e.to_string(),
+        return Err(match (kernel.state(), e) {
+            (State::Dead(why), _) => Failed::Died(why),
+            (_, crate::agent::CallError::Gone) => Failed::Died("the sandbox is gone".into()),
+            (_, crate::agent::CallError::Agent(a)) => Failed::Refused(a.message),
         });
     }
     let mut listening = tx.is_some();
@@ -165,10 +186,10 @@ async fn one(
             rx.recv().await
         };
         let Some(msg) = msg else {
-            break Err("the sandbox is gone".to_string());
+            break Err(Failed::Died("the sandbox is gone".to_string()));
         };
         let out = match msg {
-            KernelOut::Dead(why) => break Err(why),
+            KernelOut::Dead(why) => break Err(Failed::Died(why)),
             KernelOut::Event(ExecEvent::Done { .. }) => break Ok(()),
             KernelOut::Event(ev) => result.push(ev),
         };

@@ -227,11 +227,14 @@ async fn execute(
     // interpreter's path: the last expression's value and display data come back as results);
     // otherwise as a file run by the language's interpreter.
     let kernel = match &plan.code {
-        Some((lang, code)) => match sb.contexts.languages().await {
-            Ok(langs) if langs.contains(lang) => Some((lang.clone(), code.clone())),
-            _ => None,
-        },
-        None => None,
+        // Code too large for one kernel request runs as a file.
+        Some((lang, code)) if code.len() <= crate::contexts::MAX_CODE_BYTES => {
+            match sb.contexts.languages().await {
+                Ok(langs) if langs.contains(lang) => Some((lang.clone(), code.clone())),
+                _ => None,
+            }
+        }
+        _ => None,
     };
     let code_file = if kernel.is_some() {
         None
