@@ -144,12 +144,21 @@ pub struct Contexts {
 /// The language names clients use, normalised: E2B's SDKs send `python`, `js`/`javascript`,
 /// `ts`/`typescript` (JavaScript kernel), `bash`, `r`, `java`.
 pub fn normalize_language(lang: &str) -> String {
-    let l = lang.trim().to_ascii_lowercase();
+    let l = shown(lang.trim()).to_ascii_lowercase();
     match l.as_str() {
         "py" | "python3" | "ipython" => "python".into(),
         "js" | "ts" | "typescript" | "node" | "nodejs" => "javascript".into(),
         "sh" | "shell" => "bash".into(),
         _ => l,
+    }
+}
+
+/// A client's string as error messages quote it: at most 64 characters (they are echoed
+/// back, and a request body may hold megabytes).
+fn shown(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_owned(),
     }
 }
 
@@ -374,7 +383,7 @@ impl Contexts {
             .contexts
             .get(id)
             .cloned()
-            .ok_or_else(|| ContextError::NotFound(id.to_owned()))
+            .ok_or_else(|| ContextError::NotFound(shown(id)))
     }
 
     /// The contexts clients created (not the per-language defaults), oldest first is not
@@ -398,7 +407,7 @@ impl Contexts {
             let ctx = t
                 .contexts
                 .remove(id)
-                .ok_or_else(|| ContextError::NotFound(id.to_owned()))?;
+                .ok_or_else(|| ContextError::NotFound(shown(id)))?;
             t.defaults.retain(|_, d| d != id);
             ctx
         };
@@ -460,5 +469,37 @@ impl Contexts {
             )));
         }
         Ok(exec::start(ctx, code, envcode))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn languages_are_normalised_and_bounded() {
+        for (given, want) in [
+            ("Python", "python"),
+            ("python3", "python"),
+            ("js", "javascript"),
+            ("TypeScript", "javascript"),
+            (" bash ", "bash"),
+            ("sh", "bash"),
+            ("r", "r"),
+        ] {
+            assert_eq!(normalize_language(given), want, "{given}");
+        }
+        let long = "x".repeat(10_000);
+        assert!(normalize_language(&long).chars().count() <= 65);
+        let id = "é".repeat(1000);
+        let ContextError::NotFound(shown_id) = ContextError::NotFound(shown(&id)) else {
+            unreachable!()
+        };
+        assert_eq!(
+            shown_id.chars().count(),
+            65,
+            "64 characters and an ellipsis"
+        );
+        assert_eq!(shown("short"), "short");
     }
 }
