@@ -386,8 +386,7 @@ impl Contexts {
             .ok_or_else(|| ContextError::NotFound(shown(id)))
     }
 
-    /// The contexts clients created (not the per-language defaults), oldest first is not
-    /// promised.
+    /// The contexts clients created (not the per-language defaults), by id.
     pub fn list(&self) -> Vec<ContextInfo> {
         let t = lock(&self.table);
         let mut v: Vec<ContextInfo> = t

@@ -429,6 +429,25 @@ fn private_sandboxes_and_code_runs() {
         "{stderr:?}"
     );
 
+    // A secret reaches the kernel and is masked in its output (`redact` defaults to on).
+    server
+        .request(
+            "PUT",
+            "/husk/v1/secrets/RUN_SECRET",
+            &server.admin_key,
+            "kernel-run-value",
+        )
+        .expect(204);
+    let mut with_secret =
+        spec("import os\nprint(os.environ['RUN_SECRET'])\nlen(os.environ['RUN_SECRET'])");
+    with_secret["secrets"] = json!(["RUN_SECRET"]);
+    let events = server.post_events("/husk/v1/runs", &server.admin_key, &with_secret);
+    let end = &events.last().unwrap()["run"];
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(end["stdout_tail"], "****\n", "{end}");
+    assert_eq!(end["result"], "16");
+    assert_eq!(end["secrets"], json!(["RUN_SECRET"]));
+
     // Code too large for one kernel request runs as a file instead (no rich result then).
     let big = format!("# {}\nprint('big ok')", "a".repeat(1_100_000));
     let events = server.post_events("/husk/v1/runs", &server.admin_key, &spec(&big));

@@ -282,36 +282,15 @@ async fn execute(
         timeout_ms: Some(plan.timeout.as_millis() as u64),
         secret_envs: Vec::new(),
     };
-    if !plan.redact {
-        p.envs.push((REDACT_ENV.into(), "0".into()));
-    }
-    let mut redact = Vec::new();
-    let mut secret_names = Vec::new();
-    if !plan.secrets.is_empty() {
-        let secrets = manager
-            .secrets()
-            .ok_or("secrets are not enabled on this server")?;
-        let inj = secrets
-            .inject(&who.team, &sb.env, &mut p.envs)
-            .map_err(|e| e.to_string())?;
-        p.secret_envs = inj.env;
-        redact = inj.redact;
-        secret_names = inj.names;
-    } else {
-        p.envs.retain(|(k, _)| k != REDACT_ENV);
-    }
-    let command = plan.argv.join(" ");
+    let secrets = resolve_secrets(&manager, who, plan, &sb, &mut p.envs)?;
+    p.secret_envs = secrets.env;
     let (_pid, events) = sb
         .agent
         .start(p)
         .await
         .map_err(|e| format!("starting the command failed: {e}"))?;
-    if !secret_names.is_empty() {
-        if let Some(s) = manager.secrets() {
-            s.record_use(&who.team, &sb.id, &command, &secret_names);
-        }
-    }
-    let mut events = events.redacted(redact);
+    record_secret_use(&manager, who, &sb, &plan.argv.join(" "), &secrets.names);
+    let mut events = events.redacted(secrets.redact);
 
     let (mut out, mut err) = (Utf8Stream::default(), Utf8Stream::default());
     let (mut out_tail, mut err_tail) = (Tail::default(), Tail::default());
@@ -393,6 +372,65 @@ async fn execute(
         runs, who, plan, rec, tx, &sb, guard, started, status, exit_code, reason,
     )
     .await
+}
+
+/// A run's secrets, resolved for its one process or kernel.
+pub(super) struct RunSecrets {
+    /// (variable, value), for that process's environment only.
+    pub env: Vec<(String, String)>,
+    /// Values to mask in its output (empty when the run asked for no masking).
+    pub redact: Vec<zeroize::Zeroizing<Vec<u8>>>,
+    pub names: Vec<String>,
+}
+
+/// Resolves the `husk-secret://` references of the run's environment `envs` (the sandbox's
+/// environment under it) into [`RunSecrets`]; `envs` keeps the references and loses the
+/// masking switch.
+pub(super) fn resolve_secrets(
+    manager: &Manager,
+    who: &Principal,
+    plan: &Plan,
+    sb: &LiveSandbox,
+    envs: &mut Vec<(String, String)>,
+) -> Result<RunSecrets, String> {
+    envs.retain(|(k, _)| k != REDACT_ENV);
+    if plan.secrets.is_empty() {
+        return Ok(RunSecrets {
+            env: Vec::new(),
+            redact: Vec::new(),
+            names: Vec::new(),
+        });
+    }
+    if !plan.redact {
+        envs.push((REDACT_ENV.into(), "0".into()));
+    }
+    let secrets = manager
+        .secrets()
+        .ok_or("secrets are not enabled on this server")?;
+    let inj = secrets
+        .inject(&who.team, &sb.env, envs)
+        .map_err(|e| e.to_string())?;
+    Ok(RunSecrets {
+        env: inj.env,
+        redact: inj.redact,
+        names: inj.names,
+    })
+}
+
+/// Records which secrets `what` (the command, or the kernel) was given.
+pub(super) fn record_secret_use(
+    manager: &Manager,
+    who: &Principal,
+    sb: &LiveSandbox,
+    what: &str,
+    names: &[String],
+) {
+    if names.is_empty() {
+        return;
+    }
+    if let Some(s) = manager.secrets() {
+        s.record_use(&who.team, &sb.id, what, names);
+    }
 }
 
 /// Records how the run ended, saves its outputs and destroys its sandbox.

@@ -6,12 +6,11 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::exec::{emit, Tail};
+use super::exec::{emit, record_secret_use, resolve_secrets, Tail};
 use super::spec::Plan;
 use super::{Cancel, RunEvent, RunRecord, RunStatus};
 use crate::contexts::ExecOut;
 use crate::manager::{LiveSandbox, Manager};
-use crate::secrets::REDACT_ENV;
 use crate::store::Principal;
 
 /// Bytes of the main result's text kept in the record.
@@ -34,25 +33,18 @@ pub(super) async fn run(
 ) -> Result<(RunStatus, Option<i32>, String), String> {
     let user = plan.user.unwrap_or(sb.default_user);
     let mut envs = plan.env.clone();
-    envs.retain(|(k, _)| k != REDACT_ENV);
-    let mut secret_envs = Vec::new();
-    let mut redact = Vec::new();
-    if !plan.secrets.is_empty() {
-        let secrets = manager
-            .secrets()
-            .ok_or("secrets are not enabled on this server")?;
-        let inj = secrets
-            .inject(&who.team, &sb.env, &mut envs)
-            .map_err(|e| e.to_string())?;
-        secret_envs = inj.env;
-        if plan.redact {
-            redact = inj.redact;
-        }
-        secrets.record_use(&who.team, &sb.id, &format!("{language} kernel"), &inj.names);
-    }
+    let secrets = resolve_secrets(manager, who, plan, sb, &mut envs)?;
+    let redact = secrets.redact;
+    record_secret_use(
+        manager,
+        who,
+        sb,
+        &format!("{language} kernel"),
+        &secrets.names,
+    );
     let ctx = sb
         .contexts
-        .create_for_run(language, workdir.as_deref(), user, envs, secret_envs)
+        .create_for_run(language, workdir.as_deref(), user, envs, secrets.env)
         .await
         .map_err(|e| format!("starting the {language} kernel failed: {e}"))?;
     let mut events = sb

@@ -79,14 +79,7 @@ fn answer(status: StatusCode, message: String) -> Response {
 /// Proxies `req` to `port` of the sandbox.
 pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<Body>) -> Response {
     if !admitted(state, &sb, req.headers()) {
-        return answer(
-            StatusCode::FORBIDDEN,
-            format!(
-                "sandbox {} is private: send its traffic access token in the \
-                 E2B-Traffic-Access-Token header, or an API key of its team",
-                sb.id
-            ),
-        );
+        return answer(StatusCode::FORBIDDEN, private_message(&sb.id));
     }
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect(sb.netns(), port)).await {
         Ok(Ok(s)) => s,
@@ -157,6 +150,14 @@ fn bad_gateway(id: &str, port: u16, e: hyper::Error) -> Response {
     answer(
         StatusCode::BAD_GATEWAY,
         format!("the server on port {port} of sandbox {id} failed to answer: {e}"),
+    )
+}
+
+/// The refusal of a request to a private sandbox's port.
+pub(super) fn private_message(id: &str) -> String {
+    format!(
+        "sandbox {id} is private: send its traffic access token in the \
+         E2B-Traffic-Access-Token header, or an API key of its team"
     )
 }
 

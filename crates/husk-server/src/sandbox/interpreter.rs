@@ -88,7 +88,7 @@ struct CreateBody {
 pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Response {
     let path = req.uri().path().trim_end_matches('/').to_string();
     let method = req.method().clone();
-    if (method.clone(), path.as_str()) == (Method::GET, "/health") {
+    if method == Method::GET && path == "/health" {
         return axum::Json("OK").into_response();
     }
     let token_ok = req.headers().contains_key(ACCESS_TOKEN_HEADER)
@@ -96,11 +96,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
     if !token_ok && !super::ingress::admitted(state, &sb, req.headers()) {
         return text(
             StatusCode::FORBIDDEN,
-            format!(
-                "sandbox {} is private: send its traffic access token in the \
-                 E2B-Traffic-Access-Token header, or an API key of its team",
-                sb.id
-            ),
+            super::ingress::private_message(&sb.id),
         );
     }
     let body = req.into_body();
