@@ -168,9 +168,15 @@ pub struct LiveSandbox {
     /// The sandbox's link out through husk's router (None: loopback only, the server has no
     /// egress). Dropped with the sandbox, which removes the link and its rules.
     net: Option<husk_net::router::Attachment>,
-    /// Required (as `E2B-Traffic-Access-Token`) by requests to the sandbox's own servers when
-    /// it is private; `None`: they are public.
-    pub traffic_access_token: Option<String>,
+    /// A credential of the sandbox's creator for its ports, sent as `E2B-Traffic-Access-Token`:
+    /// it opens a private sandbox's servers, and the code interpreter (port 49999) of every
+    /// sandbox. Every sandbox has one, public or not: the stock code-interpreter SDKs send
+    /// nothing else with their `/contexts` calls, and port 49999 runs code as the sandbox's
+    /// user, so it never admits a request for merely naming the sandbox.
+    pub traffic_access_token: String,
+    /// Whether the sandbox's own servers admit anyone who names the sandbox (E2B's
+    /// `allowPublicTraffic`, the default) rather than only its traffic token or team.
+    pub public_traffic: bool,
     /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
     init_pid: i32,
     /// The sandbox's network namespace, held open from creation: ingress connects to the
@@ -785,10 +791,8 @@ impl Manager {
             runtime_id,
             agent,
             access_token: random_string(b"0123456789abcdef", 40)?,
-            traffic_access_token: match req.allow_public_traffic {
-                Some(false) => Some(random_string(b"0123456789abcdef", 40)?),
-                _ => None,
-            },
+            traffic_access_token: random_string(b"0123456789abcdef", 40)?,
+            public_traffic: req.allow_public_traffic != Some(false),
             env: req.env,
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,

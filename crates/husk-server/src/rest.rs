@@ -311,7 +311,7 @@ fn detail_json(sb: &LiveSandbox) -> Value {
         "volumeMounts": volume_mounts_json(sb),
         "trafficAccessToken": sb.traffic_access_token,
         "network": {
-            "allowPublicTraffic": sb.traffic_access_token.is_none(),
+            "allowPublicTraffic": sb.public_traffic,
             "allowOut": allow_out,
             "denyOut": deny_out,
         },

@@ -19,7 +19,8 @@ use sha2::{Digest, Sha256};
 /// The in-sandbox test server: `/headers` (what it was sent, as JSON), `POST /sum` (length
 /// and SHA-256 of the body, read as it comes), `POST /pingpong` (answers each request chunk
 /// with a response chunk before reading the next: only a proxy that streams both ways gets
-/// through) and `/ws` (101, then echoes raw bytes). Arguments: address, port.
+/// through), `/ws` (101, then echoes raw bytes) and `/switch` (101 to any request).
+/// Arguments: address, port.
 const SERVER_PY: &str = r#"
 import hashlib, json, socket, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +62,14 @@ class H(BaseHTTPRequestHandler):
                 if not data:
                     break
                 self.wfile.write(data)
+            self.close_connection = True
+            return
+        if self.path == "/switch":
+            # A broken server: 101 whatever the request asked for.
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
             self.close_connection = True
             return
         if self.path == "/headers":
@@ -197,7 +206,12 @@ fn servers_in_a_sandbox_are_reached_by_header_and_by_host() {
     let state = TempDir::new("ingress");
     let server = Server::start(state.path());
     let sb = Sandbox::create(&server, &server.admin_key, json!({"templateID": "base"}));
-    assert!(sb.created["trafficAccessToken"].is_null(), "{}", sb.created);
+    // A public sandbox has a traffic token too (the code interpreter wants it); its other
+    // ports admit everyone without it.
+    let token = sb.created["trafficAccessToken"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(token.len(), 40, "{}", sb.created);
 
     // Nothing listens yet: the SDKs' "port is not open".
     sb.via_headers("GET", 8000, "/", &[], b"")
@@ -309,6 +323,17 @@ fn servers_in_a_sandbox_are_reached_by_header_and_by_host() {
         "the upgraded connection changed the bytes"
     );
     drop(r);
+
+    // Issue 15 L2: a 101 to a request that asked for no upgrade is the server's fault, never
+    // relayed (the client would be left in a protocol it never asked for).
+    sb.via_host("GET", 8001, "/switch", &[])
+        .error(502, "asked for no upgrade");
+    let (head, _) = raw(
+        &server,
+        &host,
+        "GET /switch HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n",
+    );
+    assert!(head.starts_with("http/1.1 101"), "{head}");
 
     // Another closed port, an unknown sandbox.
     sb.via_host("GET", 8009, "/", &[])

@@ -77,20 +77,39 @@ fn create(server: &Server, extra: Value) -> Sandbox<'_> {
     Sandbox::create(server, &server.admin_key, body)
 }
 
-fn headers(sb: &Sandbox<'_>, token: bool) -> Vec<(&'static str, String)> {
+/// The credential a call carries.
+#[derive(Clone, Copy)]
+enum Cred {
+    None,
+    /// `X-Access-Token` (what the SDKs send with `/execute`).
+    Access,
+    /// `E2B-Traffic-Access-Token` (what they send with every call when they have one).
+    Traffic,
+}
+
+fn headers(sb: &Sandbox<'_>, cred: Cred) -> Vec<(&'static str, String)> {
     let mut h = vec![
         ("Content-Type", "application/json".to_owned()),
         ("E2b-Sandbox-Id", sb.id.clone()),
         ("E2b-Sandbox-Port", "49999".to_owned()),
     ];
-    if token {
-        h.push(("X-Access-Token", sb.token.clone()));
+    match cred {
+        Cred::None => {}
+        Cred::Access => h.push(("X-Access-Token", sb.token.clone())),
+        Cred::Traffic => h.push(("E2B-Traffic-Access-Token", traffic_token(sb))),
     }
     h
 }
 
+fn traffic_token(sb: &Sandbox<'_>) -> String {
+    sb.created["trafficAccessToken"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no traffic token: {}", sb.created))
+        .to_owned()
+}
+
 fn start_exec(sb: &Sandbox<'_>, body: Value) -> Streaming {
-    let h = headers(sb, true);
+    let h = headers(sb, Cred::Access);
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
     sb.server
         .stream_with("POST", "/execute", &h, body.to_string().as_bytes())
@@ -110,8 +129,8 @@ fn exec(sb: &Sandbox<'_>, body: Value) -> Vec<Value> {
     events
 }
 
-fn call(sb: &Sandbox<'_>, method: &str, path: &str, body: &str, token: bool) -> (u16, String) {
-    let h = headers(sb, token);
+fn call(sb: &Sandbox<'_>, method: &str, path: &str, body: &str, cred: Cred) -> (u16, String) {
+    let h = headers(sb, cred);
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let r = sb.server.request_with(method, path, &h, body.as_bytes());
     (r.status, r.text())
@@ -154,7 +173,7 @@ fn execute_and_contexts_on_real_kernels() {
 
     // Health needs nothing; the default Python context starts on first use.
     assert_eq!(
-        call(&sb, "GET", "/health", "", false),
+        call(&sb, "GET", "/health", "", Cred::None),
         (200, "\"OK\"".into())
     );
 
@@ -222,13 +241,19 @@ fn execute_and_contexts_on_real_kernels() {
     assert_eq!(stdout(&big).len(), 3_000_001);
 
     // Contexts: created with a cwd, listed (not the default), isolated, restarted, removed.
-    let (st, made) = call(&sb, "POST", "/contexts", r#"{"cwd": "/tmp"}"#, false);
+    let (st, made) = call(
+        &sb,
+        "POST",
+        "/contexts",
+        r#"{"cwd": "/tmp"}"#,
+        Cred::Traffic,
+    );
     assert_eq!(st, 200, "{made}");
     let made: Value = serde_json::from_str(&made).unwrap();
     let ctx = made["id"].as_str().unwrap().to_owned();
     assert_eq!(made["language"], "python");
     assert_eq!(made["cwd"], "/tmp");
-    let (st, list) = call(&sb, "GET", "/contexts", "", false);
+    let (st, list) = call(&sb, "GET", "/contexts", "", Cred::Traffic);
     assert_eq!(st, 200);
     let list: Value = serde_json::from_str(&list).unwrap();
     assert_eq!(list, json!([made]), "the default context is not listed");
@@ -240,7 +265,13 @@ fn execute_and_contexts_on_real_kernels() {
     let isolated = exec(&sb, json!({"code": "x", "context_id": ctx}));
     assert_eq!(of_type(&isolated, "error")[0]["name"], "NameError");
     exec(&sb, json!({"code": "y = 1", "context_id": ctx}));
-    let (st, _) = call(&sb, "POST", &format!("/contexts/{ctx}/restart"), "", false);
+    let (st, _) = call(
+        &sb,
+        "POST",
+        &format!("/contexts/{ctx}/restart"),
+        "",
+        Cred::Traffic,
+    );
     assert_eq!(st, 200);
     let after = exec(&sb, json!({"code": "y", "context_id": ctx}));
     assert_eq!(of_type(&after, "error")[0]["name"], "NameError");
@@ -273,9 +304,19 @@ fn execute_and_contexts_on_real_kernels() {
     assert_eq!(huge.status, 400);
     let msg = huge.next_line().unwrap();
     assert!(msg.contains("more than the limit"), "{msg}");
-    assert_eq!(call(&sb, "DELETE", "/contexts/nope", "", false).0, 404);
     assert_eq!(
-        call(&sb, "DELETE", &format!("/contexts/{ctx}"), "", false).0,
+        call(&sb, "DELETE", "/contexts/nope", "", Cred::Traffic).0,
+        404
+    );
+    assert_eq!(
+        call(
+            &sb,
+            "DELETE",
+            &format!("/contexts/{ctx}"),
+            "",
+            Cred::Traffic
+        )
+        .0,
         200
     );
     assert_eq!(
@@ -300,7 +341,7 @@ fn execute_and_contexts_on_real_kernels() {
     );
 
     // A kernel that dies is reported, and a restart brings the context back.
-    let (st, made) = call(&sb, "POST", "/contexts", "{}", false);
+    let (st, made) = call(&sb, "POST", "/contexts", "{}", Cred::Traffic);
     assert_eq!(st, 200);
     let ctx: Value = serde_json::from_str(&made).unwrap();
     let ctx = ctx["id"].as_str().unwrap().to_owned();
@@ -317,7 +358,14 @@ fn execute_and_contexts_on_real_kernels() {
     let still = exec(&sb, json!({"code": "1", "context_id": ctx}));
     assert_eq!(of_type(&still, "error")[0]["name"], "KernelDied");
     assert_eq!(
-        call(&sb, "POST", &format!("/contexts/{ctx}/restart"), "", false).0,
+        call(
+            &sb,
+            "POST",
+            &format!("/contexts/{ctx}/restart"),
+            "",
+            Cred::Traffic
+        )
+        .0,
         200
     );
     let back = exec(&sb, json!({"code": "2 + 2", "context_id": ctx}));
@@ -341,7 +389,7 @@ fn execute_and_contexts_on_real_kernels() {
     }
     assert!(t.elapsed() < Duration::from_secs(20));
     // And the port answers like the SDKs expect of a gone sandbox.
-    assert_eq!(call(&sb, "GET", "/contexts", "", false).0, 502);
+    assert_eq!(call(&sb, "GET", "/contexts", "", Cred::Traffic).0, 502);
 }
 
 #[test]
@@ -351,24 +399,13 @@ fn private_sandboxes_and_code_runs() {
 
     // A private sandbox's interpreter admits its access token or traffic token, not strangers.
     let private = create(&server, json!({"network": {"allowPublicTraffic": false}}));
-    assert_eq!(call(&private, "GET", "/contexts", "", false).0, 403);
-    assert_eq!(
-        call(&private, "GET", "/contexts", "", true),
-        (200, "[]".into())
-    );
-    let traffic = private.created["trafficAccessToken"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut h = headers(&private, false);
-    h.push(("E2B-Traffic-Access-Token", traffic));
-    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    assert_eq!(
-        server
-            .request_with("GET", "/contexts", &h, Vec::new())
-            .status,
-        200
-    );
+    assert_eq!(call(&private, "GET", "/contexts", "", Cred::None).0, 401);
+    for cred in [Cred::Access, Cred::Traffic] {
+        assert_eq!(
+            call(&private, "GET", "/contexts", "", cred),
+            (200, "[]".into())
+        );
+    }
     drop(private);
 
     // The code-interpreter SDKs' default template, on a server without the preset built: a
@@ -473,5 +510,135 @@ fn private_sandboxes_and_code_runs() {
             .then_some(()))
         .is_some(),
         "run sandboxes left behind"
+    );
+}
+
+/// Issue 15 H1: port 49999 of a public sandbox runs code as its user (with its secrets, and
+/// root through sudo), so naming the sandbox is not enough: without a credential of the
+/// sandbox's team, every route is refused, by header routing and by Host routing, and so is a
+/// browser's cross-origin "simple" request; nothing of what was refused happened.
+#[test]
+fn port_49999_wants_a_credential_of_the_sandboxs_team() {
+    let state = TempDir::new("interp-auth");
+    let server = server_with_venv(&state);
+    let sb = create(&server, json!({}));
+    // Another team with a sandbox of its own: its key and tokens are credentials of nothing here.
+    let other_key = server.key_for("other");
+    let theirs = Sandbox::create(&server, &other_key, json!({"templateID": "base"}));
+    let (their_access, their_traffic) = (theirs.token.clone(), traffic_token(&theirs));
+    assert_ne!(their_traffic, traffic_token(&sb));
+
+    // The team's own context, made with the traffic token as the SDKs do.
+    let (st, made) = call(&sb, "POST", "/contexts", "{}", Cred::Traffic);
+    assert_eq!(st, 200, "{made}");
+    let ctx = serde_json::from_str::<Value>(&made).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let pwn = json!({"code": "open('/tmp/pwned', 'w').write('x')"}).to_string();
+    let routes = [
+        ("POST", "/execute".to_owned(), pwn.clone()),
+        (
+            "POST",
+            "/contexts".to_owned(),
+            r#"{"cwd": "/tmp"}"#.to_owned(),
+        ),
+        ("GET", "/contexts".to_owned(), String::new()),
+        ("DELETE", format!("/contexts/{ctx}"), String::new()),
+        ("POST", format!("/contexts/{ctx}/restart"), String::new()),
+    ];
+    let wrong = "0".repeat(40);
+    let ours_cut = traffic_token(&sb)[..39].to_owned();
+    let strangers: Vec<Vec<(&str, &str)>> = vec![
+        vec![],
+        vec![("X-API-Key", other_key.as_str())],
+        vec![("X-Access-Token", their_access.as_str())],
+        vec![("E2B-Traffic-Access-Token", their_traffic.as_str())],
+        vec![("X-Access-Token", wrong.as_str())],
+        vec![("E2B-Traffic-Access-Token", wrong.as_str())],
+        vec![("X-Access-Token", "")],
+        vec![("X-API-Key", "e2b_0000000000000000000000000000000000000000")],
+        // Another team's key with this sandbox's token cut short is still nobody.
+        vec![
+            ("X-API-Key", other_key.as_str()),
+            ("E2B-Traffic-Access-Token", ours_cut.as_str()),
+        ],
+    ];
+    let host = format!("49999-{}.husk.example", sb.id);
+    for (method, path, body) in &routes {
+        for extra in &strangers {
+            // By the SDKs' headers...
+            let mut h = vec![
+                ("Content-Type", "application/json"),
+                ("E2b-Sandbox-Id", sb.id.as_str()),
+                ("E2b-Sandbox-Port", "49999"),
+            ];
+            h.extend_from_slice(extra);
+            let r = server.request_with(method, path, &h, body.as_bytes());
+            assert_eq!(r.status, 401, "{method} {path} {extra:?}: {}", r.text());
+            assert!(r.text().contains("needs a credential"), "{}", r.text());
+            // ...and by Host, as a preview URL names it.
+            let mut h = vec![
+                ("Host", host.as_str()),
+                ("Content-Type", "application/json"),
+            ];
+            h.extend_from_slice(extra);
+            let r = server.request_with(method, path, &h, body.as_bytes());
+            assert_eq!(
+                r.status,
+                401,
+                "{method} {path} {extra:?} by Host: {}",
+                r.text()
+            );
+        }
+        // What a web page can make a visitor's browser send without a CORS preflight: a
+        // simple POST (text/plain, form or no content type) with no credential header.
+        for ct in ["text/plain", "application/x-www-form-urlencoded"] {
+            let h = [("Host", host.as_str()), ("Content-Type", ct)];
+            let r = server.request_with(method, path, &h, body.as_bytes());
+            assert_eq!(r.status, 401, "{method} {path} as {ct}: {}", r.text());
+        }
+    }
+
+    // With a credential, a POST body must still be declared JSON: 415, and nothing runs.
+    for ct in [Some("text/plain"), Some("application/jsonx"), None] {
+        let mut h = vec![
+            ("E2b-Sandbox-Id", sb.id.as_str()),
+            ("E2b-Sandbox-Port", "49999"),
+            ("X-Access-Token", sb.token.as_str()),
+        ];
+        if let Some(ct) = ct {
+            h.push(("Content-Type", ct));
+        }
+        let r = server.request_with("POST", "/execute", &h, pwn.as_bytes());
+        assert_eq!(r.status, 415, "{ct:?}: {}", r.text());
+    }
+
+    // Nothing of it happened: the context is still there, alone, its kernel never restarted
+    // (its state holds), and no code ran. Any credential of the team works: the access token,
+    // the traffic token, a key of the team (by Host routing too).
+    let events = exec(&sb, json!({"code": "x = 7", "context_id": ctx}));
+    assert!(of_type(&events, "error").is_empty(), "{events:?}");
+    let (st, list) = call(&sb, "GET", "/contexts", "", Cred::Traffic);
+    assert_eq!(st, 200);
+    let list: Vec<Value> = serde_json::from_str(&list).unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["id"], ctx.as_str());
+    let own_key = server.key_for("default");
+    let h = [
+        ("Host", host.as_str()),
+        ("Content-Type", "application/json; charset=utf-8"),
+        ("X-API-Key", own_key.as_str()),
+    ];
+    let code =
+        json!({"code": "import os; print(os.path.exists('/tmp/pwned'), x)", "context_id": ctx});
+    let s = server.stream_with("POST", "/execute", &h, code.to_string().as_bytes());
+    assert_eq!(s.status, 200, "{}", s.headers);
+    assert_eq!(stdout(&s.events()), "False 7\n");
+    // GET /health answers without a credential, and says nothing but that.
+    assert_eq!(
+        call(&sb, "GET", "/health", "", Cred::None),
+        (200, "\"OK\"".into())
     );
 }

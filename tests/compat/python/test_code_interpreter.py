@@ -354,6 +354,30 @@ def test_wire_format_and_health(ci_husk, ci_sandbox_factory):
     assert "OK" in h.text
 
 
+def test_the_port_wants_a_credential_the_sdk_sends(ci_husk, ci_sandbox_factory):
+    """Port 49999 runs code as the sandbox's user: a public sandbox does not open it to whoever
+    names the sandbox. The SDK's own calls (above) carry the access or traffic token; a raw
+    call without one, or a browser-style text/plain POST, is refused and runs nothing."""
+    sbx = ci_sandbox_factory()
+    before = sorted(c.id for c in sbx.list_code_contexts())
+    code = json.dumps({"code": "open('/tmp/pwned', 'w').write('x')"}).encode()
+    bare = sandbox_headers(sbx.sandbox_id, port=JUPYTER_PORT)
+    for method, path, body in (("POST", "/execute", code), ("GET", "/contexts", b""),
+                               ("POST", "/contexts", b"{}")):
+        r = http_request(ci_husk.port, method, path, {**bare, "Content-Type": "application/json"}, body)
+        assert r.status == 401, (method, path, r.status, r.text)
+    r = http_request(ci_husk.port, "POST", "/execute",
+                     {"Host": f"49999-{sbx.sandbox_id}.e2b.app", "Content-Type": "text/plain"}, code)
+    assert r.status == 401, (r.status, r.text)
+    # With the token, a text/plain body is still refused (415).
+    r = http_request(ci_husk.port, "POST", "/execute",
+                     {**sandbox_headers(sbx.sandbox_id, sbx._envd_access_token, port=JUPYTER_PORT),
+                      "Content-Type": "text/plain"}, code)
+    assert r.status == 415, (r.status, r.text)
+    assert sbx.run_code("import os; os.path.exists('/tmp/pwned')").text == "False"
+    assert sorted(c.id for c in sbx.list_code_contexts()) == before
+
+
 def test_bash(ci_sandbox_factory):
     sbx = ci_sandbox_factory()
     r = sbx.run_code("echo hello-$((40 + 2))", language="bash")

@@ -10,7 +10,8 @@
 //!
 //! A private sandbox (E2B `network.allowPublicTraffic: false`) admits only requests that carry
 //! its traffic token (`E2B-Traffic-Access-Token`) or an API key of its own team; a public one
-//! admits everyone, as on E2B.
+//! admits everyone, as on E2B. (Port 49999, the code interpreter, is not ingress: it always
+//! wants a credential, see [`super::interpreter`].)
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -119,6 +120,18 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
         Err(e) => return bad_gateway(&sb.id, port, e),
     };
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switching && client_upgrade.is_none() {
+        // A 101 to a request that asked for no protocol switch is a broken server; relayed,
+        // it would leave the client's connection in a protocol neither side agreed on.
+        return answer(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the server on port {port} of sandbox {} switched protocols, but the request \
+                 asked for no upgrade",
+                sb.id
+            ),
+        );
+    }
     let kept = switching
         .then(|| resp.headers().get(header::UPGRADE).cloned())
         .flatten();
@@ -154,23 +167,28 @@ fn bad_gateway(id: &str, port: u16, e: hyper::Error) -> Response {
 }
 
 /// The refusal of a request to a private sandbox's port.
-pub(super) fn private_message(id: &str) -> String {
+fn private_message(id: &str) -> String {
     format!(
         "sandbox {id} is private: send its traffic access token in the \
          E2B-Traffic-Access-Token header, or an API key of its team"
     )
 }
 
-/// Whether the sandbox admits the request: public, or the right traffic token, or a key of
-/// its team (never another team's, whatever its rights elsewhere).
+/// Whether the sandbox's own servers admit the request: it is public, or the request carries a
+/// credential of its team ([`team_credential`]).
 pub(super) fn admitted(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
-    let Some(token) = &sb.traffic_access_token else {
-        return true;
-    };
+    sb.public_traffic || team_credential(state, sb, headers)
+}
+
+/// Whether the request carries the sandbox's traffic token or an API key of its team (never
+/// another team's, whatever its rights elsewhere). Both are handed only to the team: the token
+/// comes with create, connect and info.
+pub(super) fn team_credential(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
+    let token = sb.traffic_access_token.as_bytes();
     if headers
         .get_all(TRAFFIC_TOKEN_HEADER)
         .iter()
-        .any(|v| bool::from(v.as_bytes().ct_eq(token.as_bytes())))
+        .any(|v| bool::from(v.as_bytes().ct_eq(token)))
     {
         return true;
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::Request;
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use husk_core::contexts::{ContextError, ExecOut, MimeValue};
 use serde::Deserialize;
@@ -81,22 +81,29 @@ struct CreateBody {
     cwd: Option<String>,
 }
 
-/// Serves one request. Access is E2B's for a sandbox port: a public sandbox's port admits
-/// whoever names the sandbox (its id is the secret), a private one its traffic token or a key
-/// of its team ([`super::ingress::admitted`]); the sandbox's access token (`X-Access-Token`,
-/// which the SDKs send with `/execute`) also admits.
+/// Serves one request.
+///
+/// Port 49999 runs code as the sandbox's user (with its secrets in the kernels' environment,
+/// and `sudo`), so it is not "a sandbox port" that a public sandbox opens to whoever names it:
+/// every route but `GET /health` wants a credential of the sandbox's creator, as port 49983
+/// does: the sandbox's access token (`X-Access-Token`, which the SDKs send with `/execute`),
+/// its traffic token (`E2B-Traffic-Access-Token`, which they send with every call when the
+/// create answer had one, and husk's always has) or an API key of its team. A body must be
+/// declared `application/json`: a web page can send a cross-origin `text/plain` POST without
+/// a CORS preflight, never one with a JSON content type or a credential header.
 pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Response {
     let path = req.uri().path().trim_end_matches('/').to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/health" {
         return axum::Json("OK").into_response();
     }
-    let token_ok = req.headers().contains_key(ACCESS_TOKEN_HEADER)
-        && access_token_ok(req.headers(), Some(&sb.access_token));
-    if !token_ok && !super::ingress::admitted(state, &sb, req.headers()) {
+    if !authorized(state, &sb, req.headers()) {
+        return text(StatusCode::UNAUTHORIZED, unauthorized_message(&sb.id));
+    }
+    if method == Method::POST && !declares_json(req.headers()) {
         return text(
-            StatusCode::FORBIDDEN,
-            super::ingress::private_message(&sb.id),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the request body must be sent as Content-Type: application/json",
         );
     }
     let body = req.into_body();
@@ -134,6 +141,30 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
         }
         _ => text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
     }
+}
+
+/// Whether the request carries the sandbox's access token, its traffic token or a key of its
+/// team.
+fn authorized(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
+    (headers.contains_key(ACCESS_TOKEN_HEADER) && access_token_ok(headers, Some(&sb.access_token)))
+        || super::ingress::team_credential(state, sb, headers)
+}
+
+fn unauthorized_message(id: &str) -> String {
+    format!(
+        "the code interpreter of sandbox {id} needs a credential: its access token \
+         (X-Access-Token), its traffic access token (E2B-Traffic-Access-Token) or an API key \
+         of its team (X-API-Key)"
+    )
+}
+
+/// Whether `Content-Type` is `application/json` (any parameters, any case).
+fn declares_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
 fn context_json(c: &husk_core::contexts::ContextInfo) -> Value {
@@ -340,6 +371,38 @@ mod tests {
             result_json(false, vec![]),
             json!({"type": "result", "is_main_result": false})
         );
+    }
+
+    #[test]
+    fn only_a_json_content_type_declares_json() {
+        let with = |v: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = v {
+                h.insert(header::CONTENT_TYPE, v.parse().unwrap());
+            }
+            declares_json(&h)
+        };
+        for yes in [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            " application/json ;charset=UTF-8",
+        ] {
+            assert!(with(Some(yes)), "{yes}");
+        }
+        // What a browser may send cross-origin without a preflight, and near misses.
+        for no in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonx",
+            "application/json-seq",
+            "text/json",
+            "",
+        ] {
+            assert!(!with(Some(no)), "{no}");
+        }
+        assert!(!with(None));
     }
 
     #[test]
