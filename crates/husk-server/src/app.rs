@@ -32,6 +32,10 @@ pub struct AppState {
     pub workspaces: Option<Arc<husk_core::workspaces::Workspaces>>,
     /// One-shot runs and batches (`None`: their API answers 501).
     pub runs: Option<Arc<husk_core::runs::Runs>>,
+    /// How fast clients must send request bodies and read streamed transfers.
+    pub body_policy: crate::body::BodyPolicy,
+    /// Workspace operations in progress, a few per team.
+    pub transfers: Arc<crate::transfers::Transfers>,
 }
 
 impl AppState {
@@ -43,7 +47,21 @@ impl AppState {
             secrets: None,
             workspaces: None,
             runs: None,
+            body_policy: crate::body::BodyPolicy::default(),
+            transfers: Arc::new(crate::transfers::Transfers::new(Default::default())),
         }
+    }
+
+    /// How fast clients must send request bodies (and read transfers).
+    pub fn with_body_policy(mut self, policy: crate::body::BodyPolicy) -> AppState {
+        self.body_policy = policy;
+        self
+    }
+
+    /// How many workspace operations may run at once, per team and in all.
+    pub fn with_transfer_limits(mut self, limits: crate::transfers::TransferLimits) -> AppState {
+        self.transfers = Arc::new(crate::transfers::Transfers::new(limits));
+        self
     }
 
     pub fn with_runs(mut self, runs: Arc<husk_core::runs::Runs>) -> AppState {
@@ -115,6 +133,25 @@ pub fn sandbox_target(req: &Request<Body>) -> Option<SandboxTarget> {
     })
 }
 
+/// Whether a request's body is held to the body rate rule ([`crate::body`]): every body husk
+/// reads itself, but a sandbox server's (ingress relays what its client sends, as slowly as
+/// the two of them like) and a Connect client stream (a command's stdin may rightly pause).
+fn guards_body(target: Option<&SandboxTarget>, req: &Request<Body>) -> bool {
+    let port = match target {
+        None => return true,
+        Some(t) => t.port,
+    };
+    if port != crate::sandbox::ENVD_PORT && port != crate::sandbox::interpreter::PORT {
+        return false;
+    }
+    let streaming = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim_start().starts_with("application/connect+"));
+    !streaming
+}
+
 /// The whole HTTP service.
 pub fn service(
     state: AppState,
@@ -131,11 +168,16 @@ pub fn service(
         .merge(crate::secrets::router(state.clone()))
         .merge(crate::workspaces::router(state.clone()))
         .merge(crate::runs::router(state.clone()));
+    let policy = state.body_policy;
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());
         async move {
-            let mut resp = match sandbox_target(&req) {
+            let target = sandbox_target(&req);
+            if guards_body(target.as_ref(), &req) {
+                req = req.map(|b| Body::new(crate::body::Guarded::new(b, policy)));
+            }
+            let mut resp = match target {
                 Some(target) => {
                     req.extensions_mut().insert(target);
                     sandbox.oneshot(req).await

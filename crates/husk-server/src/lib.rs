@@ -4,12 +4,14 @@
 //! Handlers parse requests into the core's typed calls; they hold no state of their own.
 #![forbid(unsafe_code)]
 pub mod app;
+pub mod body;
 pub mod openapi;
 pub mod rest;
 pub mod runs;
 pub mod sandbox;
 pub mod secrets;
 pub mod templates;
+pub mod transfers;
 mod upload;
 pub mod workspaces;
 

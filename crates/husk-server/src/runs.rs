@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -80,15 +80,18 @@ struct ListQuery {
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Response> {
-    let bytes = to_bytes(body, MAX_BODY).await.map_err(|_| {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the request is larger than {} MiB; put large inputs in a workspace",
-                MAX_BODY >> 20
+    let bytes = crate::body::read_all(body, MAX_BODY)
+        .await
+        .map_err(|e| match e {
+            crate::body::ReadError::TooLarge(_) => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request is larger than {} MiB; put large inputs in a workspace",
+                    MAX_BODY >> 20
+                ),
             ),
-        )
-    })?;
+            e => error(e.status(), e.to_string()),
+        })?;
     serde_json::from_slice(&bytes)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))
 }

@@ -5,7 +5,7 @@
 // Handlers return the finished error `Response` as their `Err` (as in `rest`).
 #![allow(clippy::result_large_err)]
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -69,13 +69,15 @@ async fn set(
 ) -> Answer {
     let secrets = service(&state)?;
     husk_core::secrets::validate_name(&name).map_err(answer)?;
-    // One byte over the limit is enough to know it is too large.
-    let value = to_bytes(body, MAX_SECRET_BYTES + 1).await.map_err(|_| {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("secret '{name}' is too large (at most {MAX_SECRET_BYTES} bytes)"),
-        )
-    })?;
+    let value = crate::body::read_all(body, MAX_SECRET_BYTES)
+        .await
+        .map_err(|e| match e {
+            crate::body::ReadError::TooLarge(_) => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("secret '{name}' is too large (at most {MAX_SECRET_BYTES} bytes)"),
+            ),
+            e => error(e.status(), e.to_string()),
+        })?;
     let value = zeroize::Zeroizing::new(value.to_vec());
     if value.is_empty() {
         return Err(error(

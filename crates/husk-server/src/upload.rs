@@ -3,8 +3,6 @@
 //! before reading all of it.
 
 use std::io::{self, Read};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use axum::body::{Body, BodyDataStream};
 use axum::http::{header, HeaderMap};
@@ -50,40 +48,60 @@ pub fn body_channel() -> (mpsc::Sender<io::Result<Bytes>>, BodyReader) {
 /// Most of a request body read and thrown away after husk has refused it (see [`drain`]).
 pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
 
-/// Feeds the request body to the reader until it ends, or passes `max_bytes` (then `too_large`
-/// is set and the reader gets an error). Once the reader is gone (done, or it refused the
-/// upload) the rest of the body is drained, so that the client gets the answer.
-pub async fn pump(
-    body: Body,
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    max_bytes: u64,
-    too_large: Arc<AtomicBool>,
-) {
+/// How the body fed by [`pump`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// All of it went to the reader (or the reader stopped taking it).
+    Complete,
+    /// It passed `max_bytes`; the reader got an error.
+    TooLarge,
+    /// The client stopped sending at the body rate rule's pace (see [`crate::body`]); the
+    /// reader got an error. The answer is the client's fault: 408.
+    Stalled(crate::body::Stalled),
+    /// It broke off (the client went away); the reader got an error.
+    Failed,
+}
+
+/// Feeds the request body to the reader until it ends, passes `max_bytes`, stalls or breaks
+/// off (then the reader gets an error); says which. Once the reader is gone (done, or it
+/// refused the upload) the rest of the body is drained, so that the client gets the answer.
+pub async fn pump(body: Body, tx: mpsc::Sender<io::Result<Bytes>>, max_bytes: u64) -> BodyEnd {
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
-        let item = match chunk {
+        let (item, end) = match chunk {
             Ok(b) => {
                 total += b.len() as u64;
                 if total > max_bytes {
-                    too_large.store(true, Ordering::Relaxed);
-                    Err(io::Error::other("the upload is too large"))
+                    (
+                        Err(io::Error::other("the upload is too large")),
+                        BodyEnd::TooLarge,
+                    )
                 } else {
-                    Ok(b)
+                    (Ok(b), BodyEnd::Complete)
                 }
             }
-            Err(e) => Err(io::Error::other(format!("reading the request body: {e}"))),
+            Err(e) => match crate::body::stalled_in(&e) {
+                Some(s) => (
+                    Err(io::Error::new(io::ErrorKind::TimedOut, s.clone())),
+                    BodyEnd::Stalled(s.clone()),
+                ),
+                None => (
+                    Err(io::Error::other(format!("reading the request body: {e}"))),
+                    BodyEnd::Failed,
+                ),
+            },
         };
-        let last = item.is_err();
-        if last {
+        if item.is_err() {
             let _ = tx.send(item).await;
-            return;
+            return end;
         }
         if tx.send(item).await.is_err() {
             break;
         }
     }
     drain_stream(stream).await;
+    BodyEnd::Complete
 }
 
 /// Reads and discards what is left of a request body (at most [`MAX_DRAIN_BYTES`]) before an

@@ -3,9 +3,11 @@
 //! its keys. Another team's workspace is answered exactly as a missing one (404).
 //!
 //! File and archive bodies are streamed in both directions (never held in memory): uploads
-//! through a channel to the core on a blocking thread, bounded by the server's per-upload
-//! limit (413 beyond it, with nothing left behind); downloads and exports from a blocking
-//! thread through a channel into the response body.
+//! through a channel to the core on a thread of the operation's own, bounded by the server's
+//! per-upload limit (413 beyond it, with nothing left behind); downloads and exports from such
+//! a thread through a channel into the response body. Every operation first takes a slot of
+//! its team's ([`crate::transfers`]: 429 when the team or the server has too many running),
+//! and a client that stops sending or reading is cut by the body rate rule ([`crate::body`]).
 //!
 //! - `POST /husk/v1/workspaces` `{"name"}` → 201 info; `GET` → `{"workspaces": [...]}`
 //! - `GET|DELETE /husk/v1/workspaces/{name}`
@@ -19,7 +21,7 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use axum::body::{to_bytes, Body, Bytes};
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -31,8 +33,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::body::{read_all, RateMeter};
 use crate::rest::{error, rfc3339, Who};
-use crate::upload::{body_channel, drain, pump};
+use crate::transfers::{on_thread, spawn, Busy, Permit};
+use crate::upload::{body_channel, drain, pump, BodyEnd};
 use crate::AppState;
 
 type Answer = Result<Response, Response>;
@@ -89,33 +93,54 @@ fn answer(e: WorkspaceError) -> Response {
     error(status, e.to_string())
 }
 
-/// Runs a core call on a blocking thread (every one touches the file system).
-async fn blocking<T: Send + 'static>(
-    call: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
-) -> Result<T, Response> {
-    tokio::task::spawn_blocking(call)
-        .await
-        .map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("workspace task failed: {e}"),
-            )
-        })?
-        .map_err(answer)
+/// A slot for one operation of `team` (429 with `Retry-After` when its team or the server has
+/// too many running).
+fn permit(state: &AppState, team: &str) -> Result<Permit, Response> {
+    state.transfers.try_acquire(team).map_err(busy)
 }
 
-/// Runs `consume` on a blocking thread with the request body as its reader, while the body
-/// is pumped in (the core bounds what it reads); its result as [`blocking`] gives it.
+fn busy(e: Busy) -> Response {
+    let status = match e {
+        Busy::Team { .. } | Busy::Server { .. } => StatusCode::TOO_MANY_REQUESTS,
+        Busy::Thread(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut resp = error(status, e.to_string());
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
+/// Runs a core call (every one touches the file system) on a thread that holds `permit`.
+async fn blocking<T: Send + 'static>(
+    permit: Permit,
+    call: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
+) -> Result<T, Response> {
+    on_thread(permit, call).await.map_err(busy)?.map_err(answer)
+}
+
+/// Runs `consume` on a thread that holds `permit`, with the request body as its reader, while
+/// the body is pumped in (the core bounds what it reads; the body's rate rule bounds how long
+/// it waits); its result as [`blocking`] gives it.
 async fn with_body<T: Send + 'static>(
+    permit: Permit,
     body: Body,
     consume: impl FnOnce(crate::upload::BodyReader) -> Result<T, WorkspaceError> + Send + 'static,
 ) -> Result<T, Response> {
     let (tx, reader) = body_channel();
-    let ((), done) = tokio::join!(
-        pump(body, tx, u64::MAX, Arc::default()),
-        blocking(move || consume(reader))
+    let (end, done) = tokio::join!(
+        pump(body, tx, u64::MAX),
+        on_thread(permit, move || consume(reader))
     );
-    done
+    match end {
+        // Whatever the core made of the broken reader (nothing is left of the upload), the
+        // client is why: no server error, no warning in the log.
+        BodyEnd::Stalled(s) => Err(error(StatusCode::REQUEST_TIMEOUT, s.to_string())),
+        BodyEnd::Failed => Err(error(
+            StatusCode::BAD_REQUEST,
+            "the request body broke off; nothing was written",
+        )),
+        BodyEnd::Complete | BodyEnd::TooLarge => done.map_err(busy)?.map_err(answer),
+    }
 }
 
 fn info_json(i: &WorkspaceInfo) -> Value {
@@ -149,38 +174,39 @@ struct CreateBody {
 
 async fn create(State(state): State<AppState>, Who(who): Who, body: Body) -> Answer {
     let ws = service(&state)?;
-    let bytes = to_bytes(body, MAX_JSON).await.map_err(|_| {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than {MAX_JSON} bytes"),
-        )
-    })?;
+    let bytes = read_all(body, MAX_JSON)
+        .await
+        .map_err(|e| error(e.status(), e.to_string()))?;
     let req: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
         error(
             StatusCode::BAD_REQUEST,
             format!("expected a JSON body like {{\"name\": \"data\"}}: {e}"),
         )
     })?;
-    let info = blocking(move || ws.create(&who.team, &req.name)).await?;
+    let p = permit(&state, &who.team)?;
+    let info = blocking(p, move || ws.create(&who.team, &req.name)).await?;
     Ok((StatusCode::CREATED, axum::Json(info_json(&info))).into_response())
 }
 
 async fn list(State(state): State<AppState>, Who(who): Who) -> Answer {
     let ws = service(&state)?;
-    let all = blocking(move || ws.list(&who.team)).await?;
+    let p = permit(&state, &who.team)?;
+    let all = blocking(p, move || ws.list(&who.team)).await?;
     let items: Vec<Value> = all.iter().map(info_json).collect();
     Ok(axum::Json(json!({ "workspaces": items })).into_response())
 }
 
 async fn info(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
     let ws = service(&state)?;
-    let info = blocking(move || ws.info(&who.team, &name)).await?;
+    let p = permit(&state, &who.team)?;
+    let info = blocking(p, move || ws.info(&who.team, &name)).await?;
     Ok(axum::Json(info_json(&info)).into_response())
 }
 
 async fn delete(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
     let ws = service(&state)?;
-    blocking(move || ws.delete(&who.team, &name)).await?;
+    let p = permit(&state, &who.team)?;
+    blocking(p, move || ws.delete(&who.team, &name)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -204,8 +230,11 @@ async fn entries(
 ) -> Answer {
     let ws = service(&state)?;
     let q = query(q)?;
-    let listing =
-        blocking(move || ws.entries(&who.team, &name, &q.path, q.depth.unwrap_or(1))).await?;
+    let p = permit(&state, &who.team)?;
+    let listing = blocking(p, move || {
+        ws.entries(&who.team, &name, &q.path, q.depth.unwrap_or(1))
+    })
+    .await?;
     let items: Vec<Value> = listing.entries.iter().map(entry_json).collect();
     Ok(axum::Json(json!({ "entries": items, "truncated": listing.truncated })).into_response())
 }
@@ -216,7 +245,8 @@ async fn download(
     Path((name, path)): Path<(String, String)>,
 ) -> Answer {
     let ws = service(&state)?;
-    let (file, size) = blocking(move || {
+    let team = who.team.clone();
+    let (file, size) = blocking(permit(&state, &team)?, move || {
         let file = ws.read_file(&who.team, &name, &path)?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         Ok((file, size))
@@ -224,13 +254,13 @@ async fn download(
     .await?;
     // Exactly `size` bytes: more that the file grew meanwhile are not sent; a file that
     // shrank ends the body with an error rather than a short, seemingly complete download.
-    let body = blocking_body(move |out| {
+    let body = blocking_body(&state, permit(&state, &team)?, move |out| {
         let copied = io::copy(&mut file.take(size), out)?;
         if copied < size {
             return Err(io::Error::other("the file shrank while being read"));
         }
         Ok(())
-    });
+    })?;
     let mut resp = body.into_response();
     let h = resp.headers_mut();
     h.insert(
@@ -249,6 +279,13 @@ async fn upload(
     body: Body,
 ) -> Answer {
     let ws = service(&state)?;
+    let p = match permit(&state, &who.team) {
+        Ok(p) => p,
+        Err(resp) => {
+            drain(&headers, body).await;
+            return Err(resp);
+        }
+    };
     let limit = ws.upload_limits().max_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -261,7 +298,7 @@ async fn upload(
             limit,
         }));
     }
-    let report = with_body(body, move |reader| {
+    let report = with_body(p, body, move |reader| {
         ws.write_file(&who.team, &name, &path, reader, limit)
     })
     .await?;
@@ -279,7 +316,8 @@ async fn remove(
     Path((name, path)): Path<(String, String)>,
 ) -> Answer {
     let ws = service(&state)?;
-    blocking(move || ws.remove(&who.team, &name, &path)).await?;
+    let p = permit(&state, &who.team)?;
+    blocking(p, move || ws.remove(&who.team, &name, &path)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -294,12 +332,20 @@ async fn import(
     Who(who): Who,
     Path(name): Path<String>,
     q: Result<Query<TarQuery>, QueryRejection>,
+    headers: HeaderMap,
     body: Body,
 ) -> Answer {
     let ws = service(&state)?;
     let q = query(q)?;
+    let p = match permit(&state, &who.team) {
+        Ok(p) => p,
+        Err(resp) => {
+            drain(&headers, body).await;
+            return Err(resp);
+        }
+    };
     let limits = ws.upload_limits();
-    let report = with_body(body, move |reader| {
+    let report = with_body(p, body, move |reader| {
         ws.import_tar(&who.team, &name, &q.path, reader, limits)
     })
     .await?;
@@ -323,9 +369,14 @@ async fn export(
     let q = query(q)?;
     // Found first, so that a missing workspace or path is a proper error answer; then
     // written as the body goes out.
-    let exporter = blocking(move || ws.exporter(&who.team, &name, &q.path)).await?;
-    let body =
-        blocking_body(move |out| exporter.write_to(out).map(|_| ()).map_err(io::Error::other));
+    let team = who.team.clone();
+    let exporter = blocking(permit(&state, &team)?, move || {
+        ws.exporter(&who.team, &name, &q.path)
+    })
+    .await?;
+    let body = blocking_body(&state, permit(&state, &team)?, move |out| {
+        exporter.write_to(out).map(|_| ()).map_err(io::Error::other)
+    })?;
     let mut resp = body.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -334,30 +385,42 @@ async fn export(
     Ok(resp)
 }
 
-/// A response body written by `produce` on a blocking thread. An error ends the body with an
-/// error (the client sees a broken transfer, never a short one that looks complete); a
-/// client that goes away makes the writes fail, which stops `produce`.
+/// A response body written by `produce` on a thread that holds `permit`. An error ends the
+/// body with an error (the client sees a broken transfer, never a short one that looks
+/// complete); a client that goes away, or reads slower than the body rate rule allows, makes
+/// the writes fail, which stops `produce` and frees the thread.
 fn blocking_body(
+    state: &AppState,
+    permit: Permit,
     produce: impl FnOnce(&mut ChannelWriter) -> io::Result<()> + Send + 'static,
-) -> Body {
+) -> Result<Body, Response> {
     let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
-    tokio::task::spawn_blocking(move || {
-        let mut out = ChannelWriter {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
-        };
+    let mut out = ChannelWriter {
+        tx,
+        buf: Vec::with_capacity(CHUNK),
+        runtime: tokio::runtime::Handle::current(),
+        meter: RateMeter::new(state.body_policy),
+    };
+    spawn(permit, move || {
         let result = produce(&mut out).and_then(|()| out.send());
         if let Err(e) = result {
-            let _ = out.tx.blocking_send(Err(e));
+            // The client may be the one that stopped reading: no waiting for it here.
+            let _ = out.tx.try_send(Err(e));
         }
-    });
-    Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+    })
+    .map_err(busy)?;
+    Ok(Body::from_stream(futures_util::stream::poll_fn(
+        move |cx| rx.poll_recv(cx),
+    )))
 }
 
-/// The writing end of [`blocking_body`]: buffers [`CHUNK`] bytes per message.
+/// The writing end of [`blocking_body`]: buffers [`CHUNK`] bytes per message, and waits for the
+/// client to take each one no longer than the body rate rule allows.
 struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
+    runtime: tokio::runtime::Handle,
+    meter: RateMeter,
 }
 
 impl ChannelWriter {
@@ -366,10 +429,34 @@ impl ChannelWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
+        loop {
+            let (wait, started) = (self.meter.remaining(), std::time::Instant::now());
+            let tx = &self.tx;
+            // A slot in the channel means the client took an earlier chunk.
+            let reserved = self
+                .runtime
+                .block_on(async { tokio::time::timeout(wait, tx.reserve()).await });
+            match reserved {
+                Ok(Ok(slot)) => {
+                    slot.send(Ok(chunk.clone()));
+                    self.meter.progress(chunk.len());
+                    return self.meter.waited(started.elapsed()).map_err(too_slow);
+                }
+                Ok(Err(_)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the client went away",
+                    ))
+                }
+                // The window ended with the client reading nothing: judge it, then wait on.
+                Err(_) => self.meter.waited(started.elapsed()).map_err(too_slow)?,
+            }
+        }
     }
+}
+
+fn too_slow(e: crate::body::Stalled) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, e)
 }
 
 impl Write for ChannelWriter {

@@ -40,6 +40,18 @@ pub struct ServeArgs {
     /// Largest upload into a workspace: one file, or the content of one tar archive.
     #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub workspace_upload_limit: u64,
+    /// Longest a client may make husk wait on a request body (or on reading a workspace
+    /// download) while sending (reading) less than 1 KiB/s on average; slower transfers are
+    /// cut (408 for a body). Sandbox servers' own traffic and commands' stdin are exempt.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::units::parse_duration)]
+    pub body_timeout: std::time::Duration,
+    /// Workspace operations (uploads, downloads, archives, listings) one team may have in
+    /// progress at once; more get 429.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub max_transfers_per_team: usize,
+    /// Workspace operations in progress at once on the whole server; more get 429.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub max_transfers: usize,
     #[command(flatten)]
     pub egress: crate::egress::EgressArgs,
 }
@@ -218,7 +230,14 @@ async fn run(
         .with_templates(TemplateService::new(builder, size))
         .with_secrets(secrets)
         .with_workspaces(workspaces)
-        .with_runs(runs);
+        .with_runs(runs)
+        .with_body_policy(husk_server::body::BodyPolicy::with_window(
+            args.body_timeout,
+        ))
+        .with_transfer_limits(husk_server::transfers::TransferLimits {
+            per_team: args.max_transfers_per_team.max(1),
+            total: args.max_transfers.max(1),
+        });
     let shutdown_manager = manager.clone();
     let shutdown = async move {
         wait_for_stop().await;

@@ -9,7 +9,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::{to_bytes, Body, Bytes};
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -53,12 +53,9 @@ fn context_error(e: ContextError) -> Response {
 }
 
 async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result<T, Response> {
-    let bytes = to_bytes(body, MAX_BODY).await.map_err(|_| {
-        text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {MAX_BODY} bytes"),
-        )
-    })?;
+    let bytes = crate::body::read_all(body, MAX_BODY)
+        .await
+        .map_err(|e| text(e.status(), e.to_string()))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }

@@ -11,7 +11,7 @@
 mod files;
 mod filesystem;
 mod ingress;
-mod interpreter;
+pub(crate) mod interpreter;
 mod process;
 mod rpc;
 

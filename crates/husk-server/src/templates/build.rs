@@ -23,7 +23,7 @@
 //! and the context is removed either way.
 
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -40,7 +40,7 @@ use super::context::{self, ContextDir, ContextError};
 use super::events::Events;
 use super::{require_admin, service, Answer, TemplateService};
 use crate::rest::{error, Who};
-use crate::upload as body;
+use crate::upload::{self as body, BodyEnd};
 use crate::AppState;
 
 /// The build slot of a server; free again when dropped.
@@ -176,7 +176,6 @@ async fn receive(
     query: &BuildQuery,
 ) -> Result<(ContextDir, (BuildPlan, PathBuf)), Response> {
     let (tx, reader) = body::body_channel();
-    let too_large = Arc::new(AtomicBool::new(false));
     let state_dir = svc.proto.opts.state_dir.clone();
     let (file, build_args) = (query.file.clone(), query.build_args.clone());
     let unpacking = tokio::task::spawn_blocking(move || {
@@ -197,24 +196,25 @@ async fn receive(
         let plan = load(&ctx, file.as_deref(), &build_args)?;
         Ok::<_, Response>((ctx, plan))
     });
-    let (_, unpacked) = tokio::join!(
-        body::pump(body, tx, context::MAX_CONTEXT_BYTES, too_large.clone()),
-        unpacking
-    );
+    let (end, unpacked) = tokio::join!(body::pump(body, tx, context::MAX_CONTEXT_BYTES), unpacking);
     let unpacked = unpacked.map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("unpacking the build context: {e}"),
         )
     })?;
-    if too_large.load(Ordering::Relaxed) {
-        return Err(error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the build context is larger than {} MiB",
-                context::MAX_CONTEXT_BYTES >> 20
-            ),
-        ));
+    match end {
+        BodyEnd::TooLarge => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the build context is larger than {} MiB",
+                    context::MAX_CONTEXT_BYTES >> 20
+                ),
+            ))
+        }
+        BodyEnd::Stalled(s) => return Err(error(StatusCode::REQUEST_TIMEOUT, s.to_string())),
+        BodyEnd::Complete | BodyEnd::Failed => {}
     }
     unpacked
 }
