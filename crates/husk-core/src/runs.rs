@@ -46,6 +46,9 @@ pub enum RunError {
     NotFound(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The team has as many of these running as it may.
+    #[error("{0}")]
+    TooMany(String),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
 }
@@ -202,6 +205,8 @@ pub struct Runs {
     store: Arc<Store>,
     /// Cancel tokens of runs and batches in progress, by id.
     active: Mutex<std::collections::HashMap<String, Cancel>>,
+    /// Batches running, by team.
+    batches: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// Bound of the events waiting for a slow client (output then waits for it).
@@ -255,6 +260,7 @@ impl Runs {
             manager,
             store,
             active: Mutex::new(std::collections::HashMap::new()),
+            batches: Mutex::new(std::collections::HashMap::new()),
         }))
     }
 

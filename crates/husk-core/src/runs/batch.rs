@@ -19,8 +19,12 @@ use crate::store::{Principal, RunRow, RunTable};
 
 /// Most items of one batch.
 pub const MAX_ITEMS: usize = 10_000;
-/// Most bytes of inline files across a batch's items (the run's files count once per item).
-pub const MAX_BATCH_INLINE_BYTES: usize = 256 << 20;
+/// Most bytes of a batch's items, each with its own copy of the run's files, command and
+/// environment: what a running batch holds in the server's memory.
+pub const MAX_BATCH_BYTES: usize = 32 << 20;
+/// Most batches one team may have running at once (with [`MAX_BATCH_BYTES`], what a team's
+/// batches can hold in the server's memory).
+pub const MAX_BATCHES_PER_TEAM: usize = 4;
 /// Most sandboxes one batch runs at once.
 pub const MAX_PARALLEL: usize = 64;
 
@@ -151,20 +155,25 @@ impl BatchSpec {
                 "a batch has at most {MAX_ITEMS} items"
             )));
         }
-        // Every item gets its own copy of the run's files: bounded before anything is copied
-        // (a 60 MiB file times 10 000 items must not be attempted).
+        // Every item gets its own copy of the run's files, command and environment: bounded
+        // before anything is copied (a 60 MiB file times 10 000 items must not be attempted),
+        // and again as each item is made (a long command line, `{}` in it, times the items).
         let size = |files: &[InlineFile]| -> usize {
             files.iter().map(|f| f.content.len() + f.path.len()).sum()
         };
+        let too_large = || {
+            RunError::TooLarge(format!(
+                "the batch's items take more than {} MiB once each has its own copy of the \
+                 run's files, command and environment; put shared inputs in a workspace",
+                MAX_BATCH_BYTES >> 20
+            ))
+        };
         let copies = size(&self.run.files).saturating_mul(self.items.len());
         let own: usize = self.items.iter().map(|i| size(&i.files)).sum();
-        if copies.saturating_add(own) > MAX_BATCH_INLINE_BYTES {
-            return Err(RunError::TooLarge(format!(
-                "the batch's inline files take more than {} MiB once given to every item; \
-                 put shared inputs in a workspace",
-                MAX_BATCH_INLINE_BYTES >> 20
-            )));
+        if copies.saturating_add(own) > MAX_BATCH_BYTES {
+            return Err(too_large());
         }
+        let mut total = 0usize;
         let mut out = Vec::with_capacity(self.items.len());
         for item in &self.items {
             let joined = item.args.join(" ");
@@ -191,6 +200,10 @@ impl BatchSpec {
                 spec.env.insert(k.clone(), v.clone());
             }
             spec.files.extend(item.files.iter().cloned());
+            total = total.saturating_add(spec.approx_bytes());
+            if total > MAX_BATCH_BYTES {
+                return Err(too_large());
+            }
             out.push(spec);
         }
         Ok(out)
@@ -204,6 +217,7 @@ impl Runs {
         who: &Principal,
         spec: &BatchSpec,
     ) -> Result<BatchHandle, RunError> {
+        let slot = self.batch_slot(&who.team)?;
         let specs = spec.item_specs()?;
         for (i, s) in specs.iter().enumerate() {
             let plan = s
@@ -267,6 +281,7 @@ impl Runs {
         let who = who.clone();
         let batch_cancel = cancel.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let bid = record.id.clone();
             this.run_batch(&who, specs, record, tx, batch_cancel).await;
             this.active
@@ -275,6 +290,23 @@ impl Runs {
                 .remove(&bid);
         });
         Ok(Handle::new(id, rx, cancel))
+    }
+
+    /// One of `team`'s [`MAX_BATCHES_PER_TEAM`] running batches, until dropped.
+    fn batch_slot(self: &Arc<Self>, team: &str) -> Result<BatchSlot, RunError> {
+        let mut running = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let n = running.entry(team.to_owned()).or_default();
+        if *n >= MAX_BATCHES_PER_TEAM {
+            return Err(RunError::TooMany(format!(
+                "team '{team}' has {MAX_BATCHES_PER_TEAM} batches running, its limit; \
+                 start this one when one has ended"
+            )));
+        }
+        *n += 1;
+        Ok(BatchSlot {
+            runs: self.clone(),
+            team: team.to_owned(),
+        })
     }
 
     fn save_batch(&self, b: &BatchRecord) -> Result<(), RunError> {
@@ -497,6 +529,24 @@ fn prefix(i: usize, e: RunError) -> RunError {
     }
 }
 
+/// A running batch's place in its team's count ([`MAX_BATCHES_PER_TEAM`]).
+struct BatchSlot {
+    runs: Arc<Runs>,
+    team: String,
+}
+
+impl Drop for BatchSlot {
+    fn drop(&mut self) {
+        let mut running = self.runs.batches.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = running.get_mut(&self.team) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.team);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,5 +593,29 @@ mod tests {
         let err = spec.item_specs().unwrap_err();
         assert!(matches!(err, RunError::TooLarge(_)), "{err}");
         assert!(err.to_string().contains("workspace"), "{err}");
+    }
+
+    /// Issue 15 M3/M4: a long command line times many items is bounded too (each item gets
+    /// its own copy, `{}` replaced).
+    #[test]
+    fn command_lines_copied_to_every_item_are_bounded() {
+        let line = format!("echo {} {{}}", "z".repeat(100 << 10));
+        let items: Vec<_> = (0..400)
+            .map(|i| serde_json::json!({"args": [i.to_string()]}))
+            .collect();
+        let spec: BatchSpec = serde_json::from_value(serde_json::json!({
+            "run": {"shell": line},
+            "items": items,
+        }))
+        .unwrap();
+        let err = spec.item_specs().unwrap_err();
+        assert!(matches!(err, RunError::TooLarge(_)), "{err}");
+        // Fewer items fit.
+        let spec: BatchSpec = serde_json::from_value(serde_json::json!({
+            "run": {"shell": line},
+            "items": (0..100).map(|i| serde_json::json!({"args": [i.to_string()]})).collect::<Vec<_>>(),
+        }))
+        .unwrap();
+        assert_eq!(spec.item_specs().unwrap().len(), 100);
     }
 }

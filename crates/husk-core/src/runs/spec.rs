@@ -17,15 +17,43 @@ use crate::secrets::SECRET_PREFIX;
 /// Longest run a client may ask for when the server says nothing else.
 pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Most inline files of one run, and their total decoded size.
+/// Most inline files of one run, and their total decoded size (the `code` of a code run
+/// counts too). The request that carries them is held in the server's memory whole: large
+/// inputs belong in a workspace.
 pub const MAX_INLINE_FILES: usize = 1000;
-pub const MAX_INLINE_BYTES: usize = 64 << 20;
+pub const MAX_INLINE_BYTES: usize = 8 << 20;
+
+/// Longest argument of a command (the kernel's own bound, `MAX_ARG_STRLEN`: exec refuses a
+/// longer one) and most bytes of a command's arguments together. The command is kept in the
+/// run's record.
+pub const MAX_ARG_BYTES: usize = 128 << 10;
+pub const MAX_ARGV_BYTES: usize = 256 << 10;
 
 /// Most output paths of one run.
 pub const MAX_OUTPUTS: usize = 64;
 
 /// The name of the manifest written beside a run's outputs (so no output may have it).
 pub const MANIFEST_FILE: &str = "husk-manifest.json";
+
+/// Refuses an argument or a whole command over the kernel's bounds (see [`MAX_ARGV_BYTES`]).
+fn check_argv(argv: &[String]) -> Result<(), RunError> {
+    if let Some(a) = argv.iter().find(|a| a.len() >= MAX_ARG_BYTES) {
+        return Err(RunError::TooLarge(format!(
+            "an argument of the command takes {} bytes; the limit is {} (the kernel's); \
+             put long inputs in a file",
+            a.len(),
+            MAX_ARG_BYTES - 1
+        )));
+    }
+    let total: usize = argv.iter().map(|a| a.len() + 1).sum();
+    if total > MAX_ARGV_BYTES {
+        return Err(RunError::TooLarge(format!(
+            "the command's arguments take {total} bytes, more than the limit of \
+             {MAX_ARGV_BYTES}; put long inputs in a file"
+        )));
+    }
+    Ok(())
+}
 
 /// A one-shot run, as the client sends it. Exactly one of `command`, `shell` and `code`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -207,6 +235,23 @@ fn output_name(p: &str) -> Result<String, RunError> {
 }
 
 impl RunSpec {
+    /// About how many bytes the spec holds in memory: its strings (files, command, code,
+    /// environment), which are all that can be large.
+    pub fn approx_bytes(&self) -> usize {
+        let files: usize = self
+            .files
+            .iter()
+            .map(|f| f.path.len() + f.content.len())
+            .sum();
+        let argv: usize = self.command.iter().flatten().map(String::len).sum();
+        let env: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        files
+            + argv
+            + env
+            + self.shell.as_ref().map_or(0, String::len)
+            + self.code.as_ref().map_or(0, String::len)
+    }
+
     /// Checks everything that can be checked without the team's state (secrets and
     /// workspaces are checked against it when the run starts).
     pub fn plan(&self, max_timeout: Duration) -> Result<Plan, RunError> {
@@ -271,12 +316,13 @@ impl RunSpec {
         if argv.iter().any(|a| a.contains('\0')) {
             return Err(invalid("the command has a NUL byte in it"));
         }
+        check_argv(&argv)?;
 
         if self.files.len() > MAX_INLINE_FILES {
             return Err(invalid(format!("at most {MAX_INLINE_FILES} inline files")));
         }
         let mut files = Vec::new();
-        let mut total = 0usize;
+        let mut total = code_file.as_ref().map_or(0, |(_, c)| c.len());
         for f in &self.files {
             sandbox_path("file", &f.path)?;
             let bytes = match f.encoding.as_deref().unwrap_or("utf8") {
@@ -294,7 +340,8 @@ impl RunSpec {
             total += bytes.len();
             if total > MAX_INLINE_BYTES {
                 return Err(RunError::TooLarge(format!(
-                    "inline files take more than {} MiB; put large inputs in a workspace",
+                    "inline files (and code) take more than {} MiB; put large inputs in a \
+                     workspace",
                     MAX_INLINE_BYTES >> 20
                 )));
             }
@@ -587,5 +634,31 @@ mod tests {
         assert!(err(serde_json::json!({"command": ["a"], "files": [
             {"path": "a\u{0}b", "content": ""}]}))
         .contains("invalid file path"));
+        // The code of a code run counts with the files.
+        let half = "x".repeat(MAX_INLINE_BYTES / 2 + 1);
+        assert!(spec(serde_json::json!({"code": half})).is_ok());
+        let e = spec(serde_json::json!({"code": half, "files": [{"path": "f", "content": half}]}))
+            .unwrap_err();
+        assert!(matches!(e, RunError::TooLarge(_)), "{e}");
+    }
+
+    /// Issue 15 M4: a run's command line is kept in its record, and exec refuses what the
+    /// kernel's bounds refuse anyway: both are bounded before any sandbox exists.
+    #[test]
+    fn command_lines_are_bounded() {
+        let long = "x".repeat(MAX_ARG_BYTES);
+        let e = spec(serde_json::json!({"shell": long})).unwrap_err();
+        assert!(matches!(e, RunError::TooLarge(_)), "{e}");
+        assert!(e.to_string().contains("put long inputs in a file"), "{e}");
+        let e = spec(serde_json::json!({"command": ["echo", long]})).unwrap_err();
+        assert!(matches!(e, RunError::TooLarge(_)), "{e}");
+        // Many arguments each under the per-argument bound, over the total.
+        let arg = "y".repeat(MAX_ARG_BYTES - 1);
+        let argv: Vec<&str> = std::iter::repeat_n(arg.as_str(), 3).collect();
+        let e = spec(serde_json::json!({"command": argv})).unwrap_err();
+        assert!(e.to_string().contains("arguments take"), "{e}");
+        // Just under both bounds is fine.
+        let argv: Vec<&str> = std::iter::repeat_n(arg.as_str(), 1).collect();
+        assert!(spec(serde_json::json!({"command": argv})).is_ok());
     }
 }

@@ -16,7 +16,9 @@ use husk_core::agent::WatchStream;
 use husk_proto::{FsEvent, Reply, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
+use super::watch_buffer::EventBuffer;
 use super::Sandbox;
+use crate::budget::Budget;
 use crate::connect::{
     parse_stream_request, parse_unary, stream_error, stream_response, unary_err, unary_ok,
     ConnectError,
@@ -28,19 +30,27 @@ use crate::envd::filesystem::{
 };
 use crate::envd::ToAgentRequest;
 
-/// Events a polling watcher keeps between two polls; older ones are dropped beyond it.
-const MAX_BUFFERED_EVENTS: usize = 10_000;
 /// Polling watchers per sandbox.
 const MAX_WATCHERS: usize = 64;
 const KEEPALIVE: Duration = Duration::from_secs(30);
 
-type Buffer = Arc<Mutex<VecDeque<FsEvent>>>;
+type Buffer = Arc<Mutex<EventBuffer>>;
 type WatcherEntry = (Buffer, tokio::task::AbortHandle, EntryBase);
 
-/// The polling watchers of every sandbox: (sandbox id, watcher id) → buffered events.
-#[derive(Default)]
+/// The polling watchers of every sandbox: (sandbox id, watcher id) → buffered events, bounded
+/// per watcher and per team ([`super::watch_buffer`]).
 pub struct Watchers {
     map: Mutex<HashMap<(String, String), WatcherEntry>>,
+    budget: Arc<Budget>,
+}
+
+impl Default for Watchers {
+    fn default() -> Watchers {
+        Watchers {
+            map: Mutex::default(),
+            budget: super::watch_buffer::team_budget(),
+        }
+    }
 }
 
 impl Watchers {
@@ -78,6 +88,7 @@ async fn events_json(sb: &Sandbox, base: &EntryBase, events: Vec<FsEvent>) -> Ve
 pub async fn handle(
     sb: Sandbox,
     watchers: Arc<Watchers>,
+    bodies: Arc<Budget>,
     method: String,
     user: User,
     req: Request<Body>,
@@ -85,7 +96,8 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
     let streaming = method == "WatchDir";
-    let bytes = match read_request(body, streaming).await {
+    let mut held = bodies.reservation(&sb.team);
+    let bytes = match read_request(body, streaming, &mut held).await {
         Ok(b) => b,
         Err(resp) => return resp,
     };
@@ -133,11 +145,7 @@ pub async fn handle(
                 .map(|(b, _, base)| (b.clone(), base.clone()));
             match buf {
                 Some((b, base)) => {
-                    let events: Vec<FsEvent> = b
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .drain(..)
-                        .collect();
+                    let events: Vec<FsEvent> = b.lock().unwrap_or_else(|p| p.into_inner()).take();
                     unary_ok(&GetWatcherEventsResponse {
                         events: events_json(&sb, &base, events).await,
                     })
@@ -258,7 +266,8 @@ async fn create_watcher(
         Ok(id) => id,
         Err(e) => return unary_err(ConnectError::internal(e.to_string())),
     };
-    let buf: Buffer = Arc::default();
+    let held = watchers.budget.reservation(&sb.team);
+    let buf: Buffer = Arc::new(Mutex::new(EventBuffer::new(held)));
     let task_buf = buf.clone();
     let key = (sb.id.clone(), id.clone());
     let task_watchers = watchers.clone();
@@ -266,9 +275,8 @@ async fn create_watcher(
     let task = tokio::spawn(async move {
         while let Some(events) = w.next().await {
             let mut b = task_buf.lock().unwrap_or_else(|p| p.into_inner());
-            b.extend(events);
-            while b.len() > MAX_BUFFERED_EVENTS {
-                b.pop_front();
+            for ev in events {
+                b.push(ev);
             }
         }
         // The sandbox is gone: forget the watcher.
