@@ -24,13 +24,13 @@ pub struct ServeArgs {
     /// Concurrent sandboxes per team (a team's own quota, set with `husk key quota`, wins).
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_sandboxes: u32,
-    /// Memory limit of each sandbox.
+    /// Memory for each sandbox's processes (its disk and /dev/shm, held in RAM, come on top).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     pub memory: String,
     /// CPU quota of each sandbox, in CPUs.
     #[arg(long, default_value = "1", value_name = "N")]
     pub cpus: String,
-    /// Size of each sandbox's writable layer.
+    /// Size of each sandbox's writable layer (held in RAM, on top of --memory).
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     pub disk: String,
     /// The master key that seals teams' secrets [default: STATE_DIR/master.key; created on
