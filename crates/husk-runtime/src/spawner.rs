@@ -438,6 +438,13 @@ impl Spawner {
                 drop(v2_dir);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
+                // PID 1 is the last of its sandbox the OOM killer may take: if it goes, the
+                // whole sandbox goes (crate::oom). Lowering the value takes CAP_SYS_RESOURCE in
+                // the host's user namespace, which the spawner has and the child is about to
+                // lose; the child runs nothing of the sandbox's before `IdMapDone` below.
+                // Best effort: where the spawner may not (a container that forbids it), the
+                // sandbox works as before, and `husk serve` warns about its own value.
+                let _ = crate::oom::set(pid, crate::oom::SANDBOX_INIT);
             }
         }
         let control = parent_end.as_fd();

@@ -77,6 +77,17 @@ pub fn main(args: ServeArgs) -> i32 {
             return 125;
         }
     }
+    // husk's own memory is charged to no sandbox, and if the kernel killed the server, every
+    // team's sandboxes would end with it: in an OOM, sandbox processes go first, then their
+    // agents, husk last (see husk_runtime::oom). Before the spawner is forked, which inherits
+    // it. Not fatal: without it husk works as before, only less protected.
+    if let Err(e) = husk_runtime::oom::set_own(husk_runtime::oom::SERVER) {
+        eprintln!(
+            "husk: warning: cannot protect the server from the OOM killer \
+             (oom_score_adj {}: {e}); sandboxes' agents will not be protected either",
+            husk_runtime::oom::SERVER
+        );
+    }
     let spawner = match husk_runtime::service::start(husk_agent::main) {
         Ok(s) => Arc::new(s),
         Err(e) => return fail(e),
