@@ -241,10 +241,14 @@ impl CgroupLayout {
         names
     }
 
-    /// Creates the cgroup `name` with `limits` in every hierarchy.
-    pub fn create(&self, name: &str, limits: &crate::Limits) -> Result<SandboxCgroup, CgroupError> {
+    /// Creates the cgroup `name` with the limits of `spec` in every hierarchy.
+    pub fn create(
+        &self,
+        name: &str,
+        spec: &crate::SandboxSpec,
+    ) -> Result<SandboxCgroup, CgroupError> {
         let cg = self.create_v2(name)?;
-        match cg.complete(limits) {
+        match cg.complete(spec) {
             Ok(()) => Ok(cg),
             Err(e) => {
                 let _ = cg.remove();
@@ -310,24 +314,27 @@ impl SandboxCgroup {
             .map(|(_, p)| p.as_path())
     }
 
-    /// Creates the v1 directories and writes every limit (second half of creation). Until the
-    /// sandbox's first process joins them it runs no code of the sandbox's, so the limits are in
-    /// place before anything they are meant to bound.
-    pub fn complete(&self, limits: &crate::Limits) -> Result<(), CgroupError> {
+    /// Creates the v1 directories and writes every limit of `spec` (second half of creation).
+    /// Until the sandbox's first process joins them it runs no code of the sandbox's, so the
+    /// limits are in place before anything they are meant to bound.
+    ///
+    /// The memory limit is [`crate::SandboxSpec::memory_cgroup_bytes`]: the processes' memory
+    /// plus the files the sandbox keeps in RAM (its tmpfs writable layer and `/dev/shm`), which
+    /// are charged to this cgroup too.
+    pub fn complete(&self, spec: &crate::SandboxSpec) -> Result<(), CgroupError> {
         for (_, d) in &self.v1 {
             fs::create_dir(d).map_err(io_err(d))?;
         }
+        let limits = &spec.limits;
+        let memory = spec.memory_cgroup_bytes().to_string();
         let period: u64 = 100_000;
-        let quota = (limits.cpu_millis * period / 1000).max(1000);
+        let quota = (limits.cpu_millis.saturating_mul(period) / 1000).max(1000);
         if let Some(d) = self.v1_dir("memory") {
-            write(d, "memory.limit_in_bytes", &limits.memory_bytes.to_string())?;
+            write(d, "memory.limit_in_bytes", &memory)?;
             // memsw exists only with swap accounting; without it there is no swap to limit.
+            // The same figure: no swap, and tmpfs pages may not be swapped out to make room.
             if d.join("memory.memsw.limit_in_bytes").exists() {
-                write(
-                    d,
-                    "memory.memsw.limit_in_bytes",
-                    &limits.memory_bytes.to_string(),
-                )?;
+                write(d, "memory.memsw.limit_in_bytes", &memory)?;
             }
         }
         if let Some(d) = self.v1_dir("pids") {
@@ -341,7 +348,7 @@ impl SandboxCgroup {
             for c in &self.v2_controllers {
                 match *c {
                     "memory" => {
-                        write(d, "memory.max", &limits.memory_bytes.to_string())?;
+                        write(d, "memory.max", &memory)?;
                         if d.join("memory.swap.max").exists() {
                             write(d, "memory.swap.max", "0")?;
                         }
@@ -633,6 +640,83 @@ mod tests {
             matches!(err, CgroupError::MissingController("memory")),
             "{err}"
         );
+    }
+
+    /// A scratch directory standing in for cgroup hierarchies, removed on drop.
+    struct FakeHierarchy(PathBuf);
+
+    impl FakeHierarchy {
+        fn new() -> FakeHierarchy {
+            let p = std::env::temp_dir().join(format!(
+                "husk-cgroup-test-{}-{:x}",
+                std::process::id(),
+                crate::sys::random_u64().unwrap()
+            ));
+            fs::create_dir_all(&p).unwrap();
+            FakeHierarchy(p)
+        }
+
+        fn read(&self, rel: &str) -> String {
+            fs::read_to_string(self.0.join(rel)).unwrap()
+        }
+    }
+
+    impl Drop for FakeHierarchy {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn small_spec() -> crate::SandboxSpec {
+        let mut spec = crate::SandboxSpec::idle();
+        spec.limits.memory_bytes = 64 << 20;
+        spec.limits.disk_bytes = 8 << 20;
+        spec.limits.pids = 100;
+        spec.limits.cpu_millis = 500;
+        spec
+    }
+
+    // Pure v2 is what most users' hosts have, and this development host cannot run it (its v2
+    // hierarchy has no memory controller): the writing is checked on a fake directory.
+    #[test]
+    fn pure_v2_gets_memory_plus_files_in_memory_max_and_no_swap() {
+        let h = FakeHierarchy::new();
+        let dir = h.0.join("s1");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("memory.swap.max"), "max").unwrap();
+        let cg = SandboxCgroup {
+            v1: Vec::new(),
+            v2: Some(dir),
+            v2_controllers: vec!["memory", "pids", "cpu"],
+        };
+        cg.complete(&small_spec()).unwrap();
+        // 64 MiB for processes + 8 MiB of disk + 64 MiB of /dev/shm.
+        assert_eq!(h.read("s1/memory.max"), (136u64 << 20).to_string());
+        assert_eq!(h.read("s1/memory.swap.max"), "0");
+        assert_eq!(h.read("s1/pids.max"), "100");
+        assert_eq!(h.read("s1/cpu.max"), "50000 100000");
+    }
+
+    #[test]
+    fn v1_gets_memory_plus_files_in_memory_as_its_limit() {
+        let h = FakeHierarchy::new();
+        for c in ["memory", "pids"] {
+            fs::create_dir(h.0.join(c)).unwrap();
+        }
+        let cg = SandboxCgroup {
+            v1: vec![
+                ("memory", h.0.join("memory/s1")),
+                ("pids", h.0.join("pids/s1")),
+            ],
+            v2: None,
+            v2_controllers: Vec::new(),
+        };
+        cg.complete(&small_spec()).unwrap();
+        assert_eq!(
+            h.read("memory/s1/memory.limit_in_bytes"),
+            (136u64 << 20).to_string()
+        );
+        assert_eq!(h.read("pids/s1/pids.max"), "100");
     }
 
     #[test]

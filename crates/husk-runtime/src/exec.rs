@@ -1,6 +1,7 @@
 //! Starting a process inside a sandbox, from its PID 1 (husk's init or the agent): fork, then
-//! in the child a new session, the terminal or the given stdio, the working directory, the
-//! user, the fences, and `execve`.
+//! in the child the default `oom_score_adj`, a new session, the terminal or the given stdio,
+//! the working directory, the user, the fences, and `execve`. Every process of a sandbox but
+//! PID 1 starts here (commands, PTYs, code kernels, `sudo`'s commands).
 //!
 //! Everything the child needs is built before the fork ([`ExecPlan`]), so the child allocates
 //! nothing between fork and exec but what `std::env::set_current_dir` and error paths need.
@@ -136,6 +137,10 @@ fn exec_child(
     err_fd: RawFd,
 ) -> io::Error {
     let step = || -> io::Result<()> {
+        // PID 1 is the last thing of its sandbox the OOM killer may take (crate::oom); its
+        // children inherit its value and must not share that protection. Before anything
+        // else, so that nothing of the program runs with it.
+        sys::set_own_oom_score_adj(crate::oom::PROCESS)?;
         // PID 1 built the root with umask 0; processes (and a workdir made for them) get the
         // conventional 022.
         sys::umask(0o022);

@@ -32,6 +32,7 @@ pub mod host_template;
 pub mod images;
 mod init;
 pub mod layerfs;
+pub mod oom;
 pub mod pty;
 pub mod rootfs;
 pub mod service;

@@ -488,7 +488,10 @@ fn dev(dev: &Path, base: u32) -> io::Result<()> {
         "tmpfs",
         &shm,
         libc::MS_NOSUID | libc::MS_NODEV,
-        &format!("size=64m,mode=1777,uid={base},gid={base}"),
+        &format!(
+            "size={},mode=1777,uid={base},gid={base}",
+            crate::spec::SHM_BYTES
+        ),
     )?;
     Ok(())
 }

@@ -6,6 +6,8 @@
 //! over a SOCK_SEQPACKET socket and gets back, for each sandbox, its id, its cgroups and the
 //! stream socket to its agent (passed with SCM_RIGHTS).
 //!
+//! The spawner protects itself from the OOM killer as the server does (see [`crate::oom`]).
+//!
 //! Lifetimes are chained so nothing outlives its owner: the spawner gets SIGKILL when the
 //! server dies (parent-death signal), every sandbox's PID 1 gets SIGKILL when the spawner dies,
 //! and what a killed spawner leaves on the host (cgroups, registry entries) is reaped by the
@@ -246,6 +248,11 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != parent {
         sys::exit_now(1);
     }
+    // If the kernel killed the spawner, every sandbox would die with it (their PID 1s have a
+    // parent-death signal): it goes after them and with the server (crate::oom). `husk serve`
+    // set the same value on itself before forking; this covers other callers. Best effort:
+    // where it is refused, so is the server's, which `husk serve` reports.
+    let _ = crate::oom::set_own(crate::oom::SERVER);
     let mut spawner = match Spawner::new() {
         Ok(s) => s,
         Err(e) => {

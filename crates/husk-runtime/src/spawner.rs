@@ -94,8 +94,10 @@ pub struct Spawner {
 pub enum Fate {
     /// The command exited or was killed by a signal (not by the OOM killer).
     Exited(ExitStatus),
-    /// The command was killed by the OOM killer of the sandbox's memory cgroup.
-    OutOfMemory { limit_bytes: u64 },
+    /// The command was killed by the OOM killer of the sandbox's memory cgroup, which holds
+    /// `limit_bytes` for processes plus `files_bytes` for the files kept in RAM (see
+    /// [`SandboxSpec::memory_cgroup_bytes`]).
+    OutOfMemory { limit_bytes: u64, files_bytes: u64 },
     /// The deadline passed; the caller should destroy the sandbox.
     TimedOut,
     /// The command could not be executed (errno).
@@ -345,6 +347,7 @@ impl Spawner {
             cgroup,
             uids: Some(uids),
             limits_memory: spec.limits.memory_bytes,
+            files_in_memory: spec.files_in_memory(),
             pty_master: None,
             fate: None,
             destroyed: false,
@@ -435,6 +438,13 @@ impl Spawner {
                 drop(v2_dir);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
+                // PID 1 is the last of its sandbox the OOM killer may take: if it goes, the
+                // whole sandbox goes (crate::oom). Lowering the value takes CAP_SYS_RESOURCE in
+                // the host's user namespace, which the spawner has and the child is about to
+                // lose; the child runs nothing of the sandbox's before `IdMapDone` below.
+                // Best effort: where the spawner may not (a container that forbids it), the
+                // sandbox works as before, and `husk serve` warns about its own value.
+                let _ = crate::oom::set(pid, crate::oom::SANDBOX_INIT);
             }
         }
         let control = parent_end.as_fd();
@@ -451,7 +461,7 @@ impl Spawner {
             // A child that already failed has closed its end; its report is read below.
             let _ = control::send_to_init(control, &ToInit::NetNs { netns });
         }
-        sb.cgroup.complete(&spec.limits)?;
+        sb.cgroup.complete(spec)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
         if !self.reaped.get() {
             self.reap(sb.uids.as_ref().map(UidRange::slot));
@@ -597,6 +607,8 @@ pub struct Sandbox {
     cgroup: SandboxCgroup,
     uids: Option<UidRange>,
     limits_memory: u64,
+    /// What the memory cgroup holds beyond `limits_memory` for files in RAM.
+    files_in_memory: u64,
     pty_master: Option<OwnedFd>,
     fate: Option<Fate>,
     destroyed: bool,
@@ -690,6 +702,7 @@ impl Sandbox {
                 if status == ExitStatus::Signaled(libc::SIGKILL) && self.cgroup.oom_kills() > 0 {
                     Fate::OutOfMemory {
                         limit_bytes: self.limits_memory,
+                        files_bytes: self.files_in_memory,
                     }
                 } else {
                     Fate::Exited(status)
@@ -702,6 +715,7 @@ impl Sandbox {
                 if self.cgroup.oom_kills() > 0 {
                     Fate::OutOfMemory {
                         limit_bytes: self.limits_memory,
+                        files_bytes: self.files_in_memory,
                     }
                 } else {
                     Fate::InitDied

@@ -40,10 +40,14 @@ impl User {
     }
 }
 
+/// Size of every sandbox's `/dev/shm` (a tmpfs: its files live in RAM).
+pub const SHM_BYTES: u64 = 64 << 20;
+
 /// Resource limits enforced by the sandbox's cgroups and rlimits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
-    /// Memory (and memory+swap: no swap) limit in bytes.
+    /// Memory for the sandbox's processes, in bytes (no swap). The memory cgroup holds more:
+    /// see [`SandboxSpec::memory_cgroup_bytes`].
     pub memory_bytes: u64,
     /// CPU quota in millicpus (1000 = one full CPU).
     pub cpu_millis: u64,
@@ -187,10 +191,82 @@ impl SandboxSpec {
         }
     }
 
+    /// The most the sandbox's files can hold in RAM: its writable layer (a tmpfs of
+    /// `disk_bytes`, except for build steps, whose layer is on the host's disk) and `/dev/shm`.
+    /// Their pages are charged to the sandbox's memory cgroup like its processes' memory.
+    ///
+    /// Left out: `/dev` (a 64 KiB tmpfs of 64 inodes) and the kernel's own per-file memory
+    /// (inodes, dentries), which the cgroup is charged for too, bounded by the inode caps.
+    pub fn files_in_memory(&self) -> u64 {
+        let layer = match self.rootfs {
+            RootSource::Layers { .. } => 0,
+            RootSource::Host | RootSource::Image { .. } => self.limits.disk_bytes,
+        };
+        layer.saturating_add(SHM_BYTES)
+    }
+
+    /// The limit of the sandbox's memory cgroup: the processes' `memory_bytes` plus
+    /// [`SandboxSpec::files_in_memory`]. With files and processes under one limit that only
+    /// holds `memory_bytes`, a full disk would take memory from the processes, and past it the
+    /// OOM killer would end the sandbox instead of the write failing with ENOSPC. With room for
+    /// both, files stop at their own caps (ENOSPC) and never cost processes their `memory_bytes`;
+    /// processes may use more while the files leave room. The host's worst case per sandbox is
+    /// this sum, which is what the operator granted (memory and a disk in RAM).
+    pub fn memory_cgroup_bytes(&self) -> u64 {
+        self.limits
+            .memory_bytes
+            .saturating_add(self.files_in_memory())
+    }
+
     /// A spec whose PID 1 idles (the shape of a server-side sandbox before its first command).
     pub fn idle() -> Self {
         let mut spec = SandboxSpec::new(Vec::new());
         spec.command = None;
         spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_cgroup_holds_the_processes_memory_and_the_files_in_ram() {
+        let mut spec = SandboxSpec::idle();
+        // The defaults: 512 MiB + a 1 GiB writable layer + 64 MiB of /dev/shm.
+        assert_eq!(spec.files_in_memory(), (1 << 30) + (64 << 20));
+        assert_eq!(
+            spec.memory_cgroup_bytes(),
+            (512 << 20) + (1 << 30) + (64 << 20)
+        );
+        spec.limits.memory_bytes = 64 << 20;
+        spec.limits.disk_bytes = 8 << 20;
+        assert_eq!(spec.memory_cgroup_bytes(), 136 << 20);
+        // A built template's layer is a tmpfs too.
+        spec.rootfs = RootSource::Image {
+            path: "/i".into(),
+            size: 1,
+            digest: "sha256:0".into(),
+        };
+        assert_eq!(spec.memory_cgroup_bytes(), 136 << 20);
+        // A build step's layer is on the host's disk: only /dev/shm is in RAM.
+        spec.rootfs = RootSource::Layers {
+            lower: Vec::new(),
+            upper: "/u".into(),
+            work: "/w".into(),
+        };
+        assert_eq!(spec.files_in_memory(), SHM_BYTES);
+        assert_eq!(spec.memory_cgroup_bytes(), 128 << 20);
+    }
+
+    #[test]
+    fn the_memory_cgroup_limit_saturates_instead_of_wrapping() {
+        let mut spec = SandboxSpec::idle();
+        spec.limits.disk_bytes = u64::MAX - 1;
+        assert_eq!(spec.files_in_memory(), u64::MAX);
+        assert_eq!(spec.memory_cgroup_bytes(), u64::MAX);
+        spec.limits.disk_bytes = 1 << 30;
+        spec.limits.memory_bytes = u64::MAX - (1 << 20);
+        assert_eq!(spec.memory_cgroup_bytes(), u64::MAX);
     }
 }

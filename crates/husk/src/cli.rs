@@ -104,7 +104,8 @@ pub struct JobArgs {
     /// --server, the server's default (300 s)].
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
-    /// Memory limit (no swap) [default: 512M; with --server, the server's].
+    /// Memory for the sandbox's processes, no swap; its disk and /dev/shm, held in RAM, come on
+    /// top [default: 512M; with --server, the server's].
     #[arg(short = 'm', long, value_name = "SIZE")]
     pub memory: Option<String>,
     /// CPU quota in CPUs (e.g. 0.5, 2) [default: 1; with --server, the server's].
@@ -113,7 +114,8 @@ pub struct JobArgs {
     /// Maximum number of processes and threads [default: 256; with --server, the server's].
     #[arg(long, value_name = "N")]
     pub pids: Option<u64>,
-    /// Size of the writable layer [default: 1G; with --server, the server's].
+    /// Size of the writable layer, held in RAM on top of --memory [default: 1G; with --server,
+    /// the server's].
     #[arg(long, value_name = "SIZE")]
     pub disk: Option<String>,
     /// Mount a workspace at /workspace/NAME (or at PATH), read-only unless `:rw`

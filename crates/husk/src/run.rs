@@ -733,11 +733,17 @@ fn report(ending: Ending, cfg: &Config) -> i32 {
             }
             128 + sig
         }
-        Fate::OutOfMemory { limit_bytes } => {
+        Fate::OutOfMemory {
+            limit_bytes,
+            files_bytes,
+        } => {
+            // The cgroup holds the files kept in RAM on top of the processes' limit, so that
+            // a full disk is ENOSPC, never an OOM kill: say both figures.
             let _ = writeln!(
                 err,
-                "husk: killed: out of memory (limit {})",
-                format_size(limit_bytes)
+                "husk: killed: out of memory (limit {}, plus {} for files in memory)",
+                format_size(limit_bytes),
+                format_size(files_bytes)
             );
             128 + libc::SIGKILL
         }

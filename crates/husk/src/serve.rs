@@ -24,13 +24,13 @@ pub struct ServeArgs {
     /// Concurrent sandboxes per team (a team's own quota, set with `husk key quota`, wins).
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_sandboxes: u32,
-    /// Memory limit of each sandbox.
+    /// Memory for each sandbox's processes (its disk and /dev/shm, held in RAM, come on top).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     pub memory: String,
     /// CPU quota of each sandbox, in CPUs.
     #[arg(long, default_value = "1", value_name = "N")]
     pub cpus: String,
-    /// Size of each sandbox's writable layer.
+    /// Size of each sandbox's writable layer (held in RAM, on top of --memory).
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     pub disk: String,
     /// The master key that seals teams' secrets [default: STATE_DIR/master.key; created on
@@ -88,6 +88,17 @@ pub fn main(args: ServeArgs) -> i32 {
             eprintln!("husk: {e}");
             return 125;
         }
+    }
+    // husk's own memory is charged to no sandbox, and if the kernel killed the server, every
+    // team's sandboxes would end with it: in an OOM, sandbox processes go first, then their
+    // agents, husk last (see husk_runtime::oom). Before the spawner is forked, which inherits
+    // it. Not fatal: without it husk works as before, only less protected.
+    if let Err(e) = husk_runtime::oom::set_own(husk_runtime::oom::SERVER) {
+        eprintln!(
+            "husk: warning: cannot protect the server from the OOM killer \
+             (oom_score_adj {}: {e}); sandboxes' agents will not be protected either",
+            husk_runtime::oom::SERVER
+        );
     }
     let spawner = match husk_runtime::service::start(husk_agent::main) {
         Ok(s) => Arc::new(s),

@@ -7,18 +7,56 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn memory_exhaustion_kills_inside_the_sandbox_only() {
+    // The cgroup holds 64 MiB for processes + 8 MiB of disk + 64 MiB of /dev/shm: 256 MiB is
+    // past all of it.
     let r = husk_run(
-        &["--memory", "64M"],
+        &["--memory", "64M", "--disk", "8M"],
         &strs(&py("a = bytearray(256 << 20)\nprint('survived')")),
     );
     assert_eq!(r.code, 137, "stdout {} stderr {}", r.stdout, r.stderr);
     assert!(
-        r.stderr
-            .contains("husk: killed: out of memory (limit 64 MiB)"),
+        r.stderr.contains(
+            "husk: killed: out of memory (limit 64 MiB, plus 72 MiB for files in memory)"
+        ),
         "{}",
         r.stderr
     );
     assert!(!r.stdout.contains("survived"));
+}
+
+/// Issue 15, L1: with the defaults (512 MiB of memory, a 1 GiB disk in RAM) a full disk used to
+/// take the processes' memory and the OOM killer ended the sandbox. Now the write fails with
+/// ENOSPC, and the processes still have their 512 MiB.
+#[test]
+fn a_full_disk_is_enospc_and_the_sandbox_lives_on_with_its_memory() {
+    let code = "\
+import errno, subprocess
+n, seen = 0, None
+chunk = b'x' * (1 << 20)
+try:
+    while True:
+        with open(f'/tmp/fill-{n // 100}', 'ab', buffering=0) as f:
+            f.write(chunk)
+        n += 1
+except OSError as e:
+    seen = errno.errorcode.get(e.errno, e.errno)
+print('filled', n, seen)
+a = bytearray(400 << 20)
+print('allocated', len(a) >> 20)
+print(subprocess.run(['echo', 'alive'], capture_output=True, text=True).stdout.strip())
+";
+    let r = husk_run(&[], &strs(&py(code)));
+    r.ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    let filled: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(filled[0], "filled", "{}", r.stdout);
+    let mib: u64 = filled[1].parse().unwrap();
+    assert!(
+        (1000..=1024).contains(&mib),
+        "the 1 GiB disk took {mib} MiB"
+    );
+    assert_eq!(filled[2], "ENOSPC", "{}", r.stdout);
+    assert_eq!(&lines[1..], ["allocated 400", "alive"], "{}", r.stdout);
 }
 
 #[test]

@@ -405,7 +405,7 @@ fn no_sandbox_is_left_after_a_disconnect_a_timeout_a_crash_or_a_cancel() {
     let events = run(
         &server,
         &key,
-        json!({"code": "a = bytearray(256 << 20)\nprint('survived')", "limits": {"memory_mb": 64}}),
+        json!({"code": "a = bytearray(256 << 20)\nprint('survived')", "limits": {"memory_mb": 64, "disk_mb": 8}}),
     );
     let rec = last(&events);
     assert_eq!(rec["status"], "failed", "{rec:#}");

@@ -350,6 +350,56 @@ pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
     io::Error::last_os_error()
 }
 
+/// Sets the calling process's own `oom_score_adj` to `adj` (-1000..=1000), allocating nothing
+/// (for a forked child before `execve`).
+///
+/// A non-dumpable process (a sandbox's PID 1 is, and so is its fork until `execve`) cannot
+/// open its own `/proc/self` files for writing: they belong to root of the user namespace its
+/// memory was made in, for sandbox processes the host's root. So the process is made dumpable
+/// for the one write and non-dumpable again at once. Meanwhile only its own Landlock domain
+/// and its ancestors could trace it (a sandbox's commands are in domains nested below PID 1's,
+/// never above).
+pub fn set_own_oom_score_adj(adj: i32) -> io::Result<()> {
+    // SAFETY: PR_GET_DUMPABLE takes no pointer.
+    let was = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+    if was < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let set_dumpable = |on: libc::c_ulong| {
+        // SAFETY: PR_SET_DUMPABLE takes an integer argument and touches no memory.
+        cvt_i(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on, 0, 0, 0) }).map(drop)
+    };
+    if was != 1 {
+        set_dumpable(1)?;
+    }
+    let mut buf = [0u8; 12];
+    let text = format_i32(adj, &mut buf);
+    let written = super::open(c"/proc/self/oom_score_adj", libc::O_WRONLY, 0)
+        .and_then(|fd| super::write_all(fd.as_fd(), text));
+    // prctl only takes 0 or 1: whatever non-dumpable state it was in becomes plain 0.
+    let restored = if was != 1 { set_dumpable(0) } else { Ok(()) };
+    written.and(restored)
+}
+
+/// Formats `v` in decimal into `buf` without allocating.
+fn format_i32(v: i32, buf: &mut [u8; 12]) -> &[u8] {
+    let mut n = v.unsigned_abs();
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    &buf[i..]
+}
+
 /// _exit(2): leave without running destructors or atexit handlers (a forked child must not
 /// flush or free state it shares by copy with its parent).
 pub fn exit_now(code: i32) -> ! {
@@ -488,5 +538,46 @@ pub unsafe fn idmap_userns(base: u32, count: u32) -> io::Result<OwnedFd> {
             let _ = waitid_pidfd(pidfd.as_fd(), false);
             made
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_formatted_without_allocating() {
+        let mut buf = [0u8; 12];
+        for v in [0, 7, -900, 1000, -1000, i32::MIN, i32::MAX] {
+            assert_eq!(format_i32(v, &mut buf), v.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn a_non_dumpable_process_sets_its_own_oom_score_adj_and_stays_non_dumpable() {
+        // SAFETY: the child makes only syscalls (nothing that allocates or takes a lock another
+        // thread of the test harness could hold) before _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: integer arguments only.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+            // Raising is allowed to anyone, so this works whatever the test runs as.
+            let set = set_own_oom_score_adj(500).is_ok();
+            // SAFETY: no pointer.
+            let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+            let mut buf = [0u8; 16];
+            let read = super::super::open(c"/proc/self/oom_score_adj", libc::O_RDONLY, 0)
+                .and_then(|fd| super::super::read(fd.as_fd(), &mut buf));
+            let value_ok = matches!(read, Ok(n) if &buf[..n] == b"500\n");
+            exit_now(match (set, dumpable, value_ok) {
+                (false, _, _) => 1,
+                (_, d, _) if d != 0 => 2,
+                (_, _, false) => 3,
+                _ => 0,
+            });
+        }
+        let (_, status) = waitpid(pid, 0).unwrap().unwrap();
+        assert_eq!(status, ExitStatus::Exited(0));
     }
 }
