@@ -207,6 +207,7 @@ pub struct Runs {
     active: Mutex<std::collections::HashMap<String, Cancel>>,
     /// Batches running, by team.
     batches: Mutex<std::collections::HashMap<String, usize>>,
+    config: RunsConfig,
 }
 
 /// Bound of the events waiting for a slow client (output then waits for it).
@@ -221,9 +222,34 @@ fn new_id(prefix: &str) -> Result<String, RunError> {
     Ok(format!("{prefix}_{id}"))
 }
 
+/// What the operator allows runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunsConfig {
+    /// The most a run may ask to copy out as outputs (its `output_limit`); runs that say
+    /// nothing get the smaller of this and the default.
+    pub max_output: husk_runtime::transfer::OutputLimits,
+}
+
+impl Default for RunsConfig {
+    /// Outputs of at most 4 GiB and 100 000 entries.
+    fn default() -> RunsConfig {
+        RunsConfig {
+            max_output: husk_runtime::transfer::OutputLimits {
+                max_bytes: 4 << 30,
+                max_files: 100_000,
+            },
+        }
+    }
+}
+
 impl Runs {
     /// The run service; records a crashed server left running are marked as ended by it.
     pub fn new(manager: Arc<Manager>) -> Result<Arc<Runs>, RunError> {
+        Runs::with_config(manager, RunsConfig::default())
+    }
+
+    /// [`Runs::new`] with the operator's `config`.
+    pub fn with_config(manager: Arc<Manager>, config: RunsConfig) -> Result<Arc<Runs>, RunError> {
         let store = manager.store_arc();
         for (table, id, rec) in store.unfinished_runs()? {
             let now = OffsetDateTime::now_utc();
@@ -261,6 +287,7 @@ impl Runs {
             store,
             active: Mutex::new(std::collections::HashMap::new()),
             batches: Mutex::new(std::collections::HashMap::new()),
+            config,
         }))
     }
 
@@ -285,7 +312,8 @@ impl Runs {
         batch: Option<(&str, usize)>,
         cancel: Cancel,
     ) -> Result<RunHandle, RunError> {
-        let plan = spec.plan(self.manager.max_timeout())?;
+        let mut plan = spec.plan(self.manager.max_timeout())?;
+        self.check_output_limit(spec, &mut plan)?;
         self.check_team_state(who, &plan)?;
         self.check_sandbox(&plan).await?;
         let id = new_id("run")?;
@@ -353,6 +381,28 @@ impl Runs {
     }
 
     /// What can be checked before any sandbox exists: the team's workspaces and secrets.
+    /// Refuses an `output_limit` above the server's maximum; brings the default down to it.
+    fn check_output_limit(&self, spec: &RunSpec, plan: &mut spec::Plan) -> Result<(), RunError> {
+        let max = self.config.max_output;
+        let asked = &spec.output_limit;
+        if asked.bytes.is_some_and(|b| b > max.max_bytes) {
+            return Err(RunError::Invalid(format!(
+                "output_limit.bytes is more than this server allows ({} bytes)",
+                max.max_bytes
+            )));
+        }
+        if asked.files.is_some_and(|f| f > max.max_files) {
+            return Err(RunError::Invalid(format!(
+                "output_limit.files is more than this server allows ({})",
+                max.max_files
+            )));
+        }
+        let l = &mut plan.output_limits;
+        l.max_bytes = l.max_bytes.min(max.max_bytes);
+        l.max_files = l.max_files.min(max.max_files);
+        Ok(())
+    }
+
     fn check_team_state(&self, who: &Principal, plan: &spec::Plan) -> Result<(), RunError> {
         let names = plan
             .workspaces

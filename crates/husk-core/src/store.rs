@@ -39,6 +39,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
+/// The store's duration type, re-exported likewise.
+pub use time::Duration as TimeDuration;
 /// The store's timestamp type, re-exported so that its users (the CLI) can name it without a
 /// dependency of their own on `time`.
 pub use time::OffsetDateTime;
@@ -159,11 +161,20 @@ pub struct SandboxRecord {
     pub metadata: BTreeMap<String, String>,
 }
 
-/// The store: one SQLite connection behind a mutex. Cheap calls, no caching.
+/// The store: one SQLite connection for writes behind a mutex, and a few more for reads (so
+/// that one team's large read never holds up another team's request). Cheap calls, no caching.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// Connections for statements that only read (WAL: they never wait for the writer). Empty
+    /// for a database in memory, whose one connection is the database.
+    readers: Vec<Mutex<Connection>>,
+    /// Which reader the next read waits for when all are busy.
+    next_reader: std::sync::atomic::AtomicUsize,
     path: Option<PathBuf>,
 }
+
+/// Connections for reads beside the writer's.
+const READERS: usize = 4;
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -213,10 +224,26 @@ impl Store {
                 Err(e) => return Err(e),
             }
         };
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            readers.push(Mutex::new(Self::connect_reader(&path)?));
+        }
         Ok(Store {
             conn: Mutex::new(conn),
+            readers,
+            next_reader: Default::default(),
             path: Some(path),
         })
+    }
+
+    /// A connection for reads of a database the writer's connection has set up (WAL, schema).
+    fn connect_reader(path: &Path) -> Result<Connection, StoreError> {
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        Ok(conn)
     }
 
     /// One attempt at opening and setting up the database file.
@@ -246,6 +273,8 @@ impl Store {
         Self::configure(&mut conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
+            readers: Vec::new(),
+            next_reader: Default::default(),
             path: None,
         })
     }
@@ -269,6 +298,26 @@ impl Store {
     /// `Transaction` rolls back), so a poisoned lock is still a usable connection.
     fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connection for a statement that only reads: a free reader, else (all busy) the next
+    /// in turn; the writer's for a database in memory.
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        if self.readers.is_empty() {
+            return self.conn();
+        }
+        for r in &self.readers {
+            if let Ok(guard) = r.try_lock() {
+                return guard;
+            }
+        }
+        let i = self
+            .next_reader
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % self.readers.len();
+        self.readers[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -52,6 +52,13 @@ pub struct ServeArgs {
     /// Workspace operations in progress at once on the whole server; more get 429.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub max_transfers: usize,
+    /// How long the records of ended runs and batches, and of secret uses, are kept; older
+    /// ones are deleted (checked at start and hourly).
+    #[arg(long, default_value = "7d", value_name = "DURATION", value_parser = crate::units::parse_duration)]
+    pub record_retention: std::time::Duration,
+    /// The most a run may copy out as outputs (its `output_limit.bytes`).
+    #[arg(long, default_value = "4G", value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub max_run_output: u64,
     #[command(flatten)]
     pub egress: crate::egress::EgressArgs,
 }
@@ -233,7 +240,9 @@ async fn run(
     };
     // Sandboxes mount them (E2B volumeMounts, runs); runs save outputs into them.
     manager.set_workspaces(workspaces.clone());
-    let runs = match husk_core::runs::Runs::new(manager.clone()) {
+    let mut runs_config = husk_core::runs::RunsConfig::default();
+    runs_config.max_output.max_bytes = args.max_run_output;
+    let runs = match husk_core::runs::Runs::with_config(manager.clone(), runs_config) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
@@ -249,6 +258,7 @@ async fn run(
             per_team: args.max_transfers_per_team.max(1),
             total: args.max_transfers.max(1),
         });
+    tokio::spawn(prune_records(manager.store_arc(), args.record_retention));
     let shutdown_manager = manager.clone();
     let shutdown = async move {
         wait_for_stop().await;
@@ -269,6 +279,35 @@ async fn run(
     }
     eprintln!("husk: stopped");
     0
+}
+
+/// Deletes the records older than `retention`, now and every hour (the state database must not
+/// grow without bound).
+async fn prune_records(store: Arc<Store>, retention: std::time::Duration) {
+    let every = std::time::Duration::from_secs(3600);
+    loop {
+        // A retention reaching before the store's epoch keeps everything.
+        let before = husk_core::store::OffsetDateTime::now_utc()
+            .checked_sub(time_duration(retention))
+            .filter(|t| t.year() >= 1970);
+        let store = store.clone();
+        let pruned = tokio::task::spawn_blocking(move || match before {
+            Some(before) => store.prune_records(before),
+            None => Ok(0),
+        });
+        match pruned.await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(records = n, "deleted records past their retention"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not delete old records"),
+            Err(e) => tracing::warn!(error = %e, "could not delete old records"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A std duration as the store's (saturating: a retention of centuries keeps everything).
+fn time_duration(d: std::time::Duration) -> husk_core::store::TimeDuration {
+    husk_core::store::TimeDuration::try_from(d).unwrap_or(husk_core::store::TimeDuration::MAX)
 }
 
 async fn wait_for_stop() {

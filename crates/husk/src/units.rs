@@ -73,7 +73,7 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
-/// Parses a duration: plain seconds or a number with ms, s, m or h.
+/// Parses a duration: plain seconds or a number with ms, s, m, h or d.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let split = t
@@ -82,13 +82,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = t.split_at(split);
     let n: f64 = num
         .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 500ms, 2m"))?;
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 500ms, 2m, 7d"))?;
     let secs = match unit {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+        "d" => n * 86400.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?}: use ms, s, m, h or d"
+            ))
+        }
     };
     if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
         return Err(format!("duration {s:?} must be positive"));
@@ -137,7 +142,8 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("3d").is_err());
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        assert!(parse_duration("3w").is_err());
         assert_eq!(format_duration(Duration::from_secs(30)), "30s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(format_duration(Duration::from_millis(500)), "500ms");

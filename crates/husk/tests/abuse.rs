@@ -146,3 +146,235 @@ fn stalled_transfers_hold_only_their_teams_slots_and_are_cut() {
     .expect("unread downloads kept their slots past the body window");
     drop(readers);
 }
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// M3: big run requests that stall hold at most their team's budget of buffered bodies (the
+/// rest are refused with 429 at once), are cut once a body window passes (408), and leave the
+/// server's memory where it was; another team's runs go on. A body over the run limit is 413.
+#[test]
+fn stalled_run_bodies_hold_only_their_teams_budget() {
+    let state = TempDir::new("abuse-bodies");
+    let mut server = Server::start_with(state.path(), &["--body-timeout", "3s"]);
+    let pid = server.child().id();
+    let a = server.key_for("tenant-a");
+    let b = server.key_for("tenant-b");
+    let before = rss(pid);
+    // Ten requests that declare 15 MiB and send 7 MiB of it: 70 MiB, over the team's 64.
+    let chunk = vec![b' '; 7 << 20];
+    let head = format!(
+        "POST /husk/v1/runs HTTP/1.1\r\nHost: x\r\nX-API-Key: {a}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        15 << 20
+    );
+    let mut stalled: Vec<TcpStream> = (0..10).map(|_| stalled(&server, &head, &chunk)).collect();
+    // Another team is served meanwhile; its run's spec is read and run.
+    let events = server.post_events(
+        "/husk/v1/runs",
+        &b,
+        &json!({"template": "host", "command": ["/bin/echo", "b-ran"]}),
+    );
+    let end = events.last().unwrap();
+    assert_eq!(end["run"]["status"], "succeeded", "{events:?}");
+    let grown = rss(pid).saturating_sub(before);
+    let mut statuses = std::collections::BTreeMap::<Option<u16>, usize>::new();
+    for s in &mut stalled {
+        *statuses
+            .entry(answer(s, Duration::from_secs(30)))
+            .or_default() += 1;
+    }
+    // Nine fit in the budget (63 MiB) and were cut by the window; the tenth did not fit.
+    assert_eq!(statuses.get(&Some(408)).copied(), Some(9), "{statuses:?}");
+    assert_eq!(statuses.get(&Some(429)).copied(), Some(1), "{statuses:?}");
+    // Without the budget 10 × (7 MiB and more) would be held; with it, at most 64 MiB (and
+    // the allocator's rounding).
+    assert!(grown < 160 << 20, "the server grew by {} MiB", grown >> 20);
+    // Over the request limit: 413, at once.
+    let r = server.request_with(
+        "POST",
+        "/husk/v1/runs",
+        &[
+            ("X-API-Key", b.as_str()),
+            ("Content-Type", "application/json"),
+        ],
+        vec![b' '; 17 << 20],
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("workspace"), "{}", r.text());
+}
+
+/// M4: what a run may keep in the server's records and copy out is bounded before any sandbox
+/// exists: a command line over the kernel's bounds, an output limit over the server's; and a
+/// team may run only so many batches at once.
+#[test]
+fn runs_and_batches_are_bounded_before_they_start() {
+    let state = TempDir::new("abuse-runs");
+    let server = Server::start_with(state.path(), &["--max-run-output", "1G"]);
+    let a = server.key_for("tenant-a");
+    let post = |path: &str, body: serde_json::Value| {
+        server.request(
+            path.split(' ').next().unwrap(),
+            path.split(' ').nth(1).unwrap(),
+            &a,
+            body.to_string(),
+        )
+    };
+    let r = post(
+        "POST /husk/v1/runs",
+        json!({"template": "host", "shell": format!("echo {}", "x".repeat(1 << 20))}),
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    let r = post(
+        "POST /husk/v1/runs",
+        json!({"template": "host", "command": ["true"], "output_limit": {"bytes": 2u64 << 30}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("more than this server allows"),
+        "{}",
+        r.text()
+    );
+    // Four batches running (detached), the fifth refused; another team is not.
+    let batch = json!({"run": {"template": "host", "command": ["/bin/sleep", "{}"]},
+                       "items": [{"args": ["60"]}], "parallel": 1});
+    let ids: Vec<String> = (0..4)
+        .map(|_| {
+            let r = server.request(
+                "POST",
+                "/husk/v1/batches?detach=true",
+                &a,
+                batch.to_string(),
+            );
+            assert_eq!(r.status, 202, "{}", r.text());
+            r.json()["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let r = server.request(
+        "POST",
+        "/husk/v1/batches?detach=true",
+        &a,
+        batch.to_string(),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.text().contains("batches running"), "{}", r.text());
+    let b = server.key_for("tenant-b");
+    let r = server.request(
+        "POST",
+        "/husk/v1/batches?detach=true",
+        &b,
+        batch.to_string(),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let theirs = r.json()["id"].as_str().unwrap().to_owned();
+    server
+        .request("DELETE", &format!("/husk/v1/batches/{theirs}"), &b, "")
+        .expect(202);
+    // Cancelled batches give their places back.
+    for id in &ids {
+        server
+            .request("DELETE", &format!("/husk/v1/batches/{id}"), &a, "")
+            .expect(202);
+    }
+    wait_for(Duration::from_secs(30), || {
+        let r = server.request(
+            "POST",
+            "/husk/v1/batches?detach=true",
+            &a,
+            batch.to_string(),
+        );
+        (r.status == 202).then(|| r.json()["id"].as_str().unwrap().to_owned())
+    })
+    .map(|id| {
+        server
+            .request("DELETE", &format!("/husk/v1/batches/{id}"), &a, "")
+            .expect(202)
+    })
+    .expect("cancelled batches kept their team's places");
+}
+
+/// M3: polling watchers nobody polls, on a tree that keeps changing with long paths, keep at
+/// most their bytes (1 MiB each, 16 MiB for the team), not ten thousand events each.
+#[test]
+fn unpolled_watchers_hold_a_bounded_number_of_bytes() {
+    let state = TempDir::new("abuse-watch");
+    let mut server = Server::start(state.path());
+    let pid = server.child().id();
+    let server = &server;
+    let sb = Sandbox::create(server, &server.admin_key, json!({"templateID": "base"}));
+    let ran = sb.run(None, "/bin/mkdir", &["-p", "/tmp/w"], &[]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let mut h = sb.headers(None, "application/json");
+    h.push(("Connect-Protocol-Version", "1".to_owned()));
+    let h = common::sandbox::pairs(&h);
+    let watchers: Vec<String> = (0..64)
+        .map(|_| {
+            let r = server.request_with(
+                "POST",
+                "/filesystem.Filesystem/CreateWatcher",
+                &h,
+                json!({"path": "/tmp/w", "recursive": true}).to_string(),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json()["watcherId"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let before = rss(pid);
+    // 12 000 files with 240-byte names, then a marker: ~24 000 events of ~300 bytes for each
+    // watcher, 64 times: about 190 MiB if each watcher kept its 10 000 newest.
+    let ran = sb.run(
+        None,
+        "/usr/bin/python3",
+        &[
+            "-c",
+            "for i in range(12000):\n    open('/tmp/w/' + 'n' * 240 + str(i), 'w').close()\n\
+             open('/tmp/w/zz-marker', 'w').close()\n",
+        ],
+        &[],
+    );
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let poll = |w: &str| -> Vec<serde_json::Value> {
+        let r = server.request_with(
+            "POST",
+            "/filesystem.Filesystem/GetWatcherEvents",
+            &h,
+            json!({ "watcherId": w }).to_string(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["events"].as_array().cloned().unwrap_or_default()
+    };
+    let has_marker = |events: &[serde_json::Value]| {
+        events
+            .iter()
+            .any(|e| e["name"].as_str().is_some_and(|n| n.ends_with("zz-marker")))
+    };
+    // The first watcher saw everything (it is drained as it goes; the others are not).
+    wait_for(Duration::from_secs(120), || {
+        has_marker(&poll(&watchers[0])).then_some(())
+    })
+    .expect("the first watcher never saw the marker");
+    let grown = rss(pid).saturating_sub(before);
+    assert!(grown < 100 << 20, "the server grew by {} MiB", grown >> 20);
+    // An unpolled watcher's whole buffer, in its first poll: at most 1 MiB of events (about
+    // 3 300 of these), not 10 000; its newest are kept, so the marker comes (maybe in a later
+    // poll, if it was still arriving).
+    let first = poll(&watchers[63]);
+    assert!(first.len() < 4000, "{} events kept", first.len());
+    let mut seen = has_marker(&first);
+    if !seen {
+        seen = wait_for(Duration::from_secs(60), || {
+            has_marker(&poll(&watchers[63])).then_some(())
+        })
+        .is_some();
+    }
+    assert!(seen, "the last watcher lost the newest event");
+}

@@ -220,8 +220,10 @@ impl Runs {
         let slot = self.batch_slot(&who.team)?;
         let specs = spec.item_specs()?;
         for (i, s) in specs.iter().enumerate() {
-            let plan = s
+            let mut plan = s
                 .plan(self.manager.max_timeout())
+                .map_err(|e| prefix(i, e))?;
+            self.check_output_limit(s, &mut plan)
                 .map_err(|e| prefix(i, e))?;
             self.check_team_state(who, &plan)
                 .map_err(|e| prefix(i, e))?;

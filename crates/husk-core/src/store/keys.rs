@@ -96,8 +96,8 @@ impl Store {
     }
 
     fn lookup(&self, hash: &str) -> Result<Option<Principal>, StoreError> {
-        let conn = self.conn();
-        let row = conn
+        let row = self
+            .reader()
             .prepare_cached(
                 "SELECT id, hash, team, admin, last_used_at FROM keys
                  WHERE hash = ?1 AND revoked_at IS NULL",
@@ -127,7 +127,8 @@ impl Store {
             // Bookkeeping only: a failure here (say, the CLI holding the write lock for longer
             // than the busy timeout) must not refuse a valid key.
             let touched = to_db_time(now).and_then(|now| {
-                conn.prepare_cached("UPDATE keys SET last_used_at = ?2 WHERE id = ?1")?
+                self.conn()
+                    .prepare_cached("UPDATE keys SET last_used_at = ?2 WHERE id = ?1")?
                     .execute(params![key_id, now])
                     .map_err(StoreError::from)
             });
@@ -144,7 +145,7 @@ impl Store {
 
     /// All keys, revoked ones included, oldest first. Never the secrets or their hashes.
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare(
             "SELECT id, team, admin, name, created_at, revoked_at, last_used_at FROM keys
              ORDER BY created_at, id",
@@ -200,7 +201,7 @@ impl Store {
     /// Whether any key can still authenticate; the server uses this to tell an open
     /// development setup from one whose operator revoked everything.
     pub fn has_active_keys(&self) -> Result<bool, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         Ok(conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM keys WHERE revoked_at IS NULL)",
             [],
@@ -226,7 +227,7 @@ impl Store {
     pub fn team_quota(&self, team: &str) -> Result<Option<u32>, StoreError> {
         validate_team(team)?;
         let max: Option<Option<i64>> = self
-            .conn()
+            .reader()
             .query_row(
                 "SELECT max_sandboxes FROM teams WHERE name = ?1",
                 [team],

@@ -77,7 +77,7 @@ impl Store {
             table.name()
         );
         Ok(self
-            .conn()
+            .reader()
             .prepare_cached(&sql)?
             .query_row(params![id, team], |r| r.get(0))
             .optional()?)
@@ -91,7 +91,7 @@ impl Store {
         batch: Option<&str>,
         limit: u32,
     ) -> Result<Vec<String>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut out = Vec::new();
         match batch {
             Some(b) => {
@@ -119,7 +119,7 @@ impl Store {
 
     /// Records that never ended (a crashed server's), as (table, id, record).
     pub fn unfinished_runs(&self) -> Result<Vec<(RunTable, String, String)>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut out = Vec::new();
         for table in [RunTable::Runs, RunTable::Batches] {
             let sql = format!(
@@ -133,5 +133,30 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Deletes the records that ended before `before`: runs and batches (those still running
+    /// are kept whatever their age) and uses of secrets. In small batches, so that the write
+    /// lock is never held for long. How many rows went.
+    pub fn prune_records(&self, before: OffsetDateTime) -> Result<u64, StoreError> {
+        let before = to_db_time(before)?;
+        let mut gone = 0u64;
+        for sql in [
+            "DELETE FROM runs WHERE rowid IN
+               (SELECT rowid FROM runs WHERE ended_at < ?1 LIMIT 500)",
+            "DELETE FROM batches WHERE rowid IN
+               (SELECT rowid FROM batches WHERE ended_at < ?1 LIMIT 500)",
+            "DELETE FROM secret_uses WHERE rowid IN
+               (SELECT rowid FROM secret_uses WHERE at < ?1 LIMIT 500)",
+        ] {
+            loop {
+                let n = self.conn().prepare_cached(sql)?.execute([before])?;
+                gone += n as u64;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(gone)
     }
 }

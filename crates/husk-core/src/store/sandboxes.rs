@@ -64,7 +64,7 @@ impl Store {
 
     /// Every recorded sandbox, oldest first.
     pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare(
             "SELECT id, team, template, runtime_id, created_at, end_at, metadata FROM sandboxes
              ORDER BY created_at, id",

@@ -110,7 +110,15 @@ CREATE TABLE batches (
 CREATE INDEX batches_by_team ON batches (team, created_at);
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+/// Version 5: indexes for the retention of records (runs, batches and secret uses older than
+/// the server's retention are deleted; see `Store::prune_records`).
+const V5: &str = "
+CREATE INDEX runs_by_end ON runs (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX batches_by_end ON batches (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX secret_uses_by_time ON secret_uses (at);
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

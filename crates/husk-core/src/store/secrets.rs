@@ -68,7 +68,7 @@ impl Store {
 
     /// One sealed secret of `team`.
     pub fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let found = conn
             .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM secrets WHERE team = ?1 AND name = ?2"
@@ -81,7 +81,7 @@ impl Store {
 
     /// `team`'s secrets by name (`None`: every team's, for key rotation).
     pub fn secrets(&self, team: Option<&str>) -> Result<Vec<SealedRow>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM secrets WHERE ?1 IS NULL OR team = ?1 ORDER BY team, name"
         ))?;
@@ -144,7 +144,7 @@ impl Store {
 
     /// `team`'s most recent uses of secrets, newest first.
     pub fn secret_uses(&self, team: &str, limit: u32) -> Result<Vec<SecretUse>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT at, team, secret, sandbox, command FROM secret_uses
              WHERE team = ?1 ORDER BY at DESC LIMIT ?2",

@@ -73,7 +73,7 @@ impl Store {
 
     /// The template called `name`.
     pub fn template(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let row = conn
             .prepare_cached(&format!("SELECT {COLUMNS} FROM templates WHERE name = ?1"))?
             .query_row(params![name], row_to_record)
@@ -84,7 +84,7 @@ impl Store {
 
     /// Every template, by name.
     pub fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt =
             conn.prepare_cached(&format!("SELECT {COLUMNS} FROM templates ORDER BY name"))?;
         let rows = stmt
@@ -113,7 +113,7 @@ impl Store {
 
     /// Whether any template's image is `digest` (so its file must stay).
     pub fn image_in_use(&self, digest: &str) -> Result<bool, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader();
         let n: i64 = conn
             .prepare_cached("SELECT count(*) FROM templates WHERE digest = ?1")?
             .query_row(params![digest], |r| r.get(0))?;

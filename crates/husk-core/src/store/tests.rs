@@ -454,3 +454,92 @@ fn in_memory_store_works() {
     let (_, secret) = store.create_key("t", false, None).expect("create");
     assert!(store.authenticate(&secret).is_some());
 }
+
+/// Issue 15 M4: records that ended before the retention are deleted (a run still going is
+/// kept whatever its age); newer ones stay; reads see them through the reader connections.
+#[test]
+fn records_older_than_the_retention_are_pruned() {
+    let tmp = TempDir::new();
+    let store = open(&tmp.state());
+    let now = OffsetDateTime::now_utc();
+    let old = now - Duration::days(30);
+    let row = |table, id: &'static str, created, ended| RunRow {
+        table,
+        id,
+        team: "t",
+        batch: None,
+        created_at: created,
+        ended_at: ended,
+        record: "{}",
+    };
+    // 1200 old runs: more than one pruning batch.
+    let ids: Vec<String> = (0..1200).map(|i| format!("old{i}")).collect();
+    for id in &ids {
+        store
+            .put_run_record(&RunRow {
+                id,
+                ..row(RunTable::Runs, "x", old, Some(old))
+            })
+            .unwrap();
+    }
+    store
+        .put_run_record(&row(RunTable::Runs, "running", old, None))
+        .unwrap();
+    store
+        .put_run_record(&row(RunTable::Runs, "recent", now, Some(now)))
+        .unwrap();
+    store
+        .put_run_record(&row(RunTable::Batches, "oldbatch", old, Some(old)))
+        .unwrap();
+    store
+        .record_secret_use(&SecretUse {
+            at: old,
+            team: "t".into(),
+            secret: "S".into(),
+            sandbox: "sb".into(),
+            command: "c".into(),
+        })
+        .unwrap();
+    let listed = |table| store.run_records(table, "t", None, 5000).unwrap().len();
+    assert_eq!(listed(RunTable::Runs), 1202);
+
+    let gone = store.prune_records(now - Duration::days(7)).unwrap();
+    assert_eq!(gone, 1200 + 1 + 1);
+    assert_eq!(listed(RunTable::Runs), 2);
+    assert_eq!(listed(RunTable::Batches), 0);
+    assert!(store
+        .run_record(RunTable::Runs, "t", "running")
+        .unwrap()
+        .is_some());
+    assert!(store
+        .run_record(RunTable::Runs, "t", "recent")
+        .unwrap()
+        .is_some());
+    assert!(store.secret_uses("t", 10).unwrap().is_empty());
+    // Nothing more to do.
+    assert_eq!(store.prune_records(now - Duration::days(7)).unwrap(), 0);
+}
+
+/// Reads go through connections of their own: each sees every write made before it, and a
+/// read holding its connection (a long listing) leaves the others free.
+#[test]
+fn readers_see_every_write_and_do_not_wait_for_each_other() {
+    let tmp = TempDir::new();
+    let store = open(&tmp.state());
+    assert_eq!(store.readers.len(), READERS);
+    let held: Vec<_> = (0..READERS - 1).map(|_| store.reader()).collect();
+    // Written through the writer, read at once through the one free reader.
+    let (_, key) = store.create_key("t", false, None).unwrap();
+    assert_eq!(store.authenticate(&key).unwrap().team, "t");
+    assert_eq!(store.list_keys().unwrap().len(), 1);
+    drop(held);
+    // All readers busy: a read still gets through (it waits its turn on one).
+    let all: Vec<_> = (0..READERS).map(|_| store.reader()).collect();
+    let handle = std::thread::scope(|s| {
+        let t = s.spawn(|| store.list_keys().unwrap().len());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(all);
+        t.join().unwrap()
+    });
+    assert_eq!(handle, 1);
+}
