@@ -83,10 +83,15 @@ pub(super) async fn serve<S>(
     // timeout, as one that sends half a head is. A stop meanwhile closes it too.
     let prefix = tokio::select! {
         r = tokio::time::timeout(limits.header_timeout, sniff(&mut tcp)) => match r {
-            Ok(Ok(p)) if !p.is_empty() => p,
-            _ => return,
+            Ok(Ok(p)) if !p.is_empty() => Some(p),
+            _ => None,
         },
-        _ = stop.changed() => return,
+        _ = stop.changed() => None,
+    };
+    let Some(prefix) = prefix else {
+        // The slot first: free by the time the peer sees the close.
+        drop(slot);
+        return;
     };
     let activity = Arc::new(Activity::default());
     let hyper_svc = {

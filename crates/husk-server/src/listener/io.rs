@@ -54,17 +54,18 @@ pub(super) async fn sniff(tcp: &mut TcpStream) -> io::Result<Prefix> {
 /// The stream hyper serves: the sniffed bytes, then the socket. It holds the connection's slot,
 /// so an upgraded connection (which takes this stream along) stays counted until it ends.
 pub(super) struct Sniffed {
+    // First, so that it is free by the time the peer sees the socket close.
+    _slot: Slot,
     prefix: Prefix,
     tcp: TcpStream,
-    _slot: Slot,
 }
 
 impl Sniffed {
     pub(super) fn new(prefix: Prefix, tcp: TcpStream, slot: Slot) -> Sniffed {
         Sniffed {
+            _slot: slot,
             prefix,
             tcp,
-            _slot: slot,
         }
     }
 }

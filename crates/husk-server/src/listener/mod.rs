@@ -106,8 +106,8 @@ pub async fn serve<S>(
             Ok(a) => a,
             Err(e) if is_per_connection(&e) => continue,
             Err(e) => {
-                if let Some(held) = accept_errors.hit(Instant::now()) {
-                    tracing::warn!(error = %e, more = held, "accept failed; pausing");
+                if let Some(held_back) = accept_errors.hit(Instant::now()) {
+                    tracing::warn!(error = %e, held_back, "accept failed; pausing");
                 }
                 tokio::select! {
                     _ = &mut shutdown => break,
@@ -119,8 +119,8 @@ pub async fn serve<S>(
             Ok(s) => s,
             Err(why) => {
                 refuse(tcp);
-                if let Some(held) = refusals.hit(Instant::now()) {
-                    tracing::warn!(%peer, more = held, "connection refused: {why} is reached");
+                if let Some(held_back) = refusals.hit(Instant::now()) {
+                    tracing::warn!(%peer, held_back, "connection refused: {why} is reached");
                 }
                 continue;
             }
