@@ -42,8 +42,8 @@ pub(super) fn builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
         // soon as a response ends, so it is also the keep-alive idle time of HTTP/1.1.
         .header_read_timeout(limits.header_timeout)
         // hyper answers 431 once this much is buffered without a complete head. It also bounds
-        // the read buffer for bodies (reads of at most this size; enough for the transfer
-        // budget) and how much response hyper queues before writing.
+        // each read of a body (hyper's default is ~400 KiB) and how much of a response hyper
+        // queues before writing.
         .max_buf_size(limits.max_head_bytes.max(MIN_BUF));
     b.http2()
         .timer(TokioTimer::new())
@@ -61,7 +61,7 @@ pub(super) fn builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
 }
 
 /// hyper refuses a smaller read buffer.
-pub(super) const MIN_BUF: usize = 8192;
+const MIN_BUF: usize = 8192;
 
 /// Serves one connection to its end.
 pub(super) async fn serve<S>(

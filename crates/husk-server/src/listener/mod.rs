@@ -47,10 +47,10 @@ pub struct ConnLimits {
 }
 
 impl Default for ConnLimits {
-    /// Sized from measurement (see docs/design.md §6): a stalled connection costs the server
-    /// well under 64 KiB, so the total cap bounds what no-key clients can pin to a few hundred
-    /// MiB; one peer gets a quarter of it, enough for an orchestrator streaming from hundreds
-    /// of sandboxes.
+    /// Sized from measurement (docs/design.md §8, Listener): a stalled connection costs the
+    /// server 18 KiB (a short head) to 72 KiB (a head just under the bound), so the total cap
+    /// bounds what clients without a key can pin to about 290 MiB. One peer gets a quarter of
+    /// the slots: enough for an orchestrator holding a stream to each of hundreds of sandboxes.
     fn default() -> ConnLimits {
         ConnLimits {
             max_connections: 4096,
