@@ -195,26 +195,15 @@ pub fn service(
     })
 }
 
-/// Serves until `shutdown` resolves, then stops accepting and lets open requests finish.
+/// Serves until `shutdown` resolves, then stops accepting and lets open requests finish, under
+/// `limits` (see [`crate::listener`]).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
+    limits: crate::listener::ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let svc = service(state);
-    // The peer's address rides along for ingress's X-Forwarded-For.
-    let make = axum::ServiceExt::<Request<Body>>::into_make_service_with_connect_info::<
-        std::net::SocketAddr,
-    >(svc);
-    // Streams (process output, Connect envelopes) are many small writes: without TCP_NODELAY,
-    // Nagle's algorithm holds each one back until the client's delayed ACK, ~40 ms.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, make)
-        .with_graceful_shutdown(shutdown)
-        .await
+) {
+    crate::listener::serve(listener, service(state), limits, shutdown).await
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
 //! husk's HTTP adapters: the E2B-compatible control plane ([`rest`]), templates ([`templates`]:
 //! husk's operator API and E2B's template list) and the per-sandbox API ([`sandbox`]:
-//! Connect-JSON process and filesystem services, `/files`), on one listener ([`app`]).
+//! Connect-JSON process and filesystem services, `/files`), on one listener ([`app`], whose connections [`listener`] bounds).
 //! Handlers parse requests into the core's typed calls; they hold no state of their own.
 #![forbid(unsafe_code)]
 pub mod app;
 pub mod body;
 pub mod budget;
+pub mod listener;
 pub mod openapi;
 pub mod rest;
 pub mod runs;
@@ -17,6 +18,7 @@ mod upload;
 pub mod workspaces;
 
 pub use app::{serve, AppState};
+pub use listener::ConnLimits;
 pub mod connect;
 pub mod envd;
 pub mod files;

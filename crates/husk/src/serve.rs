@@ -61,6 +61,47 @@ pub struct ServeArgs {
     pub max_run_output: u64,
     #[command(flatten)]
     pub egress: crate::egress::EgressArgs,
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// What the listener admits: bounds on what a client without a key can make the server hold.
+#[derive(clap::Args, Debug)]
+pub struct ConnArgs {
+    /// Connections open at once, all clients together; more are answered 503 and closed.
+    #[arg(long, default_value = "4096", value_name = "N", value_parser = parse_count)]
+    pub max_connections: usize,
+    /// Connections open at once from one client address (an IPv6 client: its /64). Behind a
+    /// reverse proxy every client has the proxy's address: raise it to --max-connections.
+    #[arg(long, default_value = "1024", value_name = "N", value_parser = parse_count)]
+    pub max_connections_per_ip: usize,
+    /// How long a client has for a connection's first bytes, and then for each whole request
+    /// head. An HTTP/1.1 connection waiting for its next request is closed after it too.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::units::parse_duration)]
+    pub header_timeout: std::time::Duration,
+    /// How long a connection may stay open with no request in flight (HTTP/2; HTTP/1.1 is also
+    /// under --header-timeout).
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = crate::units::parse_duration)]
+    pub idle_timeout: std::time::Duration,
+}
+
+impl ConnArgs {
+    pub fn limits(&self) -> husk_server::ConnLimits {
+        husk_server::ConnLimits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            header_timeout: self.header_timeout,
+            idle_timeout: self.idle_timeout,
+            ..husk_server::ConnLimits::default()
+        }
+    }
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -268,9 +309,7 @@ async fn run(
         );
         shutdown_manager.shutdown().await;
     };
-    if let Err(e) = husk_server::serve(listener, state, shutdown).await {
-        return fail(format_args!("server: {e}"));
-    }
+    husk_server::serve(listener, state, args.conn.limits(), shutdown).await;
     manager.shutdown().await;
     if let Some(n) = network {
         // Sandboxes are gone; their links with them. Then the router and what it added to
@@ -323,5 +362,45 @@ async fn wait_for_stop() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        conn: ConnArgs,
+    }
+
+    #[test]
+    fn the_flags_default_to_the_servers_own_limits() {
+        let cli = Cli::try_parse_from(["serve"]).unwrap();
+        assert_eq!(cli.conn.limits(), husk_server::ConnLimits::default());
+    }
+
+    #[test]
+    fn the_flags_are_read_and_zero_is_refused() {
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--max-connections",
+            "10",
+            "--max-connections-per-ip",
+            "2",
+            "--header-timeout",
+            "500ms",
+            "--idle-timeout",
+            "2m",
+        ])
+        .unwrap();
+        let l = cli.conn.limits();
+        assert_eq!((l.max_connections, l.max_connections_per_ip), (10, 2));
+        assert_eq!(l.header_timeout, std::time::Duration::from_millis(500));
+        assert_eq!(l.idle_timeout, std::time::Duration::from_secs(120));
+        assert!(Cli::try_parse_from(["serve", "--max-connections", "0"]).is_err());
+        assert!(Cli::try_parse_from(["serve", "--max-connections-per-ip", "-1"]).is_err());
     }
 }
