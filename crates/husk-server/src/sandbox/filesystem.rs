@@ -16,7 +16,7 @@ use husk_core::agent::WatchStream;
 use husk_proto::{FsEvent, Reply, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
-use super::watch_buffer::EventBuffer;
+use super::watch_buffer::{Buffers, WatcherKey};
 use super::Sandbox;
 use crate::budget::Budget;
 use crate::connect::{
@@ -34,27 +34,20 @@ use crate::envd::ToAgentRequest;
 const MAX_WATCHERS: usize = 64;
 const KEEPALIVE: Duration = Duration::from_secs(30);
 
-type Buffer = Arc<Mutex<EventBuffer>>;
-type WatcherEntry = (Buffer, tokio::task::AbortHandle, EntryBase);
+/// A polling watcher: its team (whose bound its buffer counts in), the task that fills its
+/// buffer, and where its events' entries are found.
+type WatcherEntry = (String, tokio::task::AbortHandle, EntryBase);
 
-/// The polling watchers of every sandbox: (sandbox id, watcher id) → buffered events, bounded
-/// per watcher and per team ([`super::watch_buffer`]).
+/// The polling watchers of every sandbox: (sandbox id, watcher id) → the watcher, and their
+/// buffered events, bounded per watcher and per team ([`super::watch_buffer`]).
+#[derive(Default)]
 pub struct Watchers {
-    map: Mutex<HashMap<(String, String), WatcherEntry>>,
-    budget: Arc<Budget>,
-}
-
-impl Default for Watchers {
-    fn default() -> Watchers {
-        Watchers {
-            map: Mutex::default(),
-            budget: super::watch_buffer::team_budget(),
-        }
-    }
+    map: Mutex<HashMap<WatcherKey, WatcherEntry>>,
+    buffers: Buffers,
 }
 
 impl Watchers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), WatcherEntry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WatcherKey, WatcherEntry>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -139,17 +132,13 @@ pub async fn handle(
                 Ok(r) => r,
                 Err(e) => return unary_err(e),
             };
-            let buf = watchers
-                .lock()
-                .get(&(sb.id.clone(), req.watcher_id.clone()))
-                .map(|(b, _, base)| (b.clone(), base.clone()));
-            match buf {
-                Some((b, base)) => {
-                    let events: Vec<FsEvent> = b.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    unary_ok(&GetWatcherEventsResponse {
-                        events: events_json(&sb, &base, events).await,
-                    })
-                }
+            let key = (sb.id.clone(), req.watcher_id.clone());
+            let base = watchers.lock().get(&key).map(|(_, _, base)| base.clone());
+            let taken = base.and_then(|base| Some((watchers.buffers.take(&sb.team, &key)?, base)));
+            match taken {
+                Some((events, base)) => unary_ok(&GetWatcherEventsResponse {
+                    events: events_json(&sb, &base, events).await,
+                }),
                 None => unary_err(ConnectError::not_found(format!(
                     "watcher {} not found",
                     req.watcher_id
@@ -161,13 +150,12 @@ pub async fn handle(
                 Ok(r) => r,
                 Err(e) => return unary_err(e),
             };
-            match watchers
-                .lock()
-                .remove(&(sb.id.clone(), req.watcher_id.clone()))
-            {
-                Some((_, task, _)) => {
+            let key = (sb.id.clone(), req.watcher_id.clone());
+            match watchers.lock().remove(&key) {
+                Some((team, task, _)) => {
                     // Aborting the task drops its WatchStream, which stops the agent's watch.
                     task.abort();
+                    watchers.buffers.close(&team, &key);
                     unary_ok(&serde_json::json!({}))
                 }
                 None => unary_err(ConnectError::not_found(format!(
@@ -266,24 +254,21 @@ async fn create_watcher(
         Ok(id) => id,
         Err(e) => return unary_err(ConnectError::internal(e.to_string())),
     };
-    let held = watchers.budget.reservation(&sb.team);
-    let buf: Buffer = Arc::new(Mutex::new(EventBuffer::new(held)));
-    let task_buf = buf.clone();
     let key = (sb.id.clone(), id.clone());
-    let task_watchers = watchers.clone();
-    let task_key = key.clone();
+    watchers.buffers.open(&sb.team, key.clone());
+    let (task_watchers, task_key, team) = (watchers.clone(), key.clone(), sb.team.clone());
     let task = tokio::spawn(async move {
         while let Some(events) = w.next().await {
-            let mut b = task_buf.lock().unwrap_or_else(|p| p.into_inner());
-            for ev in events {
-                b.push(ev);
+            if !task_watchers.buffers.push(&team, &task_key, events) {
+                return;
             }
         }
         // The sandbox is gone: forget the watcher.
         task_watchers.lock().remove(&task_key);
+        task_watchers.buffers.close(&team, &task_key);
     });
     watchers
         .lock()
-        .insert(key, (buf, task.abort_handle(), base));
+        .insert(key, (sb.team.clone(), task.abort_handle(), base));
     unary_ok(&WatcherId { watcher_id: id })
 }
