@@ -118,6 +118,12 @@ pub fn main(args: ServeArgs) -> i32 {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // Every client connection and every sandbox holds descriptors: the soft limit (often 1024)
+    // would refuse connections long before --max-connections. The hard limit is the operator's
+    // (LimitNOFILE= in a unit).
+    if let Err(e) = husk_runtime::sys::raise_nofile_limit() {
+        eprintln!("husk: warning: cannot raise the open-file limit: {e}");
+    }
     let mut config = Config {
         default_quota: args.max_sandboxes,
         ..Config::default()

@@ -19,7 +19,10 @@ Prints, from one run against one server it starts itself:
   (shared layer cache) and the stock e2b-code-interpreter SDK: `Sandbox.create()` + first
   `run_code("1+1")`; `run_code("1+1")` in a ready sandbox beside the same ipykernel driven
   directly by jupyter_client on this host (the peer; scripts/jupyter-test-venv), and the
-  kernel's own time; memory of an idle sandbox with its Python kernel beside one without.
+  kernel's own time; memory of an idle sandbox with its Python kernel beside one without;
+- one tenant's abuse (issue 15: stalled uploads and run bodies, unread downloads, connections
+  that never finish their head, from another address) beside another team's SDK create + first
+  command and workspace call, quiet and under the abuse, and the server's memory meanwhile.
 
 Figures are printed, never asserted: this machine is a shared VM, compare ratios within a run.
 Run with tests/compat/bench.sh (as root); HUSK_BIN picks the binary (use a release build).
@@ -530,6 +533,105 @@ def code_interpreter(n: int) -> None:
         server.close()
 
 
+def _abuser_socket(port: int, source: str) -> "socket.socket":
+    """A connection to the server from `source` (another loopback address: the abuser is not
+    the client whose latency is measured, as on a real network)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def abuse(n: int, connections: int) -> None:
+    """Another team's SDK create + first command, and a workspace call, quiet and then while one
+    tenant (from another address) abuses the server as issue 15 found: stalled workspace
+    uploads, big run bodies that stall, workspace downloads it never reads, and connections
+    without a key that never finish their request head. Printed side by side, never asserted."""
+    import socket
+
+    print(f"one tenant's abuse vs another team's work ({connections} stalled connections)")
+    server = start_server()
+    held: List[socket.socket] = []
+    try:
+        victim = server.create_key("victim")
+        abuser = server.create_key("abuser")
+        opts = server.opts(api_key=victim)
+
+        def victim_work() -> tuple:
+            t = time.perf_counter()
+            sbx = Sandbox.create(**opts)
+            sbx.commands.run("true")
+            create = (time.perf_counter() - t) * 1000
+            sbx.kill()
+            t = time.perf_counter()
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            conn.request("GET", "/husk/v1/workspaces", headers={"X-API-Key": victim})
+            status = conn.getresponse()
+            status.read()
+            conn.close()
+            return create, (time.perf_counter() - t) * 1000, status.status
+
+        quiet = [victim_work() for _ in range(n)]
+        # The abuse, from 127.0.0.2.
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/husk/v1/workspaces", json.dumps({"name": "w"}),
+                     {"X-API-Key": abuser, "Content-Type": "application/json"})
+        conn.getresponse().read()
+        conn.request("PUT", "/husk/v1/workspaces/w/files/big", b"\0" * (32 << 20), {"X-API-Key": abuser})
+        conn.getresponse().read()
+        conn.close()
+        per_kind = max(1, connections // 4)
+        for i in range(per_kind):
+            sock = _abuser_socket(server.port, "127.0.0.2")
+            sock.sendall(f"PUT /husk/v1/workspaces/w/files/f{i} HTTP/1.1\r\nHost: x\r\n"
+                         f"X-API-Key: {abuser}\r\nContent-Length: 1000000\r\n\r\nx".encode())
+            held.append(sock)
+        for _ in range(min(per_kind, 10)):
+            sock = _abuser_socket(server.port, "127.0.0.2")
+            sock.sendall(f"POST /husk/v1/runs HTTP/1.1\r\nHost: x\r\nX-API-Key: {abuser}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {99 << 20}\r\n\r\n".encode())
+            sock.setblocking(False)
+            try:
+                sock.send(b" " * (8 << 20))
+            except OSError:
+                pass
+            held.append(sock)
+        for _ in range(min(per_kind, 16)):
+            sock = _abuser_socket(server.port, "127.0.0.2")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(f"GET /husk/v1/workspaces/w/files/big HTTP/1.1\r\nHost: x\r\n"
+                         f"X-API-Key: {abuser}\r\n\r\n".encode())
+            held.append(sock)
+        for _ in range(connections - len(held)):
+            try:
+                sock = _abuser_socket(server.port, "127.0.0.2")
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Unfinished: ")
+                held.append(sock)
+            except OSError:
+                break
+        time.sleep(0.5)  # let the server take them all in before measuring
+        busy = [victim_work() for _ in range(n)]
+        for name, i in (("SDK create + first command", 0), ("another team's workspace list", 1)):
+            q, b = [w[i] for w in quiet], [w[i] for w in busy]
+            print(f"  {name:<38} quiet p50 {pct(q, 50):8.2f} ms  p99 {pct(q, 99):8.2f}   "
+                  f"under abuse p50 {pct(b, 50):8.2f} ms  p99 {pct(b, 99):8.2f}   "
+                  f"(x{pct(b, 50) / pct(q, 50):.2f} at p50)")
+        failed = sum(1 for w in busy if w[2] != 200)
+        if failed:
+            print(f"  another team's workspace list failed {failed} of {n} times under abuse")
+        rss = 0
+        for field in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
+            if field.startswith("VmRSS:"):
+                rss = int(field.split()[1]) >> 10
+        print(f"  server memory under abuse                   {rss:7d} MiB")
+    finally:
+        for sock in held:
+            sock.close()
+        server.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
@@ -537,7 +639,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
+    ap.add_argument("--abuse-connections", type=int, default=2000)
+    ap.add_argument("--only", choices=["abuse"], help="run one section alone (e.g. against an older binary)")
     args = ap.parse_args()
+    if args.only == "abuse":
+        abuse(args.iterations, args.abuse_connections)
+        return
     # A SIGTERM unwinds like Ctrl-C, so the servers and the namespace are removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = start_server()
@@ -556,6 +663,7 @@ def main() -> None:
         code_interpreter(max(5, args.iterations // 4))
     finally:
         server.close()
+    abuse(args.iterations, args.abuse_connections)
 
 
 if __name__ == "__main__":
