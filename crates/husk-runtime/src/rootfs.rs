@@ -488,9 +488,12 @@ fn dev(dev: &Path, base: u32) -> io::Result<()> {
         "tmpfs",
         &shm,
         libc::MS_NOSUID | libc::MS_NODEV,
+        // Inodes capped like the writable layer's (one per 4 KiB): each costs kernel memory
+        // charged to the sandbox, beyond the bytes `size` bounds.
         &format!(
-            "size={},mode=1777,uid={base},gid={base}",
-            crate::spec::SHM_BYTES
+            "size={},nr_inodes={},mode=1777,uid={base},gid={base}",
+            crate::spec::SHM_BYTES,
+            crate::spec::SHM_BYTES / 4096
         ),
     )?;
     Ok(())
