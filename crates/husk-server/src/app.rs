@@ -36,7 +36,12 @@ pub struct AppState {
     pub body_policy: crate::body::BodyPolicy,
     /// Workspace operations in progress, a few per team.
     pub transfers: Arc<crate::transfers::Transfers>,
+    /// Request bodies read whole (runs, code, Connect calls), per team.
+    pub bodies: Arc<crate::budget::Budget>,
 }
+
+/// Bytes of request bodies that one team's requests may hold in the server at once.
+pub const TEAM_BODY_BYTES: u64 = 64 << 20;
 
 impl AppState {
     pub fn new(manager: Arc<Manager>) -> AppState {
@@ -49,6 +54,7 @@ impl AppState {
             runs: None,
             body_policy: crate::body::BodyPolicy::default(),
             transfers: Arc::new(crate::transfers::Transfers::new(Default::default())),
+            bodies: crate::budget::Budget::new("request bodies", TEAM_BODY_BYTES),
         }
     }
 
@@ -135,7 +141,8 @@ pub fn sandbox_target(req: &Request<Body>) -> Option<SandboxTarget> {
 
 /// Whether a request's body is held to the body rate rule ([`crate::body`]): every body husk
 /// reads itself, but a sandbox server's (ingress relays what its client sends, as slowly as
-/// the two of them like) and a Connect client stream (a command's stdin may rightly pause).
+/// the two of them like) and the one Connect client stream, `StreamInput` (a command's stdin
+/// may rightly pause).
 fn guards_body(target: Option<&SandboxTarget>, req: &Request<Body>) -> bool {
     let port = match target {
         None => return true,
@@ -144,12 +151,7 @@ fn guards_body(target: Option<&SandboxTarget>, req: &Request<Body>) -> bool {
     if port != crate::sandbox::ENVD_PORT && port != crate::sandbox::interpreter::PORT {
         return false;
     }
-    let streaming = req
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.trim_start().starts_with("application/connect+"));
-    !streaming
+    port != crate::sandbox::ENVD_PORT || req.uri().path() != "/process.Process/StreamInput"
 }
 
 /// The whole HTTP service.

@@ -219,18 +219,50 @@ pub enum ReadError {
     Stalled(Stalled),
     #[error("reading the request body: {0}")]
     Failed(String),
+    /// The team's requests already hold its budget of buffered bodies.
+    #[error(transparent)]
+    Spent(crate::budget::Spent),
 }
 
 impl ReadError {
-    /// 413, 408 or 400.
+    /// 413, 408, 400 or 429.
     pub fn status(&self) -> axum::http::StatusCode {
         use axum::http::StatusCode;
         match self {
             ReadError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ReadError::Stalled(_) => StatusCode::REQUEST_TIMEOUT,
             ReadError::Failed(_) => StatusCode::BAD_REQUEST,
+            ReadError::Spent(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
+}
+
+/// Reads a whole body of at most `limit` bytes into memory that `held` reserves from its
+/// team's budget chunk by chunk (so that many bodies read at once cannot together grow the
+/// server past the team's budget). Keep `held` while the bytes, or what is parsed from them,
+/// live.
+pub async fn read_all_within(
+    body: Body,
+    limit: usize,
+    held: &mut crate::budget::Reservation,
+) -> Result<Bytes, ReadError> {
+    let mut body = std::pin::pin!(body);
+    let mut buf = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| match stalled_in(&e) {
+            Some(s) => ReadError::Stalled(s.clone()),
+            None => ReadError::Failed(e.to_string()),
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > limit {
+            return Err(ReadError::TooLarge(limit));
+        }
+        held.grow(data.len() as u64).map_err(ReadError::Spent)?;
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
 }
 
 /// Finds a [`Stalled`] in an error's chain (a guarded body's error, wrapped by whoever read
@@ -361,6 +393,34 @@ mod tests {
             Err(ReadError::Stalled(_))
         ));
         feed.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bodies_read_at_once_share_their_teams_budget() {
+        let budget = crate::budget::Budget::new("request bodies", 150);
+        let mut first = budget.reservation("a");
+        let one = read_all_within(Body::from(vec![1u8; 100]), 1000, &mut first)
+            .await
+            .unwrap();
+        assert_eq!(one.len(), 100);
+        // While the first is held, a second body of the team's does not fit; another team's does.
+        let mut second = budget.reservation("a");
+        let r = read_all_within(Body::from(vec![2u8; 100]), 1000, &mut second).await;
+        assert!(matches!(r, Err(ReadError::Spent(_))), "{r:?}");
+        assert_eq!(r.unwrap_err().status(), 429);
+        let mut theirs = budget.reservation("b");
+        read_all_within(Body::from(vec![3u8; 100]), 1000, &mut theirs)
+            .await
+            .unwrap();
+        drop((first, second));
+        let mut third = budget.reservation("a");
+        read_all_within(Body::from(vec![4u8; 100]), 1000, &mut third)
+            .await
+            .unwrap();
+        // Over the size limit is 413, whatever the budget.
+        let mut fourth = budget.reservation("b");
+        let r = read_all_within(Body::from(vec![5u8; 100]), 10, &mut fourth).await;
+        assert!(matches!(r, Err(ReadError::TooLarge(10))), "{r:?}");
     }
 
     #[tokio::test]

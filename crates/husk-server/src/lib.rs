@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 pub mod app;
 pub mod body;
+pub mod budget;
 pub mod openapi;
 pub mod rest;
 pub mod runs;

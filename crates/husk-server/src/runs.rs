@@ -23,13 +23,16 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::body::{read_all_within, ReadError};
+use crate::budget::Reservation;
 use crate::rest::{error, Who};
 use crate::AppState;
 
 type Answer = Result<Response, Response>;
 
-/// Largest request body: a spec with its inline files (64 MiB, base64-encoded) and room.
-const MAX_BODY: usize = 100 << 20;
+/// Largest request body: a spec with its inline files (8 MiB, base64-encoded) and room. It is
+/// held in memory whole; large inputs belong in a workspace.
+const MAX_BODY: usize = 16 << 20;
 
 /// Silence after which a keepalive is sent (proxies close idle streams).
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -79,11 +82,18 @@ struct ListQuery {
     limit: Option<u32>,
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Response> {
-    let bytes = crate::body::read_all(body, MAX_BODY)
+/// Reads the JSON request of `team`, whose buffered bodies the server bounds (see
+/// [`crate::budget`]); keep the reservation while the request's data lives.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    team: &str,
+    body: Body,
+) -> Result<(T, Reservation), Response> {
+    let mut held = state.bodies.reservation(team);
+    let bytes = read_all_within(body, MAX_BODY, &mut held)
         .await
         .map_err(|e| match e {
-            crate::body::ReadError::TooLarge(_) => error(
+            ReadError::TooLarge(_) => error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
                     "the request is larger than {} MiB; put large inputs in a workspace",
@@ -92,8 +102,9 @@ async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Resp
             ),
             e => error(e.status(), e.to_string()),
         })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))
+    let parsed = serde_json::from_slice(&bytes)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))?;
+    Ok((parsed, held))
 }
 
 /// Whether the client asked for server-sent events.
@@ -169,7 +180,7 @@ async fn start_run(
     body: Body,
 ) -> Answer {
     let runs = service(&state)?.clone();
-    let spec: RunSpec = read_json(body).await?;
+    let (spec, _held): (RunSpec, _) = read_json(&state, &who.team, body).await?;
     let handle = runs.start(&who, &spec).await.map_err(answer)?;
     Ok(started(handle, q.detach == Some(true), &headers))
 }
@@ -182,7 +193,7 @@ async fn start_batch(
     body: Body,
 ) -> Answer {
     let runs = service(&state)?.clone();
-    let spec: BatchSpec = read_json(body).await?;
+    let (spec, _held): (BatchSpec, _) = read_json(&state, &who.team, body).await?;
     let handle = runs.start_batch(&who, &spec).await.map_err(answer)?;
     Ok(started(handle, q.detach == Some(true), &headers))
 }

@@ -11,7 +11,6 @@ use axum::body::{Body, BodyDataStream};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use super::envelope::{EnvelopeDecoder, DEFAULT_MAX_ENVELOPE, HEADER_LEN};
@@ -32,18 +31,22 @@ const CONNECT_CONTENT_ENCODING: &str = "connect-content-encoding";
 /// The spec bounds `Connect-Timeout-Ms` to 10 digits.
 const MAX_TIMEOUT_DIGITS: usize = 10;
 
-/// Reads a whole request body, refusing more than `limit` bytes (`resource_exhausted`).
-pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ConnectError> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ConnectError::resource_exhausted(format!(
-                "request body exceeds the limit of {limit} bytes"
-            )))
-        }
-        Err(err) => Err(ConnectError::invalid_argument(format!(
-            "reading the request body: {err}"
+/// Reads a whole request body, refusing more than `limit` bytes, or more than the team's
+/// budget of buffered bodies that `held` reserves from (both `resource_exhausted`).
+pub async fn read_body(
+    body: Body,
+    limit: usize,
+    held: &mut crate::budget::Reservation,
+) -> Result<Bytes, ConnectError> {
+    use crate::body::{read_all_within, ReadError};
+    match read_all_within(body, limit, held).await {
+        Ok(b) => Ok(b),
+        Err(ReadError::TooLarge(_)) => Err(ConnectError::resource_exhausted(format!(
+            "request body exceeds the limit of {limit} bytes"
         ))),
+        Err(e @ ReadError::Spent(_)) => Err(ConnectError::resource_exhausted(e.to_string())),
+        Err(e @ ReadError::Stalled(_)) => Err(ConnectError::new(crate::connect::Code::DeadlineExceeded, e.to_string())),
+        Err(e @ ReadError::Failed(_)) => Err(ConnectError::invalid_argument(e.to_string())),
     }
 }
 
@@ -469,18 +472,34 @@ mod tests {
 
     #[tokio::test]
     async fn read_body_is_bounded() {
+        let budget = crate::budget::Budget::new("request bodies", 25);
+        let mut held = budget.reservation("t");
         let body = chunked_body(vec![vec![b'a'; 10], vec![b'b'; 10]]);
-        assert_eq!(read_body(body, 20).await.unwrap().len(), 20);
+        assert_eq!(read_body(body, 20, &mut held).await.unwrap().len(), 20);
+        drop(held);
+        let mut held = budget.reservation("t");
         let body = chunked_body(vec![vec![b'a'; 10], vec![b'b'; 11]]);
         assert_eq!(
-            read_body(body, 20).await.unwrap_err().code,
+            read_body(body, 20, &mut held).await.unwrap_err().code,
             Code::ResourceExhausted
         );
+        drop(held);
+        // The team's budget: 20 bytes held, 10 more do not fit in 25.
+        let mut held = budget.reservation("t");
+        let body = chunked_body(vec![vec![b'a'; 20]]);
+        read_body(body, 20, &mut held).await.unwrap();
+        let mut more = budget.reservation("t");
+        let err = read_body(chunked_body(vec![vec![b'c'; 10]]), 20, &mut more)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted);
+        assert!(err.message.contains("request bodies"), "{err}");
         let failing = Body::from_stream(futures_util::stream::iter([
             Ok(Bytes::from_static(b"x")),
             Err(std::io::Error::other("connection reset")),
         ]));
-        let err = read_body(failing, 20).await.unwrap_err();
+        let mut held = budget.reservation("u");
+        let err = read_body(failing, 20, &mut held).await.unwrap_err();
         assert_eq!(err.code, Code::InvalidArgument);
         assert!(err.message.contains("connection reset"), "{err}");
     }

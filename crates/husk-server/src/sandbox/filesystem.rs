@@ -16,6 +16,7 @@ use husk_core::agent::WatchStream;
 use husk_proto::{FsEvent, Reply, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
+use crate::budget::Budget;
 use super::Sandbox;
 use crate::connect::{
     parse_stream_request, parse_unary, stream_error, stream_response, unary_err, unary_ok,
@@ -78,6 +79,7 @@ async fn events_json(sb: &Sandbox, base: &EntryBase, events: Vec<FsEvent>) -> Ve
 pub async fn handle(
     sb: Sandbox,
     watchers: Arc<Watchers>,
+    bodies: Arc<Budget>,
     method: String,
     user: User,
     req: Request<Body>,
@@ -85,7 +87,8 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
     let streaming = method == "WatchDir";
-    let bytes = match read_request(body, streaming).await {
+    let mut held = bodies.reservation(&sb.team);
+    let bytes = match read_request(body, streaming, &mut held).await {
         Ok(b) => b,
         Err(resp) => return resp,
     };

@@ -24,8 +24,9 @@ use crate::envd::auth::{access_token_ok, ACCESS_TOKEN_HEADER};
 /// The port E2B's SDKs send code-interpreter calls to.
 pub const PORT: u16 = 49999;
 
-/// Largest request body (code is text; 16 MiB is far more than any notebook cell).
-const MAX_BODY: usize = 16 << 20;
+/// Largest request body: code goes to the kernel in one agent frame (about 1 MiB; longer code
+/// gets a 400 that says so), and the body is held in memory whole.
+const MAX_BODY: usize = 4 << 20;
 
 /// How often an idle stream says it is alive (E2B's server does the same; clients skip it).
 const KEEPALIVE: Duration = Duration::from_secs(5);
@@ -52,8 +53,15 @@ fn context_error(e: ContextError) -> Response {
     }
 }
 
-async fn json_body<T: for<'de> Deserialize<'de> + Default>(body: Body) -> Result<T, Response> {
-    let bytes = crate::body::read_all(body, MAX_BODY)
+/// Reads a JSON body within the sandbox team's budget of buffered bodies (see
+/// [`crate::budget`]); an empty body is the default value.
+async fn json_body<T: for<'de> Deserialize<'de> + Default>(
+    state: &AppState,
+    sb: &Sandbox,
+    body: Body,
+) -> Result<T, Response> {
+    let mut held = state.bodies.reservation(&sb.team);
+    let bytes = crate::body::read_all_within(body, MAX_BODY, &mut held)
         .await
         .map_err(|e| text(e.status(), e.to_string()))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -106,9 +114,9 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
     let body = req.into_body();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match (method, segments.as_slice()) {
-        (Method::POST, ["execute"]) => execute(sb, body).await,
+        (Method::POST, ["execute"]) => execute(state, sb, body).await,
         (Method::POST, ["contexts"]) => {
-            let b: CreateBody = match json_body(body).await {
+            let b: CreateBody = match json_body(state, &sb, body).await {
                 Ok(b) => b,
                 Err(r) => return r,
             };
@@ -168,8 +176,8 @@ fn context_json(c: &husk_core::contexts::ContextInfo) -> Value {
     json!({"id": c.id, "language": c.language, "cwd": c.cwd})
 }
 
-async fn execute(sb: Sandbox, body: Body) -> Response {
-    let b: ExecuteBody = match json_body(body).await {
+async fn execute(state: &AppState, sb: Sandbox, body: Body) -> Response {
+    let b: ExecuteBody = match json_body(state, &sb, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -81,9 +81,11 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
             };
             if let Some(m) = p.strip_prefix("/process.Process/") {
                 let secrets = state.manager.secrets().cloned();
-                process::handle(sb, secrets, m.to_string(), user, req).await
+                let bodies = state.bodies.clone();
+                process::handle(sb, secrets, bodies, m.to_string(), user, req).await
             } else if let Some(m) = p.strip_prefix("/filesystem.Filesystem/") {
-                filesystem::handle(sb, state.watchers.clone(), m.to_string(), user, req).await
+                let (w, bodies) = (state.watchers.clone(), state.bodies.clone());
+                filesystem::handle(sb, w, bodies, m.to_string(), user, req).await
             } else {
                 no_such_endpoint(p)
             }

@@ -18,6 +18,7 @@ use husk_core::secrets::{SecretError, Secrets, SECRET_PREFIX};
 use husk_proto::{ProcEvent, Reply, Selector, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
+use crate::budget::Budget;
 use super::Sandbox;
 use crate::connect::{
     parse_stream_request, parse_timeout_ms, stream_error, stream_response, unary_err, ClientStream,
@@ -48,6 +49,7 @@ fn keepalive_interval(headers: &HeaderMap) -> Duration {
 pub async fn handle(
     sb: Sandbox,
     secrets: Option<Arc<Secrets>>,
+    bodies: Arc<Budget>,
     method: String,
     user: User,
     req: Request<Body>,
@@ -58,7 +60,8 @@ pub async fn handle(
         return stream_input(sb, &headers, body).await;
     }
     let streaming = matches!(method.as_str(), "Start" | "Connect");
-    let bytes = match read_request(body, streaming).await {
+    let mut held = bodies.reservation(&sb.team);
+    let bytes = match read_request(body, streaming, &mut held).await {
         Ok(b) => b,
         Err(resp) => return resp,
     };

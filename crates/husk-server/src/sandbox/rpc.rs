@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::Sandbox;
 use crate::connect::request::{MAX_STREAM_REQUEST_BODY, MAX_UNARY_BODY};
 use crate::connect::{parse_unary, read_body, stream_error, unary_err, unary_ok, ConnectError};
+use crate::budget::Reservation;
 use crate::envd::process::Empty;
 use crate::envd::ToAgentRequest;
 
@@ -25,13 +26,19 @@ pub fn call_error(e: CallError) -> ConnectError {
 
 /// Reads a request body within the bound of its kind of call (one envelope for a
 /// server-streaming call); a failure is answered the way that kind of call reports errors.
-pub async fn read_request(body: Body, streaming: bool) -> Result<Bytes, Response> {
+/// The bytes are reserved from the sandbox team's budget of buffered bodies (see
+/// [`crate::budget`]) in `held`, to keep while they live.
+pub async fn read_request(
+    body: Body,
+    streaming: bool,
+    held: &mut Reservation,
+) -> Result<Bytes, Response> {
     let limit = if streaming {
         MAX_STREAM_REQUEST_BODY
     } else {
         MAX_UNARY_BODY
     };
-    read_body(body, limit).await.map_err(|e| {
+    read_body(body, limit, held).await.map_err(|e| {
         if streaming {
             stream_error(e)
         } else {
