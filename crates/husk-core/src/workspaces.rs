@@ -35,7 +35,19 @@
 //! ([`TarReport::skipped`]); absolute paths, `..`, entries through a symlink and nesting
 //! deeper than [`MAX_DEPTH`] refuse the archive. Modes become 0644 (0755 when an execute bit
 //! was set) for files and 0755 for directories; owners become [`WORKSPACE_OWNER`].
+//!
+//! **Quotas** ([`quota`]): with a [`WorkspaceQuota`], each team's directory is the mount point
+//! of the team's own size-capped ext4 file system (a sparse image, loop-mounted), made with
+//! its first workspace and mounted again at every [`Workspaces::open`]. Whatever writes into
+//! it, past the quota the write fails with `ENOSPC`, which husk's own writes report as
+//! [`WorkspaceError::QuotaExceeded`]. Where the host cannot mount such file systems, open
+//! says so ([`Workspaces::notices`]) and new teams get plain directories, as do all teams
+//! with [`WorkspaceQuota::Off`]; team directories that hold workspaces from before quotas stay
+//! plain (see the notice for how to move them under the quota).
 
+pub mod quota;
+#[cfg(test)]
+mod quota_tests;
 mod tarball;
 #[cfg(test)]
 mod tests;
@@ -52,6 +64,7 @@ use husk_runtime::libc;
 use husk_runtime::sys::{fstatat_nofollow, mkdirat, read_dir_names, renameat, FileStat};
 use time::OffsetDateTime;
 
+pub use quota::{QuotaState, WorkspaceQuota, DEFAULT_QUOTA, IMAGES_DIR, MIN_QUOTA};
 pub use tarball::{export_local, import_local, ImportLimits, TarExport, TarReport};
 pub use tree::{Entry, EntryKind, Listing};
 
@@ -138,6 +151,17 @@ pub enum WorkspaceError {
         entry: String,
         reason: String,
     },
+    /// A write found the team's file system full: its workspaces hold all the quota allows.
+    #[error(
+        "the workspaces of team '{team}' are full: they may hold {} in all (the team's \
+         workspace quota, file-system overhead included); remove files to make room",
+        size_text(*.quota)
+    )]
+    QuotaExceeded { team: String, quota: u64 },
+    /// The team's file system cannot be mounted (or would hide files): a problem of the host
+    /// for its operator.
+    #[error("the workspaces of team '{team}' are unavailable: {reason}")]
+    TeamUnavailable { team: String, reason: String },
     #[error("{place}: cannot {op} {path:?}: {source}")]
     Io {
         place: String,
@@ -159,6 +183,16 @@ pub struct WorkspaceInfo {
     pub files: u64,
 }
 
+/// A team's quota and what its workspaces use of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaUsage {
+    /// The size of the team's file system.
+    pub quota_bytes: u64,
+    /// What is not free for writes in it: files, directories, and the file system's own
+    /// overhead and reserve; writes fail when it reaches the quota.
+    pub used_bytes: u64,
+}
+
 /// What [`Workspaces::write_file`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteReport {
@@ -174,14 +208,41 @@ pub struct Workspaces {
     dir: PathBuf,
     /// That directory, open: every lookup starts here.
     fd: File,
+    /// Its device: a team directory on another one is a mounted team file system.
+    dev: u64,
     /// Bounds of one upload (a file or an archive).
     upload: ImportLimits,
+    /// The teams' file systems.
+    teams: quota::TeamFs,
+    /// What [`Self::open`] found that the operator should know.
+    notices: Vec<String>,
 }
 
 impl Workspaces {
-    /// Opens (creating, 0700 root) `STATE_DIR/workspaces`, and removes workspace trash that an
-    /// interrupted delete left behind.
+    /// Opens (creating, 0700 root) `STATE_DIR/workspaces` with the quota the last server
+    /// configured there ([`Self::open_with_quota`]; none recorded: [`WorkspaceQuota::Off`]):
+    /// what the command-line tools use next to a server.
     pub fn open(state_dir: &Path) -> Result<Workspaces, WorkspaceError> {
+        Self::open_inner(state_dir, quota::recorded(state_dir), false)
+    }
+
+    /// Opens (creating, 0700 root) `STATE_DIR/workspaces` with `quota` for the teams'
+    /// file systems, and records it for [`Self::open`]. Every team's image is mounted
+    /// (a mount already there is adopted) and grown to a larger quota; a host that cannot
+    /// mount them gets plain directories and a notice. Trash that an interrupted delete left
+    /// behind is removed.
+    pub fn open_with_quota(
+        state_dir: &Path,
+        quota: WorkspaceQuota,
+    ) -> Result<Workspaces, WorkspaceError> {
+        Self::open_inner(state_dir, quota, true)
+    }
+
+    fn open_inner(
+        state_dir: &Path,
+        quota: WorkspaceQuota,
+        record: bool,
+    ) -> Result<Workspaces, WorkspaceError> {
         let dir = state_dir.join(WORKSPACES_DIR);
         let io = |op, source| WorkspaceError::Io {
             place: "the state directory".into(),
@@ -204,11 +265,27 @@ impl Workspaces {
             fd.set_permissions(fs::Permissions::from_mode(0o700))
                 .map_err(|e| io("chmod", e))?;
         }
-        let ws = Workspaces {
+        // Absolute: mount points are given to `mount` and to sandboxes by path.
+        let dir = fs::canonicalize(&dir).map_err(|e| io("resolve", e))?;
+        let (teams, notice) =
+            quota::TeamFs::prepare(state_dir, quota, record).map_err(|e| WorkspaceError::Io {
+                place: "the state directory".into(),
+                op: "prepare",
+                path: state_dir.join(IMAGES_DIR).display().to_string(),
+                source: e,
+            })?;
+        let mut ws = Workspaces {
             dir,
+            dev: meta.dev(),
             fd,
             upload: ImportLimits::default(),
+            teams,
+            notices: Vec::new(),
         };
+        if let Some(text) = notice {
+            ws.notice(text);
+        }
+        ws.adopt();
         ws.sweep_trash();
         Ok(ws)
     }
@@ -224,8 +301,66 @@ impl Workspaces {
         self.upload
     }
 
+    /// Whether new teams get size-capped file systems.
+    pub fn quota_state(&self) -> &QuotaState {
+        self.teams.state()
+    }
+
+    /// What opening found that the operator should know (also logged as warnings): a quota
+    /// that cannot be enforced here, teams whose workspaces are not under it, images that
+    /// cannot be mounted or are larger than the quota.
+    pub fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    /// The team's quota and how much of it is used; `None` when the team's workspaces are
+    /// plain directories (no quota, or from before quotas). A team without workspaces yet
+    /// shows the quota it will get.
+    pub fn usage(&self, team: &str) -> Result<Option<QuotaUsage>, WorkspaceError> {
+        let Some(dir) = self.team_dir(team, false)? else {
+            return Ok(self.teams.quota().map(|q| QuotaUsage {
+                quota_bytes: q,
+                used_bytes: 0,
+            }));
+        };
+        if !self.is_mount(&dir) {
+            let fresh = read_dir_names(dir.as_fd(), 1).is_ok_and(|(n, _)| n.is_empty());
+            return Ok(self.teams.quota().filter(|_| fresh).map(|q| QuotaUsage {
+                quota_bytes: q,
+                used_bytes: 0,
+            }));
+        }
+        let Some(quota) = self.team_quota(team) else {
+            return Ok(None);
+        };
+        let path = self.dir.join(team);
+        let free = husk_runtime::sys::cpath(&path)
+            .and_then(|c| husk_runtime::sys::statvfs_available(&c))
+            .map_err(|e| self.team_io(team, "measure", e))?;
+        Ok(Some(QuotaUsage {
+            quota_bytes: quota,
+            used_bytes: quota.saturating_sub(free),
+        }))
+    }
+
+    /// [`WorkspaceError::QuotaExceeded`] for `team`, when its workspaces are on a team file
+    /// system: what a write that found no space there means (for callers that write into a
+    /// workspace themselves, like a run saving its outputs).
+    pub fn quota_error(&self, team: &str) -> Option<WorkspaceError> {
+        self.team_quota(team)
+            .map(|quota| WorkspaceError::QuotaExceeded {
+                team: team.to_string(),
+                quota,
+            })
+    }
+
     /// Creates an empty workspace; [`WorkspaceError::AlreadyExists`] if the name is taken.
     pub fn create(&self, team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError> {
+        self.create_inner(team, name)
+            .map_err(|e| self.no_space(team, e))
+    }
+
+    fn create_inner(&self, team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError> {
         validate_name(name)?;
         let team_dir = self.team_dir(team, true)?.expect("created");
         let cname = cstring(name);
@@ -353,6 +488,7 @@ impl Workspaces {
     ) -> Result<WriteReport, WorkspaceError> {
         let tree = self.tree(team, name)?;
         tree.write_file(&tree.parse(path)?, reader, max_bytes)
+            .map_err(|e| self.no_space(team, e))
     }
 
     /// Removes the file, symlink (not its target) or directory tree at `path`.
@@ -374,7 +510,7 @@ impl Workspaces {
     ) -> Result<TarReport, WorkspaceError> {
         let tree = self.tree(team, name)?;
         let dest = tree.parse(path)?;
-        tarball::import(&tree, &dest, reader, limits)
+        tarball::import(&tree, &dest, reader, limits).map_err(|e| self.no_space(team, e))
     }
 
     /// Writes a tar of the tree at `path` to `writer` (entries relative to it; a file: one
@@ -422,16 +558,42 @@ impl Workspaces {
     }
 
     /// The team's directory, open; created (0700) with `create`, else `None` when missing.
+    /// Its file system is mounted first when the team has one, and made first when the
+    /// team's first workspace is created under a quota.
     fn team_dir(&self, team: &str, create: bool) -> Result<Option<File>, WorkspaceError> {
         crate::store::validate_team(team)
             .map_err(|_| WorkspaceError::InvalidTeam(team.to_string()))?;
         let name = cstring(team);
-        let io = |op, source| WorkspaceError::Io {
-            place: format!("team '{team}'"),
-            op,
-            path: self.dir.join(team).display().to_string(),
-            source,
-        };
+        let io = |op, source| self.team_io(team, op, source);
+        // The usual case: the team's file system is there.
+        match tree::open_dir(self.fd.as_fd(), &name) {
+            Ok(dir) if self.is_mount(&dir) => return Ok(Some(dir)),
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(io("open", e)),
+        }
+        let found = self.inspect(team).map_err(|e| io("inspect", e))?;
+        match quota::plan(found, self.teams.quota(), create) {
+            quota::Plan::Mount | quota::Plan::Create(_) => {
+                let _lock = self.teams.lock().map_err(|e| io("lock", e))?;
+                // Again under the lock: another thread or process may have done it meanwhile.
+                let found = self.inspect(team).map_err(|e| io("inspect", e))?;
+                let unavailable = |reason| WorkspaceError::TeamUnavailable {
+                    team: team.to_string(),
+                    reason,
+                };
+                match quota::plan(found, self.teams.quota(), create) {
+                    quota::Plan::Mount => self.mount_team(team).map_err(unavailable)?,
+                    quota::Plan::Create(size) => {
+                        self.teams.make_image(team, size).map_err(unavailable)?;
+                        self.mount_team(team).map_err(unavailable)?;
+                    }
+                    _ => {}
+                }
+            }
+            quota::Plan::Blocked => return Err(self.blocked(team)),
+            quota::Plan::AsIs | quota::Plan::Legacy => {}
+        }
         if create {
             match mkdirat(self.fd.as_fd(), &name, 0o700) {
                 Ok(()) => {}
@@ -443,6 +605,224 @@ impl Workspaces {
             Ok(dir) => Ok(Some(dir)),
             Err(e) if !create && e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(io("open", e)),
+        }
+    }
+
+    /// Whether `dir` (a team directory) is on another file system than the workspaces
+    /// directory: a mounted team file system.
+    fn is_mount(&self, dir: &File) -> bool {
+        dir.metadata().is_ok_and(|m| m.dev() != self.dev)
+    }
+
+    /// What is on disk for a team.
+    fn inspect(&self, team: &str) -> io::Result<quota::Found> {
+        let image = self.teams.image_size(team)?;
+        let (mounted, dir) = match tree::open_dir(self.fd.as_fd(), &cstring(team)) {
+            Ok(dir) if self.is_mount(&dir) => (true, quota::DirState::NotEmpty),
+            Ok(dir) => {
+                let (names, _) = read_dir_names(dir.as_fd(), 1)?;
+                let state = if names.is_empty() {
+                    quota::DirState::Empty
+                } else {
+                    quota::DirState::NotEmpty
+                };
+                (false, state)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => (false, quota::DirState::Missing),
+            Err(e) => return Err(e),
+        };
+        Ok(quota::Found {
+            image,
+            mounted,
+            dir,
+        })
+    }
+
+    /// Mounts the team's image on its directory (made if missing), then makes the file
+    /// system's root what a team directory is: root's, 0700, nothing but workspaces in it.
+    fn mount_team(&self, team: &str) -> Result<(), String> {
+        let name = cstring(team);
+        match mkdirat(self.fd.as_fd(), &name, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(format!("create its directory: {e}")),
+        }
+        let target = self.dir.join(team);
+        self.teams.mount(team, &target)?;
+        let root = tree::open_dir(self.fd.as_fd(), &name)
+            .map_err(|e| format!("open {}: {e}", target.display()))?;
+        if !self.is_mount(&root) {
+            return Err(format!(
+                "{} is not a mount point after mounting",
+                target.display()
+            ));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::os::unix::fs::fchown(&root, Some(0), Some(0))
+            .and_then(|()| root.set_permissions(fs::Permissions::from_mode(0o700)))
+            .map_err(|e| format!("chmod {}: {e}", target.display()))?;
+        // mkfs's lost+found is not a workspace (listings skip it, its name being invalid,
+        // but nothing that is not a workspace belongs here); e2fsck makes it when needed.
+        match husk_runtime::sys::unlinkat(root.as_fd(), c"lost+found", true) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                tracing::warn!(team, error = %e, "removing lost+found of a team file system");
+            }
+            _ => {}
+        }
+        tracing::info!(team, image = %self.teams.image(team).display(), "mounted the team's workspace file system");
+        Ok(())
+    }
+
+    /// Mounts every team's image (adopting mounts already there), grows those smaller than
+    /// the quota, and notes what the operator should know. Then checks that mounting works
+    /// here at all, unless a team's file system just showed it does.
+    fn adopt(&mut self) {
+        let mut teams = self.teams.teams();
+        if let Ok((names, _)) = read_dir_names(self.fd.as_fd(), 100_000) {
+            teams.extend(
+                names
+                    .into_iter()
+                    .filter_map(|n| n.into_string().ok())
+                    .filter(|n| crate::store::validate_team(n).is_ok()),
+            );
+        }
+        teams.sort();
+        teams.dedup();
+        let mut works = false;
+        for team in &teams {
+            let found = match self.inspect(team) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.notice(format!("team '{team}': cannot inspect its workspaces: {e}"));
+                    continue;
+                }
+            };
+            let mounted = match quota::plan(found, self.teams.quota(), false) {
+                quota::Plan::AsIs => found.mounted,
+                quota::Plan::Mount => {
+                    let _lock = self.teams.lock();
+                    match self.mount_team(team) {
+                        Ok(()) => true,
+                        Err(reason) => {
+                            self.notice(format!(
+                                "the workspaces of team '{team}' are unavailable: their file \
+                                 system {} cannot be mounted: {reason}",
+                                self.teams.image(team).display()
+                            ));
+                            false
+                        }
+                    }
+                }
+                quota::Plan::Legacy => {
+                    if let Some(q) = self.teams.quota() {
+                        self.notice(format!(
+                            "the workspaces of team '{team}' predate workspace quotas and are \
+                             NOT bounded by the quota of {}: they stay plain directories in \
+                             {}. To bring them under it: `husk workspace export` each, \
+                             `husk workspace rm` them all, then create and `import` them again \
+                             (the team's first new workspace gets its size-capped file system)",
+                            size_text(q),
+                            self.dir.join(team).display()
+                        ));
+                    }
+                    false
+                }
+                quota::Plan::Blocked => {
+                    let e = self.blocked(team);
+                    self.notice(e.to_string());
+                    false
+                }
+                quota::Plan::Create(_) => false,
+            };
+            works |= mounted;
+            if mounted {
+                self.resize(team);
+            }
+        }
+        if !works && self.teams.quota().is_some() {
+            if let Err(reason) = self.teams.trial() {
+                let text = self.teams.disable(reason);
+                self.notice(text);
+            }
+        }
+    }
+
+    /// Grows the team's mounted image to the quota, or notes that it is larger.
+    fn resize(&mut self, team: &str) {
+        let Ok(Some(size)) = self.teams.image_size(team) else {
+            return;
+        };
+        match quota::resize(size, self.teams.quota()) {
+            quota::Resize::Keep => {}
+            quota::Resize::Grow(to) => {
+                match self.teams.grow(team, &self.dir.join(team), size, to) {
+                    Ok(()) => tracing::info!(
+                        team,
+                        from = size,
+                        to,
+                        "grew the team's workspace file system to the quota"
+                    ),
+                    Err(reason) => self.notice(format!(
+                    "the workspace file system of team '{team}' stays at {} (the quota is {}): \
+                     growing it failed: {reason}",
+                    size_text(size),
+                    size_text(to)
+                )),
+                }
+            }
+            quota::Resize::Larger => self.notice(format!(
+                "the workspace file system of team '{team}' is {}, more than the quota of {}: \
+                 it is not shrunk (its quota stays {})",
+                size_text(size),
+                size_text(self.teams.quota().unwrap_or_default()),
+                size_text(size)
+            )),
+        }
+    }
+
+    fn notice(&mut self, text: String) {
+        tracing::warn!("{text}");
+        self.notices.push(text);
+    }
+
+    fn blocked(&self, team: &str) -> WorkspaceError {
+        WorkspaceError::TeamUnavailable {
+            team: team.to_string(),
+            reason: format!(
+                "its file system {} is not mounted, and {} holds files that mounting it would \
+                 hide; move them away",
+                self.teams.image(team).display(),
+                self.dir.join(team).display()
+            ),
+        }
+    }
+
+    /// The size of the team's file system, when its directory is one.
+    fn team_quota(&self, team: &str) -> Option<u64> {
+        let dir = tree::open_dir(self.fd.as_fd(), &cstring(team)).ok()?;
+        if !self.is_mount(&dir) {
+            return None;
+        }
+        self.teams.image_size(team).ok().flatten()
+    }
+
+    /// `e`, or [`WorkspaceError::QuotaExceeded`] when it is a write that found the team's
+    /// file system full.
+    fn no_space(&self, team: &str, e: WorkspaceError) -> WorkspaceError {
+        match &e {
+            WorkspaceError::Io { source, .. } if quota::is_no_space(source) => {
+                self.quota_error(team).unwrap_or(e)
+            }
+            _ => e,
+        }
+    }
+
+    fn team_io(&self, team: &str, op: &'static str, source: io::Error) -> WorkspaceError {
+        WorkspaceError::Io {
+            place: format!("team '{team}'"),
+            op,
+            path: self.dir.join(team).display().to_string(),
+            source,
         }
     }
 
