@@ -678,6 +678,19 @@ impl Workspaces {
     /// here at all, unless a team's file system just showed it does.
     fn adopt(&mut self) {
         let mut teams = self.teams.teams();
+        // Held throughout: a server's open and the command-line tools' never mount, grow or
+        // try at the same time (an offline grow unmounts for a moment).
+        let _lock = if teams.is_empty() && self.teams.quota().is_none() {
+            None
+        } else {
+            match self.teams.lock() {
+                Ok(lock) => Some(lock),
+                Err(e) => {
+                    self.notice(format!("cannot lock the workspace images: {e}"));
+                    None
+                }
+            }
+        };
         if let Ok((names, _)) = read_dir_names(self.fd.as_fd(), 100_000) {
             teams.extend(
                 names
@@ -699,20 +712,17 @@ impl Workspaces {
             };
             let mounted = match quota::plan(found, self.teams.quota(), false) {
                 quota::Plan::AsIs => found.mounted,
-                quota::Plan::Mount => {
-                    let _lock = self.teams.lock();
-                    match self.mount_team(team) {
-                        Ok(()) => true,
-                        Err(reason) => {
-                            self.notice(format!(
-                                "the workspaces of team '{team}' are unavailable: their file \
+                quota::Plan::Mount => match self.mount_team(team) {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        self.notice(format!(
+                            "the workspaces of team '{team}' are unavailable: their file \
                                  system {} cannot be mounted: {reason}",
-                                self.teams.image(team).display()
-                            ));
-                            false
-                        }
+                            self.teams.image(team).display()
+                        ));
+                        false
                     }
-                }
+                },
                 quota::Plan::Legacy => {
                     if let Some(q) = self.teams.quota() {
                         self.notice(format!(

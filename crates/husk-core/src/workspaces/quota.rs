@@ -523,6 +523,10 @@ impl TeamFs {
         let tools = self.tools()?;
         let image = self.images.join(format!("{TRIAL_NAME}.ext4"));
         let mp = self.images.join(TRIAL_NAME);
+        // What a trial cut short by a crash left.
+        if let Ok(c) = husk_runtime::sys::cpath(&mp) {
+            let _ = husk_runtime::sys::umount2(&c, libc::MNT_DETACH);
+        }
         let _ = fs::remove_file(&image);
         let result = (|| {
             make_ext4(tools, &image, MIN_QUOTA)?;
