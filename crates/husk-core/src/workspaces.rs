@@ -35,8 +35,21 @@
 //! ([`TarReport::skipped`]); absolute paths, `..`, entries through a symlink and nesting
 //! deeper than [`MAX_DEPTH`] refuse the archive. Modes become 0644 (0755 when an execute bit
 //! was set) for files and 0755 for directories; owners become [`WORKSPACE_OWNER`].
+//!
+//! **Quotas** ([`quota`]): with a [`WorkspaceQuota`], each team's directory is the mount point
+//! of the team's own size-capped ext4 file system (a sparse image, loop-mounted), made with
+//! its first workspace and mounted again at every [`Workspaces::open`]. Whatever writes into
+//! it, past the quota the write fails with `ENOSPC`, which husk's own writes report as
+//! [`WorkspaceError::QuotaExceeded`]. Where the host cannot mount such file systems, open
+//! says so ([`Workspaces::notices`]) and new teams get plain directories, as do all teams
+//! with [`WorkspaceQuota::Off`]; team directories that hold workspaces from before quotas stay
+//! plain (see the notice for how to move them under the quota).
 
+pub mod quota;
+#[cfg(test)]
+mod quota_tests;
 mod tarball;
+mod teams;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -52,6 +65,7 @@ use husk_runtime::libc;
 use husk_runtime::sys::{fstatat_nofollow, mkdirat, read_dir_names, renameat, FileStat};
 use time::OffsetDateTime;
 
+pub use quota::{QuotaState, WorkspaceQuota, DEFAULT_QUOTA, IMAGES_DIR, MIN_QUOTA};
 pub use tarball::{export_local, import_local, ImportLimits, TarExport, TarReport};
 pub use tree::{Entry, EntryKind, Listing};
 
@@ -138,6 +152,17 @@ pub enum WorkspaceError {
         entry: String,
         reason: String,
     },
+    /// A write found the team's file system full: its workspaces hold all the quota allows.
+    #[error(
+        "the workspaces of team '{team}' are full: they may hold {} in all (the team's \
+         workspace quota, file-system overhead included); remove files to make room",
+        size_text(*.quota)
+    )]
+    QuotaExceeded { team: String, quota: u64 },
+    /// The team's file system cannot be mounted (or would hide files): a problem of the host
+    /// for its operator.
+    #[error("the workspaces of team '{team}' are unavailable: {reason}")]
+    TeamUnavailable { team: String, reason: String },
     #[error("{place}: cannot {op} {path:?}: {source}")]
     Io {
         place: String,
@@ -159,6 +184,16 @@ pub struct WorkspaceInfo {
     pub files: u64,
 }
 
+/// A team's quota and what its workspaces use of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaUsage {
+    /// The size of the team's file system.
+    pub quota_bytes: u64,
+    /// What is not free for writes in it: files, directories, and the file system's own
+    /// overhead and reserve; writes fail when it reaches the quota.
+    pub used_bytes: u64,
+}
+
 /// What [`Workspaces::write_file`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteReport {
@@ -174,14 +209,41 @@ pub struct Workspaces {
     dir: PathBuf,
     /// That directory, open: every lookup starts here.
     fd: File,
+    /// Its device: a team directory on another one is a mounted team file system.
+    dev: u64,
     /// Bounds of one upload (a file or an archive).
     upload: ImportLimits,
+    /// The teams' file systems.
+    teams: quota::TeamFs,
+    /// What [`Self::open`] found that the operator should know.
+    notices: Vec<String>,
 }
 
 impl Workspaces {
-    /// Opens (creating, 0700 root) `STATE_DIR/workspaces`, and removes workspace trash that an
-    /// interrupted delete left behind.
+    /// Opens (creating, 0700 root) `STATE_DIR/workspaces` with the quota the last server
+    /// configured there ([`Self::open_with_quota`]; none recorded: [`WorkspaceQuota::Off`]):
+    /// what the command-line tools use next to a server.
     pub fn open(state_dir: &Path) -> Result<Workspaces, WorkspaceError> {
+        Self::open_inner(state_dir, quota::recorded(state_dir), false)
+    }
+
+    /// Opens (creating, 0700 root) `STATE_DIR/workspaces` with `quota` for the teams'
+    /// file systems, and records it for [`Self::open`]. Every team's image is mounted
+    /// (a mount already there is adopted) and grown to a larger quota; a host that cannot
+    /// mount them gets plain directories and a notice. Trash that an interrupted delete left
+    /// behind is removed.
+    pub fn open_with_quota(
+        state_dir: &Path,
+        quota: WorkspaceQuota,
+    ) -> Result<Workspaces, WorkspaceError> {
+        Self::open_inner(state_dir, quota, true)
+    }
+
+    fn open_inner(
+        state_dir: &Path,
+        quota: WorkspaceQuota,
+        record: bool,
+    ) -> Result<Workspaces, WorkspaceError> {
         let dir = state_dir.join(WORKSPACES_DIR);
         let io = |op, source| WorkspaceError::Io {
             place: "the state directory".into(),
@@ -204,11 +266,27 @@ impl Workspaces {
             fd.set_permissions(fs::Permissions::from_mode(0o700))
                 .map_err(|e| io("chmod", e))?;
         }
-        let ws = Workspaces {
+        // Absolute: mount points are given to `mount` and to sandboxes by path.
+        let dir = fs::canonicalize(&dir).map_err(|e| io("resolve", e))?;
+        let (teams, notice) =
+            quota::TeamFs::prepare(state_dir, quota, record).map_err(|e| WorkspaceError::Io {
+                place: "the state directory".into(),
+                op: "prepare",
+                path: state_dir.join(IMAGES_DIR).display().to_string(),
+                source: e,
+            })?;
+        let mut ws = Workspaces {
             dir,
+            dev: meta.dev(),
             fd,
             upload: ImportLimits::default(),
+            teams,
+            notices: Vec::new(),
         };
+        if let Some(text) = notice {
+            ws.notice(text);
+        }
+        ws.adopt();
         ws.sweep_trash();
         Ok(ws)
     }
@@ -224,8 +302,66 @@ impl Workspaces {
         self.upload
     }
 
+    /// Whether new teams get size-capped file systems.
+    pub fn quota_state(&self) -> &QuotaState {
+        self.teams.state()
+    }
+
+    /// What opening found that the operator should know (also logged as warnings): a quota
+    /// that cannot be enforced here, teams whose workspaces are not under it, images that
+    /// cannot be mounted or are larger than the quota.
+    pub fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    /// The team's quota and how much of it is used; `None` when the team's workspaces are
+    /// plain directories (no quota, or from before quotas). A team without workspaces yet
+    /// shows the quota it will get.
+    pub fn usage(&self, team: &str) -> Result<Option<QuotaUsage>, WorkspaceError> {
+        let Some(dir) = self.team_dir(team, false)? else {
+            return Ok(self.teams.quota().map(|q| QuotaUsage {
+                quota_bytes: q,
+                used_bytes: 0,
+            }));
+        };
+        if !self.is_mount(&dir) {
+            let fresh = read_dir_names(dir.as_fd(), 1).is_ok_and(|(n, _)| n.is_empty());
+            return Ok(self.teams.quota().filter(|_| fresh).map(|q| QuotaUsage {
+                quota_bytes: q,
+                used_bytes: 0,
+            }));
+        }
+        let Some(quota) = self.team_quota(team) else {
+            return Ok(None);
+        };
+        let path = self.dir.join(team);
+        let free = husk_runtime::sys::cpath(&path)
+            .and_then(|c| husk_runtime::sys::statvfs_available(&c))
+            .map_err(|e| self.team_io(team, "measure", e))?;
+        Ok(Some(QuotaUsage {
+            quota_bytes: quota,
+            used_bytes: quota.saturating_sub(free),
+        }))
+    }
+
+    /// [`WorkspaceError::QuotaExceeded`] for `team`, when its workspaces are on a team file
+    /// system: what a write that found no space there means (for callers that write into a
+    /// workspace themselves, like a run saving its outputs).
+    pub fn quota_error(&self, team: &str) -> Option<WorkspaceError> {
+        self.team_quota(team)
+            .map(|quota| WorkspaceError::QuotaExceeded {
+                team: team.to_string(),
+                quota,
+            })
+    }
+
     /// Creates an empty workspace; [`WorkspaceError::AlreadyExists`] if the name is taken.
     pub fn create(&self, team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError> {
+        self.create_inner(team, name)
+            .map_err(|e| self.no_space(team, e))
+    }
+
+    fn create_inner(&self, team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError> {
         validate_name(name)?;
         let team_dir = self.team_dir(team, true)?.expect("created");
         let cname = cstring(name);
@@ -353,6 +489,7 @@ impl Workspaces {
     ) -> Result<WriteReport, WorkspaceError> {
         let tree = self.tree(team, name)?;
         tree.write_file(&tree.parse(path)?, reader, max_bytes)
+            .map_err(|e| self.no_space(team, e))
     }
 
     /// Removes the file, symlink (not its target) or directory tree at `path`.
@@ -374,7 +511,7 @@ impl Workspaces {
     ) -> Result<TarReport, WorkspaceError> {
         let tree = self.tree(team, name)?;
         let dest = tree.parse(path)?;
-        tarball::import(&tree, &dest, reader, limits)
+        tarball::import(&tree, &dest, reader, limits).map_err(|e| self.no_space(team, e))
     }
 
     /// Writes a tar of the tree at `path` to `writer` (entries relative to it; a file: one
@@ -419,31 +556,6 @@ impl Workspaces {
             place: format!("workspace '{name}'"),
             owner: Some(WORKSPACE_OWNER),
         })
-    }
-
-    /// The team's directory, open; created (0700) with `create`, else `None` when missing.
-    fn team_dir(&self, team: &str, create: bool) -> Result<Option<File>, WorkspaceError> {
-        crate::store::validate_team(team)
-            .map_err(|_| WorkspaceError::InvalidTeam(team.to_string()))?;
-        let name = cstring(team);
-        let io = |op, source| WorkspaceError::Io {
-            place: format!("team '{team}'"),
-            op,
-            path: self.dir.join(team).display().to_string(),
-            source,
-        };
-        if create {
-            match mkdirat(self.fd.as_fd(), &name, 0o700) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(e) => return Err(io("create", e)),
-            }
-        }
-        match tree::open_dir(self.fd.as_fd(), &name) {
-            Ok(dir) => Ok(Some(dir)),
-            Err(e) if !create && e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(io("open", e)),
-        }
     }
 
     /// Removes the trash of deletes that did not finish (best effort: what fails stays for

@@ -9,7 +9,10 @@
 //! its team's ([`crate::transfers`]: 429 when the team or the server has too many running),
 //! and a client that stops sending or reading is cut by the body rate rule ([`crate::body`]).
 //!
-//! - `POST /husk/v1/workspaces` `{"name"}` → 201 info; `GET` → `{"workspaces": [...]}`
+//! - `POST /husk/v1/workspaces` `{"name"}` → 201 info; `GET` → `{"workspaces": [...]}`, with
+//!   `quota_bytes` and `used_bytes` when the team's workspaces are under a quota
+//!
+//! A write that finds the team's quota used up is 507 Insufficient Storage.
 //! - `GET|DELETE /husk/v1/workspaces/{name}`
 //! - `GET /husk/v1/workspaces/{name}/files?path=&depth=` → `{"entries": [...], "truncated"}`
 //! - `GET|PUT|DELETE /husk/v1/workspaces/{name}/files/{*path}`: raw bytes
@@ -85,7 +88,8 @@ fn answer(e: WorkspaceError) -> Response {
         | E::BadArchive { .. }
         | E::TooDeep { .. } => StatusCode::BAD_REQUEST,
         E::TooLarge { .. } | E::TooManyEntries { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        E::Io { .. } => {
+        E::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
+        E::TeamUnavailable { .. } | E::Io { .. } => {
             tracing::warn!(error = %e, "workspace operation failed");
             StatusCode::INTERNAL_SERVER_ERROR
         }
@@ -191,9 +195,14 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Body) -> Ans
 async fn list(State(state): State<AppState>, Who(who): Who) -> Answer {
     let ws = service(&state)?;
     let p = permit(&state, &who.team)?;
-    let all = blocking(p, move || ws.list(&who.team)).await?;
+    let (all, usage) = blocking(p, move || Ok((ws.list(&who.team)?, ws.usage(&who.team)?))).await?;
     let items: Vec<Value> = all.iter().map(info_json).collect();
-    Ok(axum::Json(json!({ "workspaces": items })).into_response())
+    let mut v = json!({ "workspaces": items });
+    if let Some(u) = usage {
+        v["quota_bytes"] = json!(u.quota_bytes);
+        v["used_bytes"] = json!(u.used_bytes);
+    }
+    Ok(axum::Json(v).into_response())
 }
 
 async fn info(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {

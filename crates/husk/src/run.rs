@@ -168,6 +168,9 @@ impl Config {
             let team = a.team.as_deref().unwrap_or("default");
             let all = husk_core::workspaces::Workspaces::open(dir)
                 .map_err(|e| anyhow!("--workspace: state directory {}: {e}", dir.display()))?;
+            for notice in all.notices() {
+                eprintln!("husk: warning: {notice}");
+            }
             for w in &a.job.workspaces {
                 let ws = remote::parse_workspace(w)?;
                 let host = all

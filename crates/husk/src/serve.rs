@@ -13,6 +13,8 @@ use husk_core::store::Store;
 use husk_server::templates::{SandboxSize, TemplateService};
 use husk_server::AppState;
 
+use crate::units::format_size;
+
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Address to listen on (HTTP/1.1 and h2c). Port 0 picks a free port.
@@ -40,6 +42,14 @@ pub struct ServeArgs {
     /// Largest upload into a workspace: one file, or the content of one tar archive.
     #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub workspace_upload_limit: u64,
+    /// Most bytes each team's workspaces may hold in all. Each team gets a size-capped ext4
+    /// file system of this size (a sparse image in STATE_DIR/workspace-images, loop-mounted
+    /// on its directory), so every write past it fails with "no space left on device" (507
+    /// over the API), a sandbox's own writes to a read-write workspace included. A larger
+    /// value grows existing ones at start; none is ever shrunk. 0: no quota (plain
+    /// directories, unbounded).
+    #[arg(long, default_value = "10G", value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub workspace_quota: u64,
     /// Longest a client may make husk wait on a request body (or on reading a workspace
     /// download) while sending (reading) less than 1 KiB/s on average; slower transfers are
     /// cut (408 for a body). Sandbox servers' own traffic and commands' stdin are exempt.
@@ -278,13 +288,36 @@ async fn run(
     };
     let secrets = Arc::new(husk_core::secrets::Secrets::new(manager.store_arc(), keys));
     manager.set_secrets(secrets.clone());
-    let workspaces = match husk_core::workspaces::Workspaces::open(&args.state_dir) {
+    let workspaces = match husk_core::workspaces::WorkspaceQuota::from_bytes(args.workspace_quota)
+        .map_err(|e| format!("--workspace-quota: {e}"))
+        .and_then(|quota| {
+            husk_core::workspaces::Workspaces::open_with_quota(&args.state_dir, quota)
+                .map_err(|e| e.to_string())
+        }) {
         Ok(w) => Arc::new(w.with_upload_limits(husk_core::workspaces::ImportLimits {
             max_bytes: args.workspace_upload_limit,
             ..Default::default()
         })),
         Err(e) => return fail(e),
     };
+    // The open logged what is wrong, if anything; this says what is in force.
+    match workspaces.quota_state() {
+        husk_core::workspaces::QuotaState::PerTeam(q) => eprintln!(
+            "husk: workspace quota: {} per team (a size-capped file system each, in {})",
+            format_size(*q),
+            args.state_dir
+                .join(husk_core::workspaces::IMAGES_DIR)
+                .display()
+        ),
+        husk_core::workspaces::QuotaState::Off => eprintln!(
+            "husk: workspace quota: none (--workspace-quota 0): workspaces are plain \
+             directories, bounded only by the disk"
+        ),
+        husk_core::workspaces::QuotaState::Unavailable { quota, .. } => eprintln!(
+            "husk: workspace quota: {} per team NOT enforced (see the warning above)",
+            format_size(*quota)
+        ),
+    }
     // Sandboxes mount them (E2B volumeMounts, runs); runs save outputs into them.
     manager.set_workspaces(workspaces.clone());
     let mut runs_config = husk_core::runs::RunsConfig::default();

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use husk_core::store::DEFAULT_STATE_DIR;
 use husk_core::workspaces::{
     export_local, import_local, Entry, EntryKind, ImportLimits, TarReport, WorkspaceError,
-    WorkspaceInfo, Workspaces, MAX_DEPTH, MAX_TREE_ENTRIES,
+    WorkspaceInfo, WorkspaceQuota, Workspaces, MAX_DEPTH, MAX_TREE_ENTRIES,
 };
 use time::format_description::well_known::Rfc3339;
 
@@ -31,6 +31,10 @@ pub struct WorkspaceArgs {
     /// State directory [default: /var/lib/husk]
     #[arg(long, global = true, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Per-team quota, as `husk serve --workspace-quota` [default: what the last server on
+    /// this state directory was configured with; none recorded: no quota].
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    pub workspace_quota: Option<u64>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -149,13 +153,22 @@ pub fn main(args: WorkspaceArgs) -> i32 {
     let state_dir = args
         .state_dir
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-    let ws = match Workspaces::open(&state_dir) {
+    let opened = match args.workspace_quota {
+        None => Workspaces::open(&state_dir).map_err(|e| e.to_string()),
+        Some(bytes) => WorkspaceQuota::from_bytes(bytes)
+            .map_err(|e| format!("--workspace-quota: {e}"))
+            .and_then(|q| Workspaces::open_with_quota(&state_dir, q).map_err(|e| e.to_string())),
+    };
+    let ws = match opened {
         Ok(w) => w,
         Err(e) => {
             eprintln!("husk: {e}");
             return EXIT_FAILURE;
         }
     };
+    for notice in ws.notices() {
+        eprintln!("husk: warning: {}", without_controls(notice));
+    }
     let result = match args.command {
         WorkspaceCommand::Create { name, team } => {
             ws.create(&team, &name).map_err(Failure::from).map(|_| {
@@ -239,10 +252,23 @@ fn info_json(i: &WorkspaceInfo) -> serde_json::Value {
 
 fn list(ws: &Workspaces, team: &str, json: bool) -> Result<(), Failure> {
     let all = ws.list(team)?;
+    let usage = ws.usage(team)?;
     if json {
         let items: Vec<_> = all.iter().map(info_json).collect();
-        println!("{}", serde_json::json!({ "workspaces": items }));
+        let mut v = serde_json::json!({ "workspaces": items });
+        if let Some(u) = usage {
+            v["quota_bytes"] = u.quota_bytes.into();
+            v["used_bytes"] = u.used_bytes.into();
+        }
+        println!("{v}");
         return Ok(());
+    }
+    if let Some(u) = usage {
+        eprintln!(
+            "team {team}: {} of its {} workspace quota used",
+            format_size(u.used_bytes),
+            format_size(u.quota_bytes)
+        );
     }
     let rows: Vec<[String; 4]> = all
         .iter()

@@ -16,6 +16,31 @@ import { Sandbox } from 'e2b'
 const HERE = dirname(fileURLToPath(import.meta.url))
 const REPO_ROOT = resolve(HERE, '..', '..', '..')
 const DEFAULT_BIN = join(REPO_ROOT, 'target', 'x86_64-unknown-linux-gnu', 'debug', 'husk')
+/**
+ * Lazily unmounts whatever is mounted at or beneath `dir`, deepest first, then removes it: a
+ * server's workspace file systems stay mounted after it stops (by design).
+ */
+function removeStateDir(dir) {
+  let lines = []
+  try {
+    lines = readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
+  } catch {
+    // no mounts to see: nothing of ours can be mounted either
+  }
+  const mine = lines
+    .map((l) => l.split(' ')[4])
+    .filter((p) => p && (p === dir || p.startsWith(dir + '/')))
+    .sort((a, b) => b.length - a.length)
+  for (const p of mine) {
+    try {
+      execFileSync('umount', ['-l', p], { stdio: 'ignore' })
+    } catch {
+      // already gone
+    }
+  }
+  rmSync(dir, { recursive: true, force: true })
+}
+
 const LISTEN_RE = /listening on http:\/\/127\.0\.0\.1:(\d+)/
 const KEY_RE = /^e2b_[0-9a-f]{40}$/
 export const ENVD_PORT = 49983
@@ -145,11 +170,11 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
       if (res === null) {
         child.kill('SIGKILL')
         await exitPromise
-        rmSync(stateDir, { recursive: true, force: true })
+        removeStateDir(stateDir)
         throw new Error(`husk serve did not exit within ${timeoutMs} ms of SIGTERM; killed it`)
       }
     }
-    rmSync(stateDir, { recursive: true, force: true })
+    removeStateDir(stateDir)
     return exited
   }
 

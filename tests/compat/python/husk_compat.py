@@ -155,7 +155,7 @@ class HuskServer:
             rc = self.stop()
         finally:
             tail = self.log_tail()
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            remove_state_dir(self.state_dir)
             try:
                 self.log_path.unlink()
             except OSError:
@@ -192,6 +192,27 @@ def husk_binary() -> Path:
     return path
 
 
+def unmount_beneath(directory: Path) -> None:
+    """Lazily unmounts whatever is mounted at or beneath `directory`, deepest first: a
+    server's workspace file systems stay mounted after it stops (by design), and a state dir
+    cannot be removed (or would leave mounts behind) while they are."""
+    prefix = str(directory)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    points = [f[4] for f in (line.split(" ") for line in lines) if len(f) > 4]
+    mine = [p for p in points if p == prefix or p.startswith(prefix + "/")]
+    for point in sorted(mine, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def remove_state_dir(directory: Path) -> None:
+    """Unmounts what a server left mounted in its state dir, then removes it."""
+    unmount_beneath(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def start_server(startup_timeout: float = 30, extra_args: Tuple[str, ...] = ()) -> HuskServer:
     binary = husk_binary()
     # No sandbox egress unless the caller sets one up (never the host's routing in tests).
@@ -210,7 +231,7 @@ def start_server(startup_timeout: float = 30, extra_args: Tuple[str, ...] = ()) 
         )
     except BaseException:
         log.close()
-        shutil.rmtree(state_dir, ignore_errors=True)
+        remove_state_dir(state_dir)
         raise
     log.close()
 
@@ -240,7 +261,7 @@ def start_server(startup_timeout: float = 30, extra_args: Tuple[str, ...] = ()) 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(state_dir, ignore_errors=True)
+        remove_state_dir(state_dir)
         raise
     return HuskServer(
         bin=binary,

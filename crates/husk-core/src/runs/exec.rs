@@ -502,12 +502,20 @@ async fn save_outputs(
         .root_dir()
         .map_err(|e| format!("open the sandbox's root: {e}"))?;
     let (outputs, limits, run_id) = (plan.outputs.clone(), plan.output_limits, run_id.to_owned());
-    tokio::task::spawn_blocking(move || {
+    let saved = tokio::task::spawn_blocking(move || {
         use std::os::fd::AsFd;
         super::outputs::save(root.as_fd(), &ws_name, &ws_dir, &run_id, &outputs, &limits)
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    saved.map_err(|e| match e {
+        // The team's quota: said as the workspace API says it (what was being written after).
+        super::outputs::SaveError::NoSpace(what) => match workspaces.quota_error(&who.team) {
+            Some(quota) => format!("{quota} ({what})"),
+            None => format!("{what}: no space left on the host's disk"),
+        },
+        other => other.to_string(),
+    })
 }
 
 /// Writes `bytes` to `path` in the sandbox as `user` (through the agent, which resolves the

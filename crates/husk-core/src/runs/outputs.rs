@@ -63,6 +63,47 @@ fn rel(prefix: &str, p: &Path) -> String {
     }
 }
 
+/// Why a run's outputs were not (all) saved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaveError {
+    /// The workspace's file system is full (its team's quota is used up); what was being
+    /// written.
+    NoSpace(String),
+    Other(String),
+}
+
+impl std::fmt::Display for SaveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SaveError::NoSpace(what) => write!(f, "{what}: no space left in the workspace"),
+            SaveError::Other(what) => f.write_str(what),
+        }
+    }
+}
+
+impl From<String> for SaveError {
+    fn from(s: String) -> SaveError {
+        SaveError::Other(s)
+    }
+}
+
+/// `e` (with `context` in front, when given), told apart by whether it is a host write that
+/// found no space.
+fn failed(context: &str, e: TransferError) -> SaveError {
+    let full = matches!(&e, TransferError::Io { source, .. }
+        if matches!(source.raw_os_error(), Some(husk_runtime::libc::ENOSPC | husk_runtime::libc::EDQUOT)));
+    let text = if context.is_empty() {
+        e.to_string()
+    } else {
+        format!("{context}: {e}")
+    };
+    if full {
+        SaveError::NoSpace(text)
+    } else {
+        SaveError::Other(text)
+    }
+}
+
 /// Copies `outputs` (absolute sandbox paths, distinct last components) out of the sandbox
 /// whose root is open at `root` into `<workspace_dir>/runs/<run_id>/`. Blocking.
 pub fn save(
@@ -72,8 +113,8 @@ pub fn save(
     run_id: &str,
     outputs: &[String],
     limits: &OutputLimits,
-) -> Result<OutputsReport, String> {
-    let msg = |e: TransferError| e.to_string();
+) -> Result<OutputsReport, SaveError> {
+    let msg = |e: TransferError| failed("", e);
     let base = HostDest::open(workspace_dir)
         .map_err(msg)?
         .with_manifest()
@@ -82,7 +123,7 @@ pub fn save(
     let dir = base
         .subdir("runs")
         .and_then(|d| d.subdir(run_id))
-        .map_err(|e| format!("workspace '{workspace}': {e}"))?;
+        .map_err(|e| failed(&format!("workspace '{workspace}'"), e))?;
     let mut report = OutputsReport {
         workspace: workspace.to_owned(),
         dir: format!("runs/{run_id}"),
@@ -106,7 +147,7 @@ pub fn save(
                 });
                 continue;
             }
-            Err(e) => return Err(format!("output {src}: {e}")),
+            Err(e) => return Err(failed(&format!("output {src}"), e)),
         };
         // A file lands as runs/<id>/<name>; a directory's contents under runs/<id>/<name>/.
         let (dest, prefix) = if is_dir {
@@ -115,7 +156,7 @@ pub fn save(
             (dir.try_clone().map_err(msg)?, String::new())
         };
         let r = transfer::copy_out(root, &path, &dest, &left)
-            .map_err(|e| format!("output {src}: {e}"))?;
+            .map_err(|e| failed(&format!("output {src}"), e))?;
         for m in r.manifest {
             let p = if prefix.is_empty() {
                 m.path.to_string_lossy().into_owned()
@@ -157,18 +198,28 @@ pub fn save(
         left.max_files -= entries.min(left.max_files);
     }
     report.files.sort_by(|a, b| a.path.cmp(&b.path));
-    write_manifest(&dir, &report).map_err(|e| format!("write the manifest: {e}"))?;
+    write_manifest(&dir, &report)?;
     Ok(report)
 }
 
 /// `husk-manifest.json` in the run's directory, created fresh (never through an existing
 /// entry, found from the directory's descriptor, not its path), owned like the outputs.
-fn write_manifest(dir: &HostDest, report: &OutputsReport) -> Result<(), String> {
-    let text = serde_json::to_vec_pretty(report).map_err(|e| e.to_string())?;
+fn write_manifest(dir: &HostDest, report: &OutputsReport) -> Result<(), SaveError> {
+    let context = "write the manifest";
+    let text = serde_json::to_vec_pretty(report).map_err(|e| format!("{context}: {e}"))?;
     let mut f = dir
         .create_file(MANIFEST_FILE, 0o644)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(context, e))?;
     f.write_all(&text)
         .and_then(|_| f.write_all(b"\n"))
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            if matches!(
+                e.raw_os_error(),
+                Some(husk_runtime::libc::ENOSPC | husk_runtime::libc::EDQUOT)
+            ) {
+                SaveError::NoSpace(context.into())
+            } else {
+                SaveError::Other(format!("{context}: {e}"))
+            }
+        })
 }

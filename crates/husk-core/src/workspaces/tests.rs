@@ -6,11 +6,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::sync::Arc;
 
-/// A state directory under /tmp, removed on drop (even when the test fails).
-struct State(PathBuf);
+/// A state directory under /tmp, removed on drop (even when the test fails), team file
+/// systems mounted in it unmounted first.
+pub(super) struct State(pub PathBuf);
 
 impl State {
-    fn new(tag: &str) -> State {
+    pub fn new(tag: &str) -> State {
         let p = std::env::temp_dir().join(format!("husk-ws-{tag}-{:016x}", random()));
         fs::create_dir_all(&p).unwrap();
         State(p)
@@ -24,7 +25,30 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
+        unmount_beneath(&self.0);
         let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The mount points at or beneath `dir`, as `/proc/self/mountinfo` lists them.
+pub(super) fn mounts_beneath(dir: &Path) -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// Detaches every mount at or beneath `dir`, deepest first (lazily: whatever still uses one
+/// keeps it; its auto-clearing loop device goes when the last user does).
+pub(super) fn unmount_beneath(dir: &Path) {
+    let mut mounts = mounts_beneath(dir);
+    mounts.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for mp in mounts {
+        if let Ok(c) = husk_runtime::sys::cpath(&mp) {
+            let _ = husk_runtime::sys::umount2(&c, libc::MNT_DETACH);
+        }
     }
 }
 

@@ -292,6 +292,17 @@ pub fn statvfs(path: &CStr) -> io::Result<(u64, u64)> {
     ))
 }
 
+/// Bytes an unprivileged writer can still write to the file system `path` is on (statvfs(2)
+/// `f_bavail`: without the blocks reserved for root or for the file system itself).
+pub fn statvfs_available(path: &CStr) -> io::Result<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `path` is a valid C string and `st` is a valid out-buffer for one statvfs.
+    cvt_i(unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) })?;
+    // SAFETY: statvfs succeeded and filled the buffer (it was zeroed before, too).
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// mount_setattr flag: the mount's ids are mapped through a user namespace.
 pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 

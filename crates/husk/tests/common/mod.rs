@@ -18,7 +18,9 @@ pub mod templates;
 
 pub const HUSK: &str = env!("CARGO_BIN_EXE_husk");
 
-/// A temporary directory removed on drop (even when the test fails).
+/// A temporary directory removed on drop (even when the test fails), after whatever is
+/// mounted beneath it (a server's workspace file systems, which outlive the server by design)
+/// is unmounted.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -39,8 +41,47 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        unmount_beneath(&self.0);
         let _ = fs::remove_dir_all(&self.0);
     }
+}
+
+/// The mount points at or beneath `dir`, as `/proc/self/mountinfo` lists them.
+pub fn mounts_beneath(dir: &Path) -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// Detaches every mount at or beneath `dir`, deepest first; lazily, so that a mount still in
+/// use (by a sandbox not yet gone) cannot keep the directory from being removed. An
+/// auto-clearing loop device under one goes with its last user.
+pub fn unmount_beneath(dir: &Path) {
+    let mut mounts = mounts_beneath(dir);
+    mounts.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for mp in mounts {
+        if let Ok(c) = husk_runtime::sys::cpath(&mp) {
+            let _ = husk_runtime::sys::umount2(&c, husk_runtime::libc::MNT_DETACH);
+        }
+    }
+}
+
+/// The loop devices backed by a file beneath `dir` (`loopN`).
+pub fn loop_devices_beneath(dir: &Path) -> Vec<String> {
+    let Ok(rd) = fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("loop"))
+        .filter(|n| {
+            fs::read_to_string(format!("/sys/block/{n}/loop/backing_file"))
+                .is_ok_and(|b| Path::new(b.trim_end()).starts_with(dir))
+        })
+        .collect()
 }
 
 pub fn rand() -> u64 {

@@ -142,12 +142,27 @@ impl Server {
     /// `--egress` among them, sandboxes get no network (`--egress off`): tests never change
     /// the host's routing unless they are about it.
     pub fn start_with(state: &Path, args: &[&str]) -> Server {
+        Server::start_wrapped(&[], state, args)
+    }
+
+    /// [`Server::start_with`], run through `wrapper` (a command that ends by exec'ing its
+    /// arguments in the same process, e.g. `unshare -m ... sh -c '...; exec "$@"' sh`), so
+    /// the server's pid is the wrapper's.
+    pub fn start_wrapped(wrapper: &[&str], state: &Path, args: &[&str]) -> Server {
         let egress: &[&str] = if args.iter().any(|a| a.starts_with("--egress")) {
             &[]
         } else {
             &["--egress", "off"]
         };
-        let mut child = Command::new(HUSK)
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(HUSK);
+                c
+            }
+            None => Command::new(HUSK),
+        };
+        let mut child = cmd
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .args(egress)
