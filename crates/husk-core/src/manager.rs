@@ -48,6 +48,15 @@ pub enum CoreError {
     Spawn(String),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    /// The host's available memory is below the server's reserve: no new sandbox until some
+    /// is freed (the reserve keeps the server and the sandboxes it has out of a host-wide OOM).
+    #[error(
+        "the host has {available} MiB of memory available, below this server's reserve of \
+         {reserve} MiB: no new sandbox until some is freed",
+        available = .available >> 20,
+        reserve = .reserve >> 20
+    )]
+    HostMemoryLow { available: u64, reserve: u64 },
 }
 
 /// What to do about a missing template the SDKs ask for by default.
@@ -69,6 +78,9 @@ pub struct Config {
     pub max_timeout: Duration,
     /// Resources of every sandbox.
     pub limits: Limits,
+    /// Memory the host must have available (`MemAvailable`) for a new sandbox to be created:
+    /// what the server and the sandboxes it has keep for themselves. 0: no reserve.
+    pub memory_reserve: u64,
 }
 
 impl Default for Config {
@@ -77,8 +89,30 @@ impl Default for Config {
             default_quota: 100,
             max_timeout: Duration::from_secs(24 * 3600),
             limits: Limits::default(),
+            memory_reserve: DEFAULT_MEMORY_RESERVE,
         }
     }
+}
+
+/// The default [`Config::memory_reserve`].
+pub const DEFAULT_MEMORY_RESERVE: u64 = 256 << 20;
+
+/// The host's `MemAvailable` (what can be allocated without swapping), in bytes; `None` when
+/// `/proc/meminfo` does not say.
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// What a client asks for when creating a sandbox.
@@ -644,6 +678,7 @@ impl Manager {
         }
         let mounts = self.workspace_mounts(&who.team, &req.workspaces)?;
         let limits = self.request_limits(req.limits.as_ref())?;
+        self.check_memory_reserve()?;
         // May hash the image the first time this process uses it.
         let template = self.resolve_template(&req.template).await?;
         // Reserve a place in the team's quota for the time of the creation.
@@ -680,6 +715,20 @@ impl Manager {
         })
         .await
         .map_err(|e| CoreError::Spawn(e.to_string()))?
+    }
+
+    /// Refuses a create while the host has less memory available than the reserve.
+    fn check_memory_reserve(&self) -> Result<(), CoreError> {
+        let reserve = self.config.memory_reserve;
+        if reserve == 0 {
+            return Ok(());
+        }
+        match host_memory_available() {
+            Some(available) if available < reserve => {
+                Err(CoreError::HostMemoryLow { available, reserve })
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn create_reserved(
@@ -1026,5 +1075,22 @@ impl Manager {
         for id in ids {
             self.remove(&id).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo() {
+        let meminfo = "MemTotal:       24536320 kB\nMemFree:        1 kB\n\
+                       MemAvailable:   23000000 kB\nBuffers: 5 kB\n";
+        assert_eq!(parse_mem_available(meminfo), Some(23_000_000 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+        // This host's own, in a sane range.
+        let here = host_memory_available().unwrap();
+        assert!(here > 0 && here < 1 << 50);
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
@@ -81,8 +81,17 @@ fn core_error(e: CoreError) -> Response {
         CoreError::Spawn(_) | CoreError::Store(_) | CoreError::TemplateBroken(_) => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
+        CoreError::HostMemoryLow { .. } => StatusCode::SERVICE_UNAVAILABLE,
     };
+    let low_memory = matches!(e, CoreError::HostMemoryLow { .. });
     let mut resp = error(status, e.to_string());
+    if low_memory {
+        // Transient: the SDKs retry a 503, after this long.
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        resp.headers_mut()
+            .insert("should-retry", HeaderValue::from_static("true"));
+    }
     if status == StatusCode::TOO_MANY_REQUESTS {
         // A quota is not a transient condition: retrying at once would not help.
         resp.headers_mut()

@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// The most a run may copy out as outputs (its `output_limit.bytes`).
     #[arg(long, default_value = "4G", value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub max_run_output: u64,
+    /// Memory the host must have available (MemAvailable) for a new sandbox: what the server
+    /// and the sandboxes it has keep for themselves. Below it creates get 503 (the SDKs retry).
+    /// 0: no reserve.
+    #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub memory_reserve: u64,
     #[command(flatten)]
     pub egress: crate::egress::EgressArgs,
     #[command(flatten)]
@@ -136,6 +141,7 @@ pub fn main(args: ServeArgs) -> i32 {
     }
     let mut config = Config {
         default_quota: args.max_sandboxes,
+        memory_reserve: args.memory_reserve,
         ..Config::default()
     };
     match (

@@ -380,3 +380,27 @@ fn unpolled_watchers_hold_a_bounded_number_of_bytes() {
     }
     assert!(seen, "the last watcher lost the newest event");
 }
+
+/// M3: the server keeps a memory reserve for itself and the sandboxes it has: while the host
+/// has less available than `--memory-reserve`, creates are refused with a 503 the SDKs retry
+/// (after `Retry-After`), and everything else goes on.
+#[test]
+fn creates_wait_while_the_host_is_below_the_memory_reserve() {
+    let state = TempDir::new("abuse-reserve");
+    // More than any host has: every create meets the reserve.
+    let server = Server::start_with(state.path(), &["--memory-reserve", "1000000G"]);
+    let r = server.request(
+        "POST",
+        "/sandboxes",
+        &server.admin_key,
+        json!({"templateID": "base"}).to_string(),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("reserve"), "{}", r.text());
+    assert_eq!(r.header("retry-after").as_deref(), Some("5"));
+    assert_eq!(r.header("should-retry").as_deref(), Some("true"));
+    assert_eq!(server.sandboxes(&server.admin_key), Vec::<String>::new());
+    server
+        .request("GET", "/husk/v1/workspaces", &server.admin_key, "")
+        .expect(200);
+}
