@@ -11,12 +11,12 @@
 //!
 //! - `POST /husk/v1/workspaces` `{"name"}` → 201 info; `GET` → `{"workspaces": [...]}`, with
 //!   `quota_bytes` and `used_bytes` when the team's workspaces are under a quota
-//!
-//! A write that finds the team's quota used up is 507 Insufficient Storage.
 //! - `GET|DELETE /husk/v1/workspaces/{name}`
 //! - `GET /husk/v1/workspaces/{name}/files?path=&depth=` → `{"entries": [...], "truncated"}`
 //! - `GET|PUT|DELETE /husk/v1/workspaces/{name}/files/{*path}`: raw bytes
 //! - `GET|PUT /husk/v1/workspaces/{name}/tar?path=`: a tar (or, uploaded, tar.gz)
+//!
+//! A write that finds the team's quota used up is 507 Insufficient Storage.
 
 // Handlers return the finished error `Response` as their `Err` (as in `rest`).
 #![allow(clippy::result_large_err)]

@@ -195,9 +195,14 @@ fn stalled_run_bodies_hold_only_their_teams_budget() {
             .entry(answer(s, Duration::from_secs(30)))
             .or_default() += 1;
     }
-    // Nine fit in the budget (63 MiB) and were cut by the window; the tenth did not fit.
-    assert_eq!(statuses.get(&Some(408)).copied(), Some(9), "{statuses:?}");
-    assert_eq!(statuses.get(&Some(429)).copied(), Some(1), "{statuses:?}");
+    // Those that fit in the budget were cut by the window; the rest did not fit: at least
+    // eight fit (56 MiB), at most nine (63 MiB; two read at once may both find it spent).
+    let (cut, refused) = (
+        statuses.get(&Some(408)).copied().unwrap_or(0),
+        statuses.get(&Some(429)).copied().unwrap_or(0),
+    );
+    assert_eq!(cut + refused, 10, "{statuses:?}");
+    assert!((8..=9).contains(&cut), "{statuses:?}");
     // Without the budget 10 × (7 MiB and more) would be held; with it, at most 64 MiB (and
     // the allocator's rounding).
     assert!(grown < 160 << 20, "the server grew by {} MiB", grown >> 20);
