@@ -651,7 +651,8 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
     ap.add_argument("--abuse-connections", type=int, default=2000)
-    ap.add_argument("--only", choices=["abuse"], help="run one section alone (e.g. against an older binary)")
+    ap.add_argument("--only", choices=["abuse", "main"],
+                    help="run the abuse section alone, or everything but it (e.g. against an older binary)")
     args = ap.parse_args()
     if args.only == "abuse":
         abuse(args.iterations, args.abuse_connections)
@@ -674,7 +675,8 @@ def main() -> None:
         code_interpreter(max(5, args.iterations // 4))
     finally:
         server.close()
-    abuse(args.iterations, args.abuse_connections)
+    if args.only != "main":
+        abuse(args.iterations, args.abuse_connections)
 
 
 if __name__ == "__main__":
