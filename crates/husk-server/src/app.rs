@@ -144,14 +144,11 @@ pub fn sandbox_target(req: &Request<Body>) -> Option<SandboxTarget> {
 /// the two of them like) and the one Connect client stream, `StreamInput` (a command's stdin
 /// may rightly pause).
 fn guards_body(target: Option<&SandboxTarget>, req: &Request<Body>) -> bool {
-    let port = match target {
-        None => return true,
-        Some(t) => t.port,
-    };
-    if port != crate::sandbox::ENVD_PORT && port != crate::sandbox::interpreter::PORT {
-        return false;
+    match target.map(|t| t.port) {
+        None | Some(crate::sandbox::interpreter::PORT) => true,
+        Some(crate::sandbox::ENVD_PORT) => req.uri().path() != "/process.Process/StreamInput",
+        Some(_) => false,
     }
-    port != crate::sandbox::ENVD_PORT || req.uri().path() != "/process.Process/StreamInput"
 }
 
 /// The whole HTTP service.
@@ -223,6 +220,27 @@ mod tests {
             id: id.into(),
             port,
         })
+    }
+
+    #[test]
+    fn bodies_husk_reads_are_guarded_and_relayed_ones_are_not() {
+        let guarded = |path: &str, headers: &[(&str, &str)]| {
+            let mut b = Request::builder().method("POST").uri(path);
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            let req = b.body(Body::empty()).unwrap();
+            guards_body(sandbox_target(&req).as_ref(), &req)
+        };
+        let sb = |port: &'static str| [("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", port)];
+        assert!(guarded("/husk/v1/runs", &[]));
+        assert!(guarded("/files", &sb("49983")));
+        assert!(guarded("/process.Process/Start", &sb("49983")));
+        assert!(guarded("/execute", &sb("49999")));
+        // A command's stdin may pause; a sandbox server's body is its client's business.
+        assert!(!guarded("/process.Process/StreamInput", &sb("49983")));
+        assert!(!guarded("/upload", &sb("8000")));
+        assert!(!guarded("/upload", &[("host", "8000-abc.husk.example")]));
     }
 
     #[test]
