@@ -3,8 +3,8 @@
 //! It takes the context's exec lock (executions run one at a time), sets per-call environment
 //! variables with silent set-up code, runs the code, forwards what the kernel reports, and
 //! restores the variables. When its client goes away (the receiver is dropped) it interrupts
-//! the kernel and keeps draining until the kernel is done, so the lock is released only once
-//! the kernel is idle again.
+//! the kernel, again every second until the execution ends, and keeps draining until the
+//! kernel is done, so the lock is released only once the kernel is idle again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -136,8 +136,16 @@ impl Failed {
     }
 }
 
+/// How often a kernel whose client went away is interrupted again until its execution ends.
+/// A kernel ignores an interrupt that arrives outside the running code (ipykernel sets SIGINT
+/// to `SIG_IGN` while idle and installs its handler only around a request's handler), so one
+/// interrupt sent just as the execution starts can be lost, and the context would stay busy
+/// until the code ended by itself. A repeated one is harmless: at worst it is ignored too.
+const REINTERRUPT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs one execute request to its end. Events go to `tx` while it listens; once it is gone
-/// the kernel is interrupted (once) and the rest drained.
+/// the kernel is interrupted (again every [`REINTERRUPT`] until it is done) and the rest
+/// drained.
 async fn one(
     kernel: &Kernel,
     code: &str,
@@ -166,7 +174,8 @@ async fn one(
         });
     }
     let mut listening = tx.is_some();
-    let mut interrupted = false;
+    // When the kernel is interrupted (next), once the client has gone.
+    let mut interrupt_at: Option<tokio::time::Instant> = None;
     let mut result = Assembler::default();
     let outcome = loop {
         let msg = if listening {
@@ -179,11 +188,20 @@ async fn one(
                 }
             }
         } else {
-            if !interrupted {
-                interrupted = true;
+            let now = tokio::time::Instant::now();
+            let due = *interrupt_at.get_or_insert(now);
+            let next = if due <= now {
                 kernel.interrupt().await;
+                now + REINTERRUPT
+            } else {
+                due
+            };
+            interrupt_at = Some(next);
+            match tokio::time::timeout_at(next, rx.recv()).await {
+                Ok(m) => m,
+                // Not done yet: interrupt again.
+                Err(_) => continue,
             }
-            rx.recv().await
         };
         let Some(msg) = msg else {
             break Err(Failed::Died("the sandbox is gone".to_string()));
