@@ -78,30 +78,13 @@ fn parse_mounts(mountinfo: &str) -> Vec<Mount> {
             _ => continue,
         };
         out.push(Mount {
-            point: PathBuf::from(unescape(pre[4])),
-            root: unescape(pre[3]),
+            point: PathBuf::from(crate::mountinfo::unescape(pre[4])),
+            root: crate::mountinfo::unescape(pre[3]),
             v2,
             options: post[2].split(',').map(str::to_owned).collect(),
         });
     }
     out
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-            out.push(u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Joins a hierarchy mount point and a cgroup path as seen in /proc/self/cgroup, accounting for

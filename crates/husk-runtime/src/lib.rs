@@ -32,6 +32,7 @@ pub mod host_template;
 pub mod images;
 mod init;
 pub mod layerfs;
+pub mod mountinfo;
 pub mod oom;
 pub mod pty;
 pub mod rootfs;

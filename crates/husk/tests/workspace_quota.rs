@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use common::sandbox::Sandbox;
 use common::server::{Reply, Server};
-use common::{loop_devices_beneath, mounts_beneath, unmount_beneath, wait_for, TempDir, HUSK};
+use common::{loop_devices_beneath, wait_for, TempDir, HUSK};
+use husk_runtime::mountinfo::{mounts_beneath, unmount_beneath};
 use serde_json::json;
 
 const WS: &str = "/husk/v1/workspaces";

@@ -439,19 +439,7 @@ impl TeamFs {
 
     /// Mounts the team's image on `target` (an existing, empty directory).
     pub fn mount(&self, team: &str, target: &Path) -> Result<(), String> {
-        let tools = self.tools()?;
-        let image = self.image(team);
-        run(
-            &tools.mount,
-            &[
-                "-t".as_ref(),
-                "ext4".as_ref(),
-                "-o".as_ref(),
-                MOUNT_OPTIONS.as_ref(),
-                image.as_os_str(),
-                target.as_os_str(),
-            ],
-        )
+        mount_image(self.tools()?, &self.image(team), target)
     }
 
     /// Grows the team's image, mounted on `target`, from `from` to `to` bytes. Online first:
@@ -485,7 +473,7 @@ impl TeamFs {
             .map_err(|e| format!("unmount {}: {e}", target.display()))?;
         // Its auto-clearing loop device goes with the file system's last user.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !loop_devices_of(&image).is_empty() {
+        while !husk_runtime::mountinfo::loop_devices(|f| f == image).is_empty() {
             if std::time::Instant::now() > deadline {
                 // `mount -o loop` reuses the device that is still there: the same file system.
                 self.mount(team, target)?;
@@ -531,17 +519,7 @@ impl TeamFs {
         let result = (|| {
             make_ext4(tools, &image, MIN_QUOTA)?;
             fs::create_dir_all(&mp).map_err(|e| format!("create {}: {e}", mp.display()))?;
-            run(
-                &tools.mount,
-                &[
-                    "-t".as_ref(),
-                    "ext4".as_ref(),
-                    "-o".as_ref(),
-                    MOUNT_OPTIONS.as_ref(),
-                    image.as_os_str(),
-                    mp.as_os_str(),
-                ],
-            )?;
+            mount_image(tools, &image, &mp)?;
             let c = husk_runtime::sys::cpath(&mp).map_err(|e| e.to_string())?;
             husk_runtime::sys::umount2(&c, 0)
                 .or_else(|_| husk_runtime::sys::umount2(&c, libc::MNT_DETACH))
@@ -585,6 +563,21 @@ fn make_ext4(tools: &Tools, path: &Path, size: u64) -> Result<(), String> {
     )
 }
 
+/// Mounts an image's ext4 on `target` through an auto-clearing loop device.
+fn mount_image(tools: &Tools, image: &Path, target: &Path) -> Result<(), String> {
+    run(
+        &tools.mount,
+        &[
+            "-t".as_ref(),
+            "ext4".as_ref(),
+            "-o".as_ref(),
+            MOUNT_OPTIONS.as_ref(),
+            image.as_os_str(),
+            target.as_os_str(),
+        ],
+    )
+}
+
 /// The loop device (`/dev/loopN`) that the file system mounted on `target` is on, checked to
 /// be backed by `image`.
 fn loop_device_of(target: &Path, image: &Path) -> Result<PathBuf, String> {
@@ -601,13 +594,13 @@ fn loop_device_of(target: &Path, image: &Path) -> Result<PathBuf, String> {
     if !name.starts_with("loop") {
         return Err(format!("{} is not on a loop device", target.display()));
     }
-    let backing = fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
-        .map_err(|e| format!("/dev/{name}: {e}"))?;
-    if Path::new(backing.trim_end()) != image {
+    let backing = husk_runtime::mountinfo::loop_backing_file(&name)
+        .ok_or_else(|| format!("/dev/{name} has no backing file"))?;
+    if backing != image {
         return Err(format!(
             "{} is on /dev/{name}, backed by {}, not by {}",
             target.display(),
-            backing.trim_end(),
+            backing.display(),
             image.display()
         ));
     }
@@ -621,21 +614,6 @@ fn set_len(image: &Path, size: u64) -> Result<(), String> {
         .open(image)
         .and_then(|f| f.set_len(size))
         .map_err(|e| format!("resize {}: {e}", image.display()))
-}
-
-/// The loop devices backed by `image` (`loopN`).
-fn loop_devices_of(image: &Path) -> Vec<String> {
-    let Ok(rd) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("loop"))
-        .filter(|n| {
-            fs::read_to_string(format!("/sys/block/{n}/loop/backing_file"))
-                .is_ok_and(|b| Path::new(b.trim_end()) == image)
-        })
-        .collect()
 }
 
 /// The warning when a configured quota cannot be enforced.

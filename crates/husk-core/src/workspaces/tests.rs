@@ -30,27 +30,7 @@ impl Drop for State {
     }
 }
 
-/// The mount points at or beneath `dir`, as `/proc/self/mountinfo` lists them.
-pub(super) fn mounts_beneath(dir: &Path) -> Vec<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
-/// Detaches every mount at or beneath `dir`, deepest first (lazily: whatever still uses one
-/// keeps it; its auto-clearing loop device goes when the last user does).
-pub(super) fn unmount_beneath(dir: &Path) {
-    let mut mounts = mounts_beneath(dir);
-    mounts.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    for mp in mounts {
-        if let Ok(c) = husk_runtime::sys::cpath(&mp) {
-            let _ = husk_runtime::sys::umount2(&c, libc::MNT_DETACH);
-        }
-    }
-}
+pub(super) use husk_runtime::mountinfo::{mounts_beneath, unmount_beneath};
 
 fn setup(tag: &str) -> (State, Workspaces) {
     let state = State::new(tag);

@@ -46,42 +46,11 @@ impl Drop for TempDir {
     }
 }
 
-/// The mount points at or beneath `dir`, as `/proc/self/mountinfo` lists them.
-pub fn mounts_beneath(dir: &Path) -> Vec<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
-/// Detaches every mount at or beneath `dir`, deepest first; lazily, so that a mount still in
-/// use (by a sandbox not yet gone) cannot keep the directory from being removed. An
-/// auto-clearing loop device under one goes with its last user.
-pub fn unmount_beneath(dir: &Path) {
-    let mut mounts = mounts_beneath(dir);
-    mounts.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    for mp in mounts {
-        if let Ok(c) = husk_runtime::sys::cpath(&mp) {
-            let _ = husk_runtime::sys::umount2(&c, husk_runtime::libc::MNT_DETACH);
-        }
-    }
-}
+use husk_runtime::mountinfo::unmount_beneath;
 
 /// The loop devices backed by a file beneath `dir` (`loopN`).
 pub fn loop_devices_beneath(dir: &Path) -> Vec<String> {
-    let Ok(rd) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("loop"))
-        .filter(|n| {
-            fs::read_to_string(format!("/sys/block/{n}/loop/backing_file"))
-                .is_ok_and(|b| Path::new(b.trim_end()).starts_with(dir))
-        })
-        .collect()
+    husk_runtime::mountinfo::loop_devices(|file| file.starts_with(dir))
 }
 
 pub fn rand() -> u64 {
