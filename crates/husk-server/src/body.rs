@@ -242,54 +242,36 @@ impl ReadError {
 /// server past the team's budget). Keep `held` while the bytes, or what is parsed from them,
 /// live.
 pub async fn read_all_within(
-    body: Body,
+    mut body: Body,
     limit: usize,
     held: &mut crate::budget::Reservation,
 ) -> Result<Bytes, ReadError> {
-    let mut body = std::pin::pin!(body);
     let mut buf = bytes::BytesMut::new();
-    let mut refused = None;
-    let mut drained = 0u64;
     while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            // A refused body that then stalls or breaks off: the refusal is the answer.
-            Err(_) if refused.is_some() => break,
-            Err(e) => {
-                return Err(match stalled_in(&e) {
-                    Some(s) => ReadError::Stalled(s.clone()),
-                    None => ReadError::Failed(e.to_string()),
-                })
-            }
-        };
+        let frame = frame.map_err(|e| match stalled_in(&e) {
+            Some(s) => ReadError::Stalled(s.clone()),
+            None => ReadError::Failed(e.to_string()),
+        })?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if refused.is_some() {
-            // Read and thrown away, so that the client (which sends its whole body before it
-            // reads the answer) gets the answer, not a reset; bounded, and at the body rate.
-            drained += data.len() as u64;
-            if drained > crate::upload::MAX_DRAIN_BYTES {
-                break;
-            }
-            continue;
-        }
-        if buf.len() + data.len() > limit {
-            refused = Some(ReadError::TooLarge(limit));
+        let refused = if buf.len() + data.len() > limit {
+            ReadError::TooLarge(limit)
         } else if let Err(e) = held.grow(data.len() as u64) {
-            refused = Some(ReadError::Spent(e));
+            ReadError::Spent(e)
         } else {
             buf.extend_from_slice(&data);
             continue;
-        }
-        // Nothing of a refused body is kept.
-        buf = bytes::BytesMut::new();
+        };
+        // Nothing of a refused body is kept; the rest is read and thrown away (bounded, at the
+        // body rate), so that a client that sends its whole body before reading the answer
+        // gets the answer, not a reset.
+        drop(buf);
         held.shrink(held.bytes());
+        crate::upload::drain_stream(body.into_data_stream()).await;
+        return Err(refused);
     }
-    match refused {
-        Some(e) => Err(e),
-        None => Ok(buf.freeze()),
-    }
+    Ok(buf.freeze())
 }
 
 /// Finds a [`Stalled`] in an error's chain (a guarded body's error, wrapped by whoever read

@@ -118,7 +118,8 @@ pub async fn drain(headers: &HeaderMap, body: Body) {
     }
 }
 
-async fn drain_stream(mut stream: BodyDataStream) {
+/// Reads and discards a body's data until it ends, fails, or passes [`MAX_DRAIN_BYTES`].
+pub(crate) async fn drain_stream(mut stream: BodyDataStream) {
     let mut n = 0u64;
     while let Some(Ok(chunk)) = stream.next().await {
         n += chunk.len() as u64;
