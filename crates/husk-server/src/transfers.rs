@@ -31,8 +31,8 @@ impl Default for TransferLimits {
     }
 }
 
-/// Why an operation could not start.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why an operation could not start (or ended without an answer).
+#[derive(Debug, thiserror::Error)]
 pub enum Busy {
     #[error(
         "team '{team}' has {limit} workspace transfers in progress, its limit; \
@@ -41,8 +41,11 @@ pub enum Busy {
     Team { team: String, limit: usize },
     #[error("the server has {limit} workspace transfers in progress, its limit; retry shortly")]
     Server { limit: usize },
-    #[error("could not start a thread for the transfer: {0}")]
-    Thread(String),
+    #[error("could not start a thread for the transfer")]
+    Thread(#[source] std::io::Error),
+    /// The thread ended without an answer (it panicked).
+    #[error("the transfer's thread ended without an answer")]
+    Lost,
 }
 
 /// The operations in progress, by team.
@@ -131,29 +134,23 @@ pub async fn on_thread<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Busy> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("husk-transfer".into())
-        .spawn(move || {
-            let out = work();
-            // Free before answering: whoever gets the answer may start the next one.
-            drop(permit);
-            let _ = tx.send(out);
-        })
-        .map_err(|e| Busy::Thread(e.to_string()))?;
-    rx.await
-        .map_err(|_| Busy::Thread("the transfer's thread ended without an answer".into()))
+    spawn(permit, move |permit| {
+        let out = work();
+        // Free before answering: whoever gets the answer may start the next one.
+        drop(permit);
+        let _ = tx.send(out);
+    })?;
+    rx.await.map_err(|_| Busy::Lost)
 }
 
-/// Starts `work` on a thread of its own that holds `permit` until `work` returns.
-pub fn spawn(permit: Permit, work: impl FnOnce() + Send + 'static) -> Result<(), Busy> {
+/// Starts `work` on a thread of its own, given `permit` to hold (until it returns, unless it
+/// drops it sooner).
+pub fn spawn(permit: Permit, work: impl FnOnce(Permit) + Send + 'static) -> Result<(), Busy> {
     std::thread::Builder::new()
         .name("husk-transfer".into())
-        .spawn(move || {
-            let _permit = permit;
-            work();
-        })
+        .spawn(move || work(permit))
         .map(drop)
-        .map_err(|e| Busy::Thread(e.to_string()))
+        .map_err(Busy::Thread)
 }
 
 #[cfg(test)]
@@ -174,7 +171,7 @@ mod tests {
         ));
         let b1 = t.try_acquire("b").unwrap();
         // The server is full: even a team with none running waits.
-        assert_eq!(t.try_acquire("c").unwrap_err(), Busy::Server { limit: 3 });
+        assert!(matches!(t.try_acquire("c"), Err(Busy::Server { limit: 3 })));
         assert_eq!(t.running("a"), (2, 3));
         drop(a1);
         let c1 = t.try_acquire("c").unwrap();

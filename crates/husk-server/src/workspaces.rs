@@ -106,9 +106,16 @@ fn permit(state: &AppState, team: &str) -> Result<Permit, Response> {
 fn busy(e: Busy) -> Response {
     let status = match e {
         Busy::Team { .. } | Busy::Server { .. } => StatusCode::TOO_MANY_REQUESTS,
-        Busy::Thread(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Busy::Thread(_) | Busy::Lost => StatusCode::SERVICE_UNAVAILABLE,
     };
-    let mut resp = error(status, e.to_string());
+    // The whole chain: the OS's reason a thread could not start is the operator's clue.
+    let mut msg = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        msg = format!("{msg}: {c}");
+        cause = c.source();
+    }
+    let mut resp = error(status, msg);
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
@@ -410,7 +417,7 @@ fn blocking_body(
         runtime: tokio::runtime::Handle::current(),
         meter: RateMeter::new(state.body_policy),
     };
-    spawn(permit, move || {
+    spawn(permit, move |_permit| {
         let result = produce(&mut out).and_then(|()| out.send());
         if let Err(e) = result {
             // The client may be the one that stopped reading: no waiting for it here.
