@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{Request, Response};
+use axum::http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -21,6 +21,7 @@ use super::admit::Slot;
 use super::idle::{Activity, Tracked};
 use super::io::{sniff, Sniffed};
 use super::ConnLimits;
+use super::HttpService;
 
 /// HTTP/2 streams one connection may have open at once (RFC 9113 asks for at least 100).
 const MAX_CONCURRENT_STREAMS: u32 = 100;
@@ -73,11 +74,7 @@ pub(super) async fn serve<S>(
     limits: Arc<ConnLimits>,
     mut stop: watch::Receiver<()>,
 ) where
-    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: HttpService,
 {
     // A peer that sends nothing (or a piece of the HTTP/2 preface) is closed after the header
     // timeout, as one that sends half a head is. A stop meanwhile closes it too.

@@ -28,6 +28,29 @@ use tokio::sync::watch;
 
 use admit::{Admission, Throttle};
 
+/// What the listener serves: an HTTP service that it can clone into each connection's task.
+pub trait HttpService:
+    tower::Service<
+        Request<Body>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+}
+
 /// What one listener admits and how long it waits for a client. `husk serve`'s flags fill it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnLimits {
@@ -82,11 +105,7 @@ pub async fn serve<S>(
     limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) where
-    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: HttpService,
 {
     let admission = Admission::new(limits.max_connections, limits.max_connections_per_ip);
     let builder = Arc::new(conn::builder(&limits));
