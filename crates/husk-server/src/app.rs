@@ -173,7 +173,8 @@ pub fn service(
         let (rest, sandbox) = (rest.clone(), sandbox.clone());
         async move {
             let target = sandbox_target(&req);
-            if guards_body(target.as_ref(), &req) {
+            // A request without a body (most GETs) has nothing to guard: no timer for it.
+            if !http_body::Body::is_end_stream(req.body()) && guards_body(target.as_ref(), &req) {
                 req = req.map(|b| Body::new(crate::body::Guarded::new(b, policy)));
             }
             let mut resp = match target {
