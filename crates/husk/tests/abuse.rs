@@ -228,21 +228,11 @@ fn runs_and_batches_are_bounded_before_they_start() {
     let state = TempDir::new("abuse-runs");
     let server = Server::start_with(state.path(), &["--max-run-output", "1G"]);
     let a = server.key_for("tenant-a");
-    let post = |path: &str, body: serde_json::Value| {
-        server.request(
-            path.split(' ').next().unwrap(),
-            path.split(' ').nth(1).unwrap(),
-            &a,
-            body.to_string(),
-        )
-    };
-    let r = post(
-        "POST /husk/v1/runs",
-        json!({"template": "host", "shell": format!("echo {}", "x".repeat(1 << 20))}),
-    );
+    let run =
+        |spec: serde_json::Value| server.request("POST", "/husk/v1/runs", &a, spec.to_string());
+    let r = run(json!({"template": "host", "shell": format!("echo {}", "x".repeat(1 << 20))}));
     assert_eq!(r.status, 413, "{}", r.text());
-    let r = post(
-        "POST /husk/v1/runs",
+    let r = run(
         json!({"template": "host", "command": ["true"], "output_limit": {"bytes": 2u64 << 30}}),
     );
     assert_eq!(r.status, 400, "{}", r.text());
@@ -254,59 +244,44 @@ fn runs_and_batches_are_bounded_before_they_start() {
     // Four batches running (detached), the fifth refused; another team is not.
     let batch = json!({"run": {"template": "host", "command": ["/bin/sleep", "{}"]},
                        "items": [{"args": ["60"]}], "parallel": 1});
+    let start = |key: &str| {
+        server.request(
+            "POST",
+            "/husk/v1/batches?detach=true",
+            key,
+            batch.to_string(),
+        )
+    };
+    let cancel = |key: &str, id: &str| {
+        server
+            .request("DELETE", &format!("/husk/v1/batches/{id}"), key, "")
+            .expect(202);
+    };
+    let id_of = |r: &common::server::Reply| r.json()["id"].as_str().unwrap().to_owned();
     let ids: Vec<String> = (0..4)
         .map(|_| {
-            let r = server.request(
-                "POST",
-                "/husk/v1/batches?detach=true",
-                &a,
-                batch.to_string(),
-            );
+            let r = start(&a);
             assert_eq!(r.status, 202, "{}", r.text());
-            r.json()["id"].as_str().unwrap().to_owned()
+            id_of(&r)
         })
         .collect();
-    let r = server.request(
-        "POST",
-        "/husk/v1/batches?detach=true",
-        &a,
-        batch.to_string(),
-    );
+    let r = start(&a);
     assert_eq!(r.status, 429, "{}", r.text());
     assert!(r.text().contains("batches running"), "{}", r.text());
     let b = server.key_for("tenant-b");
-    let r = server.request(
-        "POST",
-        "/husk/v1/batches?detach=true",
-        &b,
-        batch.to_string(),
-    );
+    let r = start(&b);
     assert_eq!(r.status, 202, "{}", r.text());
-    let theirs = r.json()["id"].as_str().unwrap().to_owned();
-    server
-        .request("DELETE", &format!("/husk/v1/batches/{theirs}"), &b, "")
-        .expect(202);
+    cancel(&b, &id_of(&r));
     // Cancelled batches give their places back.
     for id in &ids {
-        server
-            .request("DELETE", &format!("/husk/v1/batches/{id}"), &a, "")
-            .expect(202);
+        cancel(&a, id);
     }
-    wait_for(Duration::from_secs(30), || {
-        let r = server.request(
-            "POST",
-            "/husk/v1/batches?detach=true",
-            &a,
-            batch.to_string(),
-        );
-        (r.status == 202).then(|| r.json()["id"].as_str().unwrap().to_owned())
-    })
-    .map(|id| {
-        server
-            .request("DELETE", &format!("/husk/v1/batches/{id}"), &a, "")
-            .expect(202)
+    let again = wait_for(Duration::from_secs(30), || {
+        let r = start(&a);
+        (r.status == 202).then(|| id_of(&r))
     })
     .expect("cancelled batches kept their team's places");
+    cancel(&a, &again);
 }
 
 /// M3: polling watchers nobody polls, on a tree that keeps changing with long paths, keep at
