@@ -16,8 +16,8 @@
 //! frees it and a crash leaves no device behind. A larger quota grows the file system
 //! online at open (`resize2fs`); a smaller one never shrinks it.
 //!
-//! The pure decisions ([`plan`], [`resize`], [`WorkspaceQuota::from_bytes`], the device
-//! numbers) are separate from [`TeamFs`], which runs the e2fsprogs and util-linux tools.
+//! The pure decisions ([`plan`], [`resize`], [`WorkspaceQuota::from_bytes`]) are separate
+//! from [`TeamFs`], which runs the e2fsprogs and util-linux tools.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -195,13 +195,6 @@ pub(super) fn image_name(team: &str) -> String {
 pub(super) fn team_of_image(file: &str) -> Option<&str> {
     file.strip_suffix(".ext4")
         .filter(|t| crate::store::validate_team(t).is_ok())
-}
-
-/// Major and minor number of a `dev_t` (glibc's encoding).
-pub(super) fn dev_numbers(dev: u64) -> (u64, u64) {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    (major, minor)
 }
 
 /// The quota the last server recorded in `state_dir` ([`WorkspaceQuota::Off`] if none).
@@ -584,7 +577,7 @@ fn loop_device_of(target: &Path, image: &Path) -> Result<PathBuf, String> {
     let dev = fs::metadata(target)
         .map_err(|e| format!("stat {}: {e}", target.display()))?
         .dev();
-    let (major, minor) = dev_numbers(dev);
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
     let sys = format!("/sys/dev/block/{major}:{minor}");
     let name = fs::read_link(&sys)
         .map_err(|e| format!("{sys}: {e}"))?
@@ -742,13 +735,6 @@ mod tests {
         ] {
             assert_eq!(team_of_image(other), None, "{other}");
         }
-    }
-
-    #[test]
-    fn device_numbers_decode_as_glibc_encodes_them() {
-        // makedev(7, 3) and makedev(259, 70000).
-        assert_eq!(dev_numbers(0x0703), (7, 3));
-        assert_eq!(dev_numbers(0x1111_0370), (259, 70000));
     }
 
     #[test]
