@@ -336,7 +336,8 @@ impl Workspaces {
         };
         let path = self.dir.join(team);
         let free = husk_runtime::sys::cpath(&path)
-            .and_then(|c| husk_runtime::sys::statvfs_available(&c))
+            .and_then(|c| husk_runtime::sys::statvfs(&c))
+            .map(|space| space.available)
             .map_err(|e| self.team_io(team, "measure", e))?;
         Ok(Some(QuotaUsage {
             quota_bytes: quota,

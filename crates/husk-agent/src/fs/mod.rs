@@ -247,10 +247,10 @@ fn list_dir(path: &Path, depth: u32) -> Result<Vec<Entry>, AgentError> {
 
 /// Size and use of the sandbox's root file system (its writable layer).
 fn disk() -> Result<Reply, AgentError> {
-    let (total, free) = husk_runtime::sys::statvfs(c"/")
+    let space = husk_runtime::sys::statvfs(c"/")
         .map_err(|e| AgentError::new(ErrorKind::Internal, format!("statvfs '/': {e}")))?;
     Ok(Reply::Disk {
-        used: total.saturating_sub(free),
-        total,
+        used: space.total.saturating_sub(space.free),
+        total: space.total,
     })
 }

@@ -276,31 +276,31 @@ impl Drop for FsIds {
     }
 }
 
-/// statvfs(2) of `path`: `(total, free)` in bytes. `free` counts every free block (`f_bfree`,
-/// including those reserved for root), so `total - free` is the used space as `df` shows it.
-pub fn statvfs(path: &CStr) -> io::Result<(u64, u64)> {
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: `path` is a valid C string and `st` is a valid out-buffer for one statvfs.
-    cvt_i(unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) })?;
-    // SAFETY: statvfs succeeded and filled the buffer (it was zeroed before, too).
-    let st = unsafe { st.assume_init() };
-    // All three are u64 on the 64-bit targets husk supports.
-    let frsize = st.f_frsize;
-    Ok((
-        st.f_blocks.saturating_mul(frsize),
-        st.f_bfree.saturating_mul(frsize),
-    ))
+/// The space of a file system, in bytes (statvfs(2)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    pub total: u64,
+    /// Every free block (`f_bfree`, those reserved for root included), so `total - free` is
+    /// the used space as `df` shows it.
+    pub free: u64,
+    /// What an unprivileged writer can still write (`f_bavail`).
+    pub available: u64,
 }
 
-/// Bytes an unprivileged writer can still write to the file system `path` is on (statvfs(2)
-/// `f_bavail`: without the blocks reserved for root or for the file system itself).
-pub fn statvfs_available(path: &CStr) -> io::Result<u64> {
+/// statvfs(2) of `path`.
+pub fn statvfs(path: &CStr) -> io::Result<FsSpace> {
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
     // SAFETY: `path` is a valid C string and `st` is a valid out-buffer for one statvfs.
     cvt_i(unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) })?;
     // SAFETY: statvfs succeeded and filled the buffer (it was zeroed before, too).
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    // All are u64 on the 64-bit targets husk supports.
+    let frsize = st.f_frsize;
+    Ok(FsSpace {
+        total: st.f_blocks.saturating_mul(frsize),
+        free: st.f_bfree.saturating_mul(frsize),
+        available: st.f_bavail.saturating_mul(frsize),
+    })
 }
 
 /// mount_setattr flag: the mount's ids are mapped through a user namespace.
