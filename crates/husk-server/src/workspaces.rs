@@ -261,22 +261,26 @@ async fn download(
     Path((name, path)): Path<(String, String)>,
 ) -> Answer {
     let ws = service(&state)?;
-    let team = who.team.clone();
-    let (file, size) = blocking(permit(&state, &team)?, move || {
-        let file = ws.read_file(&who.team, &name, &path)?;
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-        Ok((file, size))
-    })
+    let p = permit(&state, &who.team)?;
+    let (size, body) = streamed(
+        &state,
+        p,
+        move || {
+            let file = ws.read_file(&who.team, &name, &path)?;
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            Ok((size, (file, size)))
+        },
+        // Exactly `size` bytes: more that the file grew meanwhile are not sent; a file that
+        // shrank ends the body with an error rather than a short, seemingly complete download.
+        |(file, size), out| {
+            let copied = io::copy(&mut file.take(size), out)?;
+            if copied < size {
+                return Err(io::Error::other("the file shrank while being read"));
+            }
+            Ok(())
+        },
+    )
     .await?;
-    // Exactly `size` bytes: more that the file grew meanwhile are not sent; a file that
-    // shrank ends the body with an error rather than a short, seemingly complete download.
-    let body = blocking_body(&state, permit(&state, &team)?, move |out| {
-        let copied = io::copy(&mut file.take(size), out)?;
-        if copied < size {
-            return Err(io::Error::other("the file shrank while being read"));
-        }
-        Ok(())
-    })?;
     let mut resp = body.into_response();
     let h = resp.headers_mut();
     h.insert(
@@ -385,14 +389,14 @@ async fn export(
     let q = query(q)?;
     // Found first, so that a missing workspace or path is a proper error answer; then
     // written as the body goes out.
-    let team = who.team.clone();
-    let exporter = blocking(permit(&state, &team)?, move || {
-        ws.exporter(&who.team, &name, &q.path)
-    })
+    let p = permit(&state, &who.team)?;
+    let ((), body) = streamed(
+        &state,
+        p,
+        move || Ok(((), ws.exporter(&who.team, &name, &q.path)?)),
+        |exporter, out| exporter.write_to(out).map(|_| ()).map_err(io::Error::other),
+    )
     .await?;
-    let body = blocking_body(&state, permit(&state, &team)?, move |out| {
-        exporter.write_to(out).map(|_| ()).map_err(io::Error::other)
-    })?;
     let mut resp = body.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -401,16 +405,22 @@ async fn export(
     Ok(resp)
 }
 
-/// A response body written by `produce` on a thread that holds `permit`. An error ends the
-/// body with an error (the client sees a broken transfer, never a short one that looks
-/// complete); a client that goes away, or reads slower than the body rate rule allows, makes
-/// the writes fail, which stops `produce` and frees the thread.
-fn blocking_body(
+/// A response whose body `produce` writes on a thread that holds `permit` from start to end:
+/// first `open` runs there (its error is the answer, before any byte of the body; what it
+/// gives the handler, e.g. a size for `Content-Length`, comes back with the body), then
+/// `produce` writes what it opened. One slot for the whole transfer: another request of the
+/// team cannot take it between the two. An error while writing ends the body with an error
+/// (the client sees a broken transfer, never a short one that looks complete); a client that
+/// goes away, or reads slower than the body rate rule allows, makes the writes fail, which
+/// stops `produce` and frees the thread.
+async fn streamed<M: Send + 'static, S: 'static>(
     state: &AppState,
     permit: Permit,
-    produce: impl FnOnce(&mut ChannelWriter) -> io::Result<()> + Send + 'static,
-) -> Result<Body, Response> {
+    open: impl FnOnce() -> Result<(M, S), WorkspaceError> + Send + 'static,
+    produce: impl FnOnce(S, &mut ChannelWriter) -> io::Result<()> + Send + 'static,
+) -> Result<(M, Body), Response> {
     let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
+    let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
     let mut out = ChannelWriter {
         tx,
         buf: Vec::with_capacity(CHUNK),
@@ -418,19 +428,32 @@ fn blocking_body(
         meter: RateMeter::new(state.body_policy),
     };
     spawn(permit, move |_permit| {
-        let result = produce(&mut out).and_then(|()| out.send());
+        let opened = match open() {
+            Ok((meta, source)) => {
+                let _ = opened_tx.send(Ok(meta));
+                source
+            }
+            Err(e) => {
+                let _ = opened_tx.send(Err(e));
+                return;
+            }
+        };
+        let result = produce(opened, &mut out).and_then(|()| out.send());
         if let Err(e) = result {
             // The client may be the one that stopped reading: no waiting for it here.
             let _ = out.tx.try_send(Err(e));
         }
     })
     .map_err(busy)?;
-    Ok(Body::from_stream(futures_util::stream::poll_fn(
-        move |cx| rx.poll_recv(cx),
-    )))
+    let meta = opened_rx
+        .await
+        .map_err(|_| busy(Busy::Lost))?
+        .map_err(answer)?;
+    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    Ok((meta, body))
 }
 
-/// The writing end of [`blocking_body`]: buffers [`CHUNK`] bytes per message, and waits for the
+/// The writing end of [`streamed`]: buffers [`CHUNK`] bytes per message, and waits for the
 /// client to take each one no longer than the body rate rule allows.
 struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
