@@ -126,14 +126,21 @@ fn stalled_transfers_hold_only_their_teams_slots_and_are_cut() {
     let r = server.request_with("PUT", "/husk/v1/workspaces/w/files/small", &ha, b"1");
     assert_eq!(r.status, 201, "{}", r.text());
 
-    // Downloads nobody reads: 32 MiB each, four of them take every slot of team A's...
-    let big = vec![7u8; 32 << 20];
+    // Downloads nobody reads: 64 MiB each (more than loopback's buffers take: the client's
+    // receive buffer alone may grow to tcp_rmem's 32 MiB), four of them take every slot of
+    // team A's...
+    let big = vec![7u8; 64 << 20];
     let r = server.request_with("PUT", "/husk/v1/workspaces/w/files/big", &ha, &big);
     assert_eq!(r.status, 201, "{}", r.text());
     let head = format!(
         "GET /husk/v1/workspaces/w/files/big HTTP/1.1\r\nHost: x\r\nX-API-Key: {a}\r\n\r\n"
     );
-    let readers: Vec<TcpStream> = (0..4).map(|_| stalled(&server, &head, b"")).collect();
+    let mut readers: Vec<TcpStream> = (0..4).map(|_| stalled(&server, &head, b"")).collect();
+    // Each has started (its answer's status line is read, and nothing more of it): only then
+    // are the slots surely theirs, not a poll's below.
+    for r in &mut readers {
+        assert_eq!(answer(r, Duration::from_secs(30)), Some(200));
+    }
     wait_for(Duration::from_secs(10), || {
         let r = server.request_with("GET", "/husk/v1/workspaces/w", &ha, b"");
         (r.status == 429).then_some(())
