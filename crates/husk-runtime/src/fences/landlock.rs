@@ -67,7 +67,7 @@ struct Prepared {
 }
 
 /// The kernel's Landlock ABI version, or <= 0 if unsupported.
-fn kernel_abi() -> i32 {
+pub(super) fn kernel_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a NULL attr, size 0 and the VERSION flag the kernel only returns the ABI.
     let v = unsafe {

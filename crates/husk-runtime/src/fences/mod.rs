@@ -33,6 +33,11 @@ use std::io;
 
 pub use self::caps::{Capability, DEFAULT_ROOT_CAPS, INIT_EXTRA_CAPS};
 pub use self::landlock::LandlockState;
+
+/// The running kernel's Landlock ABI version; 0 when Landlock is missing or not enabled.
+pub fn landlock_abi() -> i32 {
+    landlock::kernel_abi()
+}
 pub use self::rlimits::Rlimits;
 pub use self::seccomp_rules::{ArgMatch, DenyRule, Probe, DENY_RULES};
 

@@ -10,12 +10,14 @@ mod abstract_socket;
 mod dirfd;
 mod fdio;
 mod fs;
+pub mod probe;
 mod process;
 
 pub use abstract_socket::*;
 pub use dirfd::*;
 pub use fdio::*;
 pub use fs::*;
+pub use probe::kernel_release;
 pub use process::*;
 
 fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
