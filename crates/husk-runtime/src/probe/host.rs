@@ -142,13 +142,26 @@ fn own_v2_cgroup(mount: &Path) -> Option<PathBuf> {
     Some(mount.join(rel.trim_start_matches('/')))
 }
 
-/// `cgroup.kill` exists only below the root cgroup: in this process's own cgroup, or in any
-/// child of the root.
-pub(super) fn cgroup_kill(mode: &CgroupMode, version: Option<KernelVersion>) -> Check {
+/// `cgroup.kill` exists only below the root cgroup: in this process's own cgroup, in any child
+/// of the root, or (as root, when the process sits in the root cgroup and it has no child) in a
+/// child made for the look and removed at once.
+pub(super) fn cgroup_kill(mode: &CgroupMode, version: Option<KernelVersion>, root: bool) -> Check {
+    let has_kill = |d: &Path| d.join("cgroup.kill").exists();
     let found = mode.v2.as_ref().is_some_and(|m| {
-        own_v2_cgroup(m).is_some_and(|d| d.join("cgroup.kill").exists())
-            || fs::read_dir(m)
-                .is_ok_and(|rd| rd.flatten().any(|e| e.path().join("cgroup.kill").exists()))
+        own_v2_cgroup(m).is_some_and(|d| d != *m && has_kill(&d))
+            || fs::read_dir(m).is_ok_and(|rd| {
+                rd.flatten()
+                    .any(|e| e.path().is_dir() && has_kill(&e.path()))
+            })
+            || (root && {
+                let probe = m.join(format!("husk-probe-{}", std::process::id()));
+                let made = fs::create_dir(&probe).is_ok();
+                let found = made && has_kill(&probe);
+                if made {
+                    let _ = fs::remove_dir(&probe);
+                }
+                found
+            })
     });
     if found {
         return Check::ok("cgroup.kill", "sandboxes are killed at once (cgroup.kill)");
@@ -303,7 +316,7 @@ mod tests {
     #[test]
     fn a_missing_cgroup_kill_falls_back_with_a_warning() {
         let mode = CgroupMode::parse(V1);
-        let c = cgroup_kill(&mode, KernelVersion::parse("6.1.0"));
+        let c = cgroup_kill(&mode, KernelVersion::parse("6.1.0"), false);
         assert_eq!(c.status, Status::Warning);
         assert!(c.detail.contains("no cgroup v2"), "{}", c.detail);
         assert!(c.remedy.unwrap().contains(">= 5.14"));

@@ -135,7 +135,7 @@ pub fn run(opts: &Options) -> Report {
     let mode = host::cgroup_mode();
     checks.push(mode.check());
     checks.push(cgroups::check());
-    checks.push(host::cgroup_kill(&mode, version));
+    checks.push(host::cgroup_kill(&mode, version, root));
     checks.push(process::clone_into_cgroup());
     let fs = if root {
         mounts::probe(&opts.state_dir)

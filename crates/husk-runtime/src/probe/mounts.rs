@@ -25,8 +25,14 @@ use super::Check;
 /// One thing the child tries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Step {
-    /// The child itself, made with new mount, PID, IPC and UTS namespaces.
+    /// The child itself, made with new mount, IPC and UTS namespaces.
     Namespaces,
+    /// A PID namespace (for the child's children; the child stays in the host's, where its
+    /// pids mean what `/proc` says).
+    PidNs,
+    /// The test image is an unnamed file on the state directory's file system (where
+    /// template images live), not on tmpfs (which erofs cannot mount from directly).
+    ImageOnStateFs,
     Tmpfs,
     Overlay,
     /// A user namespace with an id mapping (for the id-mapped mounts).
@@ -135,17 +141,12 @@ pub(super) fn probe(state_dir: &Path) -> Result<Outcomes, String> {
         .map(Path::new)
         .find(|p| p.is_dir())
         .ok_or("no /tmp, /run or /mnt to mount on")?;
-    // Opened before the child covers `base` with its tmpfs (the state directory may be
-    // beneath it).
     let existing = state_dir
         .ancestors()
         .find(|p| p.exists())
         .unwrap_or(Path::new("/"));
-    let state: OwnedFd = fs::File::open(existing)
-        .map_err(|e| format!("open {}: {e}", existing.display()))?
-        .into();
     let (r, w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let all = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    let all = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     // SAFETY: the process has one thread (checked above), so the child's copy of memory is
     // consistent; the child only runs `child` and leaves through _exit.
     let (forked, namespaces) = match unsafe { sys::clone3_fork(all, None) } {
@@ -161,7 +162,7 @@ pub(super) fn probe(state_dir: &Path) -> Result<Outcomes, String> {
             drop(r);
             let _ = sys::set_parent_death_signal(libc::SIGKILL);
             let mut out = Outcomes::new();
-            child(base, &state, &mut out);
+            child(base, existing, &mut out);
             let _ = sys::write_all(w.as_fd(), &out.to_bytes());
             sys::exit_now(0)
         }
@@ -248,8 +249,11 @@ fn mkdirs(base: &Path, names: &[&str]) -> io::Result<()> {
 
 /// The child's work, in its own mount namespace (made private first, so nothing propagates
 /// back to the host).
-fn child(base: &Path, state: &OwnedFd, out: &mut Outcomes) {
+fn child(base: &Path, state_dir: &Path, out: &mut Outcomes) {
     let private = sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None);
+    // Opened here, in the child's mount namespace (a mount of another namespace cannot be
+    // cloned), and before the tmpfs covers `base` (the state directory may be beneath it).
+    let state = fs::File::open(state_dir).map(OwnedFd::from);
     if !out.set(Step::Tmpfs, &private.and_then(|()| tmpfs(base))) {
         return;
     }
@@ -273,7 +277,7 @@ fn child(base: &Path, state: &OwnedFd, out: &mut Outcomes) {
     if userns.is_ok() {
         out.set(Step::IdmapTmpfs, &idmap(&p("l"), &p("il")));
     }
-    erofs(&p("img"), &p("e"), out);
+    erofs(state.as_ref().ok(), &p("img"), &p("e"), out);
     if userns.is_ok() && (out.worked(Step::ErofsFile) || out.worked(Step::ErofsLoop)) {
         out.set(Step::IdmapErofs, &idmap(&p("e"), &p("ie")));
     }
@@ -290,12 +294,18 @@ fn child(base: &Path, state: &OwnedFd, out: &mut Outcomes) {
         out.set(Step::OverlayIdmappedLower, &r);
     }
     if userns.is_ok() {
-        let state = PathBuf::from(format!("/proc/self/fd/{}", state.as_raw_fd()));
-        out.set(Step::IdmapStateDir, &idmap(&state, &p("is")));
+        let r = state.as_ref().map_err(clone_err).and_then(|fd| {
+            idmap(
+                Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())),
+                &p("is"),
+            )
+        });
+        out.set(Step::IdmapStateDir, &r);
     }
     out.set(Step::CgroupNs, &sys::unshare(libc::CLONE_NEWCGROUP));
     const CLONE_NEWTIME: libc::c_int = 0x80;
     out.set(Step::TimeNs, &sys::unshare(CLONE_NEWTIME));
+    out.set(Step::PidNs, &sys::unshare(libc::CLONE_NEWPID));
     out.set(Step::OverlayUserNs, &overlay_in_userns(&p("uns")));
 }
 
@@ -303,12 +313,32 @@ fn clone_err(e: &io::Error) -> io::Error {
     io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
-/// Mounts the erofs image at `img` on `at`: from the file, else (ENOTBLK: a kernel before
-/// file-backed erofs) through a loop device, as [`crate::images`] does.
-fn erofs(img: &Path, at: &Path, out: &mut Outcomes) {
+/// Mounts a small erofs image on `at`: from the file, else (ENOTBLK: a kernel before
+/// file-backed erofs) through a loop device, as [`crate::images`] does. The image is an
+/// unnamed file (O_TMPFILE) in the state directory `state` (or its nearest existing parent),
+/// which vanishes with its last descriptor; where that file system has no O_TMPFILE, a file at
+/// `tmp_img` on the child's tmpfs.
+fn erofs(state: Option<&OwnedFd>, tmp_img: &Path, at: &Path, out: &mut Outcomes) {
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-    let from_file = fs::write(img, erofs_image())
-        .and_then(|()| sys::mount(Some(&c(img)?), &c(at)?, Some(c"erofs"), flags, None));
+    let unnamed = state
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+        .and_then(|dir| sys::openat2(dir.as_fd(), c".", libc::O_TMPFILE | libc::O_RDWR, 0o600, 0))
+        .and_then(|fd| sys::write_all(fd.as_fd(), &erofs_image()).map(|()| fd));
+    out.set(
+        Step::ImageOnStateFs,
+        &unnamed.as_ref().map(drop).map_err(clone_err),
+    );
+    let img = match &unnamed {
+        Ok(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+        Err(_) => tmp_img.to_owned(),
+    };
+    let img = img.as_path();
+    let written = match &unnamed {
+        Ok(_) => Ok(()),
+        Err(_) => fs::write(img, erofs_image()),
+    };
+    let from_file =
+        written.and_then(|()| sys::mount(Some(&c(img)?), &c(at)?, Some(c"erofs"), flags, None));
     out.set(Step::ErofsFile, &from_file);
     if !matches!(&from_file, Err(e) if e.raw_os_error() == Some(libc::ENOTBLK)) {
         return;
@@ -429,13 +459,25 @@ fn decide(o: &Outcomes, state_fs: &str, have_loop: bool) -> Vec<Check> {
             "fs.erofs",
             "template images mount from their file (file-backed erofs)",
         )
+    } else if o.worked(Step::ErofsLoop) && state_fs == "tmpfs" {
+        Check::ok(
+            "fs.erofs",
+            "template images mount through a loop device: the state directory is on tmpfs, \
+             and erofs mounts image files directly only from disk file systems",
+        )
     } else if o.worked(Step::ErofsLoop) {
+        let on_tmpfs = if o.worked(Step::ImageOnStateFs) {
+            ""
+        } else {
+            " (tried with an image on tmpfs, which erofs never mounts directly: the state \
+             directory's file system has no O_TMPFILE)"
+        };
         Check::ok(
             "fs.erofs",
             format!(
                 "template images mount through a loop device (file-backed erofs mounts need \
                  Linux >= {} with CONFIG_EROFS_FS_BACKED_BY_FILE): a few ms more per image's \
-                 first mount",
+                 first mount{on_tmpfs}",
                 since::EROFS_FILE_BACKED
             ),
         )
@@ -569,6 +611,8 @@ mod tests {
         let mut o = Outcomes::new();
         for s in [
             Step::Namespaces,
+            Step::PidNs,
+            Step::ImageOnStateFs,
             Step::Tmpfs,
             Step::Overlay,
             Step::UserNs,

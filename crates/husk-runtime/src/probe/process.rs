@@ -16,13 +16,14 @@ pub(super) fn namespaces(made: Option<&Outcomes>) -> Vec<Check> {
             out.push(Check::missing(&name, why, remedy));
             continue;
         }
-        // The mount probe's child is made with the mount, PID, IPC and UTS namespaces, makes
-        // a user namespace (for its id map) and a cgroup namespace; the network namespace is
-        // made by the network probe.
+        // The mount probe's child is made with the mount, IPC and UTS namespaces, makes a
+        // user namespace (for its id map), a PID and a cgroup namespace; the network
+        // namespace is made by the network probe.
         let step = match *ns {
             "user" => Some(Step::UserNs),
             "cgroup" => Some(Step::CgroupNs),
-            "pid" | "mnt" | "ipc" | "uts" => Some(Step::Namespaces),
+            "mnt" | "ipc" | "uts" => Some(Step::Namespaces),
+            "pid" => Some(Step::PidNs),
             _ => None,
         };
         match (made, step) {
