@@ -19,6 +19,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::modules::{self, Module};
 use crate::sys::{self, cpath};
 
 /// statfs magic of erofs.
@@ -133,10 +134,13 @@ fn checked_file(path: &Path, size: u64) -> Result<fs::Metadata, ImageError> {
 fn mount(path: &Path, target: &CString) -> io::Result<()> {
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
     let src = cpath(path)?;
+    // Distribution kernels have erofs and loop as modules (see `crate::modules`).
+    let _ = modules::ensure(Module::Erofs);
     match sys::mount(Some(&src), target, Some(c"erofs"), flags, None) {
         Ok(()) => Ok(()),
         // ENOTBLK: this kernel wants a block device.
         Err(e) if e.raw_os_error() == Some(libc::ENOTBLK) => {
+            let _ = modules::ensure(Module::Loop);
             let file = fs::File::open(path)?;
             let (dev, _open) = sys::loop_attach_ro(file.as_fd())?;
             sys::mount(Some(&cpath(&dev)?), target, Some(c"erofs"), flags, None)

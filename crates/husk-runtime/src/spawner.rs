@@ -124,16 +124,8 @@ impl Spawner {
         {
             return Err(SpawnError::NotRoot);
         }
-        for (path, what) in [
-            ("/proc/self/ns/user", "user namespaces (CONFIG_USER_NS)"),
-            ("/proc/self/ns/pid", "PID namespaces (CONFIG_PID_NS)"),
-            ("/proc/self/ns/net", "network namespaces (CONFIG_NET_NS)"),
-            ("/proc/self/ns/cgroup", "cgroup namespaces (CONFIG_CGROUPS)"),
-        ] {
-            if fs::symlink_metadata(path).is_err() {
-                return Err(SpawnError::KernelFeature(what.into()));
-            }
-        }
+        // Namespaces, tmpfs and overlayfs (loading the module if needed): file reads only.
+        crate::probe::startup().map_err(SpawnError::KernelFeature)?;
         // Writable by root alone (the registry tells husk which cgroups to kill), listable by
         // root alone; traversable, because sandbox set-up works below staging/ with the
         // sandbox's fsuid.
