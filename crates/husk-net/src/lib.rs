@@ -15,6 +15,7 @@ pub mod netns;
 pub mod nflog;
 pub mod nft;
 pub mod policy;
+pub mod probe;
 pub mod proxy;
 pub mod router;
 pub mod sandboxes;

@@ -25,6 +25,7 @@ use crate::netns::NetNs;
 use crate::nft::{self, Installed};
 use crate::policy::NetPolicy;
 use crate::sandboxes::{SandboxNet, Sandboxes};
+use husk_runtime::modules::Module;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -147,6 +148,12 @@ impl Router {
     /// Builds the router namespace, its uplink and rules, and starts filling the pool.
     /// Blocking (tens of milliseconds).
     pub fn start(cfg: RouterConfig) -> Result<Router, RouterError> {
+        // Distribution kernels have veth and nf_tables as modules: load them first, as other
+        // container runtimes do (best effort: a kernel with them built in may show no trace
+        // of them, and using them below reports what is really missing).
+        for m in [Module::NfTables, Module::Veth] {
+            let _ = husk_runtime::modules::ensure(m);
+        }
         let mut denied =
             crate::denied::always_denied(&cfg.extra_denied).map_err(RouterError::Config)?;
         denied.push(IpNet::V4(cfg.subnet.trunc()));
