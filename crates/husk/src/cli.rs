@@ -32,6 +32,9 @@ pub enum Command {
     Template(crate::template::TemplateArgs),
     /// Measure sandbox start-up, throughput and density against bubblewrap.
     Bench(BenchArgs),
+    /// Check whether this host can run husk: every kernel feature, cgroups, tools, and what
+    /// to do about what is missing. Exit code 1 when something required is missing.
+    Doctor(crate::doctor::DoctorArgs),
     /// (internal) a benchmark worker process.
     #[command(hide = true, name = "__bench-worker")]
     BenchWorker(WorkerArgs),

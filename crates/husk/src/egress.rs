@@ -114,7 +114,7 @@ impl EgressArgs {
                 eprintln!(
                     "husk: warning: sandbox egress is off: {e} (sandboxes get loopback only; \
                      pass --egress off to silence this, or fix the cause: nftables and \
-                     iproute2 must be installed)"
+                     iproute2 must be installed; `husk doctor` tells what is missing)"
                 );
                 Ok(None)
             }

@@ -9,6 +9,7 @@ mod bench;
 mod bench_net;
 mod cli;
 mod client;
+mod doctor;
 mod egress;
 mod keys;
 mod relay;
@@ -45,6 +46,7 @@ fn main() {
         cli::Command::Sandbox(args) => sandbox::main(args),
         cli::Command::Template(args) => template::main(args),
         cli::Command::Bench(args) => bench::main(args),
+        cli::Command::Doctor(args) => doctor::main(args),
         cli::Command::BenchWorker(args) => bench::worker(args),
     };
     std::process::exit(code);

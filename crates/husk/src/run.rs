@@ -298,7 +298,8 @@ pub fn run(mut cfg: Config) -> Result<i32> {
     // running): a read there then fails (EIO), which ends the stdin relay; writes go through.
     sys::ignore_signal(libc::SIGTTIN);
     sys::ignore_signal(libc::SIGTTOU);
-    let spawner = Spawner::new()?;
+    let spawner = Spawner::new()
+        .map_err(|e| anyhow!("{:#}; {}", anyhow::Error::from(e), crate::doctor::HINT))?;
     // The router and the sandbox's link are made before the sandbox, without any thread (the
     // spawner forks); the resolver and proxy start once it exists.
     let net = match cfg.net.take() {

@@ -172,7 +172,7 @@ pub fn main(args: ServeArgs) -> i32 {
     }
     let spawner = match husk_runtime::service::start(husk_agent::main) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(e),
+        Err(e) => return fail(format_args!("{e}; {}", crate::doctor::HINT)),
     };
     if spawner.reaped_at_start() > 0 {
         eprintln!(
