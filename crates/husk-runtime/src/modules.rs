@@ -62,7 +62,7 @@ pub fn filesystem_known(fs: &str) -> bool {
 }
 
 /// Whether the text of `/proc/filesystems` lists `fs` ("nodev\toverlay", "\terofs").
-fn filesystems_list(text: &str, fs: &str) -> bool {
+pub(crate) fn filesystems_list(text: &str, fs: &str) -> bool {
     text.lines()
         .any(|l| l.split_whitespace().last() == Some(fs))
 }

@@ -12,7 +12,7 @@ pub(super) fn namespaces(made: Option<&Outcomes>) -> Vec<Check> {
     let mut out = Vec::new();
     for (ns, limit, what, config) in NAMESPACES {
         let name = format!("namespace.{ns}");
-        if let Err((why, remedy)) = namespace_allowed(ns, limit, what, config) {
+        if let Err((why, remedy)) = namespace_allowed(ns, limit, what, config, true) {
             out.push(Check::missing(&name, why, remedy));
             continue;
         }
