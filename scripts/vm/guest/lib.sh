@@ -1,0 +1,56 @@
+# Shared by the guest's check scripts (sourced): where things are, recording results, running
+# husk with a deadline, and what "left behind" means.
+V="${HUSK_VM_DIR:-/var/lib/husk-vm}"
+P="$V/payload"
+R="$V/results"
+H=/usr/local/bin/husk
+VENV_PY=/opt/husk-vm/venv/bin/python
+
+# record KIND CHECK ok|FAIL|skip [DETAIL]: one line of results.tsv (read by the host after
+# poweroff), echoed to the console so that the host's console log shows progress.
+record() {
+  local d="${4:-}"
+  d="${d//$'\t'/ }"; d="${d//$'\n'/ | }"; d="${d:0:600}"
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$d" >>"$R/results.tsv"
+  printf 'HUSK-VM: %-13s %-15s %-4s %s\n' "$1" "$2" "$3" "${d:0:160}" >/dev/console 2>/dev/null || true
+}
+
+# hr NAME SECONDS ARGS...: runs husk with ARGS under a deadline; stdout in $L/NAME.out (and
+# $OUT), stderr in $L/NAME.err; returns husk's exit status (124 from `timeout` means the
+# deadline, which the --timeout check tells apart by the duration).
+hr() {
+  local name="$1" secs="$2"; shift 2
+  local rc=0
+  echo "+ husk $*" >"$L/$name.err"
+  timeout -k 10 "$secs" "$H" "$@" >"$L/$name.out" 2>>"$L/$name.err" </dev/null || rc=$?
+  OUT="$(cat "$L/$name.out")"
+  ERR_TAIL="$(tail -n 3 "$L/$name.err" | tr '\n' ' ')"
+  return "$rc"
+}
+
+# What husk may leave behind, one line each: cgroups, mounts (outside the state dirs of these
+# checks, whose workspace mounts stay by design), processes of the husk binary, network links,
+# nftables tables, files in /run/husk. Compared before and after a host kind's checks.
+leftover_state() {
+  find /sys/fs/cgroup -mindepth 1 -type d -ipath '*husk*' 2>/dev/null | sed 's/^/cgroup /'
+  awk -v v="$V" 'index($5, v) != 1 && /husk/ { print "mount " $5 }' /proc/self/mountinfo
+  local p exe
+  for p in /proc/[0-9]*; do
+    exe="$(readlink "$p/exe" 2>/dev/null)" || continue
+    case "$exe" in
+      "$H"|"$H (deleted)") [ "${p#/proc/}" != "$$" ] && echo "process ${p#/proc/} $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" ;;
+    esac
+  done
+  ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print "link " $2 }'
+  nft list tables 2>/dev/null | sed 's/^/nft /'
+  ls -A /run/husk 2>/dev/null | sed 's|^|file /run/husk/|'
+}
+
+# Unmounts everything at or below DIR (deepest first) and removes it.
+remove_tree() {
+  local dir="$1" m
+  awk -v d="$dir" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
+  rm -rf "$dir"
+}
