@@ -40,6 +40,7 @@ pub mod service;
 pub mod spawner;
 pub mod spec;
 pub mod sys;
+pub mod systemd;
 pub mod transfer;
 pub mod uidrange;
 pub mod usr_layer;

@@ -15,7 +15,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::{CgroupError, CgroupLayout, SandboxCgroup};
+use crate::cgroup::{CgroupError, CgroupLayout, CgroupOptions, SandboxCgroup};
 use crate::control::{self, FromInit, ToInit};
 use crate::fences::Fences;
 use crate::host_template::{self, HostTemplate};
@@ -115,6 +115,11 @@ impl Spawner {
 
     /// Like [`Spawner::new`] with another runtime directory.
     pub fn with_run_dir(run_dir: &Path) -> Result<Spawner, SpawnError> {
+        Self::with_options(run_dir, &CgroupOptions::default())
+    }
+
+    /// Like [`Spawner::with_run_dir`], with what the operator allowed husk to do without.
+    pub fn with_options(run_dir: &Path, cgroups: &CgroupOptions) -> Result<Spawner, SpawnError> {
         // Effective uid 0 is required for namespaces, cgroups and id maps.
         if fs::read_to_string("/proc/self/status").ok().and_then(|s| {
             s.lines()
@@ -146,8 +151,7 @@ impl Spawner {
             fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
                 .map_err(io_ctx("protect run dir"))?;
         }
-        let mut layout = CgroupLayout::discover()?;
-        layout.prepare()?;
+        let layout = CgroupLayout::acquire(cgroups)?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
         let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
         let host_netns = sys::open(c"/proc/thread-self/ns/net", libc::O_RDONLY, 0)
@@ -176,6 +180,11 @@ impl Spawner {
 
     fn lock_path(&self) -> PathBuf {
         self.run_dir.join("uid-slots.lock")
+    }
+
+    /// Where sandboxes' cgroups go, how husk got them and what is not enforced (one line).
+    pub fn cgroup_summary(&self) -> String {
+        self.layout.summary()
     }
 
     /// Removes what sandboxes whose owner is gone (its uid slot is free) left behind: what a

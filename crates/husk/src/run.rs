@@ -39,6 +39,8 @@ pub struct Config {
     pub interactive: bool,
     /// `--net` other than `none`: the policy and where its traffic goes out.
     pub net: Option<(husk_net::NetPolicy, husk_net::router::RouterConfig)>,
+    /// What the operator lets husk do without (`--unenforced-limits`).
+    pub cgroups: husk_runtime::cgroup::CgroupOptions,
 }
 
 /// What `--template NAME` means: `host` without touching the state directory, else the
@@ -235,6 +237,7 @@ impl Config {
             id_file: a.id_file,
             interactive: a.interactive || a.tty,
             net,
+            cgroups: a.host.cgroups(),
         })
     }
 }
@@ -298,7 +301,14 @@ pub fn run(mut cfg: Config) -> Result<i32> {
     // running): a read there then fails (EIO), which ends the stdin relay; writes go through.
     sys::ignore_signal(libc::SIGTTIN);
     sys::ignore_signal(libc::SIGTTOU);
-    let spawner = Spawner::new()?;
+    let spawner = Spawner::with_options(
+        Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR),
+        &cfg.cgroups,
+    )
+    .map_err(|e| anyhow!("{e}\nhusk: run `husk doctor` for what this host lacks"))?;
+    if !cfg.cgroups.unenforced.is_empty() {
+        eprintln!("husk: {}", spawner.cgroup_summary());
+    }
     // The router and the sandbox's link are made before the sandbox, without any thread (the
     // spawner forks); the resolver and proxy start once it exists.
     let net = match cfg.net.take() {

@@ -127,6 +127,8 @@ pub struct BuildCli {
     /// Memory limit of each build sandbox.
     #[arg(long, default_value = "4G", value_name = "SIZE")]
     memory: String,
+    #[command(flatten)]
+    host: crate::cli::HostArgs,
     /// Layer cache directory [default: STATE_DIR/templates/layers]; state directories may
     /// share one, since layers are keyed by their content.
     #[arg(long, value_name = "DIR")]
@@ -180,9 +182,13 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
         Err(e) => return usage(format_args!("--memory: {e}")),
     }
     // Before any thread: the spawner must be forked from a single-threaded process.
-    let spawner = match husk_runtime::service::start(husk_agent::main) {
+    let spawner = match husk_runtime::service::start_with(husk_agent::main, a.host.cgroups()) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(e),
+        Err(e) => {
+            return fail(format_args!(
+                "{e}\nhusk: run `husk doctor` for what this host lacks"
+            ))
+        }
     };
     let store = match Store::open(state_dir) {
         Ok(s) => Arc::new(s),
