@@ -20,7 +20,7 @@ use crate::control::{self, FromInit, ToInit};
 use crate::fences::Fences;
 use crate::host_template::{self, HostTemplate};
 use crate::init::{self, ChildArgs};
-use crate::spec::{NetworkMode, RootSource, SandboxSpec};
+use crate::spec::{MountIds, NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, ExitStatus, Forked};
 use crate::uidrange::{self, UidRange, RANGE};
 
@@ -413,9 +413,34 @@ impl Spawner {
         }
         // Id-mapped layers and mounts need the slot's mapping (a namespace kept per slot).
         let idmap = match &spec.rootfs {
-            RootSource::Host if !spec.mounts.iter().any(|m| m.idmapped) => None,
+            RootSource::Host if !spec.mounts.iter().any(|m| m.ids == MountIds::Shared) => None,
             _ => Some(self.idmap(sb.uids.as_ref().map(UidRange::slot).unwrap_or(0), base)?),
         };
+        // Mounts whose owner is the sandbox's user: a mapping each (made here, in the host's
+        // user namespace; the sandbox's first process keeps the fds only while it mounts).
+        let mut owner_maps = Vec::with_capacity(spec.mounts.len());
+        for m in &spec.mounts {
+            owner_maps.push(match m.ids {
+                MountIds::Owner { uid, gid } => {
+                    let user = base + spec.user.id();
+                    // SAFETY: the process is single-threaded (checked above).
+                    Some(
+                        unsafe {
+                            sys::userns_with_maps(
+                                &format!("{uid} {user} 1\n"),
+                                &format!("{gid} {user} 1\n"),
+                            )
+                        }
+                        .map_err(io_ctx("id map of a mount"))?,
+                    )
+                }
+                _ => None,
+            });
+        }
+        let owner_fds: Vec<Option<std::os::fd::RawFd>> = owner_maps
+            .iter()
+            .map(|fd| fd.as_ref().map(|f| f.as_raw_fd()))
+            .collect();
         // SAFETY: the process is single-threaded (checked just above; nothing in between
         // starts a thread).
         match unsafe { sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd())) }
@@ -438,6 +463,7 @@ impl Spawner {
                     },
                     image: image.as_deref(),
                     idmap,
+                    mount_maps: &owner_fds,
                     arg_area: self.arg_area,
                 })
             }
@@ -445,6 +471,7 @@ impl Spawner {
                 drop(child_end);
                 drop(agent);
                 drop(v2_dir);
+                drop(owner_maps);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
                 // PID 1 is the last of its sandbox the OOM killer may take: if it goes, the

@@ -66,6 +66,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "TEAM")]
     pub team: Option<String>,
     /// Bind-mount a host path, read-only unless `:rw` (always nosuid, nodev; repeatable).
+    /// Inside, the path's owner on the host is the sandbox's user (`user`, or `root` with
+    /// -u root), and what that user writes belongs to the owner on the host; files of other
+    /// host users show as `nobody` and the sandbox cannot write as them. On a file system the
+    /// kernel cannot id-map (tmpfs before Linux 6.3), every host id shows as `nobody`.
     #[arg(short = 'v', long = "mount", value_name = "HOST:SANDBOX[:rw]")]
     pub mounts: Vec<String>,
     /// Copy a host file or directory into the sandbox's writable layer (repeatable).

@@ -1,8 +1,10 @@
 //! `husk run`: one sandbox for one command, stdio passed through, outputs copied back, the
 //! sandbox destroyed whatever happens.
 
+use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -152,14 +154,22 @@ impl Config {
                 _ => bail!("invalid --mount {m:?}: expected HOST:SANDBOX[:rw]"),
             };
             let host = absolute_host(host)?;
-            if !host.exists() {
-                bail!("--mount {m:?}: source {} does not exist", host.display());
-            }
+            let owner = match fs::metadata(&host) {
+                Ok(md) => md,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    bail!("--mount {m:?}: source {} does not exist", host.display())
+                }
+                Err(e) => bail!("--mount {m:?}: source {}: {e}", host.display()),
+            };
+            // The operator's directory is the sandbox user's (see --mount's help).
             spec.mounts.push(MountSpec {
                 host,
                 sandbox: PathBuf::from(sandbox),
                 writable,
-                idmapped: false,
+                ids: husk_runtime::MountIds::Owner {
+                    uid: owner.uid(),
+                    gid: owner.gid(),
+                },
             });
         }
         if !a.job.workspaces.is_empty() {
@@ -186,7 +196,7 @@ impl Config {
                     host,
                     sandbox: PathBuf::from(sandbox),
                     writable,
-                    idmapped: true,
+                    ids: husk_runtime::MountIds::Shared,
                 });
             }
         } else if a.team.is_some() {
