@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: the variables are used by its callers
 # Shared by the guest's check scripts (sourced): where things are, recording results, running
 # husk with a deadline, and what "left behind" means.
 V="${HUSK_VM_DIR:-/var/lib/husk-vm}"
@@ -5,6 +6,13 @@ P="$V/payload"
 R="$V/results"
 H=/usr/local/bin/husk
 VENV_PY=/opt/husk-vm/venv/bin/python
+# Settings from scripts/test-vm (HUSK_VM_KINDS, TEMPLATE_NAME, TEMPLATE_STATE).
+# shellcheck disable=SC1091
+[ -f "$P/config" ] && . "$P/config"
+# The template built on the host and carried in (see scripts/test-vm), set by the payload's
+# config; the directory exists only if the build worked.
+TEMPLATE_NAME="${TEMPLATE_NAME:-vmt-busybox}"
+TEMPLATE_STATE="${TEMPLATE_STATE:-$V/template-state}"
 
 # record KIND CHECK ok|FAIL|skip [DETAIL]: one line of results.tsv (read by the host after
 # poweroff), echoed to the console so that the host's console log shows progress.
@@ -15,6 +23,9 @@ record() {
   printf 'HUSK-VM: %-13s %-15s %-4s %s\n' "$1" "$2" "$3" "${d:0:160}" >/dev/console 2>/dev/null || true
 }
 
+# What husk runs under: nothing, or (the "scope" kind) a delegated transient scope of its own.
+HUSK_WRAP=()
+
 # hr NAME SECONDS ARGS...: runs husk with ARGS under a deadline; stdout in $L/NAME.out (and
 # $OUT), stderr in $L/NAME.err; returns husk's exit status (124 from `timeout` means the
 # deadline, which the --timeout check tells apart by the duration).
@@ -22,7 +33,7 @@ hr() {
   local name="$1" secs="$2"; shift 2
   local rc=0
   echo "+ husk $*" >"$L/$name.err"
-  timeout -k 10 "$secs" "$H" "$@" >"$L/$name.out" 2>>"$L/$name.err" </dev/null || rc=$?
+  timeout -k 10 "$secs" "${HUSK_WRAP[@]}" "$H" "$@" >"$L/$name.out" 2>>"$L/$name.err" </dev/null || rc=$?
   OUT="$(cat "$L/$name.out")"
   ERR_TAIL="$(tail -n 3 "$L/$name.err" | tr '\n' ' ')"
   return "$rc"
@@ -43,7 +54,8 @@ leftover_state() {
   done
   ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print "link " $2 }'
   nft list tables 2>/dev/null | sed 's/^/nft /'
-  ls -A /run/husk 2>/dev/null | sed 's|^|file /run/husk/|'
+  # Files (not the empty directories husk keeps) under its runtime directory.
+  find /run/husk -mindepth 1 ! -type d 2>/dev/null | sed 's/^/file /'
 }
 
 # Unmounts everything at or below DIR (deepest first) and removes it.

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from e2b import CommandExitException, Sandbox
 
 URL, KEY = sys.argv[1], sys.argv[2]
+TEMPLATE = sys.argv[3] if len(sys.argv) > 3 else ""
 # TCG is slow: generous per-request deadlines, sandboxes that outlive the checks.
 OPTS = dict(api_url=URL, sandbox_url=URL, api_key=KEY, request_timeout=180)
 failed = set()
@@ -67,6 +68,17 @@ def files():
     assert "vm-check.txt" in names, names
 
 
+def template():
+    if not TEMPLATE:
+        raise AssertionError("no template was carried in (its build failed on the host)")
+    s = Sandbox.create(template=TEMPLATE, timeout=600, **OPTS)
+    try:
+        r = s.commands.run("cat /etc/husk-vm-template")
+        assert r.stdout.strip() == "carried-in", repr(r.stdout)
+    finally:
+        s.kill()
+
+
 def one(i):
     s = Sandbox.create(timeout=600, **OPTS)
     try:
@@ -101,6 +113,7 @@ def none_left():
 check("sdk-create", create)
 check("sdk-commands", commands, needs=["sdk-create"])
 check("sdk-files", files, needs=["sdk-create"])
+check("sdk-template", template)
 check("sdk-10-at-once", ten_at_once)
 check("sdk-kill", kill, needs=["sdk-create"])
 check("sdk-none-left", none_left)
