@@ -360,6 +360,8 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
                 for (_, mut sb) in sandboxes.drain() {
                     let _ = sb.destroy();
                 }
+                // Its image mounts go with the last husk process using them (Drop).
+                drop(spawner);
                 let _ = send_reply(&sock, &Reply::ShutDown, &[]);
                 sys::exit_now(0)
             }
@@ -372,5 +374,6 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
     for (_, mut sb) in sandboxes.drain() {
         let _ = sb.destroy();
     }
+    drop(spawner);
     sys::exit_now(0)
 }

@@ -87,6 +87,17 @@ pub struct Spawner {
     /// Per uid slot: a user namespace with the slot's id mapping, for the id-mapped layers of
     /// built templates (made once per slot, on first use).
     idmaps: RefCell<std::collections::HashMap<u32, OwnedFd>>,
+    /// Held from the first sandbox of a built template on: keeps image mounts in place (see
+    /// [`crate::images`]); released as the spawner ends.
+    images_in_use: RefCell<Option<crate::images::InUse>>,
+}
+
+impl Drop for Spawner {
+    /// The last husk process that used template images detaches their mounts.
+    fn drop(&mut self) {
+        self.images_in_use.take();
+        let _ = crate::images::release_unused(&self.run_dir);
+    }
 }
 
 /// How a sandbox's command ended, as far as the runtime can tell.
@@ -166,6 +177,7 @@ impl Spawner {
             reaped: Cell::new(false),
             agent: None,
             idmaps: RefCell::new(std::collections::HashMap::new()),
+            images_in_use: RefCell::new(None),
         })
     }
 
@@ -210,6 +222,8 @@ impl Spawner {
         }
         if others == 0 {
             host_template::remove_unused(&self.run_dir, &self.template.borrow());
+            // What a crashed husk left mounted (unless a live husk process uses it).
+            let _ = crate::images::release_unused(&self.run_dir);
         }
         reaped
     }
@@ -391,13 +405,14 @@ impl Spawner {
         };
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
-        let image = match &spec.rootfs {
+        let mounted = match &spec.rootfs {
             RootSource::Image { path, size, digest } => Some(
                 crate::images::ensure_mounted(&self.run_dir, path, *size, digest)
                     .map_err(|e| SpawnError::Template(e.to_string()))?,
             ),
             _ => None,
         };
+        let image = mounted.as_ref().map(|m| m.path().to_path_buf());
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         // Forking is only sound single-threaded (see clone3_fork); checked on every create,
@@ -496,6 +511,14 @@ impl Spawner {
             };
             // A child that already failed has closed its end; its report is read below.
             let _ = control::send_to_init(control, &ToInit::NetNs { netns });
+        }
+        // The child has its own copy of the image's mount now; this spawner keeps image mounts
+        // in place until it ends (see crate::images).
+        if let Some(m) = mounted {
+            let mut in_use = self.images_in_use.borrow_mut();
+            if in_use.is_none() {
+                *in_use = Some(m.into_lock());
+            }
         }
         sb.cgroup.complete(spec)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);

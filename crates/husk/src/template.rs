@@ -395,7 +395,13 @@ fn export(store: &Arc<Store>, name: &str, output: Option<PathBuf>, push: Option<
         Err(e) => return fail(format_args!("async runtime: {e}")),
     };
     let opts = RegistryOptions::from_env();
-    match runtime.block_on(oci::export(&rootfs, &config, &annotations, &target, &opts)) {
+    match runtime.block_on(oci::export(
+        rootfs.path(),
+        &config,
+        &annotations,
+        &target,
+        &opts,
+    )) {
         Ok(s) => {
             let to = match &target {
                 ExportTarget::Layout(p) => p.display().to_string(),
