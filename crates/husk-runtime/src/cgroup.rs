@@ -93,6 +93,13 @@ pub enum CgroupError {
     /// The cgroup husk manages kept processes that could not be moved into [`LEAF`].
     #[error("cgroup {} still holds processes {pids:?} that could not be moved into its leaf {LEAF}/", .cgroup.display())]
     Busy { cgroup: PathBuf, pids: Vec<i32> },
+    /// The cgroup husk manages cannot be written (a container's read-only `/sys/fs/cgroup`).
+    #[error("cannot manage cgroups below {}: {source}; husk needs a writable cgroup it may manage (in a container: a private cgroup namespace with /sys/fs/cgroup mounted read-write, e.g. `docker run --privileged --cgroupns=private`); `husk doctor` checks this host", .cgroup.display())]
+    NotWritable {
+        cgroup: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// A file operation on a cgroup failed.
     #[error("cgroup {}", .path.display())]
     Io {
@@ -513,6 +520,17 @@ fn enable_below(base: &Path, enable: &str) -> Result<(), CgroupError> {
     let st = base.join("cgroup.subtree_control");
     match fs::write(&st, enable) {
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EROFS | libc::EACCES | libc::EPERM)
+            ) =>
+        {
+            return Err(CgroupError::NotWritable {
+                cgroup: base.to_owned(),
+                source: e,
+            })
+        }
         other => return other.map_err(io_err(&st)),
     }
     move_all(base, &base.join(LEAF))?;
