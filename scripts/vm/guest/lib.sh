@@ -9,6 +9,8 @@ VENV_PY=/opt/husk-vm/venv/bin/python
 # Settings from scripts/test-vm (HUSK_VM_KINDS, TEMPLATE_NAME, TEMPLATE_STATE).
 # shellcheck disable=SC1091
 [ -f "$P/config" ] && . "$P/config"
+# The kinds that run the whole SDK check (the others a smoke of it: TCG is slow).
+FULL_SDK_KINDS="${HUSK_VM_FULL_SDK_KINDS:-service container}"
 # The template built on the host and carried in (see scripts/test-vm), set by the payload's
 # config; the directory exists only if the build worked.
 TEMPLATE_NAME="${TEMPLATE_NAME:-vmt-busybox}"
@@ -20,7 +22,8 @@ record() {
   local d="${4:-}"
   d="${d//$'\t'/ }"; d="${d//$'\n'/ | }"; d="${d:0:600}"
   printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$d" >>"$R/results.tsv"
-  printf 'HUSK-VM: %-13s %-15s %-4s %s\n' "$1" "$2" "$3" "${d:0:160}" >/dev/console 2>/dev/null || true
+  printf 'HUSK-VM: [%6.0fs] %-13s %-15s %-4s %s\n' "$(cut -d' ' -f1 /proc/uptime)" "$1" "$2" "$3" "${d:0:160}" \
+    >/dev/console 2>/dev/null || true
 }
 
 # What husk runs under: nothing, or (the "scope" kind) a delegated transient scope of its own.
@@ -32,16 +35,16 @@ HUSK_WRAP=()
 hr() {
   local name="$1" secs="$2"; shift 2
   local rc=0
-  echo "+ husk $*" >"$L/$name.err"
+  { printf '+ husk'; printf ' %q' "$@"; echo; } >"$L/$name.err"
   timeout -k 10 "$secs" "${HUSK_WRAP[@]}" "$H" "$@" >"$L/$name.out" 2>>"$L/$name.err" </dev/null || rc=$?
   OUT="$(cat "$L/$name.out")"
-  ERR_TAIL="$(tail -n 3 "$L/$name.err" | tr '\n' ' ')"
+  ERR_TAIL="$(grep -v "^+ husk " "$L/$name.err" | tail -n 3 | tr "\n" " ")"
   return "$rc"
 }
 
 # What husk may leave behind, one line each: cgroups, mounts (outside the state dirs of these
 # checks, whose workspace mounts stay by design), processes of the husk binary, network links,
-# nftables tables, files in /run/husk. Compared before and after a host kind's checks.
+# nftables tables. (Files in /run/husk are not counted: husk keeps caches there.) Compared before and after a host kind's checks.
 leftover_state() {
   find /sys/fs/cgroup -mindepth 1 -type d -ipath '*husk*' 2>/dev/null | sed 's/^/cgroup /'
   awk -v v="$V" 'index($5, v) != 1 && /husk/ { print "mount " $5 }' /proc/self/mountinfo
@@ -54,8 +57,6 @@ leftover_state() {
   done
   ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print "link " $2 }'
   nft list tables 2>/dev/null | sed 's/^/nft /'
-  # Files (not the empty directories husk keeps) under its runtime directory.
-  find /run/husk -mindepth 1 ! -type d 2>/dev/null | sed 's/^/file /'
 }
 
 # Unmounts everything at or below DIR (deepest first) and removes it.
