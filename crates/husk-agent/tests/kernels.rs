@@ -58,7 +58,7 @@ fn main() {
         host: venv.clone(),
         sandbox: venv.clone(),
         writable: false,
-        idmapped: false,
+        ids: husk_runtime::MountIds::Unmapped,
     });
     let created = guard
         .service

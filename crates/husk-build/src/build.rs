@@ -123,6 +123,8 @@ struct Stack {
     top_key: String,
     /// The base's sandbox defaults; their environment is also every step's starting one.
     defaults: TemplateDefaults,
+    /// A base template's image, kept mounted while the build uses it.
+    mounted: Option<husk_runtime::images::Mounted>,
 }
 
 impl Stack {
@@ -224,6 +226,7 @@ impl Builder {
             layers: Vec::new(),
             top_key: String::new(),
             defaults: TemplateDefaults::default(),
+            mounted: None,
         };
         match &plan.base {
             Base::Scratch => {
@@ -301,7 +304,7 @@ impl Builder {
                     husk_core::template::Templates::new(self.store.clone())
                         .verify(&rec)
                         .map_err(|e| BuildError::Other(e.to_string()))?;
-                    let mp = husk_runtime::images::ensure_mounted(
+                    let mounted = husk_runtime::images::ensure_mounted(
                         &self.opts.run_dir,
                         &rec.image,
                         rec.size,
@@ -314,7 +317,7 @@ impl Builder {
                         k.finish()
                     };
                     stack.layers.push(Layer {
-                        dir: mp,
+                        dir: mounted.path().to_path_buf(),
                         record: LayerRecord {
                             key: key.clone(),
                             step: format!("template {} ({})", rec.name, rec.digest),
@@ -323,6 +326,8 @@ impl Builder {
                     });
                     stack.top_key = key;
                     stack.defaults = rec.manifest.defaults.clone();
+                    // Every step's sandbox stacks on it: mounted until the build ends.
+                    stack.mounted = Some(mounted);
                     progress.step_done(1, StepOutcome::Cached);
                     return Ok((stack, format!("template {} ({})", rec.name, rec.digest)));
                 }

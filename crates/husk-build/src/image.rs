@@ -170,7 +170,7 @@ async fn write(
     // Measured through the mounted image (the same mount sandboxes will share).
     let rootfs_bytes = husk_runtime::images::ensure_mounted(run_dir, &path, size, &digest)
         .ok()
-        .and_then(|mp| crate::layers::tree_size(&mp).ok())
+        .and_then(|mp| crate::layers::tree_size(mp.path()).ok())
         .map_or(0, |(bytes, _)| bytes);
     Ok(Image {
         path,

@@ -87,7 +87,7 @@ pub async fn run(
             host: ca.to_path_buf(),
             sandbox: PathBuf::from(BUILD_CA_PATH),
             writable: false,
-            idmapped: false,
+            ids: husk_runtime::MountIds::Unmapped,
         });
     }
     let sp = spawner.clone();

@@ -568,7 +568,7 @@ impl Manager {
                 host,
                 sandbox,
                 writable: m.writable,
-                idmapped: true,
+                ids: husk_runtime::MountIds::Shared,
             });
         }
         Ok(out)

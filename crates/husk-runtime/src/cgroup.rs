@@ -1,10 +1,19 @@
-//! A cgroup per sandbox, under the husk process's own cgroup in every hierarchy, on cgroup v1,
-//! v2 and hybrid hosts.
+//! A cgroup per sandbox, under a cgroup husk may manage, on cgroup v1, v2 and hybrid hosts.
 //!
 //! On a hybrid host (v1 controllers, v2 core files) memory/pids/cpu limits come from the v1
 //! hierarchies that carry those controllers, and the unified v2 hierarchy still gives
 //! `cgroup.kill` and `cgroup.freeze`. On a pure v2 host everything lives in one directory.
 //! Each controller is taken from v1 if a v1 hierarchy has it, else from v2.
+//!
+//! Which v2 cgroup husk may write below ([`CgroupLayout::acquire`]):
+//! - on a systemd host, a delegated one: the unit husk runs in if it has `Delegate=yes` (the
+//!   shipped `husk.service`), else a transient scope systemd creates for it ([`crate::systemd`]);
+//! - without systemd (a container with its own cgroup namespace, a minimal VM), the cgroup it
+//!   was started in.
+//!
+//! v2's "no internal processes" rule allows controllers below a cgroup only once it holds no
+//! process itself, so every process of that cgroup (husk, and whatever shares a delegated unit
+//! with it) first moves into the leaf [`LEAF`]; sandboxes go beside it, below `husk/`.
 
 use std::fs;
 use std::io;
@@ -12,15 +21,85 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::systemd::{Delegation, SystemdError};
+
+/// The leaf cgroup that takes the processes of the cgroup husk manages (v2 only).
+pub const LEAF: &str = "husk-leaf";
+
+/// A controller husk uses for limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Controller {
+    Memory,
+    Pids,
+    Cpu,
+}
+
+impl Controller {
+    /// All of them, in the order limits are written.
+    pub const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+        }
+    }
+
+    /// What a missing controller leaves unenforced, for messages.
+    fn limit(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory limits (--memory, and --disk, /dev/shm kept in RAM)",
+            Controller::Pids => "process limits (--pids)",
+            Controller::Cpu => "CPU limits (--cpus)",
+        }
+    }
+}
+
+impl std::str::FromStr for Controller {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Controller::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("unknown cgroup controller `{s}` (memory, pids or cpu)"))
+    }
+}
+
+/// Why a controller is not there, which decides the remedy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lack {
+    /// The kernel has it in no hierarchy.
+    Kernel,
+    /// The kernel has it, but it is not enabled for `cgroup` (its parent's
+    /// `cgroup.subtree_control` lacks it), which husk may not change.
+    NotDelegated { cgroup: PathBuf, systemd: bool },
+}
+
 /// Errors of cgroup discovery and management.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    /// The host has no hierarchy carrying a controller husk needs.
-    #[error("cgroup controller `{0}` is not available on this host (neither v1 nor v2); enable it in the kernel/boot options")]
-    MissingController(&'static str),
+    /// A controller husk needs is not available to it.
+    #[error("{}", missing_message(*.controller, .lack))]
+    MissingController { controller: Controller, lack: Lack },
     /// Reading the process's cgroup membership or the mount table failed.
     #[error("cannot discover cgroups: {0}")]
     Discover(String),
+    /// systemd runs this host but gave husk no delegated cgroup.
+    #[error("{0}; husk needs a cgroup delegated by systemd: run it as the shipped unit (dist/husk.service, `Delegate=yes`) or under `systemd-run --scope -p Delegate=yes husk ...`; `husk doctor` checks this host")]
+    Systemd(#[source] SystemdError),
+    /// The cgroup husk manages kept processes that could not be moved into [`LEAF`].
+    #[error("cgroup {} still holds processes {pids:?} that could not be moved into its leaf {LEAF}/", .cgroup.display())]
+    Busy { cgroup: PathBuf, pids: Vec<i32> },
+    /// The cgroup husk manages cannot be written (a container's read-only `/sys/fs/cgroup`).
+    #[error("cannot manage cgroups below {}: {source}; husk needs a writable cgroup it may manage (in a container: a private cgroup namespace with /sys/fs/cgroup mounted read-write, e.g. `docker run --privileged --cgroupns=private`); `husk doctor` checks this host", .cgroup.display())]
+    NotWritable {
+        cgroup: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// A file operation on a cgroup failed.
     #[error("cgroup {}", .path.display())]
     Io {
@@ -33,6 +112,31 @@ pub enum CgroupError {
     NotEmpty(PathBuf),
 }
 
+fn missing_message(c: Controller, lack: &Lack) -> String {
+    let name = c.name();
+    let optout = format!(
+        "or accept running without {} by starting husk with `--unenforced-limits {name}`; `husk doctor` checks this host",
+        c.limit()
+    );
+    match lack {
+        Lack::Kernel => format!(
+            "this kernel has no `{name}` cgroup controller (in neither cgroup v1 nor v2): enable it in the kernel configuration or boot options (`cgroup_disable=`, `systemd.unified_cgroup_hierarchy`), {optout}"
+        ),
+        Lack::NotDelegated { cgroup, systemd: true } => format!(
+            "the `{name}` cgroup controller exists but systemd did not delegate it to {}: run husk as the shipped unit (dist/husk.service, `Delegate=yes`) or under `systemd-run --scope -p Delegate=yes`, {optout}",
+            cgroup.display()
+        ),
+        Lack::NotDelegated { cgroup, systemd: false } => {
+            let parent = cgroup.parent().unwrap_or(cgroup);
+            format!(
+                "the `{name}` cgroup controller exists but is not enabled for {} (husk's cgroup): enable it from outside, `echo +{name} > {}/cgroup.subtree_control` on the host (for a container: give it a cgroup namespace whose cgroup has `{name}` delegated, e.g. Docker with cgroup v2), {optout}",
+                cgroup.display(),
+                parent.display()
+            )
+        }
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
     move |source| CgroupError::Io {
         path: path.to_owned(),
@@ -40,18 +144,38 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
     }
 }
 
-/// The controllers husk uses for limits.
-const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+/// What the operator allowed husk to do without.
+#[derive(Debug, Clone, Default)]
+pub struct CgroupOptions {
+    /// Controllers whose limits the operator accepts not to enforce where the host lacks them
+    /// (`--unenforced-limits`). husk still uses them where it can get them.
+    pub unenforced: Vec<Controller>,
+}
+
+/// How husk got the cgroup it manages, for logs and `husk doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Every controller comes from cgroup v1 (hybrid and v1 hosts): below husk's own cgroups.
+    V1,
+    /// systemd delegated husk's unit, or a scope it created for husk.
+    Systemd(Delegation),
+    /// No systemd: the cgroup husk was started in.
+    Own,
+}
 
 /// Where each hierarchy's sandbox parent directory is.
 #[derive(Debug, Clone)]
 pub struct CgroupLayout {
     /// v1 directories by controller name (memory, pids, cpu, freezer), each `<own>/husk`.
     v1: Vec<(&'static str, PathBuf)>,
-    /// `<own>/husk` in the unified hierarchy, if one is mounted.
+    /// `<base>/husk` in the unified hierarchy, if one is mounted.
     v2: Option<PathBuf>,
-    /// Controllers served by v2 (those no v1 hierarchy carries).
+    /// Controllers served by v2 (those no v1 hierarchy carries), once [`CgroupLayout::prepare`]
+    /// found them; before, those husk needs from v2.
     v2_controllers: Vec<&'static str>,
+    /// Controllers the host does not give husk and the operator accepted to go without.
+    unenforced: Vec<Controller>,
+    origin: Origin,
 }
 
 struct Mount {
@@ -94,7 +218,43 @@ fn join(mount: &Mount, own: &str) -> PathBuf {
     mount.point.join(rel.trim_start_matches('/'))
 }
 
+/// The v2 cgroup husk manages given the one it runs in: the parent if it runs in [`LEAF`]
+/// (an earlier husk process of the same unit moved it there).
+fn base_of(own: PathBuf) -> PathBuf {
+    match own.parent() {
+        Some(parent) if own.file_name().is_some_and(|n| n == LEAF) => parent.to_owned(),
+        _ => own,
+    }
+}
+
 impl CgroupLayout {
+    /// Gets a cgroup husk may manage and prepares it ([`CgroupLayout::prepare`]): on a systemd
+    /// host whose controllers come from v2, asks systemd for delegation first (see the module
+    /// documentation). The caller must be single-threaded.
+    pub fn acquire(options: &CgroupOptions) -> Result<Self, CgroupError> {
+        let mut layout = Self::discover()?;
+        if !layout.v2_controllers.is_empty() && crate::systemd::booted() {
+            let delegated_here = layout
+                .v2
+                .as_ref()
+                .and_then(|p| p.parent())
+                .is_some_and(marked_delegated);
+            let delegation = if delegated_here {
+                Delegation::Delegated {
+                    unit: String::from("(marked trusted.delegate)"),
+                }
+            } else {
+                crate::systemd::ensure_delegated().map_err(CgroupError::Systemd)?
+            };
+            if matches!(delegation, Delegation::Scope { .. }) {
+                layout = Self::discover()?;
+            }
+            layout.origin = Origin::Systemd(delegation);
+        }
+        layout.prepare(options)?;
+        Ok(layout)
+    }
+
     /// Discovers the hierarchies from /proc/self/cgroup and /proc/self/mountinfo.
     pub fn discover() -> Result<Self, CgroupError> {
         let cg = fs::read_to_string("/proc/self/cgroup")
@@ -116,7 +276,7 @@ impl CgroupLayout {
             };
             if ctrls.is_empty() {
                 if let Some(m) = mounts.iter().find(|m| m.v2) {
-                    v2 = Some(join(m, path).join("husk"));
+                    v2 = Some(base_of(join(m, path)).join("husk"));
                 }
                 continue;
             }
@@ -132,29 +292,63 @@ impl CgroupLayout {
                 }
             }
         }
-        let mut v2_controllers = Vec::new();
-        for c in CONTROLLERS {
-            if v1.iter().any(|(n, _)| *n == c) {
-                continue;
-            }
-            let available = v2
-                .as_ref()
-                .and_then(|p| p.parent().map(|p| p.join("cgroup.controllers")))
-                .and_then(|p| fs::read_to_string(p).ok())
-                .is_some_and(|s| s.split_whitespace().any(|x| x == c));
-            if !available {
-                return Err(CgroupError::MissingController(c));
-            }
-            v2_controllers.push(c);
-        }
+        let v2_controllers: Vec<&'static str> = Controller::ALL
+            .into_iter()
+            .map(Controller::name)
+            .filter(|c| !v1.iter().any(|(n, _)| n == c))
+            .collect();
         if v2.is_none() && !v1.iter().any(|(n, _)| *n == "freezer") {
-            return Err(CgroupError::MissingController("freezer"));
+            return Err(CgroupError::Discover(
+                "neither a cgroup v2 hierarchy nor a v1 freezer is mounted: mount cgroup2 at /sys/fs/cgroup".into(),
+            ));
         }
         Ok(CgroupLayout {
             v1,
             v2,
             v2_controllers,
+            unenforced: Vec::new(),
+            origin: Origin::Own,
         })
+    }
+
+    /// How husk got its cgroup.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// Controllers whose limits are not enforced (the operator's `--unenforced-limits`, where
+    /// the host lacks them).
+    pub fn unenforced(&self) -> &[Controller] {
+        &self.unenforced
+    }
+
+    /// One line for logs: where sandboxes' cgroups go, how husk got there, what is enforced.
+    pub fn summary(&self) -> String {
+        let whence = match &self.origin {
+            Origin::V1 => "cgroup v1 controllers below husk's own cgroups".to_owned(),
+            Origin::Own => "the cgroup husk was started in (no systemd)".to_owned(),
+            Origin::Systemd(Delegation::Delegated { unit }) => {
+                format!("delegated by systemd to {unit}")
+            }
+            Origin::Systemd(Delegation::Scope { unit, from }) => {
+                format!("systemd scope {unit} with Delegate=yes (started from {from})")
+            }
+        };
+        let place = self
+            .v2
+            .as_ref()
+            .or(self.v1.first().map(|(_, p)| p))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let mut out = format!("sandbox cgroups in {place}: {whence}");
+        if !self.unenforced.is_empty() {
+            let names: Vec<&str> = self.unenforced.iter().map(|c| c.name()).collect();
+            out.push_str(&format!(
+                "; NOT ENFORCED (--unenforced-limits): {}",
+                names.join(", ")
+            ));
+        }
+        out
     }
 
     /// The `husk` parent directories, one per hierarchy used.
@@ -164,45 +358,49 @@ impl CgroupLayout {
         out
     }
 
-    /// Creates the parent directories and, on v2, delegates the controllers husk needs to them.
-    pub fn prepare(&mut self) -> Result<(), CgroupError> {
+    /// Creates the parent directories and, on v2, enables the controllers husk needs for them
+    /// (moving the processes of the cgroup it manages into [`LEAF`] where v2 requires it).
+    pub fn prepare(&mut self, options: &CgroupOptions) -> Result<(), CgroupError> {
+        if self.v2_controllers.is_empty() {
+            self.origin = match self.origin {
+                Origin::Own => Origin::V1,
+                ref o => o.clone(),
+            };
+        }
         if let Some(v2) = &self.v2 {
+            let base = v2.parent().unwrap_or(v2).to_owned();
+            let (enabled, unenforced) =
+                check_available(&base, &self.v2_controllers, &options.unenforced)?;
+            self.v2_controllers = enabled;
+            self.unenforced = unenforced;
+            if !self.v2_controllers.is_empty() {
+                let enable: String = self
+                    .v2_controllers
+                    .iter()
+                    .map(|c| format!("+{c} "))
+                    .collect();
+                enable_below(&base, &enable)?;
+                fs::create_dir_all(v2).map_err(io_err(v2))?;
+                let st = v2.join("cgroup.subtree_control");
+                fs::write(&st, &enable).map_err(io_err(&st))?;
+            }
             fs::create_dir_all(v2).map_err(io_err(v2))?;
             // The v2 core files (cgroup.freeze, cgroup.kill) replace the v1 freezer where the
             // kernel has them, which saves a hierarchy per sandbox.
             if v2.join("cgroup.freeze").exists() && v2.join("cgroup.kill").exists() {
                 self.v1.retain(|(n, _)| *n != "freezer");
             }
+        } else if !self.v2_controllers.is_empty() {
+            return Err(CgroupError::MissingController {
+                controller: Controller::ALL
+                    .into_iter()
+                    .find(|c| c.name() == self.v2_controllers[0])
+                    .unwrap_or(Controller::Memory),
+                lack: Lack::Kernel,
+            });
         }
         for p in self.parents() {
             fs::create_dir_all(&p).map_err(io_err(&p))?;
-        }
-        if let (Some(v2), false) = (&self.v2, self.v2_controllers.is_empty()) {
-            let enable: String = self
-                .v2_controllers
-                .iter()
-                .map(|c| format!("+{c} "))
-                .collect();
-            let own = v2.parent().unwrap_or(v2);
-            // v2's "no internal processes" rule: controllers can only be delegated below a
-            // cgroup that has no processes of its own. If husk shares its cgroup, it moves itself
-            // into a leaf first.
-            let st = own.join("cgroup.subtree_control");
-            if let Err(e) = fs::write(&st, &enable) {
-                if e.raw_os_error() != Some(libc::EBUSY) {
-                    return Err(CgroupError::Io {
-                        path: st,
-                        source: e,
-                    });
-                }
-                let leaf = own.join("husk-spawner");
-                fs::create_dir_all(&leaf).map_err(io_err(&leaf))?;
-                let procs = leaf.join("cgroup.procs");
-                fs::write(&procs, "0").map_err(io_err(&procs))?;
-                fs::write(&st, &enable).map_err(io_err(&st))?;
-            }
-            let st = v2.join("cgroup.subtree_control");
-            fs::write(&st, &enable).map_err(io_err(&st))?;
         }
         Ok(())
     }
@@ -257,6 +455,122 @@ impl CgroupLayout {
             v1: self.v1.iter().map(|(c, p)| (*c, p.join(name))).collect(),
             v2: self.v2.as_ref().map(|p| p.join(name)),
             v2_controllers: self.v2_controllers.clone(),
+        }
+    }
+}
+
+/// Whether systemd marked `cgroup` as delegated (the `trusted.delegate` attribute it sets on
+/// the cgroup of every unit with `Delegate=yes`, since systemd 251). Older systemd is asked
+/// over D-Bus instead.
+fn marked_delegated(cgroup: &Path) -> bool {
+    crate::sys::cpath(cgroup)
+        .ok()
+        .and_then(|p| crate::sys::getxattr(&p, "trusted.delegate").ok().flatten())
+        .is_some_and(|v| v == b"1")
+}
+
+/// Which of `needed` the cgroup `base` can give its children (its `cgroup.controllers`), and
+/// which missing ones the operator accepted to go without; an error for any other.
+fn check_available(
+    base: &Path,
+    needed: &[&'static str],
+    unenforced: &[Controller],
+) -> Result<(Vec<&'static str>, Vec<Controller>), CgroupError> {
+    let list = base.join("cgroup.controllers");
+    let available = fs::read_to_string(&list).map_err(io_err(&list))?;
+    let (mut have, mut without) = (Vec::new(), Vec::new());
+    for &name in needed {
+        if available.split_whitespace().any(|c| c == name) {
+            have.push(name);
+            continue;
+        }
+        let controller = name.parse::<Controller>().map_err(CgroupError::Discover)?;
+        if unenforced.contains(&controller) {
+            without.push(controller);
+            continue;
+        }
+        let lack = if kernel_has(name) {
+            Lack::NotDelegated {
+                cgroup: base.to_owned(),
+                systemd: crate::systemd::booted(),
+            }
+        } else {
+            Lack::Kernel
+        };
+        return Err(CgroupError::MissingController { controller, lack });
+    }
+    Ok((have, without))
+}
+
+/// Whether the kernel has `controller` enabled at all (/proc/cgroups, which lists every
+/// controller the kernel was built with, in any hierarchy or none).
+fn kernel_has(controller: &str) -> bool {
+    fs::read_to_string("/proc/cgroups").is_ok_and(|s| {
+        s.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&controller) && f.get(3) == Some(&"1")
+        })
+    })
+}
+
+/// Enables `enable` ("+memory +pids ...") in `base`'s `cgroup.subtree_control`. If `base` holds
+/// processes (v2 refuses with EBUSY), they all move into [`LEAF`] first: husk itself, and in a
+/// delegated unit whatever else runs there (the script that called husk, say).
+fn enable_below(base: &Path, enable: &str) -> Result<(), CgroupError> {
+    let st = base.join("cgroup.subtree_control");
+    match fs::write(&st, enable) {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EROFS | libc::EACCES | libc::EPERM)
+            ) =>
+        {
+            return Err(CgroupError::NotWritable {
+                cgroup: base.to_owned(),
+                source: e,
+            })
+        }
+        other => return other.map_err(io_err(&st)),
+    }
+    move_all(base, &base.join(LEAF))?;
+    fs::write(&st, enable).map_err(io_err(&st))
+}
+
+/// Moves every process of `from` into `to` (created if needed), until `from` is empty: a
+/// process may fork while the others move, so this repeats, within a deadline.
+fn move_all(from: &Path, to: &Path) -> Result<(), CgroupError> {
+    fs::create_dir_all(to).map_err(io_err(to))?;
+    let procs = to.join("cgroup.procs");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut moved_once = false;
+    loop {
+        let pids = read_pids(from);
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(CgroupError::Busy {
+                cgroup: from.to_owned(),
+                pids,
+            });
+        }
+        if moved_once {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        moved_once = true;
+        for pid in pids {
+            match fs::write(&procs, pid.to_string()) {
+                Ok(()) => {}
+                // Gone meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => {
+                    return Err(CgroupError::Io {
+                        path: procs.clone(),
+                        source,
+                    })
+                }
+            }
         }
     }
 }
@@ -615,14 +929,173 @@ mod tests {
     }
 
     #[test]
-    fn missing_controller_is_a_clear_error() {
-        let cg = "0::/\n";
-        let mi = "41 31 0:38 / /nonexistent-cgroup2 rw - cgroup2 cgroup2 rw\n";
-        let err = CgroupLayout::from_tables(cg, mi).unwrap_err();
-        assert!(
-            matches!(err, CgroupError::MissingController("memory")),
-            "{err}"
+    fn no_hierarchy_at_all_is_a_clear_error() {
+        let err = CgroupLayout::from_tables("0::/\n", "").unwrap_err();
+        assert!(err.to_string().contains("mount cgroup2"), "{err}");
+    }
+
+    #[test]
+    fn pure_v2_needs_every_controller_from_v2_below_its_own_cgroup() {
+        let cg = "0::/system.slice/husk.service\n";
+        let mi = "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let l = CgroupLayout::from_tables(cg, mi).unwrap();
+        assert_eq!(
+            l.v2,
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/system.slice/husk.service/husk"
+            ))
         );
+        assert_eq!(l.v2_controllers, ["memory", "pids", "cpu"]);
+        assert!(l.v1.is_empty());
+    }
+
+    #[test]
+    fn a_process_in_the_leaf_manages_the_cgroup_above_it() {
+        // The second `husk run` of a script in a delegated unit: the first moved the script
+        // (and so its later children) into the leaf; sandboxes still go beside the leaf.
+        let cg = "0::/system.slice/job.service/husk-leaf\n";
+        let mi = "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let l = CgroupLayout::from_tables(cg, mi).unwrap();
+        assert_eq!(
+            l.v2,
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/system.slice/job.service/husk"
+            ))
+        );
+    }
+
+    #[test]
+    fn missing_controllers_name_the_remedy_for_the_kind_of_host() {
+        let systemd = CgroupError::MissingController {
+            controller: Controller::Cpu,
+            lack: Lack::NotDelegated {
+                cgroup: PathBuf::from("/sys/fs/cgroup/user.slice/session-1.scope"),
+                systemd: true,
+            },
+        }
+        .to_string();
+        assert!(
+            systemd.contains("`cpu`") && systemd.contains("Delegate=yes"),
+            "{systemd}"
+        );
+        assert!(systemd.contains("--unenforced-limits cpu"), "{systemd}");
+        assert!(systemd.contains("husk doctor"), "{systemd}");
+        assert!(!systemd.contains("kernel"), "{systemd}");
+        let container = CgroupError::MissingController {
+            controller: Controller::Pids,
+            lack: Lack::NotDelegated {
+                cgroup: PathBuf::from("/sys/fs/cgroup/ctr"),
+                systemd: false,
+            },
+        }
+        .to_string();
+        assert!(
+            container.contains("echo +pids > /sys/fs/cgroup/cgroup.subtree_control"),
+            "{container}"
+        );
+        let kernel = CgroupError::MissingController {
+            controller: Controller::Memory,
+            lack: Lack::Kernel,
+        }
+        .to_string();
+        assert!(kernel.contains("kernel"), "{kernel}");
+    }
+
+    /// The cgroup v2 root of this host, and a controller it offers (hugetlb on the hybrid
+    /// development host, every one on a pure v2 host).
+    fn v2_root_and_controller() -> (PathBuf, String) {
+        let mi = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let root = parse_mounts(&mi)
+            .into_iter()
+            .find(|m| m.v2 && m.root == "/")
+            .expect("a cgroup v2 hierarchy is mounted")
+            .point;
+        let controllers = fs::read_to_string(root.join("cgroup.controllers")).unwrap();
+        let c = controllers
+            .split_whitespace()
+            .next()
+            .expect("the v2 root offers a controller")
+            .to_owned();
+        (root, c)
+    }
+
+    /// A scratch cgroup with a process in it; the process is killed and the cgroups removed
+    /// on drop.
+    struct Busy {
+        dir: PathBuf,
+        child: std::process::Child,
+        /// The v2 root's `cgroup.subtree_control` and the controller the test enabled there
+        /// (to be disabled again), if it was not enabled before.
+        enabled_at_root: Option<(PathBuf, String)>,
+    }
+
+    impl Drop for Busy {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let leaf = self.dir.join(LEAF);
+            let _ = poll_until(Instant::now() + Duration::from_secs(5), || {
+                fs::remove_dir(&leaf).is_ok() || !leaf.exists()
+            });
+            let _ = fs::remove_dir(&self.dir);
+            if let Some((st, c)) = &self.enabled_at_root {
+                let _ = fs::write(st, format!("-{c}"));
+            }
+        }
+    }
+
+    // v2's "no internal processes" rule, on the real kernel: a cgroup whose processes block
+    // controllers below it (EBUSY) gets them moved into its leaf, and then its controllers.
+    #[test]
+    fn a_cgroup_with_processes_moves_them_into_its_leaf_to_enable_controllers() {
+        let (root, controller) = v2_root_and_controller();
+        let dir = root.join(format!(
+            "husk-test-leaf-{}-{:x}",
+            std::process::id(),
+            crate::sys::random_u64().unwrap()
+        ));
+        // The controller must reach the test's cgroup: on the development host nothing enables
+        // hugetlb at the root, so the test does, and disables it again afterwards.
+        let root_st = root.join("cgroup.subtree_control");
+        let at_root = fs::read_to_string(&root_st).unwrap();
+        let enabled_at_root = if at_root.split_whitespace().any(|c| c == controller) {
+            None
+        } else {
+            fs::write(&root_st, format!("+{controller}")).unwrap();
+            Some((root_st, controller.clone()))
+        };
+        fs::create_dir(&dir).unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let busy = Busy {
+            dir,
+            child,
+            enabled_at_root,
+        };
+        fs::write(busy.dir.join("cgroup.procs"), busy.child.id().to_string()).unwrap();
+        let enable = format!("+{controller}");
+        // v2 refuses this with EBUSY: the cgroup has a process.
+        enable_below(&busy.dir, &enable).unwrap();
+        let enabled = fs::read_to_string(busy.dir.join("cgroup.subtree_control")).unwrap();
+        assert!(
+            enabled.split_whitespace().any(|c| c == controller),
+            "{enabled}"
+        );
+        assert!(read_pids(&busy.dir).is_empty());
+        assert_eq!(read_pids(&busy.dir.join(LEAF)), [busy.child.id() as i32]);
+        // Again, as a later husk process of the same unit does: nothing to move, no error.
+        enable_below(&busy.dir, &enable).unwrap();
+    }
+
+    #[test]
+    fn controller_names_parse_and_refuse_others() {
+        assert_eq!("cpu".parse::<Controller>(), Ok(Controller::Cpu));
+        assert!("io"
+            .parse::<Controller>()
+            .unwrap_err()
+            .contains("memory, pids or cpu"));
     }
 
     /// A scratch directory standing in for cgroup hierarchies, removed on drop.

@@ -7,6 +7,13 @@
 //! 0.05 ms), else through a read-only, auto-clearing loop device. Sandboxes never see this
 //! mount itself: each gets an id-mapped view of it (see [`crate::rootfs`]).
 //!
+//! Mounts stay only while a husk process uses them. Every user holds a shared lock on
+//! `<run_dir>/images/.lock` ([`Mounted`]; a spawner from its first image sandbox to its end);
+//! whoever finds the lock free for the taking ([`release_unused`]: a spawner as it ends, or at
+//! start, after a crash) detaches every image mount, so no mount outlives its last user and
+//! pins an image file a removed state directory held. Sandboxes keep their own references
+//! (their mount namespaces were copied while the mount existed).
+//!
 //! The image file is checked at every creation: a missing file or one whose size is not the
 //! size recorded when it was built (truncated, replaced) is refused with a clear error. The
 //! content digest is checked by the caller when it first uses an image (hashing hundreds of
@@ -77,20 +84,117 @@ pub fn mount_point(run_dir: &Path, digest: &str) -> Result<PathBuf, ImageError> 
     Ok(run_dir.join("images").join(digest_hex(digest)?))
 }
 
-/// Checks the image file and makes sure it is mounted; returns the mount point.
+/// A mounted image, which stays mounted as long as this value lives (it holds a shared lock
+/// that [`release_unused`] needs exclusively).
+#[derive(Debug)]
+pub struct Mounted {
+    path: PathBuf,
+    lock: fs::File,
+}
+
+impl Mounted {
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The lock alone: keeps every image mount of the run directory in place (a spawner holds
+    /// one for its lifetime).
+    pub fn into_lock(self) -> InUse {
+        InUse(self.lock)
+    }
+}
+
+/// Keeps every image mount in place while it lives (see [`Mounted::into_lock`]).
+#[derive(Debug)]
+pub struct InUse(#[allow(dead_code)] fs::File);
+
+/// Takes the images lock of `run_dir` shared (waiting while a [`release_unused`] runs) or,
+/// with `exclusive`, tries to take it alone (`None` if any user holds it).
+fn images_lock(run_dir: &Path, exclusive: bool) -> Result<Option<fs::File>, ImageError> {
+    use std::os::fd::AsRawFd;
+    let images = run_dir.join("images");
+    fs::create_dir_all(&images).map_err(io_ctx(format!("create {}", images.display())))?;
+    let _ = fs::set_permissions(&images, fs::Permissions::from_mode(0o711));
+    let path = images.join(".lock");
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_ctx(format!("open {}", path.display())))?;
+    // Open-file-description locks: released when the holder's fd closes, a crash included.
+    let mut fl = libc::flock {
+        l_type: if exclusive {
+            libc::F_WRLCK
+        } else {
+            libc::F_RDLCK
+        } as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 1,
+        l_pid: 0,
+    };
+    let cmd = if exclusive {
+        libc::F_OFD_SETLK
+    } else {
+        libc::F_OFD_SETLKW
+    };
+    let got = sys::fcntl_lock(file.as_raw_fd(), cmd, &mut fl)
+        .map_err(io_ctx(format!("lock {}", path.display())))?;
+    Ok(got.then_some(file))
+}
+
+/// Detaches every image mount under `run_dir` if no husk process uses images (nobody holds
+/// the images lock); returns how many it detached. Sandboxes that use them keep their own
+/// references.
+pub fn release_unused(run_dir: &Path) -> Result<usize, ImageError> {
+    let images = run_dir.join("images");
+    if !images.is_dir() {
+        return Ok(0);
+    }
+    let Some(_alone) = images_lock(run_dir, true)? else {
+        return Ok(0);
+    };
+    let mut detached = 0;
+    let Ok(rd) = fs::read_dir(&images) else {
+        return Ok(0);
+    };
+    for digest in rd
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+    {
+        // husk before 0.1 mounted an image at the digest's directory itself.
+        detached += detach(&digest.path())?;
+        if let Ok(mounts) = fs::read_dir(digest.path()) {
+            for m in mounts.flatten() {
+                detached += detach(&m.path())?;
+                let _ = fs::remove_dir(m.path());
+            }
+        }
+        let _ = fs::remove_dir(digest.path());
+    }
+    Ok(detached)
+}
+
+/// Checks the image file and makes sure it is mounted; the mount stays while the returned
+/// value lives.
 pub fn ensure_mounted(
     run_dir: &Path,
     path: &Path,
     size: u64,
     digest: &str,
-) -> Result<PathBuf, ImageError> {
+) -> Result<Mounted, ImageError> {
     use std::os::unix::fs::MetadataExt;
+    let lock = images_lock(run_dir, false)?
+        .ok_or_else(|| io_ctx("lock images")(io::Error::from(io::ErrorKind::WouldBlock)))?;
     let meta = checked_file(path, size)?;
     let dir = mount_point(run_dir, digest)?;
     let mp = dir.join(format!("{}-{}", meta.dev(), meta.ino()));
     let mp_c = cpath(&mp).map_err(io_ctx("image mount point"))?;
     if sys::statfs_type(&mp_c).ok() == Some(EROFS_MAGIC) {
-        return Ok(mp);
+        return Ok(Mounted { path: mp, lock });
     }
     let images = run_dir.join("images");
     // husk before 0.1 mounted an image at `dir` itself.
@@ -104,7 +208,7 @@ pub fn ensure_mounted(
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(mp)
+    Ok(Mounted { path: mp, lock })
 }
 
 /// Refuses a missing image file or one of the wrong size.
@@ -170,13 +274,15 @@ pub fn unmount_replaced(run_dir: &Path, digest: &str, current: &Path) -> Result<
     Ok(())
 }
 
-/// Detaches every erofs mount stacked on `mp`.
-fn detach(mp: &Path) -> Result<(), ImageError> {
+/// Detaches every erofs mount stacked on `mp`; returns how many.
+fn detach(mp: &Path) -> Result<usize, ImageError> {
     let c = cpath(mp).map_err(io_ctx("image mount point"))?;
+    let mut n = 0;
     while sys::statfs_type(&c).ok() == Some(EROFS_MAGIC) {
         sys::umount2(&c, libc::MNT_DETACH).map_err(io_ctx(format!("unmount {}", mp.display())))?;
+        n += 1;
     }
-    Ok(())
+    Ok(n)
 }
 
 /// Detaches the mount of the image file `file` (after its template was removed; call before
@@ -268,13 +374,22 @@ mod tests {
     fn an_image_is_mounted_once_and_a_damaged_one_is_refused() {
         let (fx, image, size) = fixture();
         let run = fx.dir.join("run");
-        let mp = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        let mp = ensure_mounted(&run, &image, size, DIGEST)
+            .unwrap()
+            .path()
+            .to_path_buf();
         assert_eq!(
             fs::read_to_string(mp.join("etc/hello")).unwrap(),
             "from the image\n"
         );
         // Mounted once: a second call finds the mount.
-        assert_eq!(ensure_mounted(&run, &image, size, DIGEST).unwrap(), mp);
+        assert_eq!(
+            ensure_mounted(&run, &image, size, DIGEST)
+                .unwrap()
+                .path()
+                .to_path_buf(),
+            mp
+        );
         let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert_eq!(mounts.matches(mp.to_str().unwrap()).count(), 1);
         // A file replaced by a rebuild (a new inode) gets a mount of its own, never the
@@ -282,7 +397,10 @@ mod tests {
         let copy = fx.dir.join("copy.erofs");
         fs::copy(&image, &copy).unwrap();
         fs::rename(&copy, &image).unwrap();
-        let mp2 = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        let mp2 = ensure_mounted(&run, &image, size, DIGEST)
+            .unwrap()
+            .path()
+            .to_path_buf();
         assert_ne!(mp2, mp);
         assert_eq!(mp2.parent(), mp.parent());
         unmount_replaced(&run, DIGEST, &image).unwrap();
@@ -309,14 +427,49 @@ mod tests {
     }
 
     #[test]
+    fn mounts_stay_while_a_user_holds_them_and_go_with_the_last() {
+        let (fx, image, size) = fixture();
+        let run = fx.dir.join("run");
+        let first = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        let second = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        let mp = first.path().to_path_buf();
+        let erofs = |p: &Path| sys::statfs_type(&cpath(p).unwrap()).ok() == Some(EROFS_MAGIC);
+        assert!(erofs(&mp));
+        // Users left: nothing is detached.
+        assert_eq!(release_unused(&run).unwrap(), 0);
+        drop(first);
+        assert_eq!(release_unused(&run).unwrap(), 0);
+        assert!(erofs(&mp));
+        // A spawner's lifetime hold works the same.
+        let held = second.into_lock();
+        assert_eq!(release_unused(&run).unwrap(), 0);
+        drop(held);
+        // The last user gone: the mount and its directories go.
+        assert_eq!(release_unused(&run).unwrap(), 1);
+        assert!(!mp.exists(), "the mount point stayed");
+        assert!(!mount_point(&run, DIGEST).unwrap().exists());
+        // And the next user mounts it again.
+        let again = ensure_mounted(&run, &image, size, DIGEST).unwrap();
+        assert!(erofs(again.path()));
+        drop(again);
+        assert_eq!(release_unused(&run).unwrap(), 1);
+    }
+
+    #[test]
     fn unmounting_one_file_leaves_another_files_mount_of_the_same_image() {
         // Two state directories with the same template: two files, one digest.
         let (fx, image, size) = fixture();
         let run = fx.dir.join("run");
         let other = fx.dir.join("other.erofs");
         fs::copy(&image, &other).unwrap();
-        let mine = ensure_mounted(&run, &image, size, DIGEST).unwrap();
-        let theirs = ensure_mounted(&run, &other, size, DIGEST).unwrap();
+        let mine = ensure_mounted(&run, &image, size, DIGEST)
+            .unwrap()
+            .path()
+            .to_path_buf();
+        let theirs = ensure_mounted(&run, &other, size, DIGEST)
+            .unwrap()
+            .path()
+            .to_path_buf();
         assert_ne!(mine, theirs);
         unmount(&run, DIGEST, &image).unwrap();
         assert!(!mine.exists());

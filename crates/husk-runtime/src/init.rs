@@ -37,6 +37,9 @@ pub(crate) struct ChildArgs<'a> {
     pub image: Option<&'a Path>,
     /// The user namespace with this sandbox's id mapping, for id-mapped layers.
     pub idmap: Option<RawFd>,
+    /// Per mount of the spec: the user namespace of its owner mapping
+    /// ([`crate::MountIds::Owner`]).
+    pub mount_maps: &'a [Option<RawFd>],
     /// The spawner's argument area (the same addresses in this fork), to hide its contents.
     pub arg_area: Option<sys::ArgArea>,
 }
@@ -104,11 +107,20 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     }
     let agent_fd = args.agent.map_or(args.control, |(_, fd)| fd);
     let idmap_fd = args.idmap.unwrap_or(args.control);
-    sys::close_fds_from(3, &[args.control, agent_fd, idmap_fd]);
+    let mut keep = vec![args.control, agent_fd, idmap_fd];
+    keep.extend(args.mount_maps.iter().flatten());
+    sys::close_fds_from(3, &keep);
     {
         // SAFETY: the spawner keeps the fd open for the sandbox's lifetime; this child has its
         // own copy of the descriptor table, and the fd is closed below, after the build.
         let idmap = args.idmap.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
+        // SAFETY: the spawner holds these fds until this process is forked; this copy of the
+        // descriptor table keeps them (not closed just above) until after the build.
+        let mount_maps: Vec<Option<BorrowedFd<'_>>> = args
+            .mount_maps
+            .iter()
+            .map(|fd| fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) }))
+            .collect();
         rootfs::build(&RootfsPlan {
             spec: args.spec,
             template: args.template,
@@ -117,9 +129,10 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
             base: args.base,
             image: args.image,
             idmap,
+            mount_maps: &mount_maps,
         })?;
     }
-    if args.idmap.is_some() {
+    if args.idmap.is_some() || args.mount_maps.iter().any(Option::is_some) {
         // The id map is only needed for the mounts just made.
         sys::close_fds_from(3, &[args.control, agent_fd]);
     }

@@ -42,6 +42,7 @@ pub mod service;
 pub mod spawner;
 pub mod spec;
 pub mod sys;
+pub mod systemd;
 pub mod transfer;
 pub mod uidrange;
 pub mod usr_layer;
@@ -49,4 +50,4 @@ pub mod usr_layer;
 /// Re-exported for the constants and plain structs (`pollfd`, signal numbers) the safe API uses.
 pub use libc;
 pub use spawner::{Fate, Sandbox, SpawnError, Spawner};
-pub use spec::{Limits, MountSpec, NetworkMode, RootSource, SandboxSpec, User};
+pub use spec::{Limits, MountIds, MountSpec, NetworkMode, RootSource, SandboxSpec, User};

@@ -27,7 +27,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Component, Path, PathBuf};
 
 use crate::host_template::{HostTemplate, TopEntry};
-use crate::spec::{NetworkMode, RootSource, SandboxSpec};
+use crate::spec::{MountIds, NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, cpath};
 
 /// Files of a fresh /proc that describe the host rather than the sandbox (the host's tasks
@@ -66,6 +66,8 @@ pub struct RootfsPlan<'a> {
     /// The user namespace whose mapping id-mapped layers get ([`RootSource::Image`] and
     /// [`RootSource::Layers`]): the sandbox's own mapping.
     pub idmap: Option<std::os::fd::BorrowedFd<'a>>,
+    /// Per mount of the spec: its owner mapping ([`crate::MountIds::Owner`]), else `None`.
+    pub mount_maps: &'a [Option<std::os::fd::BorrowedFd<'a>>],
 }
 
 fn c(p: &Path) -> io::Result<CString> {
@@ -196,7 +198,7 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
         // Mount points are resolved inside the new root (a template's symlinks must not send
         // them onto the host), and mounted onto through the fd that resolution returned.
         let root_fd: std::os::fd::OwnedFd = fs::File::open(&root)?.into();
-        for m in &spec.mounts {
+        for (i, m) in spec.mounts.iter().enumerate() {
             let is_dir = fs::metadata(&m.host)
                 .map_err(ctx(format_args!("mount source {}", m.host.display())))?
                 .is_dir();
@@ -206,14 +208,30 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
             if !m.writable {
                 attrs |= sys::MOUNT_ATTR_RDONLY;
             }
-            let idmap = match (m.idmapped, plan.idmap) {
-                (false, _) => None,
-                (true, Some(map)) => Some(map),
-                (true, None) => return Err(io::Error::other("id-mapped mount without an id map")),
+            let idmap = match (m.ids, plan.idmap, plan.mount_maps.get(i).copied().flatten()) {
+                (MountIds::Unmapped, _, _) => None,
+                (MountIds::Shared, Some(map), _) | (MountIds::Owner { .. }, _, Some(map)) => {
+                    Some(map)
+                }
+                _ => return Err(io::Error::other("id-mapped mount without an id map")),
             };
-            sys::bind_onto_fd(&c(&m.host)?, at.as_fd(), attrs, idmap).map_err(ctx(
-                format_args!("mount {} on {}", m.host.display(), m.sandbox.display()),
-            ))?;
+            let host = c(&m.host)?;
+            let mounted = match sys::bind_onto_fd(&host, at.as_fd(), attrs, idmap) {
+                // The operator's own directory on a file system this kernel cannot id-map
+                // (tmpfs before Linux 6.3, say): mounted unmapped, as the `-v` help says.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINVAL)
+                        && matches!(m.ids, MountIds::Owner { .. }) =>
+                {
+                    sys::bind_onto_fd(&host, at.as_fd(), attrs, None)
+                }
+                other => other,
+            };
+            mounted.map_err(ctx(format_args!(
+                "mount {} on {}",
+                m.host.display(),
+                m.sandbox.display()
+            )))?;
         }
     }
     dev(&root.join("dev"), plan.base)?;

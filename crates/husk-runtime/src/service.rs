@@ -21,10 +21,11 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentEntry;
-use crate::cgroup::SandboxCgroup;
+use crate::cgroup::{CgroupOptions, SandboxCgroup};
 use crate::spawner::{Sandbox, Spawner};
 use crate::spec::SandboxSpec;
 use crate::sys;
+use std::path::Path;
 
 /// Largest request or reply datagram.
 const MAX_MESSAGE: usize = 128 << 10;
@@ -58,6 +59,8 @@ enum Request {
 enum Reply {
     Ready {
         reaped: usize,
+        /// [`Spawner::cgroup_summary`].
+        cgroups: String,
     },
     /// The agent socket is attached.
     Created {
@@ -90,10 +93,20 @@ pub struct SpawnerService {
     pid: libc::pid_t,
     /// Sandboxes whose leftovers of an earlier, crashed run were reaped at start.
     reaped: usize,
+    /// [`Spawner::cgroup_summary`] of the spawner.
+    cgroups: String,
 }
 
 /// Forks the spawner process. Must be called while the process is single-threaded.
 pub fn start(agent: AgentEntry) -> Result<SpawnerService, ServiceError> {
+    start_with(agent, CgroupOptions::default())
+}
+
+/// [`start`], with what the operator allowed husk to do without (`--unenforced-limits`).
+pub fn start_with(
+    agent: AgentEntry,
+    cgroups: CgroupOptions,
+) -> Result<SpawnerService, ServiceError> {
     let (ours, theirs) = sys::seqpacket_pair()?;
     match sys::thread_count()? {
         1 => {}
@@ -108,19 +121,24 @@ pub fn start(agent: AgentEntry) -> Result<SpawnerService, ServiceError> {
     let pid = unsafe { sys::fork() }?;
     if pid == 0 {
         drop(ours);
-        serve(theirs, parent, agent)
+        serve(theirs, parent, agent, &cgroups)
     }
     drop(theirs);
     let service = SpawnerService {
         sock: Mutex::new(ours),
         pid,
         reaped: 0,
+        cgroups: String::new(),
     };
     let sock = service.sock.lock().map_err(|_| ServiceError::Gone)?;
     let (reply, _) = recv(sock.as_fd())?;
     drop(sock);
     match reply {
-        Reply::Ready { reaped } => Ok(SpawnerService { reaped, ..service }),
+        Reply::Ready { reaped, cgroups } => Ok(SpawnerService {
+            reaped,
+            cgroups,
+            ..service
+        }),
         Reply::Failed(msg) => {
             let _ = sys::waitpid(pid, 0);
             Err(ServiceError::Spawner(msg))
@@ -133,6 +151,11 @@ impl SpawnerService {
     /// How many sandboxes of an earlier, crashed husk were cleaned up at start.
     pub fn reaped_at_start(&self) -> usize {
         self.reaped
+    }
+
+    /// Where sandboxes' cgroups go and how the spawner got them (one line, for the log).
+    pub fn cgroup_summary(&self) -> &str {
+        &self.cgroups
     }
 
     /// Creates a sandbox (`spec.agent` must be set). Blocks for the few milliseconds that takes.
@@ -235,7 +258,7 @@ fn send_reply(sock: &OwnedFd, reply: &Reply, fds: &[std::os::fd::RawFd]) -> io::
 }
 
 /// The spawner process's main loop. Never returns.
-fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
+fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &CgroupOptions) -> ! {
     // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
     // shuts the spawner down in order. If the server dies, the spawner dies with it.
     let _ = sys::setsid();
@@ -253,13 +276,14 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
     // set the same value on itself before forking; this covers other callers. Best effort:
     // where it is refused, so is the server's, which `husk serve` reports.
     let _ = crate::oom::set_own(crate::oom::SERVER);
-    let mut spawner = match Spawner::new() {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
-            sys::exit_now(1)
-        }
-    };
+    let mut spawner =
+        match Spawner::with_options(Path::new(crate::spawner::DEFAULT_RUN_DIR), cgroups) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
+                sys::exit_now(1)
+            }
+        };
     if let Err(e) = spawner.set_agent(agent) {
         let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
         sys::exit_now(1)
@@ -273,7 +297,8 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
             sys::exit_now(1)
         }
     };
-    if send_reply(&sock, &Reply::Ready { reaped }, &[]).is_err() {
+    let cgroups = spawner.cgroup_summary();
+    if send_reply(&sock, &Reply::Ready { reaped, cgroups }, &[]).is_err() {
         sys::exit_now(1);
     }
     let mut sandboxes: HashMap<String, Sandbox> = HashMap::new();
@@ -335,6 +360,8 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
                 for (_, mut sb) in sandboxes.drain() {
                     let _ = sb.destroy();
                 }
+                // Its image mounts go with the last husk process using them (Drop).
+                drop(spawner);
                 let _ = send_reply(&sock, &Reply::ShutDown, &[]);
                 sys::exit_now(0)
             }
@@ -347,5 +374,6 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry) -> ! {
     for (_, mut sb) in sandboxes.drain() {
         let _ = sb.destroy();
     }
+    drop(spawner);
     sys::exit_now(0)
 }

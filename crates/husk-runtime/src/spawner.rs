@@ -15,12 +15,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::{CgroupError, CgroupLayout, SandboxCgroup};
+use crate::cgroup::{CgroupError, CgroupLayout, CgroupOptions, SandboxCgroup};
 use crate::control::{self, FromInit, ToInit};
 use crate::fences::Fences;
 use crate::host_template::{self, HostTemplate};
 use crate::init::{self, ChildArgs};
-use crate::spec::{NetworkMode, RootSource, SandboxSpec};
+use crate::spec::{MountIds, NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, ExitStatus, Forked};
 use crate::uidrange::{self, UidRange, RANGE};
 
@@ -87,6 +87,17 @@ pub struct Spawner {
     /// Per uid slot: a user namespace with the slot's id mapping, for the id-mapped layers of
     /// built templates (made once per slot, on first use).
     idmaps: RefCell<std::collections::HashMap<u32, OwnedFd>>,
+    /// Held from the first sandbox of a built template on: keeps image mounts in place (see
+    /// [`crate::images`]); released as the spawner ends.
+    images_in_use: RefCell<Option<crate::images::InUse>>,
+}
+
+impl Drop for Spawner {
+    /// The last husk process that used template images detaches their mounts.
+    fn drop(&mut self) {
+        self.images_in_use.take();
+        let _ = crate::images::release_unused(&self.run_dir);
+    }
 }
 
 /// How a sandbox's command ended, as far as the runtime can tell.
@@ -115,6 +126,11 @@ impl Spawner {
 
     /// Like [`Spawner::new`] with another runtime directory.
     pub fn with_run_dir(run_dir: &Path) -> Result<Spawner, SpawnError> {
+        Self::with_options(run_dir, &CgroupOptions::default())
+    }
+
+    /// Like [`Spawner::with_run_dir`], with what the operator allowed husk to do without.
+    pub fn with_options(run_dir: &Path, cgroups: &CgroupOptions) -> Result<Spawner, SpawnError> {
         // Effective uid 0 is required for namespaces, cgroups and id maps.
         if fs::read_to_string("/proc/self/status").ok().and_then(|s| {
             s.lines()
@@ -138,8 +154,7 @@ impl Spawner {
             fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
                 .map_err(io_ctx("protect run dir"))?;
         }
-        let mut layout = CgroupLayout::discover()?;
-        layout.prepare()?;
+        let layout = CgroupLayout::acquire(cgroups)?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
         let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
         let host_netns = sys::open(c"/proc/thread-self/ns/net", libc::O_RDONLY, 0)
@@ -154,6 +169,7 @@ impl Spawner {
             reaped: Cell::new(false),
             agent: None,
             idmaps: RefCell::new(std::collections::HashMap::new()),
+            images_in_use: RefCell::new(None),
         })
     }
 
@@ -168,6 +184,11 @@ impl Spawner {
 
     fn lock_path(&self) -> PathBuf {
         self.run_dir.join("uid-slots.lock")
+    }
+
+    /// Where sandboxes' cgroups go, how husk got them and what is not enforced (one line).
+    pub fn cgroup_summary(&self) -> String {
+        self.layout.summary()
     }
 
     /// Removes what sandboxes whose owner is gone (its uid slot is free) left behind: what a
@@ -193,6 +214,8 @@ impl Spawner {
         }
         if others == 0 {
             host_template::remove_unused(&self.run_dir, &self.template.borrow());
+            // What a crashed husk left mounted (unless a live husk process uses it).
+            let _ = crate::images::release_unused(&self.run_dir);
         }
         reaped
     }
@@ -374,13 +397,14 @@ impl Spawner {
         };
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
-        let image = match &spec.rootfs {
+        let mounted = match &spec.rootfs {
             RootSource::Image { path, size, digest } => Some(
                 crate::images::ensure_mounted(&self.run_dir, path, *size, digest)
                     .map_err(|e| SpawnError::Template(e.to_string()))?,
             ),
             _ => None,
         };
+        let image = mounted.as_ref().map(|m| m.path().to_path_buf());
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         // Forking is only sound single-threaded (see clone3_fork); checked on every create,
@@ -396,9 +420,34 @@ impl Spawner {
         }
         // Id-mapped layers and mounts need the slot's mapping (a namespace kept per slot).
         let idmap = match &spec.rootfs {
-            RootSource::Host if !spec.mounts.iter().any(|m| m.idmapped) => None,
+            RootSource::Host if !spec.mounts.iter().any(|m| m.ids == MountIds::Shared) => None,
             _ => Some(self.idmap(sb.uids.as_ref().map(UidRange::slot).unwrap_or(0), base)?),
         };
+        // Mounts whose owner is the sandbox's user: a mapping each (made here, in the host's
+        // user namespace; the sandbox's first process keeps the fds only while it mounts).
+        let mut owner_maps = Vec::with_capacity(spec.mounts.len());
+        for m in &spec.mounts {
+            owner_maps.push(match m.ids {
+                MountIds::Owner { uid, gid } => {
+                    let user = base + spec.user.id();
+                    // SAFETY: the process is single-threaded (checked above).
+                    Some(
+                        unsafe {
+                            sys::userns_with_maps(
+                                &format!("{uid} {user} 1\n"),
+                                &format!("{gid} {user} 1\n"),
+                            )
+                        }
+                        .map_err(io_ctx("id map of a mount"))?,
+                    )
+                }
+                _ => None,
+            });
+        }
+        let owner_fds: Vec<Option<std::os::fd::RawFd>> = owner_maps
+            .iter()
+            .map(|fd| fd.as_ref().map(|f| f.as_raw_fd()))
+            .collect();
         // SAFETY: the process is single-threaded (checked just above; nothing in between
         // starts a thread).
         match unsafe { sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd())) }
@@ -421,6 +470,7 @@ impl Spawner {
                     },
                     image: image.as_deref(),
                     idmap,
+                    mount_maps: &owner_fds,
                     arg_area: self.arg_area,
                 })
             }
@@ -428,6 +478,7 @@ impl Spawner {
                 drop(child_end);
                 drop(agent);
                 drop(v2_dir);
+                drop(owner_maps);
                 sb.pid = pid;
                 sb.pidfd = Some(pidfd);
                 // PID 1 is the last of its sandbox the OOM killer may take: if it goes, the
@@ -452,6 +503,14 @@ impl Spawner {
             };
             // A child that already failed has closed its end; its report is read below.
             let _ = control::send_to_init(control, &ToInit::NetNs { netns });
+        }
+        // The child has its own copy of the image's mount now; this spawner keeps image mounts
+        // in place until it ends (see crate::images).
+        if let Some(m) = mounted {
+            let mut in_use = self.images_in_use.borrow_mut();
+            if in_use.is_none() {
+                *in_use = Some(m.into_lock());
+            }
         }
         sb.cgroup.complete(spec)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);

@@ -77,12 +77,28 @@ pub struct MountSpec {
     pub sandbox: PathBuf,
     /// Writable only when asked for; always nosuid and nodev.
     pub writable: bool,
-    /// Seen through the sandbox's id mapping: files the host's id N owns are the sandbox's id
-    /// N (a workspace's files, owned by 1000 on the host, are the sandbox `user`'s), and what
-    /// the sandbox writes is stored under the host's id N. Without it the host's ids show as
-    /// `nobody` inside and the mount cannot be written by the sandbox's users.
+    /// Whose the files are inside.
     #[serde(default)]
-    pub idmapped: bool,
+    pub ids: MountIds,
+}
+
+/// How a host mount's owners appear inside the sandbox (an id-mapped mount; the host's files
+/// keep their owners).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MountIds {
+    /// Not mapped: every host id shows as `nobody`, and the sandbox's users can write only
+    /// where the host's modes let anyone write.
+    #[default]
+    Unmapped,
+    /// Through the sandbox's id mapping: the host's id N is the sandbox's id N (a workspace's
+    /// files, owned by 1000 on the host, are the sandbox `user`'s), and what the sandbox writes
+    /// is stored under the host's id N.
+    Shared,
+    /// The host's `uid`/`gid` (the owner of the mounted path) is the sandbox's user (the
+    /// spec's [`User`]), and what that user writes is stored as the owner's; every other id
+    /// shows as `nobody` and cannot write there. For the operator's own directories
+    /// (`husk run -v`).
+    Owner { uid: u32, gid: u32 },
 }
 
 /// What a sandbox's root file system is made of.

@@ -69,6 +69,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "TEAM")]
     pub team: Option<String>,
     /// Bind-mount a host path, read-only unless `:rw` (always nosuid, nodev; repeatable).
+    /// Inside, the path's owner on the host is the sandbox's user (`user`, or `root` with
+    /// -u root), and what that user writes belongs to the owner on the host; files of other
+    /// host users show as `nobody` and the sandbox cannot write as them. On a file system the
+    /// kernel cannot id-map (tmpfs before Linux 6.3), every host id shows as `nobody`.
     #[arg(short = 'v', long = "mount", value_name = "HOST:SANDBOX[:rw]")]
     pub mounts: Vec<String>,
     /// Copy a host file or directory into the sandbox's writable layer (repeatable).
@@ -80,9 +84,34 @@ pub struct RunArgs {
     /// Write the sandbox id to this file once it exists.
     #[arg(long, value_name = "PATH")]
     pub id_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub host: HostArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// What the host may lack, by the operator's choice (`husk run`, `husk serve`, template builds).
+#[derive(Args, Debug, Default, Clone)]
+pub struct HostArgs {
+    /// Run even where the host does not give husk these cgroup controllers (comma-separated:
+    /// memory, pids, cpu), without the limits they enforce. Without this flag husk refuses to
+    /// start where it cannot enforce a limit; with it, it says at start what is not enforced.
+    #[arg(long, value_name = "CONTROLLERS", value_delimiter = ',', value_parser = parse_controller)]
+    pub unenforced_limits: Vec<husk_runtime::cgroup::Controller>,
+}
+
+fn parse_controller(s: &str) -> Result<husk_runtime::cgroup::Controller, String> {
+    s.trim().parse()
+}
+
+impl HostArgs {
+    /// The runtime's cgroup options.
+    pub fn cgroups(&self) -> husk_runtime::cgroup::CgroupOptions {
+        husk_runtime::cgroup::CgroupOptions {
+            unenforced: self.unenforced_limits.clone(),
+        }
+    }
 }
 
 /// The flags of what runs, shared by `husk run` and `husk batch` (whose help says them of every

@@ -1,8 +1,10 @@
 //! `husk run`: one sandbox for one command, stdio passed through, outputs copied back, the
 //! sandbox destroyed whatever happens.
 
+use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -39,6 +41,8 @@ pub struct Config {
     pub interactive: bool,
     /// `--net` other than `none`: the policy and where its traffic goes out.
     pub net: Option<(husk_net::NetPolicy, husk_net::router::RouterConfig)>,
+    /// What the operator lets husk do without (`--unenforced-limits`).
+    pub cgroups: husk_runtime::cgroup::CgroupOptions,
 }
 
 /// What `--template NAME` means: `host` without touching the state directory, else the
@@ -150,14 +154,22 @@ impl Config {
                 _ => bail!("invalid --mount {m:?}: expected HOST:SANDBOX[:rw]"),
             };
             let host = absolute_host(host)?;
-            if !host.exists() {
-                bail!("--mount {m:?}: source {} does not exist", host.display());
-            }
+            let owner = match fs::metadata(&host) {
+                Ok(md) => md,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    bail!("--mount {m:?}: source {} does not exist", host.display())
+                }
+                Err(e) => bail!("--mount {m:?}: source {}: {e}", host.display()),
+            };
+            // The operator's directory is the sandbox user's (see --mount's help).
             spec.mounts.push(MountSpec {
                 host,
                 sandbox: PathBuf::from(sandbox),
                 writable,
-                idmapped: false,
+                ids: husk_runtime::MountIds::Owner {
+                    uid: owner.uid(),
+                    gid: owner.gid(),
+                },
             });
         }
         if !a.job.workspaces.is_empty() {
@@ -184,7 +196,7 @@ impl Config {
                     host,
                     sandbox: PathBuf::from(sandbox),
                     writable,
-                    idmapped: true,
+                    ids: husk_runtime::MountIds::Shared,
                 });
             }
         } else if a.team.is_some() {
@@ -235,6 +247,7 @@ impl Config {
             id_file: a.id_file,
             interactive: a.interactive || a.tty,
             net,
+            cgroups: a.host.cgroups(),
         })
     }
 }
@@ -298,8 +311,20 @@ pub fn run(mut cfg: Config) -> Result<i32> {
     // running): a read there then fails (EIO), which ends the stdin relay; writes go through.
     sys::ignore_signal(libc::SIGTTIN);
     sys::ignore_signal(libc::SIGTTOU);
-    let spawner = Spawner::new()
-        .map_err(|e| anyhow!("{:#}; {}", anyhow::Error::from(e), crate::doctor::HINT))?;
+    let spawner = Spawner::with_options(
+        Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR),
+        &cfg.cgroups,
+    )
+    .map_err(|e| {
+        anyhow!(
+            "{:#}\nhusk: {}",
+            anyhow::Error::from(e),
+            crate::doctor::HINT
+        )
+    })?;
+    if !cfg.cgroups.unenforced.is_empty() {
+        eprintln!("husk: {}", spawner.cgroup_summary());
+    }
     // The router and the sandbox's link are made before the sandbox, without any thread (the
     // spawner forks); the resolver and proxy start once it exists.
     let net = match cfg.net.take() {

@@ -78,6 +78,8 @@ pub struct ServeArgs {
     pub egress: crate::egress::EgressArgs,
     #[command(flatten)]
     pub conn: ConnArgs,
+    #[command(flatten)]
+    pub host: crate::cli::HostArgs,
 }
 
 /// What the listener admits: bounds on what a client without a key can make the server hold.
@@ -170,10 +172,11 @@ pub fn main(args: ServeArgs) -> i32 {
             husk_runtime::oom::SERVER
         );
     }
-    let spawner = match husk_runtime::service::start(husk_agent::main) {
+    let spawner = match husk_runtime::service::start_with(husk_agent::main, args.host.cgroups()) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(format_args!("{e}; {}", crate::doctor::HINT)),
+        Err(e) => return fail(format_args!("{e}\nhusk: {}", crate::doctor::HINT)),
     };
+    eprintln!("husk: {}", spawner.cgroup_summary());
     if spawner.reaped_at_start() > 0 {
         eprintln!(
             "husk: cleaned up {} sandbox(es) left by an earlier run",

@@ -127,6 +127,8 @@ pub struct BuildCli {
     /// Memory limit of each build sandbox.
     #[arg(long, default_value = "4G", value_name = "SIZE")]
     memory: String,
+    #[command(flatten)]
+    host: crate::cli::HostArgs,
     /// Layer cache directory [default: STATE_DIR/templates/layers]; state directories may
     /// share one, since layers are keyed by their content.
     #[arg(long, value_name = "DIR")]
@@ -180,9 +182,9 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
         Err(e) => return usage(format_args!("--memory: {e}")),
     }
     // Before any thread: the spawner must be forked from a single-threaded process.
-    let spawner = match husk_runtime::service::start(husk_agent::main) {
+    let spawner = match husk_runtime::service::start_with(husk_agent::main, a.host.cgroups()) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(e),
+        Err(e) => return fail(format_args!("{e}\nhusk: {}", crate::doctor::HINT)),
     };
     let store = match Store::open(state_dir) {
         Ok(s) => Arc::new(s),
@@ -389,7 +391,13 @@ fn export(store: &Arc<Store>, name: &str, output: Option<PathBuf>, push: Option<
         Err(e) => return fail(format_args!("async runtime: {e}")),
     };
     let opts = RegistryOptions::from_env();
-    match runtime.block_on(oci::export(&rootfs, &config, &annotations, &target, &opts)) {
+    match runtime.block_on(oci::export(
+        rootfs.path(),
+        &config,
+        &annotations,
+        &target,
+        &opts,
+    )) {
         Ok(s) => {
             let to = match &target {
                 ExportTarget::Layout(p) => p.display().to_string(),

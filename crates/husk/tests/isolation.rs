@@ -223,9 +223,65 @@ fn read_only_mounts_refuse_writes_and_rw_mounts_write_through() {
         fs::read_to_string(host.path().join("out.txt")).unwrap(),
         "out\n"
     );
+    // Stored as the directory's owner's (root made the test's directory).
     use std::os::unix::fs::MetadataExt;
     let uid = fs::metadata(host.path().join("out.txt")).unwrap().uid();
-    assert_eq!(uid, husk_runtime::uidrange::base_of(slot_of(&r.id)) + 1000);
+    assert_eq!(uid, 0);
+}
+
+#[test]
+fn a_mounted_directorys_owner_is_the_sandboxs_user_and_gets_what_it_writes() {
+    use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+    // An operator's directory: owned by host uid 1234, not writable by anyone else.
+    let host = TempDir::new("owner");
+    let dir = host.path().join("project");
+    fs::create_dir(&dir).unwrap();
+    fs::write(dir.join("mine.txt"), "mine").unwrap();
+    fs::write(dir.join("theirs.txt"), "theirs").unwrap();
+    chown(&dir, Some(1234), Some(1234)).unwrap();
+    chown(dir.join("mine.txt"), Some(1234), Some(1234)).unwrap();
+    chown(dir.join("theirs.txt"), Some(4321), Some(4321)).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(dir.join("theirs.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+    let spec = format!("{}:/work:rw", dir.display());
+    for user in ["user", "root"] {
+        let r = husk_run(
+            &["--mount", &spec, "--user", user],
+            &[
+                "/bin/sh",
+                "-c",
+                "exec 2>&1; id -un; stat -c '%U:%G %n' /work /work/mine.txt /work/theirs.txt;                  echo new > /work/new-$(id -un).txt && echo WROTE;                  echo x >> /work/mine.txt && echo APPENDED;                  (echo x >> /work/theirs.txt) || echo REFUSED",
+            ],
+        );
+        r.ok();
+        let me = if user == "user" {
+            "user:user"
+        } else {
+            "root:root"
+        };
+        let lines: Vec<&str> = r.stdout.lines().collect();
+        assert_eq!(lines[0], user, "{}", r.stdout);
+        assert_eq!(lines[1], format!("{me} /work"), "{}", r.stdout);
+        assert_eq!(lines[2], format!("{me} /work/mine.txt"), "{}", r.stdout);
+        assert_eq!(lines[3], "nobody:nogroup /work/theirs.txt", "{}", r.stdout);
+        for want in ["WROTE", "APPENDED", "REFUSED"] {
+            assert!(
+                lines.contains(&want),
+                "{want} missing as {user}: {}",
+                r.stdout
+            );
+        }
+        let new = fs::metadata(dir.join(format!("new-{user}.txt"))).unwrap();
+        assert_eq!((new.uid(), new.gid()), (1234, 1234), "as {user}");
+    }
+    assert_eq!(
+        fs::read_to_string(dir.join("mine.txt")).unwrap(),
+        "minex\nx\n"
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join("theirs.txt")).unwrap(),
+        "theirs"
+    );
 }
 
 #[test]

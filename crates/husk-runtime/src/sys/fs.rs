@@ -117,6 +117,30 @@ pub fn lsetxattr(path: &CStr, name: &str, value: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// getxattr(2) of `path` (following symlinks): `None` where the attribute is not set.
+pub fn getxattr(path: &CStr, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let name = std::ffi::CString::new(name)?;
+    let mut buf = vec![0u8; 256];
+    // SAFETY: `path` and `name` are valid C strings; `buf` is valid for `buf.len()` bytes.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA) | Some(libc::EOPNOTSUPP) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    buf.truncate(n as usize);
+    Ok(Some(buf))
+}
+
 /// chown of an open fd.
 pub fn fchown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
     // SAFETY: no pointers.

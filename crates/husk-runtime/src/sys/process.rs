@@ -503,6 +503,17 @@ pub fn overwrite_cmdline(area: ArgArea, text: &str) {
 /// # Safety
 /// Forks: the calling process must be single-threaded (see [`clone3_fork`]).
 pub unsafe fn idmap_userns(base: u32, count: u32) -> io::Result<OwnedFd> {
+    let line = format!("0 {base} {count}\n");
+    // SAFETY: the caller guarantees the process is single-threaded.
+    unsafe { userns_with_maps(&line, &line) }
+}
+
+/// A user namespace with the given `uid_map` and `gid_map` contents and no process in it (see
+/// [`idmap_userns`]).
+///
+/// # Safety
+/// Forks: the calling process must be single-threaded (see [`clone3_fork`]).
+pub unsafe fn userns_with_maps(uid_map: &str, gid_map: &str) -> io::Result<OwnedFd> {
     let (r, w) = super::pipe()?;
     // SAFETY: the caller guarantees the process is single-threaded.
     match unsafe { clone3_fork(libc::CLONE_NEWUSER, None) }? {
@@ -516,15 +527,14 @@ pub unsafe fn idmap_userns(base: u32, count: u32) -> io::Result<OwnedFd> {
         }
         Forked::Parent { pid, pidfd } => {
             drop(r);
-            let line = format!("0 {base} {count}\n");
             let made = super::write_file(
                 std::path::Path::new(&format!("/proc/{pid}/uid_map")),
-                line.as_bytes(),
+                uid_map.as_bytes(),
             )
             .and_then(|()| {
                 super::write_file(
                     std::path::Path::new(&format!("/proc/{pid}/gid_map")),
-                    line.as_bytes(),
+                    gid_map.as_bytes(),
                 )
             })
             .and_then(|()| {

@@ -1,0 +1,129 @@
+"""The stock E2B Python SDK (e2b==2.63.0) against a husk server inside the VM:
+sdk_check.py URL API_KEY full|smoke [TEMPLATE]. Prints one `RESULT<TAB>check<TAB>ok|FAIL|skip<TAB>detail` line per
+check (kind-body records them); tracebacks go to the same log."""
+
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+from e2b import CommandExitException, Sandbox
+
+URL, KEY, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+TEMPLATE = sys.argv[4] if len(sys.argv) > 4 else ""
+# `smoke`: create, a command, kill (TCG is slow: the kinds that are not a server's natural
+# home get this much); `full`: also files, the carried-in template and 10 sandboxes at once.
+FULL = MODE == "full"
+# TCG is slow: generous per-request deadlines, sandboxes that outlive the checks.
+OPTS = dict(api_url=URL, sandbox_url=URL, api_key=KEY, request_timeout=180)
+failed = set()
+
+
+def result(name, status, detail=""):
+    detail = " ".join(str(detail).split())[:500]
+    print(f"RESULT\t{name}\t{status}\t{detail}", flush=True)
+
+
+def check(name, fn, needs=()):
+    missing = [n for n in needs if n in failed]
+    if missing:
+        failed.add(name)
+        result(name, "skip", f"needs {', '.join(missing)}")
+        return
+    t0 = time.monotonic()
+    try:
+        detail = fn() or ""
+        result(name, "ok", f"{detail} ({time.monotonic() - t0:.1f}s)".strip())
+    except Exception as e:  # every failure is a result, never a crash of the suite
+        traceback.print_exc()
+        failed.add(name)
+        result(name, "FAIL", f"{type(e).__name__}: {e}")
+
+
+state = {}
+
+
+def create():
+    state["sbx"] = Sandbox.create(timeout=600, **OPTS)
+    return state["sbx"].sandbox_id
+
+
+def commands():
+    sbx = state["sbx"]
+    r = sbx.commands.run("echo hi; id -un")
+    assert r.exit_code == 0 and r.stdout.split()[0] == "hi", repr(r)
+    try:
+        sbx.commands.run("exit 3")
+        raise AssertionError("exit 3 did not raise")
+    except CommandExitException as e:
+        assert e.exit_code == 3, e.exit_code
+    return f"user {r.stdout.split()[1]}"
+
+
+def files():
+    sbx = state["sbx"]
+    sbx.files.write("/tmp/vm-check.txt", "written by the SDK")
+    got = sbx.files.read("/tmp/vm-check.txt")
+    assert got == "written by the SDK", repr(got)
+    r = sbx.commands.run("cat /tmp/vm-check.txt")
+    assert r.stdout == "written by the SDK", repr(r.stdout)
+    names = [e.name for e in sbx.files.list("/tmp")]
+    assert "vm-check.txt" in names, names
+
+
+def template():
+    if not TEMPLATE:
+        raise AssertionError("no template was carried in (its build failed on the host)")
+    s = Sandbox.create(template=TEMPLATE, timeout=600, **OPTS)
+    try:
+        r = s.commands.run("cat /etc/husk-vm-template")
+        assert r.stdout.strip() == "carried-in", repr(r.stdout)
+    finally:
+        s.kill()
+
+
+def one(i):
+    s = Sandbox.create(timeout=600, **OPTS)
+    try:
+        r = s.commands.run(f"echo {i}")
+        assert r.stdout.strip() == str(i), repr(r.stdout)
+    finally:
+        s.kill()
+
+
+def ten_at_once():
+    with ThreadPoolExecutor(10) as ex:
+        list(ex.map(one, range(10)))
+
+
+def kill():
+    sbx = state["sbx"]
+    sbx.kill()
+    assert not sbx.is_running(), "still running after kill"
+
+
+def none_left():
+    deadline = time.monotonic() + 60
+    while True:
+        left = Sandbox.list(**OPTS).next_items()
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still listed: {[s.sandbox_id for s in left]}")
+        time.sleep(1)
+
+
+def only_full(name, fn, needs=()):
+    if FULL:
+        check(name, fn, needs)
+    else:
+        result(name, "skip", "full SDK checks run in the service and container kinds")
+
+
+check("sdk-create", create)
+check("sdk-commands", commands, needs=["sdk-create"])
+only_full("sdk-files", files, needs=["sdk-create"])
+only_full("sdk-template", template)
+only_full("sdk-10-at-once", ten_at_once)
+check("sdk-kill", kill, needs=["sdk-create"])
+check("sdk-none-left", none_left)
