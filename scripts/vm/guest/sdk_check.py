@@ -11,8 +11,8 @@ from e2b import CommandExitException, Sandbox
 
 URL, KEY, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 TEMPLATE = sys.argv[4] if len(sys.argv) > 4 else ""
-# `smoke`: create, a command, kill (TCG is slow: the kinds that are not a server's natural
-# home get this much); `full`: also files, the carried-in template and 10 sandboxes at once.
+# `smoke`: create, a command, kill; `full`: also files, the carried-in template and 10
+# sandboxes at once.
 FULL = MODE == "full"
 # TCG is slow: generous per-request deadlines, sandboxes that outlive the checks.
 OPTS = dict(api_url=URL, sandbox_url=URL, api_key=KEY, request_timeout=180)
@@ -117,7 +117,7 @@ def only_full(name, fn, needs=()):
     if FULL:
         check(name, fn, needs)
     else:
-        result(name, "skip", "full SDK checks run in the service and container kinds")
+        result(name, "skip", "smoke mode (HUSK_VM_FULL_SDK_KINDS)")
 
 
 check("sdk-create", create)
