@@ -176,6 +176,9 @@ pub struct CgroupLayout {
     /// Controllers the host does not give husk and the operator accepted to go without.
     unenforced: Vec<Controller>,
     origin: Origin,
+    /// Controllers this process enabled in `<base>`'s `cgroup.subtree_control` (not enabled
+    /// before), to be disabled again by [`CgroupLayout::release`].
+    enabled_in_base: Vec<&'static str>,
 }
 
 struct Mount {
@@ -255,6 +258,50 @@ impl CgroupLayout {
         Ok(layout)
     }
 
+    /// What [`CgroupLayout::acquire`] would do from this process, without doing it (no scope,
+    /// no move, no write): one line on where sandboxes' cgroups would go and how husk gets
+    /// them, or the refusal `acquire` would give (for `husk doctor`).
+    pub fn diagnose() -> Result<String, CgroupError> {
+        let layout = Self::discover()?;
+        let Some(v2) = layout
+            .v2
+            .as_ref()
+            .filter(|_| !layout.v2_controllers.is_empty())
+        else {
+            let parents: Vec<String> = layout
+                .parents()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            return Ok(format!(
+                "memory, pids, cpu from cgroup v1; sandboxes' cgroups under {}",
+                parents.join(", ")
+            ));
+        };
+        let base = v2.parent().unwrap_or(v2);
+        let needed = layout.v2_controllers.join(", ");
+        if crate::systemd::booted() && !marked_delegated(base) {
+            // systemd enables every controller of the hierarchy for a delegated scope.
+            let root = mount_root_of(base);
+            check_available(&root, &layout.v2_controllers, &[])?;
+            return Ok(format!(
+                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for                  a transient scope with Delegate=yes at start (none needed under dist/husk.service)",
+                base.display()
+            ));
+        }
+        check_available(base, &layout.v2_controllers, &[])?;
+        let how = if crate::systemd::booted() {
+            "delegated by systemd"
+        } else {
+            "no systemd: the cgroup husk starts in"
+        };
+        Ok(format!(
+            "{needed} from cgroup v2 in {} ({how}); sandboxes' cgroups under {}",
+            base.display(),
+            v2.display()
+        ))
+    }
+
     /// Discovers the hierarchies from /proc/self/cgroup and /proc/self/mountinfo.
     pub fn discover() -> Result<Self, CgroupError> {
         let cg = fs::read_to_string("/proc/self/cgroup")
@@ -308,6 +355,7 @@ impl CgroupLayout {
             v2_controllers,
             unenforced: Vec::new(),
             origin: Origin::Own,
+            enabled_in_base: Vec::new(),
         })
     }
 
@@ -374,15 +422,15 @@ impl CgroupLayout {
             self.v2_controllers = enabled;
             self.unenforced = unenforced;
             if !self.v2_controllers.is_empty() {
-                let enable: String = self
+                let before =
+                    fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
+                self.enabled_in_base = self
                     .v2_controllers
                     .iter()
-                    .map(|c| format!("+{c} "))
+                    .copied()
+                    .filter(|c| !before.split_whitespace().any(|b| b == *c))
                     .collect();
-                enable_below(&base, &enable)?;
-                fs::create_dir_all(v2).map_err(io_err(v2))?;
-                let st = v2.join("cgroup.subtree_control");
-                fs::write(&st, &enable).map_err(io_err(&st))?;
+                self.enable_v2(&base, v2)?;
             }
             fs::create_dir_all(v2).map_err(io_err(v2))?;
             // The v2 core files (cgroup.freeze, cgroup.kill) replace the v1 freezer where the
@@ -403,6 +451,48 @@ impl CgroupLayout {
             fs::create_dir_all(&p).map_err(io_err(&p))?;
         }
         Ok(())
+    }
+
+    /// Enables husk's controllers below `base` (moving its processes into [`LEAF`] if need be)
+    /// and in `v2` (`<base>/husk`, created).
+    fn enable_v2(&self, base: &Path, v2: &Path) -> Result<(), CgroupError> {
+        let enable: String = self
+            .v2_controllers
+            .iter()
+            .map(|c| format!("+{c} "))
+            .collect();
+        enable_below(base, &enable)?;
+        fs::create_dir_all(v2).map_err(io_err(v2))?;
+        let st = v2.join("cgroup.subtree_control");
+        fs::write(&st, &enable).map_err(io_err(&st))
+    }
+
+    /// Gives back what [`CgroupLayout::prepare`] changed in a cgroup husk shares (a delegated
+    /// unit with other processes, a container's cgroup), once no husk sandbox is left in it:
+    /// removes `<base>/husk`, disables the controllers it enabled in `<base>` and moves the
+    /// processes of [`LEAF`] back. Nothing on hybrid hosts, and nothing while another husk
+    /// process has sandboxes there (its `husk/` is not empty); a husk process that starts
+    /// meanwhile prepares again ([`CgroupLayout::create_v2`]).
+    pub fn release(&self) {
+        let Some(v2) = &self.v2 else { return };
+        if self.v2_controllers.is_empty() || fs::remove_dir(v2).is_err() {
+            return;
+        }
+        let Some(base) = v2.parent() else { return };
+        if !self.enabled_in_base.is_empty() {
+            let disable: String = self
+                .enabled_in_base
+                .iter()
+                .map(|c| format!("-{c} "))
+                .collect();
+            if fs::write(base.join("cgroup.subtree_control"), disable).is_err() {
+                return;
+            }
+        }
+        let leaf = base.join(LEAF);
+        if leaf.is_dir() && move_all(&leaf, base).is_ok() {
+            let _ = fs::remove_dir(&leaf);
+        }
     }
 
     /// Names of the sandbox cgroups that exist under the husk parents (for reaping).
@@ -444,7 +534,20 @@ impl CgroupLayout {
     pub fn create_v2(&self, name: &str) -> Result<SandboxCgroup, CgroupError> {
         let cg = self.handle(name);
         if let Some(d) = &cg.v2 {
-            fs::create_dir(d).map_err(io_err(d))?;
+            match fs::create_dir(d) {
+                // Another husk process of the same cgroup gave it back as it ended (release).
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound && !self.v2_controllers.is_empty() =>
+                {
+                    if let (Some(v2), Some(base)) =
+                        (&self.v2, self.v2.as_ref().and_then(|p| p.parent()))
+                    {
+                        self.enable_v2(base, v2)?;
+                    }
+                    fs::create_dir(d).map_err(io_err(d))?;
+                }
+                other => other.map_err(io_err(d))?,
+            }
         }
         Ok(cg)
     }
@@ -457,6 +560,19 @@ impl CgroupLayout {
             v2_controllers: self.v2_controllers.clone(),
         }
     }
+}
+
+/// The mount point of the cgroup v2 hierarchy that holds `cgroup` (the topmost cgroup this
+/// process sees).
+fn mount_root_of(cgroup: &Path) -> PathBuf {
+    let mut root = cgroup;
+    while let Some(parent) = root.parent() {
+        if !parent.join("cgroup.controllers").exists() {
+            break;
+        }
+        root = parent;
+    }
+    root.to_owned()
 }
 
 /// Whether systemd marked `cgroup` as delegated (the `trusted.delegate` attribute it sets on
@@ -1087,6 +1203,27 @@ mod tests {
         assert_eq!(read_pids(&busy.dir.join(LEAF)), [busy.child.id() as i32]);
         // Again, as a later husk process of the same unit does: nothing to move, no error.
         enable_below(&busy.dir, &enable).unwrap();
+        // The last husk process out gives the cgroup back as it was: controllers off, the
+        // process back in place, no husk/ and no leaf.
+        let name: &'static str = Box::leak(controller.clone().into_boxed_str());
+        fs::create_dir(busy.dir.join("husk")).unwrap();
+        let layout = CgroupLayout {
+            v1: Vec::new(),
+            v2: Some(busy.dir.join("husk")),
+            v2_controllers: vec![name],
+            unenforced: Vec::new(),
+            origin: Origin::Own,
+            enabled_in_base: vec![name],
+        };
+        layout.release();
+        assert!(!busy.dir.join("husk").exists());
+        assert!(!busy.dir.join(LEAF).exists());
+        assert_eq!(read_pids(&busy.dir), [busy.child.id() as i32]);
+        let enabled = fs::read_to_string(busy.dir.join("cgroup.subtree_control")).unwrap();
+        assert!(
+            !enabled.split_whitespace().any(|c| c == controller),
+            "{enabled}"
+        );
     }
 
     #[test]

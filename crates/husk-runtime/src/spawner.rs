@@ -93,10 +93,12 @@ pub struct Spawner {
 }
 
 impl Drop for Spawner {
-    /// The last husk process that used template images detaches their mounts.
+    /// The last husk process that used template images detaches their mounts, and the last
+    /// one with sandboxes in a shared cgroup gives it back as it found it.
     fn drop(&mut self) {
         self.images_in_use.take();
         let _ = crate::images::release_unused(&self.run_dir);
+        self.layout.release();
     }
 }
 

@@ -1,32 +1,20 @@
-//! The cgroups husk can get. For now the verdict of [`CgroupLayout::discover`], the same
-//! discovery the spawner makes at start; kept in this one function so a richer report (which
-//! controllers, and how they were got: delegation, a systemd scope) can replace it.
+//! The cgroups husk can get: [`CgroupLayout::diagnose`], what the spawner's
+//! [`CgroupLayout::acquire`] would do from this process (which controllers, and how: cgroup
+//! v1, a delegated unit, a systemd scope, the container's own cgroup), without doing it.
 
 use crate::cgroup::CgroupLayout;
 
 use super::Check;
 
 pub(super) fn check() -> Check {
-    match CgroupLayout::discover() {
-        Ok(layout) => {
-            let parents: Vec<String> = layout
-                .parents()
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            Check::ok(
-                "cgroup.controllers",
-                format!(
-                    "memory, pids, cpu: sandboxes' cgroups go under {}",
-                    parents.join(", ")
-                ),
-            )
-        }
+    match CgroupLayout::diagnose() {
+        Ok(detail) => Check::ok("cgroup.controllers", detail),
         Err(e) => Check::missing(
             "cgroup.controllers",
             e.to_string(),
-            "give husk a cgroup with memory, pids and cpu (under systemd: run it as a service \
-             with Delegate=yes)",
+            "give husk a cgroup with memory, pids and cpu (under systemd: the shipped unit \
+             dist/husk.service, Delegate=yes), or accept running without some: \
+             --unenforced-limits",
         ),
     }
 }
