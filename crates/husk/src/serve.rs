@@ -177,6 +177,10 @@ pub fn main(args: ServeArgs) -> i32 {
         Err(e) => return fail(format_args!("{e}\nhusk: {}", crate::doctor::HINT)),
     };
     eprintln!("husk: {}", spawner.cgroup_summary());
+    // Nothing is weaker without saying so (`husk doctor` has the whole report).
+    for gap in husk_runtime::probe::unenforced() {
+        eprintln!("husk: warning: Landlock {gap}");
+    }
     if spawner.reaped_at_start() > 0 {
         eprintln!(
             "husk: cleaned up {} sandbox(es) left by an earlier run",

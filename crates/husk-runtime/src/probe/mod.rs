@@ -256,9 +256,38 @@ pub fn startup() -> Result<(), String> {
     }
 }
 
+/// What this host's kernel does not enforce of husk's fences, one line each, for `husk serve`
+/// to say at start (cheap: one Landlock syscall). Empty on a kernel that enforces everything.
+pub fn unenforced() -> Vec<String> {
+    let check = process::landlock(crate::fences::landlock_abi());
+    match check.status {
+        Status::Ok => Vec::new(),
+        _ => vec![format!(
+            "{} ({})",
+            check.detail,
+            check.remedy.unwrap_or_default()
+        )],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serve_names_what_landlock_does_not_enforce_here() {
+        let abi = crate::fences::landlock_abi();
+        let gaps = unenforced();
+        if abi >= 6 {
+            assert!(gaps.is_empty(), "ABI {abi}: {gaps:?}");
+        } else {
+            assert_eq!(gaps.len(), 1, "ABI {abi}: {gaps:?}");
+            assert!(
+                gaps[0].contains("not enforced") || gaps[0].contains("off"),
+                "{gaps:?}"
+            );
+        }
+    }
 
     #[test]
     fn the_json_shape_is_stable() {
