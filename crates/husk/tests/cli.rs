@@ -105,3 +105,42 @@ fn bad_input_leaves_nothing_behind() {
     });
     assert!(settled.is_some(), "sandbox cgroups left behind");
 }
+
+// A minimal container has no CA certificates, and reqwest's TLS set-up refused to start
+// without them even for a plain-HTTP server (reqwest#2988): `husk run --server http://...`
+// must still reach the server. The "server" is a listener of the test's own.
+#[test]
+fn a_host_without_ca_certificates_still_reaches_a_plain_http_server() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut head = [0u8; 64];
+        let n = conn.read(&mut head).unwrap();
+        conn.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        String::from_utf8_lossy(&head[..n]).into_owned()
+    });
+    let out = Command::new(HUSK)
+        .args([
+            "run",
+            "--server",
+            &format!("http://127.0.0.1:{port}"),
+            "--",
+            "true",
+        ])
+        .env("SSL_CERT_FILE", "/nonexistent")
+        .env("SSL_CERT_DIR", "/nonexistent")
+        .env("HUSK_API_KEY", format!("e2b_{}", "0".repeat(40)))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("CA certificates"), "{err}");
+    assert!(err.contains("404"), "{err}");
+    let head = server.join().unwrap();
+    assert!(head.starts_with("POST /husk/v1/runs "), "{head}");
+}
