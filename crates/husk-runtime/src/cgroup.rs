@@ -1227,6 +1227,31 @@ mod tests {
     }
 
     #[test]
+    fn a_controller_the_cgroup_lacks_is_refused_unless_the_operator_accepts_it() {
+        let h = FakeHierarchy::new();
+        fs::write(h.0.join("cgroup.controllers"), "cpuset memory pids\n").unwrap();
+        let needed = ["memory", "pids", "cpu"];
+        let err = check_available(&h.0, &needed, &[]).unwrap_err();
+        // This host's kernel has `cpu` (/proc/cgroups): it is a delegation problem.
+        assert!(
+            matches!(
+                &err,
+                CgroupError::MissingController {
+                    controller: Controller::Cpu,
+                    lack: Lack::NotDelegated { .. }
+                }
+            ),
+            "{err}"
+        );
+        let (have, without) = check_available(&h.0, &needed, &[Controller::Cpu]).unwrap();
+        assert_eq!(have, ["memory", "pids"]);
+        assert_eq!(without, [Controller::Cpu]);
+        // Accepting one missing controller accepts no other.
+        fs::write(h.0.join("cgroup.controllers"), "cpu\n").unwrap();
+        assert!(check_available(&h.0, &needed, &[Controller::Pids]).is_err());
+    }
+
+    #[test]
     fn controller_names_parse_and_refuse_others() {
         assert_eq!("cpu".parse::<Controller>(), Ok(Controller::Cpu));
         assert!("io"
