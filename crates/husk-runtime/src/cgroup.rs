@@ -285,7 +285,7 @@ impl CgroupLayout {
             let root = mount_root_of(base);
             check_available(&root, &layout.v2_controllers, &[])?;
             return Ok(format!(
-                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for                  a transient scope with Delegate=yes at start (none needed under dist/husk.service)",
+                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for a transient scope with Delegate=yes at start (none needed under dist/husk.service)",
                 base.display()
             ));
         }

@@ -250,7 +250,7 @@ fn a_mounted_directorys_owner_is_the_sandboxs_user_and_gets_what_it_writes() {
             &[
                 "/bin/sh",
                 "-c",
-                "exec 2>&1; id -un; stat -c '%U:%G %n' /work /work/mine.txt /work/theirs.txt;                  echo new > /work/new-$(id -un).txt && echo WROTE;                  echo x >> /work/mine.txt && echo APPENDED;                  (echo x >> /work/theirs.txt) || echo REFUSED",
+                "exec 2>&1; id -un; stat -c '%U:%G %n' /work /work/mine.txt /work/theirs.txt; echo new > /work/new-$(id -un).txt && echo WROTE; echo x >> /work/mine.txt && echo APPENDED; (echo x >> /work/theirs.txt) || echo REFUSED",
             ],
         );
         r.ok();
