@@ -96,8 +96,11 @@ impl Drop for Spawner {
     /// The last husk process that used template images detaches their mounts, and the last
     /// one with sandboxes in a shared cgroup gives it back as it found it.
     fn drop(&mut self) {
-        self.images_in_use.take();
-        let _ = crate::images::release_unused(&self.run_dir);
+        // Only a spawner that used images can be their last user (and a one-shot `husk run`
+        // of the host template pays nothing); a crash's leftovers go at the next start (reap).
+        if self.images_in_use.take().is_some() {
+            let _ = crate::images::release_unused(&self.run_dir);
+        }
         self.layout.release();
     }
 }
