@@ -34,31 +34,13 @@ pub fn waitid_pidfd_known(pidfd: &OwnedFd) -> io::Result<()> {
     }
 }
 
-/// `struct clone_args` up to `cgroup` (CLONE_ARGS_SIZE_VER2).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgsV2 {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
 /// Whether clone3(2) knows `CLONE_INTO_CGROUP` (Linux 5.7), asked so that no process can be
 /// created: the cgroup is an fd of `/dev/null`, which a kernel that knows the flag refuses with
 /// EBADF before forking; an older kernel says EINVAL or E2BIG, one without clone3 ENOSYS.
 pub fn clone_into_cgroup_known() -> io::Result<()> {
-    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
     let not_a_cgroup = super::open(c"/dev/null", libc::O_RDONLY, 0)?;
-    let args = CloneArgsV2 {
-        flags: CLONE_INTO_CGROUP,
+    let args = super::process::CloneArgs {
+        flags: super::process::CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
         cgroup: not_a_cgroup.as_raw_fd() as u64,
         ..Default::default()
@@ -69,8 +51,8 @@ pub fn clone_into_cgroup_known() -> io::Result<()> {
     let r = unsafe {
         libc::syscall(
             libc::SYS_clone3,
-            &args as *const CloneArgsV2,
-            size_of::<CloneArgsV2>(),
+            &args as *const super::process::CloneArgs,
+            size_of::<super::process::CloneArgs>(),
         )
     };
     if r == 0 {

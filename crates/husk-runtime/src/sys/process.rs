@@ -7,24 +7,25 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{cvt, cvt_i};
 
-/// `struct clone_args` of clone3(2), for the fields husk uses.
+/// `struct clone_args` of clone3(2), for the fields husk uses (up to `cgroup`,
+/// CLONE_ARGS_SIZE_VER2).
 #[repr(C)]
 #[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+pub(super) struct CloneArgs {
+    pub(super) flags: u64,
+    pub(super) pidfd: u64,
+    pub(super) child_tid: u64,
+    pub(super) parent_tid: u64,
+    pub(super) exit_signal: u64,
+    pub(super) stack: u64,
+    pub(super) stack_size: u64,
+    pub(super) tls: u64,
+    pub(super) set_tid: u64,
+    pub(super) set_tid_size: u64,
+    pub(super) cgroup: u64,
 }
 
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+pub(super) const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// The result of [`clone3_fork`].
 pub enum Forked {
