@@ -658,37 +658,32 @@ fn enable_below(base: &Path, enable: &str) -> Result<(), CgroupError> {
 fn move_all(from: &Path, to: &Path) -> Result<(), CgroupError> {
     fs::create_dir_all(to).map_err(io_err(to))?;
     let procs = to.join("cgroup.procs");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut moved_once = false;
-    loop {
+    let mut failed = None;
+    let emptied = poll_until(Instant::now() + Duration::from_secs(5), || {
         let pids = read_pids(from);
-        if pids.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(CgroupError::Busy {
-                cgroup: from.to_owned(),
-                pids,
-            });
-        }
-        if moved_once {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        moved_once = true;
-        for pid in pids {
+        for pid in &pids {
             match fs::write(&procs, pid.to_string()) {
                 Ok(()) => {}
                 // Gone meanwhile.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(source) => {
-                    return Err(CgroupError::Io {
-                        path: procs.clone(),
-                        source,
-                    })
+                Err(e) => {
+                    failed = Some(e);
+                    return true;
                 }
             }
         }
+        pids.is_empty()
+    });
+    if let Some(source) = failed {
+        return Err(CgroupError::Io {
+            path: procs,
+            source,
+        });
     }
+    emptied.ok_or_else(|| CgroupError::Busy {
+        cgroup: from.to_owned(),
+        pids: read_pids(from),
+    })
 }
 
 /// A sandbox's resource usage, read from its cgroups.
