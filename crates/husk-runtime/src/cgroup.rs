@@ -237,17 +237,17 @@ impl CgroupLayout {
     pub fn acquire(options: &CgroupOptions) -> Result<Self, CgroupError> {
         let mut layout = Self::discover()?;
         if !layout.v2_controllers.is_empty() && crate::systemd::booted() {
-            let delegated_here = layout
+            // A unit's cgroup is named after the unit (`husk.service`).
+            let marked_unit = layout
                 .v2
                 .as_ref()
                 .and_then(|p| p.parent())
-                .is_some_and(marked_delegated);
-            let delegation = if delegated_here {
-                Delegation::Delegated {
-                    unit: String::from("(marked trusted.delegate)"),
-                }
-            } else {
-                crate::systemd::ensure_delegated().map_err(CgroupError::Systemd)?
+                .filter(|base| marked_delegated(base))
+                .and_then(|base| base.file_name())
+                .map(|name| name.to_string_lossy().into_owned());
+            let delegation = match marked_unit {
+                Some(unit) => Delegation::Delegated { unit },
+                None => crate::systemd::ensure_delegated().map_err(CgroupError::Systemd)?,
             };
             if matches!(delegation, Delegation::Scope { .. }) {
                 layout = Self::discover()?;
