@@ -9,8 +9,8 @@
 //!
 //! Mounts stay only while a husk process uses them. Every user holds a shared lock on
 //! `<run_dir>/images/.lock` ([`Mounted`]; a spawner from its first image sandbox to its end);
-//! whoever finds the lock free for the taking ([`release_unused`]: a spawner as it ends, or at
-//! start, after a crash) detaches every image mount, so no mount outlives its last user and
+//! whoever finds the lock free for the taking ([`release_unused`]: a spawner that used images
+//! as it ends, or a server's spawner at start, after a crash) detaches every image mount, so no mount outlives its last user and
 //! pins an image file a removed state directory held. Sandboxes keep their own references
 //! (their mount namespaces were copied while the mount existed).
 //!
@@ -109,21 +109,44 @@ impl Mounted {
 #[derive(Debug)]
 pub struct InUse(#[allow(dead_code)] fs::File);
 
+impl InUse {
+    /// [`ensure_mounted`] for a holder of the lock: no second lock per call (a spawner's
+    /// every create of a built template's sandbox).
+    pub fn ensure_mounted(
+        &self,
+        run_dir: &Path,
+        path: &Path,
+        size: u64,
+        digest: &str,
+    ) -> Result<PathBuf, ImageError> {
+        mount_checked(run_dir, path, size, digest)
+    }
+}
+
 /// Takes the images lock of `run_dir` shared (waiting while a [`release_unused`] runs) or,
 /// with `exclusive`, tries to take it alone (`None` if any user holds it).
 fn images_lock(run_dir: &Path, exclusive: bool) -> Result<Option<fs::File>, ImageError> {
     use std::os::fd::AsRawFd;
     let images = run_dir.join("images");
-    fs::create_dir_all(&images).map_err(io_ctx(format!("create {}", images.display())))?;
-    let _ = fs::set_permissions(&images, fs::Permissions::from_mode(0o711));
     let path = images.join(".lock");
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io_ctx(format!("open {}", path.display())))?;
+    let open = || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+    };
+    // The directory exists after the first use: only then is it made (and its mode set).
+    let file = match open() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(&images).map_err(io_ctx(format!("create {}", images.display())))?;
+            let _ = fs::set_permissions(&images, fs::Permissions::from_mode(0o711));
+            open()
+        }
+        other => other,
+    }
+    .map_err(io_ctx(format!("open {}", path.display())))?;
     // Open-file-description locks: released when the holder's fd closes, a crash included.
     let mut fl = libc::flock {
         l_type: if exclusive {
@@ -186,15 +209,26 @@ pub fn ensure_mounted(
     size: u64,
     digest: &str,
 ) -> Result<Mounted, ImageError> {
-    use std::os::unix::fs::MetadataExt;
     let lock = images_lock(run_dir, false)?
         .ok_or_else(|| io_ctx("lock images")(io::Error::from(io::ErrorKind::WouldBlock)))?;
+    let path = mount_checked(run_dir, path, size, digest)?;
+    Ok(Mounted { path, lock })
+}
+
+/// Checks the image file and mounts it if it is not yet; the caller holds the images lock.
+fn mount_checked(
+    run_dir: &Path,
+    path: &Path,
+    size: u64,
+    digest: &str,
+) -> Result<PathBuf, ImageError> {
+    use std::os::unix::fs::MetadataExt;
     let meta = checked_file(path, size)?;
     let dir = mount_point(run_dir, digest)?;
     let mp = dir.join(format!("{}-{}", meta.dev(), meta.ino()));
     let mp_c = cpath(&mp).map_err(io_ctx("image mount point"))?;
     if sys::statfs_type(&mp_c).ok() == Some(EROFS_MAGIC) {
-        return Ok(Mounted { path: mp, lock });
+        return Ok(mp);
     }
     let images = run_dir.join("images");
     // husk before 0.1 mounted an image at `dir` itself.
@@ -208,7 +242,7 @@ pub fn ensure_mounted(
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(Mounted { path: mp, lock })
+    Ok(mp)
 }
 
 /// Refuses a missing image file or one of the wrong size.
@@ -442,6 +476,8 @@ mod tests {
         assert!(erofs(&mp));
         // A spawner's lifetime hold works the same.
         let held = second.into_lock();
+        // A holder mounts without a lock of its own, and finds the same mount.
+        assert_eq!(held.ensure_mounted(&run, &image, size, DIGEST).unwrap(), mp);
         assert_eq!(release_unused(&run).unwrap(), 0);
         drop(held);
         // The last user gone: the mount and its directories go.

@@ -199,8 +199,12 @@ impl Spawner {
     /// Removes what sandboxes whose owner is gone (its uid slot is free) left behind: what a
     /// husk process that crashed or was SIGKILLed left, in whatever cgroup it ran. With no other
     /// sandbox left, old host-template copies are removed too.
+    /// Image mounts a crashed husk left are detached too (unless a live husk process uses
+    /// them): here, at a server's start, not on a one-shot run's create path.
     pub fn reap_stale(&self) -> usize {
-        self.reap(None)
+        let reaped = self.reap(None);
+        let _ = crate::images::release_unused(&self.run_dir);
+        reaped
     }
 
     /// [`Spawner::reap_stale`], not counting `own` (the slot of the sandbox being created).
@@ -219,8 +223,6 @@ impl Spawner {
         }
         if others == 0 {
             host_template::remove_unused(&self.run_dir, &self.template.borrow());
-            // What a crashed husk left mounted (unless a live husk process uses it).
-            let _ = crate::images::release_unused(&self.run_dir);
         }
         reaped
     }
@@ -402,14 +404,28 @@ impl Spawner {
         };
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
-        let mounted = match &spec.rootfs {
-            RootSource::Image { path, size, digest } => Some(
-                crate::images::ensure_mounted(&self.run_dir, path, *size, digest)
-                    .map_err(|e| SpawnError::Template(e.to_string()))?,
-            ),
-            _ => None,
+        // A spawner that holds the images lock mounts without taking it again; the first image
+        // sandbox takes it (and keeps it, below).
+        let (image, mounted) = match &spec.rootfs {
+            RootSource::Image { path, size, digest } => {
+                let template = |e: crate::images::ImageError| SpawnError::Template(e.to_string());
+                match &*self.images_in_use.borrow() {
+                    Some(held) => (
+                        Some(
+                            held.ensure_mounted(&self.run_dir, path, *size, digest)
+                                .map_err(template)?,
+                        ),
+                        None,
+                    ),
+                    None => {
+                        let m = crate::images::ensure_mounted(&self.run_dir, path, *size, digest)
+                            .map_err(template)?;
+                        (Some(m.path().to_path_buf()), Some(m))
+                    }
+                }
+            }
+            _ => (None, None),
         };
-        let image = mounted.as_ref().map(|m| m.path().to_path_buf());
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         // Forking is only sound single-threaded (see clone3_fork); checked on every create,
@@ -512,10 +528,7 @@ impl Spawner {
         // The child has its own copy of the image's mount now; this spawner keeps image mounts
         // in place until it ends (see crate::images).
         if let Some(m) = mounted {
-            let mut in_use = self.images_in_use.borrow_mut();
-            if in_use.is_none() {
-                *in_use = Some(m.into_lock());
-            }
+            *self.images_in_use.borrow_mut() = Some(m.into_lock());
         }
         sb.cgroup.complete(spec)?;
         let mut cgroup_tasks = Some(sb.cgroup.v1_tasks()?);
