@@ -548,7 +548,8 @@ fn decide(o: &Outcomes, state_fs: &str, have_loop: bool) -> Vec<Check> {
             "idmap.tmpfs",
             format!(
                 "no id-mapped tmpfs mounts ({}): host directories on tmpfs cannot be mounted \
-                 id-mapped (workspaces of a state directory on tmpfs)",
+                 id-mapped (workspaces of a state directory on tmpfs; `husk run -v` of a \
+                 tmpfs path shows its files as nobody)",
                 err(Step::IdmapTmpfs)
             ),
             format!(
