@@ -100,32 +100,10 @@ pub fn ensure_delegated() -> Result<Delegation, SystemdError> {
 /// Reads the helper's whole answer, bounded in size and by [`DEADLINE`] plus a margin.
 fn read_answer(fd: std::os::fd::BorrowedFd<'_>) -> Result<Vec<u8>, SystemdError> {
     let deadline = std::time::Instant::now() + DEADLINE + Duration::from_secs(5);
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Err(SystemdError::Timeout);
-        }
-        let mut pfd = [libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        match sys::poll(&mut pfd, left.as_millis().min(i32::MAX as u128) as i32) {
-            Ok(0) => return Err(SystemdError::Timeout),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(SystemdError::Helper(format!("poll: {e}"))),
-        }
-        match sys::read(fd, &mut buf) {
-            Ok(0) => return Ok(out),
-            Ok(n) if out.len() + n <= 64 << 10 => out.extend_from_slice(&buf[..n]),
-            Ok(_) => return Err(SystemdError::Helper("answer too large".into())),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(SystemdError::Helper(format!("read: {e}"))),
-        }
-    }
+    sys::read_to_eof_within(fd, deadline, 64 << 10).map_err(|e| match e.kind() {
+        io::ErrorKind::TimedOut => SystemdError::Timeout,
+        _ => SystemdError::Helper(format!("read: {e}")),
+    })
 }
 
 /// In the helper process: the whole conversation, on a single-threaded async runtime.

@@ -168,7 +168,14 @@ pub(super) fn probe(state_dir: &Path) -> Result<Outcomes, String> {
         }
         Forked::Parent { pidfd, .. } => {
             drop(w);
-            let got = read_until_eof(&r, Instant::now() + CHILD_TIMEOUT);
+            let got = sys::read_to_eof_within(r.as_fd(), Instant::now() + CHILD_TIMEOUT, 64 << 10)
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::TimedOut => format!(
+                        "the probing child did not answer within {} s",
+                        CHILD_TIMEOUT.as_secs()
+                    ),
+                    _ => format!("read: {e}"),
+                });
             if got.is_err() {
                 let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             }
@@ -178,34 +185,6 @@ pub(super) fn probe(state_dir: &Path) -> Result<Outcomes, String> {
                 Outcomes::from_bytes(&bytes).ok_or("the probing child ended before it answered")?;
             out.set(Step::Namespaces, &namespaces);
             Ok(out)
-        }
-    }
-}
-
-/// Everything readable from `fd` until EOF, or an error at `deadline`.
-fn read_until_eof(fd: &OwnedFd, deadline: Instant) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 256];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err("the probing child did not answer within 5 s".into());
-        }
-        let mut pfd = [libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        match sys::poll(&mut pfd, left.as_millis().min(i32::MAX as u128) as i32) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("poll: {e}")),
-        }
-        match sys::read(fd.as_fd(), &mut buf) {
-            Ok(0) => return Ok(out),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) => return Err(format!("read: {e}")),
         }
     }
 }

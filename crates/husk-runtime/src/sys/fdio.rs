@@ -289,3 +289,71 @@ pub fn read_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
         other => other,
     }
 }
+
+/// Everything readable from `fd` until EOF (a helper child's answer on a pipe): at most `max`
+/// bytes (else `InvalidData`), by `deadline` (else `TimedOut`).
+pub fn read_to_eof_within(
+    fd: BorrowedFd<'_>,
+    deadline: std::time::Instant,
+    max: usize,
+) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = [libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        match poll(&mut pfd, left.as_millis().min(i32::MAX as u128) as i32) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::TimedOut)),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        match read(fd, &mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) if out.len() + n <= max => out.extend_from_slice(&buf[..n]),
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "answer too large",
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_answer_is_read_to_its_end_within_its_bounds() {
+        let soon = || Instant::now() + Duration::from_millis(200);
+        let (r, w) = pipe().unwrap();
+        write_all(w.as_fd(), b"answer").unwrap();
+        drop(w);
+        assert_eq!(
+            read_to_eof_within(r.as_fd(), soon(), 64).unwrap(),
+            b"answer"
+        );
+        // A writer that never closes: the deadline ends the wait.
+        let (r, w) = pipe().unwrap();
+        write_all(w.as_fd(), b"partial").unwrap();
+        let err = read_to_eof_within(r.as_fd(), soon(), 64).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        drop(w);
+        // More than the caller accepts.
+        let (r, w) = pipe().unwrap();
+        write_all(w.as_fd(), &[0u8; 100]).unwrap();
+        drop(w);
+        let err = read_to_eof_within(r.as_fd(), soon(), 64).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+}
