@@ -1,0 +1,308 @@
+//! Creating a sandbox: checks, the quota reservation, the spawner, the agent's hello, the
+//! template's start command and code contexts, then registration and supervision.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use husk_proto::{Hello, User, VERSION};
+use husk_runtime::{Limits, SandboxSpec};
+use time::OffsetDateTime;
+use tokio::sync::Notify;
+
+use super::limits::Reservation;
+use super::{read, write, CoreError, CreateRequest, LiveSandbox, Manager, MAX_ENV_BYTES};
+use crate::agent::AgentClient;
+use crate::store::{Principal, SandboxRecord};
+use crate::template::Resolved;
+
+fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
+    let mut bytes = vec![0u8; len];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| CoreError::Spawn(format!("kernel random number generator: {e}")))?;
+    Ok(bytes
+        .iter()
+        .map(|b| alphabet[*b as usize % alphabet.len()] as char)
+        .collect())
+}
+
+/// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
+pub fn new_sandbox_id() -> Result<String, CoreError> {
+    random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
+}
+
+impl Manager {
+    /// Creates a sandbox for `who`'s team.
+    pub async fn create(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let mut env_bytes = 0;
+        for (k, v) in &req.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(CoreError::InvalidArgument(format!(
+                    "invalid environment variable name '{k}'"
+                )));
+            }
+            if v.contains('\0') {
+                return Err(CoreError::InvalidArgument(format!(
+                    "environment variable '{k}' contains a NUL byte"
+                )));
+            }
+            env_bytes += k.len() + v.len() + 2;
+        }
+        if env_bytes > MAX_ENV_BYTES {
+            return Err(CoreError::InvalidArgument(format!(
+                "environment variables take {env_bytes} bytes, more than the limit of {MAX_ENV_BYTES}"
+            )));
+        }
+        // `husk-secret://NAME` values must name secrets of the team (resolved per process).
+        if req
+            .env
+            .iter()
+            .any(|(_, v)| v.starts_with(crate::secrets::SECRET_PREFIX))
+        {
+            let Some(secrets) = self.secrets() else {
+                return Err(CoreError::InvalidArgument(
+                    "secrets are not enabled on this server".into(),
+                ));
+            };
+            secrets
+                .check_refs(&who.team, &req.env)
+                .map_err(|e| match e {
+                    crate::secrets::SecretError::Store(e) => CoreError::Store(e),
+                    other => CoreError::InvalidArgument(other.to_string()),
+                })?;
+        }
+        let mounts = self.workspace_mounts(&who.team, &req.workspaces)?;
+        let limits = self.request_limits(req.limits.as_ref())?;
+        self.check_memory_reserve()?;
+        // May hash the image the first time this process uses it.
+        let template = self.resolve_template(&req.template).await?;
+        // Reserve a place in the team's quota for the time of the creation.
+        {
+            let limit = self.quota(&who.team);
+            let live = read(&self.sandboxes)
+                .values()
+                .filter(|s| s.team == who.team)
+                .count() as u32;
+            let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+            let pending = creating.entry(who.team.clone()).or_default();
+            if live + *pending >= limit {
+                return Err(CoreError::QuotaExceeded {
+                    team: who.team.clone(),
+                    limit,
+                });
+            }
+            *pending += 1;
+        }
+        let reservation = Reservation {
+            manager: self.clone(),
+            team: who.team.clone(),
+        };
+        // In a task of its own: a client that goes away mid-create must not abandon a
+        // half-made sandbox (it is finished, registered and later ends at its timeout).
+        let this = self.clone();
+        let who = who.clone();
+        tokio::spawn(async move {
+            let result = this
+                .create_reserved(&who, req, template, mounts, limits)
+                .await;
+            drop(reservation);
+            result
+        })
+        .await
+        .map_err(|e| CoreError::Spawn(e.to_string()))?
+    }
+
+    pub(super) async fn create_reserved(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+        template: Resolved,
+        mounts: Vec<husk_runtime::MountSpec>,
+        limits: Limits,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let id = new_sandbox_id()?;
+        let mut spec = SandboxSpec::idle();
+        spec.agent = true;
+        spec.hostname = id.clone();
+        spec.limits = limits.clone();
+        spec.mounts = mounts;
+        spec.rootfs = template.rootfs.clone();
+        let defaults = &template.defaults;
+        let policy = self.request_policy(req.network.as_ref())?;
+        let spawner = self.spawner.clone();
+        let service = self.network.get().map(|n| n.service.clone());
+        let (created, net) = tokio::task::spawn_blocking(move || {
+            // A link out from the router's pool, joined by the sandbox (with the router's
+            // resolver as its name server).
+            let net = match service {
+                Some(s) => Some(
+                    s.attach(policy)
+                        .map_err(|e| CoreError::Spawn(e.to_string()))?,
+                ),
+                None => None,
+            };
+            if let Some(n) = &net {
+                spec.network = husk_runtime::NetworkMode::Joined {
+                    nameserver: n.gateway(),
+                };
+            }
+            let created = spawner
+                .create_in(&spec, net.as_ref().map(|n| n.netns.fd()))
+                .map_err(|e| CoreError::Spawn(e.to_string()))?;
+            Ok::<_, CoreError>((created, net))
+        })
+        .await
+        .map_err(|e| CoreError::Spawn(e.to_string()))??;
+        let runtime_id = created.id.clone();
+        let init_pid = created.init_pid;
+        // The joined namespace, or the sandbox's own, opened now while PID 1 is certainly the
+        // sandbox's (the spawner reaps it only on destroy), and kept: ingress never resolves
+        // the namespace by pid again.
+        let opened = match &net {
+            Some(n) => Ok(n.netns.clone()),
+            None => husk_net::netns::NetNs::open(std::path::Path::new(&format!(
+                "/proc/{init_pid}/ns/net"
+            ))),
+        };
+        let netns = match opened {
+            Ok(ns) => ns,
+            Err(e) => {
+                self.destroy_runtime(runtime_id).await;
+                return Err(CoreError::Spawn(format!("sandbox network namespace: {e}")));
+            }
+        };
+        // The template's environment, then the request's (which wins).
+        let mut env: Vec<(String, String)> = defaults
+            .env
+            .iter()
+            .filter(|(k, _)| !req.env.iter().any(|(rk, _)| rk == k))
+            .cloned()
+            .collect();
+        env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let default_user = match defaults.user.as_deref() {
+            Some("root") => User::Root,
+            _ => User::User,
+        };
+        let hello = Hello {
+            version: VERSION,
+            env,
+            default_user,
+            default_workdir: defaults.workdir.clone(),
+        };
+        let agent = match AgentClient::connect(created.agent, hello).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.destroy_runtime(runtime_id).await;
+                return Err(CoreError::Spawn(format!("agent did not start: {e}")));
+            }
+        };
+        if let Err(e) = crate::start_cmd::run(&agent, &template, default_user).await {
+            agent.close().await;
+            self.destroy_runtime(runtime_id).await;
+            return Err(CoreError::TemplateBroken(e));
+        }
+        let contexts = match self
+            .start_contexts(&agent, &who.team, &req.env, &template, default_user)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                agent.close().await;
+                self.destroy_runtime(runtime_id).await;
+                return Err(e);
+            }
+        };
+        let now = OffsetDateTime::now_utc();
+        let timeout = self.clamp_timeout(req.timeout);
+        let sb = Arc::new(LiveSandbox {
+            id: id.clone(),
+            team: who.team.clone(),
+            template: req.template,
+            runtime_id,
+            agent,
+            access_token: random_string(b"0123456789abcdef", 40)?,
+            traffic_access_token: random_string(b"0123456789abcdef", 40)?,
+            public_traffic: req.allow_public_traffic != Some(false),
+            env: req.env,
+            metadata: req.metadata,
+            allow_internet_access: req.allow_internet_access,
+            started_at: now,
+            limits,
+            workspaces: req.workspaces,
+            default_user,
+            default_workdir: defaults.workdir.clone(),
+            contexts,
+            init_pid,
+            netns,
+            net,
+            end_at: Mutex::new(now + timeout),
+            timeout_changed: Notify::new(),
+            cgroup: created.cgroup,
+            cpu_sample: Mutex::new((Instant::now(), 0)),
+            redactions: Mutex::new(HashMap::new()),
+        });
+        let record = SandboxRecord {
+            id: id.clone(),
+            team: sb.team.clone(),
+            template: sb.template.clone(),
+            runtime_id: sb.runtime_id.clone(),
+            created_at: now,
+            end_at: sb.end_at(),
+            metadata: sb.metadata.clone(),
+        };
+        if let Err(e) = self.store.insert_sandbox(&record) {
+            tracing::warn!(sandbox = %id, error = %e, "could not record sandbox");
+        }
+        write(&self.sandboxes).insert(id.clone(), sb.clone());
+        tokio::spawn(self.clone().supervise(sb.clone()));
+        Ok(sb)
+    }
+
+    /// The sandbox's code contexts, with the template's default ones started and ready.
+    pub(super) async fn start_contexts(
+        &self,
+        agent: &AgentClient,
+        team: &str,
+        req_env: &[(String, String)],
+        template: &Resolved,
+        user: User,
+    ) -> Result<Arc<crate::contexts::Contexts>, CoreError> {
+        let defaults = &template.defaults;
+        // Kernels get the sandbox's secrets in their process environment, as commands do.
+        let mut secret_envs = Vec::new();
+        if req_env
+            .iter()
+            .any(|(_, v)| v.starts_with(crate::secrets::SECRET_PREFIX))
+        {
+            if let Some(secrets) = self.secrets() {
+                let mut none = Vec::new();
+                let inj = secrets
+                    .inject(team, req_env, &mut none)
+                    .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
+                secret_envs = inj.env;
+            }
+        }
+        let cwd = defaults
+            .workdir
+            .clone()
+            .unwrap_or_else(|| user.home().to_owned());
+        let contexts = Arc::new(crate::contexts::Contexts::new(
+            agent.clone(),
+            crate::contexts::KernelEnv { user, secret_envs },
+            cwd,
+        ));
+        for lang in &defaults.contexts {
+            contexts.default_for(lang).await.map_err(|e| {
+                CoreError::TemplateBroken(format!(
+                    "template '{}': its {lang} context did not start: {e}",
+                    template.name
+                ))
+            })?;
+        }
+        Ok(contexts)
+    }
+}

@@ -1,0 +1,170 @@
+//! A running sandbox as the core holds it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use husk_proto::User;
+use husk_runtime::cgroup::SandboxCgroup;
+use husk_runtime::Limits;
+use time::OffsetDateTime;
+use tokio::sync::Notify;
+
+use super::{CoreError, WorkspaceMount};
+use crate::agent::AgentClient;
+
+/// A running sandbox.
+pub struct LiveSandbox {
+    pub id: String,
+    pub team: String,
+    pub template: String,
+    pub runtime_id: String,
+    pub agent: AgentClient,
+    /// Required as `X-Access-Token` by the in-sandbox API, and the key of signed file URLs.
+    pub access_token: String,
+    pub env: Vec<(String, String)>,
+    pub metadata: BTreeMap<String, String>,
+    pub allow_internet_access: Option<bool>,
+    pub started_at: OffsetDateTime,
+    pub limits: Limits,
+    /// The mounted workspaces.
+    pub workspaces: Vec<WorkspaceMount>,
+    /// The template's user: whom commands run as unless they say.
+    pub default_user: User,
+    /// The template's working directory, if it has one (else the user's home).
+    pub default_workdir: Option<String>,
+    /// Its code contexts (Jupyter kernels run by the agent).
+    pub contexts: Arc<crate::contexts::Contexts>,
+    /// The sandbox's link out through husk's router (None: loopback only, the server has no
+    /// egress). Dropped with the sandbox, which removes the link and its rules.
+    pub(super) net: Option<husk_net::router::Attachment>,
+    /// A credential of the sandbox's creator for its ports, sent as `E2B-Traffic-Access-Token`:
+    /// it opens a private sandbox's servers, and the code interpreter (port 49999) of every
+    /// sandbox. Every sandbox has one, public or not: the stock code-interpreter SDKs send
+    /// nothing else with their `/contexts` calls, and port 49999 runs code as the sandbox's
+    /// user, so it never admits a request for merely naming the sandbox.
+    pub traffic_access_token: String,
+    /// Whether the sandbox's own servers admit anyone who names the sandbox (E2B's
+    /// `allowPublicTraffic`, the default) rather than only its traffic token or team.
+    pub public_traffic: bool,
+    /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
+    pub(super) init_pid: i32,
+    /// The sandbox's network namespace, held open from creation: ingress connects to the
+    /// sandbox's servers from inside it.
+    pub(super) netns: husk_net::netns::NetNs,
+    pub(super) end_at: Mutex<OffsetDateTime>,
+    pub(super) timeout_changed: Notify,
+    pub(super) cgroup: SandboxCgroup,
+    /// (when, cpu ns) of the previous metrics sample, for the CPU percentage.
+    pub(super) cpu_sample: Mutex<(Instant, u64)>,
+    /// Secret values to mask in the output of processes that got them, by pid (so that a
+    /// client reconnecting to such a process gets its output masked too). Bounded.
+    pub(super) redactions: Mutex<HashMap<u32, Vec<zeroize::Zeroizing<Vec<u8>>>>>,
+}
+
+/// Most processes per sandbox whose secrets are remembered for masking on reconnect.
+const MAX_REDACTED_PROCESSES: usize = 256;
+
+impl LiveSandbox {
+    /// Remembers the secret values of process `pid` (for [`LiveSandbox::redaction`]).
+    pub fn set_redaction(&self, pid: u32, values: Vec<zeroize::Zeroizing<Vec<u8>>>) {
+        let mut map = self.redactions.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_REDACTED_PROCESSES {
+            if let Some(k) = map.keys().min().copied() {
+                map.remove(&k);
+            }
+        }
+        map.insert(pid, values);
+    }
+
+    /// The secret values to mask in process `pid`'s output.
+    pub fn redaction(&self, pid: u32) -> Vec<zeroize::Zeroizing<Vec<u8>>> {
+        self.redactions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Freezes every process of the sandbox (before outputs are copied out of it).
+    pub fn freeze(&self) -> Result<(), CoreError> {
+        self.cgroup
+            .freeze()
+            .map_err(|e| CoreError::Spawn(format!("freeze sandbox {}: {e}", self.id)))
+    }
+
+    /// How many processes of the sandbox the kernel killed for want of memory.
+    pub fn oom_kills(&self) -> u64 {
+        self.cgroup.oom_kills()
+    }
+
+    /// The sandbox's root directory, opened from the host (`O_PATH`): paths below it must be
+    /// resolved inside it (see `husk_runtime::transfer`), never by path on the host.
+    pub fn root_dir(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_o_path_directory())
+            .open(format!("/proc/{}/root", self.init_pid))?;
+        Ok(f.into())
+    }
+
+    /// The sandbox's egress policy (`None` when it has no link out).
+    pub fn network_policy(&self) -> husk_net::NetPolicy {
+        self.net
+            .as_ref()
+            .map_or(husk_net::NetPolicy::None, |n| n.net.policy())
+    }
+
+    /// The connections its policy refused, oldest first (at most the last
+    /// [`husk_net::sandboxes::MAX_DENIALS`]).
+    pub fn denials(&self) -> Vec<husk_net::Denial> {
+        self.net.as_ref().map_or_else(Vec::new, |n| n.net.denials())
+    }
+
+    /// The sandbox's network namespace (sockets made in it reach the sandbox's loopback).
+    pub fn netns(&self) -> &husk_net::netns::NetNs {
+        &self.netns
+    }
+
+    pub fn end_at(&self) -> OffsetDateTime {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn set_end_at(&self, t: OffsetDateTime) {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        self.timeout_changed.notify_one();
+    }
+
+    /// CPUs of the sandbox's quota, rounded up.
+    pub fn cpu_count(&self) -> u32 {
+        self.limits.cpu_millis.div_ceil(1000).max(1) as u32
+    }
+
+    pub fn memory_mb(&self) -> u64 {
+        self.limits.memory_bytes >> 20
+    }
+
+    pub fn disk_mb(&self) -> u64 {
+        self.limits.disk_bytes >> 20
+    }
+}
+
+/// One usage sample.
+#[derive(Debug, Clone, Copy)]
+pub struct Metrics {
+    pub timestamp: OffsetDateTime,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+/// `O_PATH | O_DIRECTORY`: opens a directory to resolve paths below it, without reading it.
+fn libc_o_path_directory() -> i32 {
+    husk_runtime::libc::O_PATH | husk_runtime::libc::O_DIRECTORY
+}

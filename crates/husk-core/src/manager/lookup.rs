@@ -1,0 +1,155 @@
+//! Finding sandboxes under tenancy, and what a team may do with its own: list, kill, change
+//! the timeout or the egress policy, read usage.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use husk_proto::{Reply, Request};
+use time::OffsetDateTime;
+
+use super::{read, CoreError, LiveSandbox, Manager, Metrics};
+use crate::agent::CallError;
+use crate::store::Principal;
+
+/// Filters of a list call.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub metadata: Vec<(String, String)>,
+    pub template: Option<String>,
+    pub started_after: Option<OffsetDateTime>,
+}
+
+impl Manager {
+    /// A live sandbox of `who`'s team.
+    pub fn get(&self, who: &Principal, id: &str) -> Result<Arc<LiveSandbox>, CoreError> {
+        read(&self.sandboxes)
+            .get(id)
+            .filter(|s| s.team == who.team)
+            .cloned()
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))
+    }
+
+    /// A live sandbox by id alone (the in-sandbox API authenticates by the sandbox's access
+    /// token instead of an API key).
+    pub fn get_any(&self, id: &str) -> Option<Arc<LiveSandbox>> {
+        read(&self.sandboxes).get(id).cloned()
+    }
+
+    /// The team's sandboxes matching `filter`, oldest first.
+    pub fn list(&self, who: &Principal, filter: &ListFilter) -> Vec<Arc<LiveSandbox>> {
+        let mut v: Vec<Arc<LiveSandbox>> = read(&self.sandboxes)
+            .values()
+            .filter(|s| s.team == who.team)
+            .filter(|s| {
+                filter
+                    .metadata
+                    .iter()
+                    .all(|(k, v)| s.metadata.get(k) == Some(v))
+            })
+            .filter(|s| filter.template.as_ref().is_none_or(|t| &s.template == t))
+            .filter(|s| filter.started_after.is_none_or(|t| s.started_at > t))
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        v
+    }
+
+    /// Kills a sandbox of `who`'s team.
+    pub async fn kill(&self, who: &Principal, id: &str) -> Result<(), CoreError> {
+        self.get(who, id)?;
+        if self.remove(id).await {
+            Ok(())
+        } else {
+            Err(CoreError::NotFound(id.to_string()))
+        }
+    }
+
+    /// Sets the sandbox to end `timeout` from now (may shorten).
+    pub fn set_timeout(
+        &self,
+        who: &Principal,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<(), CoreError> {
+        let sb = self.get(who, id)?;
+        let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
+        sb.set_end_at(end);
+        let _ = self.store.update_sandbox_end(id, end);
+        Ok(())
+    }
+
+    /// Connecting extends the timeout to `timeout` from now, never shortens it.
+    pub fn connect(
+        &self,
+        who: &Principal,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let sb = self.get(who, id)?;
+        let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
+        if end > sb.end_at() {
+            sb.set_end_at(end);
+            let _ = self.store.update_sandbox_end(id, end);
+        }
+        Ok(sb)
+    }
+
+    /// A usage sample: memory and CPU from the cgroups, disk from the agent.
+    pub async fn metrics(&self, who: &Principal, id: &str) -> Result<Metrics, CoreError> {
+        let sb = self.get(who, id)?;
+        let st = sb.cgroup.stats();
+        let now = Instant::now();
+        let cpu_used_pct = {
+            let mut prev = sb.cpu_sample.lock().unwrap_or_else(|p| p.into_inner());
+            let wall = now.duration_since(prev.0).as_nanos().max(1) as f64;
+            let used = st.cpu_usage_ns.saturating_sub(prev.1) as f64;
+            *prev = (now, st.cpu_usage_ns);
+            (used / wall / sb.cpu_count() as f64 * 100.0).clamp(0.0, 100.0)
+        };
+        let (disk_used, disk_total) = match sb.agent.call(Request::Disk).await {
+            Ok(Reply::Disk { used, total }) => (used, total),
+            Ok(_) | Err(CallError::Agent(_)) => (0, sb.limits.disk_bytes),
+            Err(CallError::Gone) => return Err(CoreError::NotFound(id.to_string())),
+        };
+        Ok(Metrics {
+            timestamp: OffsetDateTime::now_utc(),
+            cpu_count: sb.cpu_count(),
+            cpu_used_pct,
+            mem_used: st.memory_bytes,
+            mem_total: sb.limits.memory_bytes,
+            mem_cache: st.memory_cache,
+            disk_used,
+            disk_total,
+        })
+    }
+
+    /// How many sandboxes are alive.
+    pub fn count(&self) -> usize {
+        read(&self.sandboxes).len()
+    }
+
+    /// Changes a running sandbox's egress policy.
+    pub async fn set_network_policy(
+        &self,
+        who: &Principal,
+        id: &str,
+        policy: husk_net::NetPolicy,
+    ) -> Result<(), CoreError> {
+        let sb = self.get(who, id)?;
+        if sb.net.is_none() {
+            if policy == husk_net::NetPolicy::None {
+                return Ok(());
+            }
+            return Err(CoreError::Unsupported(
+                "this server gives sandboxes no network (start husk serve with --egress)".into(),
+            ));
+        }
+        tokio::task::spawn_blocking(move || match &sb.net {
+            Some(net) => net.set_policy(policy),
+            None => Ok(()),
+        })
+        .await
+        .map_err(|e| CoreError::Spawn(e.to_string()))?
+        .map_err(|e| CoreError::Spawn(e.to_string()))
+    }
+}

@@ -1,0 +1,72 @@
+//! What a create request may ask for, and the checks of its values.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use husk_runtime::Limits;
+
+/// What a client asks for when creating a sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    pub timeout: Duration,
+    pub metadata: BTreeMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub allow_internet_access: Option<bool>,
+    /// The team's workspaces to mount (E2B `volumeMounts`, runs).
+    pub workspaces: Vec<WorkspaceMount>,
+    /// Resources of this sandbox, when not the server's (each at most the server's).
+    pub limits: Option<Limits>,
+    /// Egress policy; `None`: the server's default.
+    pub network: Option<husk_net::NetPolicy>,
+    /// E2B `network.allowPublicTraffic`: `Some(false)` makes the sandbox's ports private (they
+    /// need its traffic token or a key of its team); unset is public, as on E2B.
+    pub allow_public_traffic: Option<bool>,
+}
+
+/// A team's workspace mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceMount {
+    /// The workspace's name.
+    pub name: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Read-only unless asked for.
+    pub writable: bool,
+}
+
+/// Sandbox paths a workspace may not be mounted on (or under): the sandbox's own kernel
+/// interfaces and device nodes, which husk mounts itself.
+const RESERVED_MOUNT_PATHS: &[&str] = &["/proc", "/dev", "/sys"];
+
+/// Most workspaces one sandbox may mount.
+pub const MAX_WORKSPACE_MOUNTS: usize = 16;
+
+/// A workspace mount path: absolute, normalised (no `.`/`..`/empty components), not `/` and not
+/// under a [`RESERVED_MOUNT_PATHS`] entry.
+pub fn check_mount_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("mount path '{path}' must be absolute"));
+    }
+    let comps: Vec<&str> = path.split('/').skip(1).filter(|c| !c.is_empty()).collect();
+    if comps.is_empty() {
+        return Err("a workspace cannot be mounted on '/'".into());
+    }
+    if comps.iter().any(|c| *c == "." || *c == "..") || path.len() > 1024 || path.contains('\0') {
+        return Err(format!("invalid mount path '{path}'"));
+    }
+    let norm = format!("/{}", comps.join("/"));
+    if let Some(r) = RESERVED_MOUNT_PATHS
+        .iter()
+        .find(|r| norm == **r || norm.starts_with(&format!("{r}/")))
+    {
+        return Err(format!(
+            "a workspace cannot be mounted on {r} (husk mounts it itself)"
+        ));
+    }
+    Ok(())
+}
+
+/// Largest total size of a sandbox's environment variables (names and values): they travel
+/// to the agent in one frame and into every process's environment.
+pub const MAX_ENV_BYTES: usize = 256 << 10;
