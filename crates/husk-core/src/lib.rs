@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod contexts;
+pub mod host;
 pub mod keys;
 pub mod manager;
 pub mod runs;
@@ -12,4 +13,9 @@ pub mod secrets;
 mod start_cmd;
 pub mod store;
 pub mod template;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod workspaces;
+
+/// An error and its causes on one line, as clients and logs should see it.
+pub use husk_runtime::failure::chain as error_chain;

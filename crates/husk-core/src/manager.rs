@@ -9,9 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use husk_runtime::service::SpawnerService;
+use husk_runtime::failure::FailureKind;
+use husk_runtime::service::ServiceError;
 use husk_runtime::Limits;
 
+use crate::host::SandboxHost;
 use crate::store::Store;
 use crate::template::{Resolved, TemplateError, Templates};
 
@@ -21,6 +23,8 @@ mod live;
 mod lookup;
 mod request;
 mod supervise;
+#[cfg(test)]
+mod tests;
 
 pub use create::new_sandbox_id;
 pub use limits::host_memory_available;
@@ -53,9 +57,20 @@ pub enum CoreError {
     /// A feature husk does not offer (pause, snapshots, fork...).
     #[error("{0}")]
     Unsupported(String),
-    /// The sandbox could not be created.
-    #[error("creating the sandbox failed: {0}")]
-    Spawn(String),
+    /// The runtime could not create the sandbox (the spawner's failure, typed by kind).
+    #[error("the sandbox runtime failed")]
+    Runtime(#[source] ServiceError),
+    /// The host ran out of something sandboxes need (uid ranges, memory, processes): the same
+    /// request may succeed later.
+    #[error("the host cannot take another sandbox now")]
+    HostExhausted(#[source] ServiceError),
+    /// Something of the server's own failed (a task, the network service, a sandbox's agent).
+    #[error("{what}")]
+    Internal {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
     /// The host's available memory is below the server's reserve: no new sandbox until some
@@ -67,6 +82,40 @@ pub enum CoreError {
         reserve = .reserve >> 20
     )]
     HostMemoryLow { available: u64, reserve: u64 },
+}
+
+/// Any error, as the cause of [`CoreError::Internal`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl CoreError {
+    /// [`CoreError::Internal`]: `what` failed, because of `source`.
+    pub fn internal(what: impl Into<String>, source: impl Into<BoxError>) -> CoreError {
+        CoreError::Internal {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// A spawner's failure as the core reports it: by its kind, so that a bad request, a broken
+/// template and a full host each get their own answer.
+impl From<ServiceError> for CoreError {
+    fn from(e: ServiceError) -> CoreError {
+        match &e {
+            ServiceError::Failed(f) => match f.kind {
+                FailureKind::InvalidSpec => CoreError::InvalidArgument(f.message.clone()),
+                FailureKind::Template => CoreError::TemplateBroken(f.message.clone()),
+                FailureKind::Exhausted => CoreError::HostExhausted(e),
+                FailureKind::Host | FailureKind::NotFound | FailureKind::Internal => {
+                    CoreError::Runtime(e)
+                }
+            },
+            ServiceError::TooLarge(_) => CoreError::InvalidArgument(e.to_string()),
+            ServiceError::Gone | ServiceError::Protocol(_) | ServiceError::Io(_) => {
+                CoreError::Runtime(e)
+            }
+        }
+    }
 }
 
 /// What to do about a missing template the SDKs ask for by default.
@@ -110,7 +159,7 @@ pub const DEFAULT_MEMORY_RESERVE: u64 = 256 << 20;
 /// The manager.
 pub struct Manager {
     store: Arc<Store>,
-    spawner: Arc<SpawnerService>,
+    host: Arc<dyn SandboxHost>,
     config: Config,
     sandboxes: RwLock<HashMap<String, Arc<LiveSandbox>>>,
     /// Sandboxes being created, per team (they count against the quota).
@@ -140,11 +189,12 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 impl Manager {
-    /// A manager over a started spawner. Forgets records of sandboxes a crashed earlier run
-    /// left (the spawner has already reaped what they left on the host).
+    /// A manager over a started spawner (or another [`SandboxHost`]). Forgets records of
+    /// sandboxes a crashed earlier run left (the spawner has already reaped what they left on
+    /// the host).
     pub fn new(
         store: Arc<Store>,
-        spawner: Arc<SpawnerService>,
+        host: Arc<dyn SandboxHost>,
         config: Config,
     ) -> Result<Arc<Manager>, CoreError> {
         let stale = store.clear_sandboxes()?;
@@ -157,7 +207,7 @@ impl Manager {
             workspaces: std::sync::OnceLock::new(),
             network: std::sync::OnceLock::new(),
             store,
-            spawner,
+            host,
             config,
             sandboxes: RwLock::new(HashMap::new()),
             creating: Mutex::new(HashMap::new()),
@@ -219,7 +269,7 @@ impl Manager {
         let name = name.to_owned();
         tokio::task::spawn_blocking(move || templates.resolve(&name))
             .await
-            .map_err(|e| CoreError::Spawn(e.to_string()))?
+            .map_err(|e| CoreError::internal("resolving the template", e))?
             .map_err(|e| match e {
                 TemplateError::NotFound(n) => CoreError::TemplateNotFound(n),
                 TemplateError::Store(e) => CoreError::Store(e),

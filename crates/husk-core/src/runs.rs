@@ -517,7 +517,7 @@ impl From<CoreError> for RunError {
             CoreError::WorkspaceNotFound(w) => RunError::WorkspaceNotFound(w),
             CoreError::InvalidArgument(m) | CoreError::Unsupported(m) => RunError::Invalid(m),
             CoreError::Store(e) => RunError::Store(e),
-            other => RunError::Unavailable(other.to_string()),
+            other => RunError::Unavailable(husk_runtime::failure::chain(&other)),
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod control;
 pub mod exec;
+pub mod failure;
 pub mod fences;
 pub mod host_template;
 pub mod images;

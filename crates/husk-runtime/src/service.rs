@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentEntry;
 use crate::cgroup::{CgroupOptions, SandboxCgroup};
+use crate::failure::{Failure, FailureKind};
 use crate::spawner::{Sandbox, Spawner};
 use crate::spec::SandboxSpec;
 use crate::sys;
@@ -33,9 +34,10 @@ const MAX_MESSAGE: usize = 128 << 10;
 /// Errors of talking to the spawner process.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// The spawner could not start, or refused or failed a request; the text says why.
-    #[error("{0}")]
-    Spawner(String),
+    /// The spawner could not start, or refused or failed a request: what kind of failure,
+    /// and why.
+    #[error(transparent)]
+    Failed(#[from] Failure),
     /// The request is larger than the service accepts.
     #[error("sandbox description too large ({0} bytes, at most {MAX_MESSAGE})")]
     TooLarge(usize),
@@ -69,7 +71,7 @@ enum Reply {
         cgroup: String,
     },
     Destroyed,
-    Failed(String),
+    Failed(Failure),
     ShutDown,
 }
 
@@ -111,8 +113,9 @@ pub fn start_with(
     match sys::thread_count()? {
         1 => {}
         n => {
-            return Err(ServiceError::Spawner(format!(
-                "the spawner must be started before any thread (this process has {n})"
+            return Err(ServiceError::Failed(Failure::new(
+                FailureKind::Internal,
+                format!("the spawner must be started before any thread (this process has {n})"),
             )))
         }
     }
@@ -139,9 +142,9 @@ pub fn start_with(
             cgroups,
             ..service
         }),
-        Reply::Failed(msg) => {
+        Reply::Failed(f) => {
             let _ = sys::waitpid(pid, 0);
-            Err(ServiceError::Spawner(msg))
+            Err(ServiceError::Failed(f))
         }
         other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
     }
@@ -191,7 +194,7 @@ impl SpawnerService {
                     cgroup,
                 })
             }
-            Reply::Failed(msg) => Err(ServiceError::Spawner(msg)),
+            Reply::Failed(f) => Err(ServiceError::Failed(f)),
             other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
         }
     }
@@ -200,7 +203,7 @@ impl SpawnerService {
     pub fn destroy(&self, id: &str) -> Result<(), ServiceError> {
         match self.call(&Request::Destroy(id.into()))?.0 {
             Reply::Destroyed => Ok(()),
-            Reply::Failed(msg) => Err(ServiceError::Spawner(msg)),
+            Reply::Failed(f) => Err(ServiceError::Failed(f)),
             other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
         }
     }
@@ -280,12 +283,12 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
         match Spawner::with_options(Path::new(crate::spawner::DEFAULT_RUN_DIR), cgroups) {
             Ok(s) => s,
             Err(e) => {
-                let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
+                let _ = send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]);
                 sys::exit_now(1)
             }
         };
     if let Err(e) = spawner.set_agent(agent) {
-        let _ = send_reply(&sock, &Reply::Failed(e.to_string()), &[]);
+        let _ = send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]);
         sys::exit_now(1)
     }
     let reaped = spawner.reap_stale();
@@ -293,7 +296,8 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
     let null = match sys::open(c"/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
         Ok(fd) => fd,
         Err(e) => {
-            let _ = send_reply(&sock, &Reply::Failed(format!("open /dev/null: {e}")), &[]);
+            let failure = Failure::new(FailureKind::Internal, format!("open /dev/null: {e}"));
+            let _ = send_reply(&sock, &Reply::Failed(failure), &[]);
             sys::exit_now(1)
         }
     };
@@ -309,7 +313,9 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
             Ok((n, fds)) => match postcard::from_bytes::<Request>(&buf[..n]) {
                 Ok(r) => (r, fds),
                 Err(e) => {
-                    let _ = send_reply(&sock, &Reply::Failed(format!("bad request: {e}")), &[]);
+                    let failure =
+                        Failure::new(FailureKind::InvalidSpec, format!("bad request: {e}"));
+                    let _ = send_reply(&sock, &Reply::Failed(failure), &[]);
                     continue;
                 }
             },
@@ -342,19 +348,29 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
                         }
                         None => send_reply(
                             &sock,
-                            &Reply::Failed("not an agent sandbox (spec.agent is false)".into()),
+                            &Reply::Failed(Failure::new(
+                                FailureKind::InvalidSpec,
+                                "not an agent sandbox (spec.agent is false)",
+                            )),
                             &[],
                         ),
                     },
-                    Err(e) => send_reply(&sock, &Reply::Failed(e.to_string()), &[]),
+                    Err(e) => send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]),
                 }
             }
             (Request::Destroy(id), _) => match sandboxes.remove(&id) {
                 Some(mut sb) => match sb.destroy() {
                     Ok(()) => send_reply(&sock, &Reply::Destroyed, &[]),
-                    Err(e) => send_reply(&sock, &Reply::Failed(e.to_string()), &[]),
+                    Err(e) => send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]),
                 },
-                None => send_reply(&sock, &Reply::Failed(format!("no sandbox {id}")), &[]),
+                None => send_reply(
+                    &sock,
+                    &Reply::Failed(Failure::new(
+                        FailureKind::NotFound,
+                        format!("no sandbox {id}"),
+                    )),
+                    &[],
+                ),
             },
             (Request::Shutdown, _) => {
                 for (_, mut sb) in sandboxes.drain() {

@@ -75,9 +75,11 @@ pub fn allocate(lock_path: &Path, mut usable: impl FnMut(u32) -> bool) -> io::Re
             return Ok(UidRange { slot, _lock: file });
         }
     }
-    Err(io::Error::other(format!(
-        "all {SLOTS} sandbox uid ranges are in use"
-    )))
+    // QuotaExceeded: callers report it as a resource that ran out, not as a failure.
+    Err(io::Error::new(
+        io::ErrorKind::QuotaExceeded,
+        format!("all {SLOTS} sandbox uid ranges are in use"),
+    ))
 }
 
 /// Like [`allocate`], trying first up to 16 of the `preferred` slots (slots whose id-map

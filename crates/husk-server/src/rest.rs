@@ -78,14 +78,21 @@ fn core_error(e: CoreError) -> Response {
         CoreError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
         CoreError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
         CoreError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-        CoreError::Spawn(_) | CoreError::Store(_) | CoreError::TemplateBroken(_) => {
-            StatusCode::INTERNAL_SERVER_ERROR
+        CoreError::Runtime(_)
+        | CoreError::Internal { .. }
+        | CoreError::Store(_)
+        | CoreError::TemplateBroken(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        CoreError::HostMemoryLow { .. } | CoreError::HostExhausted(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
         }
-        CoreError::HostMemoryLow { .. } => StatusCode::SERVICE_UNAVAILABLE,
     };
-    let low_memory = matches!(e, CoreError::HostMemoryLow { .. });
-    let mut resp = error(status, e.to_string());
-    if low_memory {
+    let transient = matches!(
+        e,
+        CoreError::HostMemoryLow { .. } | CoreError::HostExhausted(_)
+    );
+    // The whole chain: a core error's own text is short, its causes say what happened.
+    let mut resp = error(status, husk_core::error_chain(&e));
+    if transient {
         // Transient: the SDKs retry a 503, after this long.
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));

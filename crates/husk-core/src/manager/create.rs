@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use husk_proto::{Hello, User, VERSION};
+use husk_runtime::service::Created;
 use husk_runtime::{Limits, SandboxSpec};
 use time::OffsetDateTime;
 use tokio::sync::Notify;
@@ -19,7 +20,7 @@ use crate::template::Resolved;
 fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
     let mut bytes = vec![0u8; len];
     getrandom::fill(&mut bytes)
-        .map_err(|e| CoreError::Spawn(format!("kernel random number generator: {e}")))?;
+        .map_err(|e| CoreError::internal("the kernel's random number generator", e.to_string()))?;
     Ok(bytes
         .iter()
         .map(|b| alphabet[*b as usize % alphabet.len()] as char)
@@ -113,7 +114,7 @@ impl Manager {
             result
         })
         .await
-        .map_err(|e| CoreError::Spawn(e.to_string()))?
+        .map_err(|e| CoreError::internal("the creation task", e))?
     }
 
     pub(super) async fn create_reserved(
@@ -131,9 +132,8 @@ impl Manager {
         spec.limits = limits.clone();
         spec.mounts = mounts;
         spec.rootfs = template.rootfs.clone();
-        let defaults = &template.defaults;
         let policy = self.request_policy(req.network.as_ref())?;
-        let spawner = self.spawner.clone();
+        let host = self.host.clone();
         let service = self.network.get().map(|n| n.service.clone());
         let (created, net) = tokio::task::spawn_blocking(move || {
             // A link out from the router's pool, joined by the sandbox (with the router's
@@ -141,7 +141,7 @@ impl Manager {
             let net = match service {
                 Some(s) => Some(
                     s.attach(policy)
-                        .map_err(|e| CoreError::Spawn(e.to_string()))?,
+                        .map_err(|e| CoreError::internal("linking the sandbox to the router", e))?,
                 ),
                 None => None,
             };
@@ -150,30 +150,54 @@ impl Manager {
                     nameserver: n.gateway(),
                 };
             }
-            let created = spawner
-                .create_in(&spec, net.as_ref().map(|n| n.netns.fd()))
-                .map_err(|e| CoreError::Spawn(e.to_string()))?;
+            let created = host.create(&spec, net.as_ref().map(|n| n.netns.fd()))?;
             Ok::<_, CoreError>((created, net))
         })
         .await
-        .map_err(|e| CoreError::Spawn(e.to_string()))??;
-        let runtime_id = created.id.clone();
+        .map_err(|e| CoreError::internal("the creation task", e))??;
+        // From here on the sandbox exists: every failure undoes it, in one place.
+        let mut undo = Undo {
+            runtime_id: created.id.clone(),
+            agent: None,
+        };
+        match self
+            .finish(who, id, req, &template, limits, created, net, &mut undo)
+            .await
+        {
+            Ok(sb) => Ok(sb),
+            Err(e) => {
+                undo.run(self).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a sandbox the host created ready and registers it: its network namespace, the
+    /// agent's hello, the template's start command and code contexts. The caller undoes
+    /// the sandbox if this fails.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        self: &Arc<Self>,
+        who: &Principal,
+        id: String,
+        req: CreateRequest,
+        template: &Resolved,
+        limits: Limits,
+        created: Created,
+        net: Option<husk_net::router::Attachment>,
+        undo: &mut Undo,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let defaults = &template.defaults;
         let init_pid = created.init_pid;
         // The joined namespace, or the sandbox's own, opened now while PID 1 is certainly the
         // sandbox's (the spawner reaps it only on destroy), and kept: ingress never resolves
         // the namespace by pid again.
-        let opened = match &net {
-            Some(n) => Ok(n.netns.clone()),
+        let netns = match &net {
+            Some(n) => n.netns.clone(),
             None => husk_net::netns::NetNs::open(std::path::Path::new(&format!(
                 "/proc/{init_pid}/ns/net"
-            ))),
-        };
-        let netns = match opened {
-            Ok(ns) => ns,
-            Err(e) => {
-                self.destroy_runtime(runtime_id).await;
-                return Err(CoreError::Spawn(format!("sandbox network namespace: {e}")));
-            }
+            )))
+            .map_err(|e| CoreError::internal("opening the sandbox's network namespace", e))?,
         };
         // The template's environment, then the request's (which wins).
         let mut env: Vec<(String, String)> = defaults
@@ -193,36 +217,23 @@ impl Manager {
             default_user,
             default_workdir: defaults.workdir.clone(),
         };
-        let agent = match AgentClient::connect(created.agent, hello).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.destroy_runtime(runtime_id).await;
-                return Err(CoreError::Spawn(format!("agent did not start: {e}")));
-            }
-        };
-        if let Err(e) = crate::start_cmd::run(&agent, &template, default_user).await {
-            agent.close().await;
-            self.destroy_runtime(runtime_id).await;
-            return Err(CoreError::TemplateBroken(e));
-        }
-        let contexts = match self
-            .start_contexts(&agent, &who.team, &req.env, &template, default_user)
+        let agent = AgentClient::connect(created.agent, hello)
             .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                agent.close().await;
-                self.destroy_runtime(runtime_id).await;
-                return Err(e);
-            }
-        };
+            .map_err(|e| CoreError::internal("the sandbox's agent did not start", e))?;
+        undo.agent = Some(agent.clone());
+        crate::start_cmd::run(&agent, template, default_user)
+            .await
+            .map_err(CoreError::TemplateBroken)?;
+        let contexts = self
+            .start_contexts(&agent, &who.team, &req.env, template, default_user)
+            .await?;
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
         let sb = Arc::new(LiveSandbox {
             id: id.clone(),
             team: who.team.clone(),
             template: req.template,
-            runtime_id,
+            runtime_id: created.id,
             agent,
             access_token: random_string(b"0123456789abcdef", 40)?,
             traffic_access_token: random_string(b"0123456789abcdef", 40)?,
@@ -304,5 +315,20 @@ impl Manager {
             })?;
         }
         Ok(contexts)
+    }
+}
+
+/// A created sandbox that did not become ready: destroyed, its agent connection closed.
+pub(super) struct Undo {
+    runtime_id: String,
+    agent: Option<AgentClient>,
+}
+
+impl Undo {
+    async fn run(self, manager: &Manager) {
+        if let Some(agent) = self.agent {
+            agent.close().await;
+        }
+        manager.destroy_runtime(self.runtime_id).await;
     }
 }

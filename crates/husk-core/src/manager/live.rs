@@ -91,7 +91,7 @@ impl LiveSandbox {
     pub fn freeze(&self) -> Result<(), CoreError> {
         self.cgroup
             .freeze()
-            .map_err(|e| CoreError::Spawn(format!("freeze sandbox {}: {e}", self.id)))
+            .map_err(|e| CoreError::internal(format!("freezing sandbox {}", self.id), e))
     }
 
     /// How many processes of the sandbox the kernel killed for want of memory.

@@ -149,7 +149,7 @@ impl Manager {
             None => Ok(()),
         })
         .await
-        .map_err(|e| CoreError::Spawn(e.to_string()))?
-        .map_err(|e| CoreError::Spawn(e.to_string()))
+        .map_err(|e| CoreError::internal("the policy task", e))?
+        .map_err(|e| CoreError::internal("changing the sandbox's egress policy", e))
     }
 }

@@ -30,8 +30,8 @@ impl Manager {
     }
 
     pub(super) async fn destroy_runtime(&self, runtime_id: String) {
-        let spawner = self.spawner.clone();
-        let res = tokio::task::spawn_blocking(move || spawner.destroy(&runtime_id)).await;
+        let host = self.host.clone();
+        let res = tokio::task::spawn_blocking(move || host.destroy(&runtime_id)).await;
         if let Ok(Err(e)) = res {
             tracing::warn!(error = %e, "destroying sandbox failed");
         }

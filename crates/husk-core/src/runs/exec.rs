@@ -196,7 +196,7 @@ async fn execute(
     let sb = manager
         .create(who, req)
         .await
-        .map_err(|e| format!("creating the sandbox failed: {e}"))?;
+        .map_err(|e| format!("creating the sandbox failed: {}", crate::error_chain(&e)))?;
     let guard = Destroy {
         manager: manager.clone(),
         who: who.clone(),
@@ -497,7 +497,7 @@ async fn save_outputs(
     let ws_dir = workspaces
         .dir(&who.team, &ws_name)
         .map_err(|e| e.to_string())?;
-    sb.freeze().map_err(|e| e.to_string())?;
+    sb.freeze().map_err(|e| crate::error_chain(&e))?;
     let root = sb
         .root_dir()
         .map_err(|e| format!("open the sandbox's root: {e}"))?;

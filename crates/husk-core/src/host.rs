@@ -1,0 +1,39 @@
+//! The seam between the core and the operating system: what the core needs of whatever makes
+//! sandboxes. In `husk serve` it is the spawner process ([`SpawnerService`]); in unit tests a
+//! fake (`crate::testing::FakeHost`), so the manager's logic (quotas, tenancy, timeouts,
+//! clean-up after failures) is tested without root or a kernel's namespaces.
+//!
+//! Both calls block for the few milliseconds they take: the core calls them off the async
+//! threads (`spawn_blocking`).
+
+use std::os::fd::BorrowedFd;
+
+use husk_runtime::service::{Created, ServiceError, SpawnerService};
+use husk_runtime::SandboxSpec;
+
+/// Makes and destroys sandboxes for the core.
+pub trait SandboxHost: Send + Sync + 'static {
+    /// Creates a sandbox for `spec` (which has `agent` set), joining `netns` when given.
+    fn create(
+        &self,
+        spec: &SandboxSpec,
+        netns: Option<BorrowedFd<'_>>,
+    ) -> Result<Created, ServiceError>;
+
+    /// Destroys a sandbox the host created: every process, mount, cgroup and its uid range.
+    fn destroy(&self, runtime_id: &str) -> Result<(), ServiceError>;
+}
+
+impl SandboxHost for SpawnerService {
+    fn create(
+        &self,
+        spec: &SandboxSpec,
+        netns: Option<BorrowedFd<'_>>,
+    ) -> Result<Created, ServiceError> {
+        self.create_in(spec, netns)
+    }
+
+    fn destroy(&self, runtime_id: &str) -> Result<(), ServiceError> {
+        SpawnerService::destroy(self, runtime_id)
+    }
+}

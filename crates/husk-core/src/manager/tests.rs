@@ -1,0 +1,431 @@
+//! The manager's logic against a fake host and fake agents (no root, no namespaces): quotas,
+//! tenancy, timeouts, agents that die, failures that must leave nothing behind, and how the
+//! spawner's typed failures reach the caller.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use husk_runtime::failure::{Failure, FailureKind};
+use husk_runtime::{Limits, RootSource};
+
+use super::{Config, CoreError, CreateRequest, ListFilter, Manager};
+use crate::store::{Principal, Store};
+use crate::testing::{AgentMode, FakeHost, FAKE_DISK};
+
+/// Long enough for anything the manager does in the background here (a destroy, a
+/// supervisor noticing a dead agent); the polls end as soon as the condition holds.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn manager_with(config: Config) -> (Arc<Manager>, Arc<FakeHost>) {
+    let store = Arc::new(Store::open_in_memory().unwrap());
+    let host = FakeHost::new();
+    let manager = Manager::new(store, host.clone(), config).unwrap();
+    (manager, host)
+}
+
+fn manager(quota: u32) -> (Arc<Manager>, Arc<FakeHost>) {
+    manager_with(Config {
+        default_quota: quota,
+        memory_reserve: 0,
+        ..Config::default()
+    })
+}
+
+fn team(name: &str) -> Principal {
+    Principal {
+        team: name.into(),
+        key_id: format!("key-of-{name}"),
+        admin: false,
+    }
+}
+
+fn req() -> CreateRequest {
+    CreateRequest {
+        template: "host".into(),
+        timeout: Duration::from_secs(300),
+        ..CreateRequest::default()
+    }
+}
+
+fn records(m: &Manager) -> usize {
+    m.store().list_sandboxes().unwrap().len()
+}
+
+#[tokio::test]
+async fn a_create_asks_the_host_for_an_agent_sandbox_named_by_its_id() {
+    let (m, host) = manager(10);
+    let sb = m.create(&team("a"), req()).await.unwrap();
+    let specs = host.specs();
+    assert_eq!(specs.len(), 1);
+    assert!(specs[0].agent);
+    assert_eq!(specs[0].hostname, sb.id);
+    assert!(matches!(specs[0].rootfs, RootSource::Host));
+    assert_eq!(specs[0].limits, *m.limits());
+    assert_eq!(host.live(), vec![sb.runtime_id.clone()]);
+    assert_eq!(records(&m), 1);
+    assert_eq!(sb.id.len(), 20);
+    assert_ne!(sb.access_token, sb.traffic_access_token);
+}
+
+#[tokio::test]
+async fn the_quota_counts_each_teams_sandboxes_alone() {
+    let (m, host) = manager(2);
+    let a = team("a");
+    let first = m.create(&a, req()).await.unwrap();
+    m.create(&a, req()).await.unwrap();
+    match m.create(&a, req()).await {
+        Err(CoreError::QuotaExceeded { team, limit }) => {
+            assert_eq!((team.as_str(), limit), ("a", 2))
+        }
+        other => panic!("expected the quota, got {:?}", other.map(|s| s.id.clone())),
+    }
+    // The refused create never reached the host.
+    assert_eq!(host.specs().len(), 2);
+    // Another team has its own quota.
+    m.create(&team("b"), req()).await.unwrap();
+    // A kill frees a place.
+    m.kill(&a, &first.id).await.unwrap();
+    m.create(&a, req()).await.unwrap();
+    assert_eq!(m.count(), 3);
+}
+
+#[tokio::test]
+async fn a_teams_own_quota_overrides_the_default() {
+    let (m, _) = manager(5);
+    m.store().set_team_quota("small", Some(1)).unwrap();
+    m.create(&team("small"), req()).await.unwrap();
+    assert!(matches!(
+        m.create(&team("small"), req()).await,
+        Err(CoreError::QuotaExceeded { limit: 1, .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_spawners_failures_keep_their_kind_and_give_the_quota_place_back() {
+    let (m, host) = manager(1);
+    let a = team("a");
+    let cases = [
+        (FailureKind::Exhausted, "HostExhausted"),
+        (FailureKind::Template, "TemplateBroken"),
+        (FailureKind::InvalidSpec, "InvalidArgument"),
+        (FailureKind::Host, "Runtime"),
+        (FailureKind::Internal, "Runtime"),
+    ];
+    for (kind, want) in cases {
+        host.fail_next(Failure::new(kind, format!("the {kind:?} failure")));
+        let err = match m.create(&a, req()).await {
+            Err(e) => e,
+            Ok(sb) => panic!("{kind:?}: created {}", sb.id),
+        };
+        let got = match &err {
+            CoreError::HostExhausted(_) => "HostExhausted",
+            CoreError::TemplateBroken(_) => "TemplateBroken",
+            CoreError::InvalidArgument(_) => "InvalidArgument",
+            CoreError::Runtime(_) => "Runtime",
+            other => panic!("{kind:?}: unexpected {other:?}"),
+        };
+        assert_eq!(got, want, "{kind:?}");
+        // The spawner's own words reach the caller, whatever the variant.
+        let text = crate::error_chain(&err);
+        assert!(text.contains(&format!("the {kind:?} failure")), "{text}");
+    }
+    // Nothing was made, nothing is recorded, and the quota of one is free again.
+    assert!(host.live().is_empty());
+    assert!(host.destroyed().is_empty());
+    assert_eq!(records(&m), 0);
+    m.create(&a, req()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sandbox_whose_agent_does_not_start_is_destroyed() {
+    let (m, host) = manager(1);
+    host.set_agent_mode(AgentMode::HangUp);
+    let err = m
+        .create(&team("a"), req())
+        .await
+        .err()
+        .expect("the create fails");
+    assert!(
+        matches!(&err, CoreError::Internal { what, .. } if what.contains("agent did not start")),
+        "{err:?}"
+    );
+    assert_eq!(host.destroyed(), vec!["fake-1".to_string()]);
+    assert!(host.live().is_empty());
+    assert_eq!((m.count(), records(&m)), (0, 0));
+    // Its place in the quota is free again.
+    host.set_agent_mode(AgentMode::Serve);
+    m.create(&team("a"), req()).await.unwrap();
+}
+
+#[tokio::test]
+async fn another_team_cannot_see_or_touch_a_sandbox() {
+    let (m, host) = manager(10);
+    let (a, b) = (team("a"), team("b"));
+    let sb = m.create(&a, req()).await.unwrap();
+    let id = sb.id.as_str();
+    let not_found = |r: Result<(), CoreError>| matches!(r, Err(CoreError::NotFound(x)) if x == id);
+    assert!(not_found(m.get(&b, id).map(|_| ())));
+    assert!(not_found(m.kill(&b, id).await));
+    assert!(not_found(m.set_timeout(&b, id, Duration::from_secs(1))));
+    assert!(not_found(
+        m.connect(&b, id, Duration::from_secs(3600)).map(|_| ())
+    ));
+    assert!(not_found(m.metrics(&b, id).await.map(|_| ())));
+    assert!(not_found(
+        m.set_network_policy(&b, id, husk_net::NetPolicy::None)
+            .await
+    ));
+    assert!(m.list(&b, &ListFilter::default()).is_empty());
+    // None of it changed the sandbox.
+    assert_eq!(host.live(), vec![sb.runtime_id.clone()]);
+    assert_eq!(m.get(&a, id).unwrap().end_at(), sb.end_at());
+    assert_eq!(m.list(&a, &ListFilter::default()).len(), 1);
+}
+
+#[tokio::test]
+async fn a_kill_destroys_once_and_forgets_the_sandbox() {
+    let (m, host) = manager(10);
+    let a = team("a");
+    let sb = m.create(&a, req()).await.unwrap();
+    m.kill(&a, &sb.id).await.unwrap();
+    assert_eq!(host.destroyed(), vec![sb.runtime_id.clone()]);
+    assert!(matches!(m.get(&a, &sb.id), Err(CoreError::NotFound(_))));
+    assert!(matches!(
+        m.kill(&a, &sb.id).await,
+        Err(CoreError::NotFound(_))
+    ));
+    assert_eq!(host.destroyed().len(), 1);
+    assert_eq!(records(&m), 0);
+    // Its agent connection ends (the reader task sees the hang-up).
+    assert!(tokio::time::timeout(DEADLINE, sb.agent.closed())
+        .await
+        .is_ok());
+}
+
+#[tokio::test]
+async fn a_sandbox_ends_at_its_timeout() {
+    let (m, host) = manager(10);
+    let mut r = req();
+    // The shortest timeout there is (a zero is clamped to one second).
+    r.timeout = Duration::ZERO;
+    let sb = m.create(&team("a"), r).await.unwrap();
+    let runtime_id = sb.runtime_id.clone();
+    assert!(
+        host.until(DEADLINE, |h| h.destroyed().contains(&runtime_id))
+            .await,
+        "not destroyed at its timeout"
+    );
+    assert_eq!((m.count(), records(&m)), (0, 0));
+}
+
+#[tokio::test]
+async fn a_new_timeout_moves_the_end_both_ways() {
+    let (m, host) = manager(10);
+    let a = team("a");
+    let mut r = req();
+    r.timeout = Duration::from_secs(1);
+    let sb = m.create(&a, r).await.unwrap();
+    m.set_timeout(&a, &sb.id, Duration::from_secs(3600))
+        .unwrap();
+    // Past the first deadline (a deliberate wait: what is checked is that nothing happens).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(host.destroyed().is_empty(), "destroyed at the old timeout");
+    // The store knows the new end too (a restarted server reads it).
+    let stored = m.store().list_sandboxes().unwrap();
+    assert!(stored[0].end_at > time::OffsetDateTime::now_utc() + Duration::from_secs(3000));
+    // Shortening takes effect at once (the supervisor is woken, it does not sleep it out).
+    m.set_timeout(&a, &sb.id, Duration::from_secs(1)).unwrap();
+    let runtime_id = sb.runtime_id.clone();
+    assert!(
+        host.until(DEADLINE, |h| h.destroyed().contains(&runtime_id))
+            .await
+    );
+}
+
+#[tokio::test]
+async fn connecting_extends_the_timeout_but_never_shortens_it() {
+    let (m, _) = manager(10);
+    let a = team("a");
+    let sb = m.create(&a, req()).await.unwrap();
+    let end = sb.end_at();
+    m.connect(&a, &sb.id, Duration::from_secs(1)).unwrap();
+    assert_eq!(sb.end_at(), end);
+    m.connect(&a, &sb.id, Duration::from_secs(3600)).unwrap();
+    assert!(sb.end_at() > end);
+    // Clamped to the server's maximum.
+    m.connect(&a, &sb.id, Duration::from_secs(u32::MAX as u64))
+        .unwrap();
+    let max = time::OffsetDateTime::now_utc() + m.max_timeout();
+    assert!(sb.end_at() <= max);
+}
+
+#[tokio::test]
+async fn a_sandbox_whose_agent_dies_is_destroyed() {
+    let (m, host) = manager(10);
+    let sb = m.create(&team("a"), req()).await.unwrap();
+    assert!(host.kill_agent(&sb.runtime_id));
+    let runtime_id = sb.runtime_id.clone();
+    assert!(
+        host.until(DEADLINE, |h| h.destroyed().contains(&runtime_id))
+            .await
+    );
+    assert_eq!((m.count(), records(&m)), (0, 0));
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_before_the_host_is_asked() {
+    let (m, host) = manager(10);
+    let a = team("a");
+    let bad_env = [
+        ("A=B", "x"),
+        ("", "x"),
+        ("NUL\0", "x"),
+        ("OK", "nul\0value"),
+    ];
+    for (k, v) in bad_env {
+        let mut r = req();
+        r.env = vec![(k.into(), v.into())];
+        assert!(
+            matches!(m.create(&a, r).await, Err(CoreError::InvalidArgument(_))),
+            "{k:?}={v:?}"
+        );
+    }
+    let mut r = req();
+    r.env = vec![("BIG".into(), "x".repeat(super::MAX_ENV_BYTES))];
+    assert!(matches!(
+        m.create(&a, r).await,
+        Err(CoreError::InvalidArgument(_))
+    ));
+    let mut r = req();
+    r.limits = Some(Limits {
+        memory_bytes: m.limits().memory_bytes + 1,
+        ..m.limits().clone()
+    });
+    assert!(matches!(
+        m.create(&a, r).await,
+        Err(CoreError::InvalidArgument(_))
+    ));
+    let mut r = req();
+    r.template = "no-such-template".into();
+    assert!(matches!(
+        m.create(&a, r).await,
+        Err(CoreError::TemplateNotFound(_))
+    ));
+    // No network on this server: asking for some is refused, never silently dropped.
+    let mut r = req();
+    r.network = Some(husk_net::NetPolicy::Egress {
+        allow: Vec::new(),
+        deny: Vec::new(),
+    });
+    assert!(matches!(
+        m.create(&a, r).await,
+        Err(CoreError::Unsupported(_))
+    ));
+    let mut r = req();
+    r.workspaces = vec![super::WorkspaceMount {
+        name: "w".into(),
+        path: "/work".into(),
+        writable: false,
+    }];
+    assert!(matches!(
+        m.create(&a, r).await,
+        Err(CoreError::InvalidArgument(_))
+    ));
+    assert!(host.specs().is_empty());
+    // Nothing of them holds a place in the quota.
+    assert_eq!(m.count(), 0);
+}
+
+#[tokio::test]
+async fn a_host_below_the_memory_reserve_takes_no_sandbox() {
+    let (m, host) = manager_with(Config {
+        memory_reserve: u64::MAX,
+        ..Config::default()
+    });
+    assert!(matches!(
+        m.create(&team("a"), req()).await,
+        Err(CoreError::HostMemoryLow { .. })
+    ));
+    assert!(host.specs().is_empty());
+}
+
+#[tokio::test]
+async fn metrics_take_the_disk_from_the_agent() {
+    let (m, _) = manager(10);
+    let a = team("a");
+    let sb = m.create(&a, req()).await.unwrap();
+    let metrics = m.metrics(&a, &sb.id).await.unwrap();
+    assert_eq!((metrics.disk_used, metrics.disk_total), FAKE_DISK);
+    assert_eq!(metrics.mem_total, sb.limits.memory_bytes);
+    assert_eq!(metrics.cpu_count, sb.cpu_count());
+}
+
+#[tokio::test]
+async fn list_filters_and_orders_oldest_first() {
+    let (m, _) = manager(10);
+    let a = team("a");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let mut r = req();
+        r.metadata = BTreeMap::from([("n".to_string(), i.to_string())]);
+        if i == 2 {
+            r.template = "base".into();
+        }
+        ids.push(m.create(&a, r).await.unwrap().id.clone());
+    }
+    let all: Vec<String> = m
+        .list(&a, &ListFilter::default())
+        .iter()
+        .map(|s| s.id.clone())
+        .collect();
+    assert_eq!(all, ids);
+    let one = m.list(
+        &a,
+        &ListFilter {
+            metadata: vec![("n".into(), "1".into())],
+            ..ListFilter::default()
+        },
+    );
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].id, ids[1]);
+    let base = m.list(
+        &a,
+        &ListFilter {
+            template: Some("base".into()),
+            ..ListFilter::default()
+        },
+    );
+    assert_eq!(base.len(), 1);
+    assert_eq!(base[0].id, ids[2]);
+}
+
+#[tokio::test]
+async fn shutdown_destroys_every_sandbox() {
+    let (m, host) = manager(10);
+    for t in ["a", "b", "a"] {
+        m.create(&team(t), req()).await.unwrap();
+    }
+    m.shutdown().await;
+    assert!(host.live().is_empty());
+    assert_eq!(host.destroyed().len(), 3);
+    assert_eq!((m.count(), records(&m)), (0, 0));
+}
+
+#[tokio::test]
+async fn concurrent_creates_never_exceed_the_quota() {
+    let (m, host) = manager(3);
+    let a = team("a");
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let (m, a) = (m.clone(), a.clone());
+            tokio::spawn(async move { m.create(&a, req()).await.is_ok() })
+        })
+        .collect();
+    let mut made = 0;
+    for t in tasks {
+        made += t.await.unwrap() as usize;
+    }
+    assert_eq!(made, 3);
+    assert_eq!(host.live().len(), 3);
+}

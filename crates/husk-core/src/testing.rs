@@ -1,0 +1,188 @@
+//! Fakes for unit tests of the core without root: a [`SandboxHost`] that makes no namespaces,
+//! and an agent that speaks the real protocol over a socket pair.
+//!
+//! Each fake sandbox's agent is a thread reading frames from its end of the pair; destroying
+//! the sandbox (or [`FakeHost::kill_agent`]) shuts the socket down, which the core sees
+//! exactly as it sees a real agent die.
+
+use std::collections::BTreeMap;
+use std::net::Shutdown;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use husk_proto::{AgentError, ErrorKind, FromAgent, Reply, Request, ToAgent, VERSION};
+use husk_runtime::cgroup::SandboxCgroup;
+use husk_runtime::failure::Failure;
+use husk_runtime::service::{Created, ServiceError};
+use husk_runtime::SandboxSpec;
+
+use crate::host::SandboxHost;
+
+/// How a fake sandbox's agent behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentMode {
+    /// Answers the hello, then every call (disk usage with [`FAKE_DISK`], other calls with an
+    /// error).
+    Serve,
+    /// Hangs up at the hello (a sandbox whose agent did not start).
+    HangUp,
+}
+
+/// (used, total) disk bytes the fake agent reports.
+pub const FAKE_DISK: (u64, u64) = (4096, 1 << 30);
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    /// Live sandboxes: runtime id → a handle on the agent's socket (to kill it).
+    live: BTreeMap<String, UnixStream>,
+    /// What each create was asked (hostname = sandbox id), in order.
+    specs: Vec<SandboxSpec>,
+    destroyed: Vec<String>,
+    /// Failures the next creates return, in order.
+    failures: Vec<Failure>,
+    mode: Option<AgentMode>,
+}
+
+/// A [`SandboxHost`] that records what it is asked and fails on demand.
+#[derive(Default)]
+pub struct FakeHost {
+    state: Mutex<State>,
+}
+
+impl FakeHost {
+    pub fn new() -> Arc<FakeHost> {
+        Arc::new(FakeHost::default())
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next create fails with `failure` (calls queue up).
+    pub fn fail_next(&self, failure: Failure) {
+        self.state().failures.push(failure);
+    }
+
+    /// How agents of sandboxes created from now on behave.
+    pub fn set_agent_mode(&self, mode: AgentMode) {
+        self.state().mode = Some(mode);
+    }
+
+    /// Runtime ids of the sandboxes alive on the host.
+    pub fn live(&self) -> Vec<String> {
+        self.state().live.keys().cloned().collect()
+    }
+
+    /// Runtime ids destroyed, in order.
+    pub fn destroyed(&self) -> Vec<String> {
+        self.state().destroyed.clone()
+    }
+
+    /// Every spec a create was asked for, in order.
+    pub fn specs(&self) -> Vec<SandboxSpec> {
+        self.state().specs.clone()
+    }
+
+    /// Ends the agent of a live sandbox, as if it had crashed.
+    pub fn kill_agent(&self, runtime_id: &str) -> bool {
+        match self.state().live.get(runtime_id) {
+            Some(sock) => sock.shutdown(Shutdown::Both).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Polls until `check` holds, for at most `deadline`.
+    pub async fn until(&self, deadline: Duration, check: impl Fn(&FakeHost) -> bool) -> bool {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if check(self) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        check(self)
+    }
+}
+
+impl SandboxHost for FakeHost {
+    fn create(
+        &self,
+        spec: &SandboxSpec,
+        _netns: Option<BorrowedFd<'_>>,
+    ) -> Result<Created, ServiceError> {
+        let mut st = self.state();
+        st.specs.push(spec.clone());
+        if !st.failures.is_empty() {
+            return Err(ServiceError::Failed(st.failures.remove(0)));
+        }
+        st.next += 1;
+        let id = format!("fake-{}", st.next);
+        let (ours, theirs) = UnixStream::pair()?;
+        let handle = theirs.try_clone()?;
+        let mode = st.mode.unwrap_or(AgentMode::Serve);
+        std::thread::Builder::new()
+            .name(format!("fake-agent-{id}"))
+            .spawn(move || fake_agent(theirs, mode))?;
+        st.live.insert(id.clone(), handle);
+        Ok(Created {
+            id,
+            // This process: its network namespace and root are what the core opens by pid.
+            init_pid: std::process::id() as i32,
+            agent: OwnedFd::from(ours),
+            cgroup: SandboxCgroup::from_registry("").expect("an empty cgroup description"),
+        })
+    }
+
+    fn destroy(&self, runtime_id: &str) -> Result<(), ServiceError> {
+        let mut st = self.state();
+        st.destroyed.push(runtime_id.to_owned());
+        match st.live.remove(runtime_id) {
+            Some(sock) => {
+                let _ = sock.shutdown(Shutdown::Both);
+                Ok(())
+            }
+            None => Err(ServiceError::Failed(Failure::new(
+                husk_runtime::failure::FailureKind::NotFound,
+                format!("no sandbox {runtime_id}"),
+            ))),
+        }
+    }
+}
+
+/// The agent's side of the protocol, as much of it as the core's own logic uses.
+fn fake_agent(mut sock: UnixStream, mode: AgentMode) {
+    serve(&mut sock, mode);
+    // The host keeps a handle on the socket: hang up explicitly, as a dead agent's does.
+    let _ = sock.shutdown(Shutdown::Both);
+}
+
+fn serve(sock: &mut UnixStream, mode: AgentMode) {
+    while let Ok(Some(frame)) = husk_proto::read_frame(sock) {
+        let Ok(msg) = husk_proto::decode::<ToAgent>(&frame) else {
+            return;
+        };
+        let answer = match (msg, mode) {
+            (ToAgent::Hello(_), AgentMode::HangUp) => return,
+            (ToAgent::Hello(_), AgentMode::Serve) => FromAgent::Hello { version: VERSION },
+            (ToAgent::Call { id, req }, _) => FromAgent::Reply {
+                id,
+                result: match req {
+                    Request::Disk => Ok(Reply::Disk {
+                        used: FAKE_DISK.0,
+                        total: FAKE_DISK.1,
+                    }),
+                    other => Err(AgentError::new(
+                        ErrorKind::Internal,
+                        format!("the fake agent does not serve {other:?}"),
+                    )),
+                },
+            },
+        };
+        if husk_proto::write_msg(sock, &answer).is_err() {
+            return;
+        }
+    }
+}
