@@ -8,6 +8,7 @@ pub mod contexts;
 pub mod host;
 pub mod keys;
 pub mod manager;
+pub mod process;
 pub mod runs;
 pub mod secrets;
 mod start_cmd;

@@ -12,7 +12,10 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use husk_proto::{AgentError, ErrorKind, FromAgent, Reply, Request, ToAgent, VERSION};
+use husk_proto::{
+    AgentError, ErrorKind, FromAgent, ProcEnd, ProcEvent, Reply, Request, Selector, StartProc,
+    ToAgent, VERSION,
+};
 use husk_runtime::cgroup::SandboxCgroup;
 use husk_runtime::failure::Failure;
 use husk_runtime::service::{Created, ServiceError};
@@ -23,8 +26,9 @@ use crate::host::SandboxHost;
 /// How a fake sandbox's agent behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AgentMode {
-    /// Answers the hello, then every call (disk usage with [`FAKE_DISK`], other calls with an
-    /// error).
+    /// Answers the hello, then every call: disk usage with [`FAKE_DISK`]; a started process
+    /// prints `NAME=value` for each variable it got (its secrets first) and ends; attaching to
+    /// it prints that again; other calls get an error.
     Serve,
     /// Hangs up at the hello (a sandbox whose agent did not start).
     HangUp,
@@ -44,6 +48,8 @@ struct State {
     /// Failures the next creates return, in order.
     failures: Vec<Failure>,
     mode: Option<AgentMode>,
+    /// Every process the fake agents were asked to start, as they got it.
+    started: Arc<Mutex<Vec<StartProc>>>,
 }
 
 /// A [`SandboxHost`] that records what it is asked and fails on demand.
@@ -86,6 +92,13 @@ impl FakeHost {
         self.state().specs.clone()
     }
 
+    /// Every process the agents were asked to start, as they got it (secrets included).
+    pub fn started(&self) -> Vec<StartProc> {
+        let started = self.state().started.clone();
+        let list = started.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        list
+    }
+
     /// Ends the agent of a live sandbox, as if it had crashed.
     pub fn kill_agent(&self, runtime_id: &str) -> bool {
         match self.state().live.get(runtime_id) {
@@ -123,9 +136,10 @@ impl SandboxHost for FakeHost {
         let (ours, theirs) = UnixStream::pair()?;
         let handle = theirs.try_clone()?;
         let mode = st.mode.unwrap_or(AgentMode::Serve);
+        let started = st.started.clone();
         std::thread::Builder::new()
             .name(format!("fake-agent-{id}"))
-            .spawn(move || fake_agent(theirs, mode))?;
+            .spawn(move || fake_agent(theirs, mode, &started))?;
         st.live.insert(id.clone(), handle);
         Ok(Created {
             id,
@@ -153,36 +167,82 @@ impl SandboxHost for FakeHost {
 }
 
 /// The agent's side of the protocol, as much of it as the core's own logic uses.
-fn fake_agent(mut sock: UnixStream, mode: AgentMode) {
-    serve(&mut sock, mode);
+fn fake_agent(mut sock: UnixStream, mode: AgentMode, started: &Mutex<Vec<StartProc>>) {
+    serve(&mut sock, mode, started);
     // The host keeps a handle on the socket: hang up explicitly, as a dead agent's does.
     let _ = sock.shutdown(Shutdown::Both);
 }
 
-fn serve(sock: &mut UnixStream, mode: AgentMode) {
+fn serve(sock: &mut UnixStream, mode: AgentMode, started: &Mutex<Vec<StartProc>>) {
+    // pid → what the process printed (replayed to whoever attaches).
+    let mut outputs: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
     while let Ok(Some(frame)) = husk_proto::read_frame(sock) {
         let Ok(msg) = husk_proto::decode::<ToAgent>(&frame) else {
             return;
         };
-        let answer = match (msg, mode) {
+        let (id, req) = match (msg, mode) {
             (ToAgent::Hello(_), AgentMode::HangUp) => return,
-            (ToAgent::Hello(_), AgentMode::Serve) => FromAgent::Hello { version: VERSION },
-            (ToAgent::Call { id, req }, _) => FromAgent::Reply {
-                id,
-                result: match req {
-                    Request::Disk => Ok(Reply::Disk {
-                        used: FAKE_DISK.0,
-                        total: FAKE_DISK.1,
-                    }),
-                    other => Err(AgentError::new(
-                        ErrorKind::Internal,
-                        format!("the fake agent does not serve {other:?}"),
-                    )),
-                },
-            },
+            (ToAgent::Hello(_), AgentMode::Serve) => {
+                if husk_proto::write_msg(sock, &FromAgent::Hello { version: VERSION }).is_err() {
+                    return;
+                }
+                continue;
+            }
+            (ToAgent::Call { id, req }, _) => (id, req),
         };
-        if husk_proto::write_msg(sock, &answer).is_err() {
-            return;
+        let mut after = Vec::new();
+        let result = match req {
+            Request::Disk => Ok(Reply::Disk {
+                used: FAKE_DISK.0,
+                total: FAKE_DISK.1,
+            }),
+            Request::Start(p) => {
+                let pid = 100 + outputs.len() as u32;
+                let printed: Vec<u8> = p
+                    .secret_envs
+                    .iter()
+                    .chain(p.envs.iter())
+                    .flat_map(|(k, v)| format!("{k}={v}\n").into_bytes())
+                    .collect();
+                started.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+                outputs.insert(pid, printed.clone());
+                after = proc_output(pid, printed);
+                Ok(Reply::Started { pid })
+            }
+            Request::Find(Selector::Pid(pid)) if outputs.contains_key(&pid) => {
+                after = proc_output(pid, outputs[&pid].clone());
+                Ok(Reply::Started { pid })
+            }
+            other => Err(AgentError::new(
+                ErrorKind::Internal,
+                format!("the fake agent does not serve {other:?}"),
+            )),
+        };
+        let reply = FromAgent::Reply { id, result };
+        for msg in std::iter::once(reply).chain(after) {
+            if husk_proto::write_msg(sock, &msg).is_err() {
+                return;
+            }
         }
     }
+}
+
+/// A process's output, then its end.
+fn proc_output(pid: u32, printed: Vec<u8>) -> Vec<FromAgent> {
+    let end = ProcEnd {
+        exit_code: 0,
+        exited: true,
+        status: "exit status 0".into(),
+        error: None,
+    };
+    vec![
+        FromAgent::Proc {
+            pid,
+            event: ProcEvent::Stdout(printed),
+        },
+        FromAgent::Proc {
+            pid,
+            event: ProcEvent::End(end),
+        },
+    ]
 }

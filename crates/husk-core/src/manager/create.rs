@@ -225,7 +225,7 @@ impl Manager {
             .await
             .map_err(CoreError::TemplateBroken)?;
         let contexts = self
-            .start_contexts(&agent, &who.team, &req.env, template, default_user)
+            .start_contexts(&agent, &who.team, &id, &req.env, template, default_user)
             .await?;
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
@@ -278,25 +278,22 @@ impl Manager {
         &self,
         agent: &AgentClient,
         team: &str,
+        sandbox: &str,
         req_env: &[(String, String)],
         template: &Resolved,
         user: User,
     ) -> Result<Arc<crate::contexts::Contexts>, CoreError> {
         let defaults = &template.defaults;
-        // Kernels get the sandbox's secrets in their process environment, as commands do.
-        let mut secret_envs = Vec::new();
-        if req_env
-            .iter()
-            .any(|(_, v)| v.starts_with(crate::secrets::SECRET_PREFIX))
-        {
-            if let Some(secrets) = self.secrets() {
-                let mut none = Vec::new();
-                let inj = secrets
-                    .inject(team, req_env, &mut none)
-                    .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
-                secret_envs = inj.env;
-            }
+        // Kernels get the sandbox's secrets in their process environment, as commands do,
+        // and their use is audited as a command's is.
+        let secrets = self
+            .resolve_secrets(team, req_env, &mut Vec::new())
+            .map_err(|e| CoreError::InvalidArgument(crate::error_chain(&e)))?;
+        if !defaults.contexts.is_empty() {
+            let what = format!("{} kernel", defaults.contexts.join(", "));
+            self.audit_secrets(team, sandbox, &what, &secrets.names);
         }
+        let secret_envs = secrets.env;
         let cwd = defaults
             .workdir
             .clone()

@@ -254,7 +254,6 @@ async fn execute(
     if let Some((lang, code)) = kernel {
         let (status, exit_code, reason) = super::kernel::run(
             &manager,
-            who,
             plan,
             &sb,
             &lang,
@@ -282,15 +281,12 @@ async fn execute(
         timeout_ms: Some(plan.timeout.as_millis() as u64),
         secret_envs: Vec::new(),
     };
-    let secrets = resolve_secrets(&manager, who, plan, &sb, &mut p.envs)?;
-    p.secret_envs = secrets.env;
-    let (_pid, events) = sb
-        .agent
-        .start(p)
+    with_masking(plan, &mut p.envs);
+    // Secrets, masking and audit: as for any process started in a sandbox.
+    let (_pid, mut events) = manager
+        .start_process(&sb, p)
         .await
-        .map_err(|e| format!("starting the command failed: {e}"))?;
-    record_secret_use(&manager, who, &sb, &plan.argv.join(" "), &secrets.names);
-    let mut events = events.redacted(secrets.redact);
+        .map_err(|e| format!("starting the command failed: {}", crate::error_chain(&e)))?;
 
     let (mut out, mut err) = (Utf8Stream::default(), Utf8Stream::default());
     let (mut out_tail, mut err_tail) = (Tail::default(), Tail::default());
@@ -374,62 +370,12 @@ async fn execute(
     .await
 }
 
-/// A run's secrets, resolved for its one process or kernel.
-pub(super) struct RunSecrets {
-    /// (variable, value), for that process's environment only.
-    pub env: Vec<(String, String)>,
-    /// Values to mask in its output (empty when the run asked for no masking).
-    pub redact: Vec<zeroize::Zeroizing<Vec<u8>>>,
-    pub names: Vec<String>,
-}
-
-/// Resolves the `husk-secret://` references of the run's environment `envs` (the sandbox's
-/// environment under it) into [`RunSecrets`]; `envs` keeps the references and loses the
-/// masking switch.
-pub(super) fn resolve_secrets(
-    manager: &Manager,
-    who: &Principal,
-    plan: &Plan,
-    sb: &LiveSandbox,
-    envs: &mut Vec<(String, String)>,
-) -> Result<RunSecrets, String> {
+/// The run's environment `envs` with its masking switch (`HUSK_REDACT=0` unless the run
+/// masks its secrets' values), for [`Manager::process_secrets`] to resolve.
+pub(super) fn with_masking(plan: &Plan, envs: &mut Vec<(String, String)>) {
     envs.retain(|(k, _)| k != REDACT_ENV);
-    if plan.secrets.is_empty() {
-        return Ok(RunSecrets {
-            env: Vec::new(),
-            redact: Vec::new(),
-            names: Vec::new(),
-        });
-    }
     if !plan.redact {
         envs.push((REDACT_ENV.into(), "0".into()));
-    }
-    let secrets = manager
-        .secrets()
-        .ok_or("secrets are not enabled on this server")?;
-    let inj = secrets
-        .inject(&who.team, &sb.env, envs)
-        .map_err(|e| e.to_string())?;
-    Ok(RunSecrets {
-        env: inj.env,
-        redact: inj.redact,
-        names: inj.names,
-    })
-}
-
-/// Records which secrets `what` (the command, or the kernel) was given.
-pub(super) fn record_secret_use(
-    manager: &Manager,
-    who: &Principal,
-    sb: &LiveSandbox,
-    what: &str,
-    names: &[String],
-) {
-    if names.is_empty() {
-        return;
-    }
-    if let Some(s) = manager.secrets() {
-        s.record_use(&who.team, &sb.id, what, names);
     }
 }
 

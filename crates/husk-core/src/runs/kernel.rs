@@ -6,12 +6,11 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::exec::{emit, record_secret_use, resolve_secrets, Tail};
+use super::exec::{emit, with_masking, Tail};
 use super::spec::Plan;
 use super::{Cancel, RunEvent, RunRecord, RunStatus};
 use crate::contexts::ExecOut;
 use crate::manager::{LiveSandbox, Manager};
-use crate::store::Principal;
 
 /// Bytes of the main result's text kept in the record.
 const RESULT_TEXT_BYTES: usize = 64 << 10;
@@ -21,7 +20,6 @@ const RESULT_TEXT_BYTES: usize = 64 << 10;
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     manager: &Arc<Manager>,
-    who: &Principal,
     plan: &Plan,
     sb: &Arc<LiveSandbox>,
     language: &str,
@@ -33,15 +31,13 @@ pub(super) async fn run(
 ) -> Result<(RunStatus, Option<i32>, String), String> {
     let user = plan.user.unwrap_or(sb.default_user);
     let mut envs = plan.env.clone();
-    let secrets = resolve_secrets(manager, who, plan, sb, &mut envs)?;
+    with_masking(plan, &mut envs);
+    let secrets = manager
+        .process_secrets(sb, &mut envs)
+        .map_err(|e| crate::error_chain(&e))?;
     let redact = secrets.redact;
-    record_secret_use(
-        manager,
-        who,
-        sb,
-        &format!("{language} kernel"),
-        &secrets.names,
-    );
+    let kernel = format!("{language} kernel");
+    manager.audit_secrets(&sb.team, &sb.id, &kernel, &secrets.names);
     let ctx = sb
         .contexts
         .create_for_run(language, workdir.as_deref(), user, envs, secrets.env)

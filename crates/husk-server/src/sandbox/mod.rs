@@ -81,9 +81,8 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
                 Err(e) => return unary_err(e),
             };
             if let Some(m) = p.strip_prefix("/process.Process/") {
-                let secrets = state.manager.secrets().cloned();
-                let bodies = state.bodies.clone();
-                process::handle(sb, secrets, bodies, m.to_string(), user, req).await
+                let (manager, bodies) = (state.manager.clone(), state.bodies.clone());
+                process::handle(sb, manager, bodies, m.to_string(), user, req).await
             } else if let Some(m) = p.strip_prefix("/filesystem.Filesystem/") {
                 let (w, bodies) = (state.watchers.clone(), state.bodies.clone());
                 filesystem::handle(sb, w, bodies, m.to_string(), user, req).await

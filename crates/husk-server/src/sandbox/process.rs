@@ -14,7 +14,9 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::stream;
 use husk_core::agent::ProcStream;
-use husk_core::secrets::{SecretError, Secrets, SECRET_PREFIX};
+use husk_core::manager::Manager;
+use husk_core::process::ProcessError;
+use husk_core::secrets::SecretError;
 use husk_proto::{ProcEvent, Reply, Selector, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
@@ -48,7 +50,7 @@ fn keepalive_interval(headers: &HeaderMap) -> Duration {
 
 pub async fn handle(
     sb: Sandbox,
-    secrets: Option<Arc<Secrets>>,
+    manager: Arc<Manager>,
     bodies: Arc<Budget>,
     method: String,
     user: User,
@@ -67,8 +69,8 @@ pub async fn handle(
     };
     let (sb, h, b) = (&sb, &headers, &bytes[..]);
     match method.as_str() {
-        "Start" => start(sb, secrets.as_deref(), h, b, user).await,
-        "Connect" => connect(sb, h, b).await,
+        "Start" => start(&manager, sb, h, b, user).await,
+        "Connect" => connect(&manager, sb, h, b).await,
         "List" => {
             unary_call::<ListRequest, _>(sb, h, b, user, |r| match r {
                 Reply::Processes(list) => Some(ListResponse {
@@ -90,8 +92,8 @@ pub async fn handle(
 }
 
 async fn start(
+    manager: &Manager,
     sb: &Sandbox,
-    secrets: Option<&Secrets>,
     headers: &HeaderMap,
     body: &[u8],
     user: User,
@@ -100,58 +102,31 @@ async fn start(
         let timeout = parse_timeout_ms(headers)?;
         r.into_start_proc(user, timeout)
     });
-    let mut p = match parsed {
+    let p = match parsed {
         Ok(p) => p,
         Err(e) => return stream_error(e),
     };
-    // `husk-secret://NAME` values (the request's or the sandbox's) become the team's secrets,
-    // in this process's environment only (`secret_envs`: `envs` keeps the references, which is
-    // what a process list shows); its output gets them masked.
-    let uses_secrets = p
-        .envs
-        .iter()
-        .chain(sb.env.iter())
-        .any(|(_, v)| v.starts_with(SECRET_PREFIX));
-    let injection = match (uses_secrets, secrets) {
-        (false, _) => None,
-        (true, None) => {
-            return stream_error(ConnectError::invalid_argument(
-                "secrets are not enabled on this server",
-            ))
-        }
-        (true, Some(s)) => match s.inject(&sb.team, &sb.env, &mut p.envs) {
-            Ok(mut inj) => {
-                p.secret_envs = std::mem::take(&mut inj.env);
-                Some((s, inj))
-            }
-            Err(SecretError::NotFound(name)) => {
-                return stream_error(ConnectError::not_found(format!(
-                    "secret '{name}' not found"
-                )))
-            }
-            Err(e) => return stream_error(ConnectError::invalid_argument(e.to_string())),
-        },
-    };
-    let command = p.cmd.clone();
-    match sb.agent.start(p).await {
-        Ok((pid, events)) => {
-            let events = match injection {
-                None => events,
-                Some((s, inj)) => {
-                    s.record_use(&sb.team, &sb.id, &command, &inj.names);
-                    if !inj.redact.is_empty() {
-                        sb.set_redaction(pid, inj.redact.clone());
-                    }
-                    events.redacted(inj.redact)
-                }
-            };
-            event_stream(pid, events, keepalive_interval(headers))
-        }
-        Err(e) => stream_error(call_error(e)),
+    // The core resolves `husk-secret://NAME` values into this process's environment only,
+    // masks them in its output and audits their use.
+    match manager.start_process(sb, p).await {
+        Ok((pid, events)) => event_stream(pid, events, keepalive_interval(headers)),
+        Err(e) => stream_error(process_error(e)),
     }
 }
 
-async fn connect(sb: &Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
+/// The Connect error for a process that could not be started or attached to.
+fn process_error(e: ProcessError) -> ConnectError {
+    match e {
+        ProcessError::SecretsDisabled => ConnectError::invalid_argument(e.to_string()),
+        ProcessError::Secret(SecretError::NotFound(name)) => {
+            ConnectError::not_found(format!("secret '{name}' not found"))
+        }
+        ProcessError::Secret(e) => ConnectError::invalid_argument(husk_core::error_chain(&e)),
+        ProcessError::Agent(e) => call_error(e),
+    }
+}
+
+async fn connect(manager: &Manager, sb: &Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
     let sel = parse_stream_request::<ConnectRequest>(headers, body)
         .and_then(|r| r.into_request(User::User));
     let sel = match sel {
@@ -159,12 +134,9 @@ async fn connect(sb: &Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
         Ok(_) => return stream_error(ConnectError::internal("unexpected request")),
         Err(e) => return stream_error(e),
     };
-    match sb.agent.attach(sel).await {
-        Ok((pid, events)) => {
-            let events = events.redacted(sb.redaction(pid));
-            event_stream(pid, events, keepalive_interval(headers))
-        }
-        Err(e) => stream_error(call_error(e)),
+    match manager.attach_process(sb, sel).await {
+        Ok((pid, events)) => event_stream(pid, events, keepalive_interval(headers)),
+        Err(e) => stream_error(process_error(e)),
     }
 }
 
