@@ -438,13 +438,8 @@ impl Contexts {
         code: String,
         env_vars: Vec<(String, String)>,
     ) -> Result<tokio::sync::mpsc::Receiver<ExecOut>, ContextError> {
-        for (k, v) in &env_vars {
-            if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-                return Err(ContextError::Invalid(format!(
-                    "invalid environment variable '{k}'"
-                )));
-            }
-        }
+        crate::manager::EnvVars::check(&env_vars)
+            .map_err(|e| ContextError::Invalid(e.to_string()))?;
         let envcode = if env_vars.is_empty() {
             None
         } else {

@@ -31,7 +31,7 @@ pub use limits::host_memory_available;
 pub use live::{LiveSandbox, Metrics};
 pub use lookup::ListFilter;
 pub use request::{
-    check_mount_path, CreateRequest, WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
+    check_mount_path, CreateRequest, EnvVars, WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
 };
 
 /// The envd API version whose features husk implements (the SDKs gate features on it).

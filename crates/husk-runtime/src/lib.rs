@@ -26,6 +26,7 @@
 pub mod agent;
 pub mod cgroup;
 pub mod control;
+pub mod env;
 pub mod exec;
 pub mod failure;
 pub mod fences;

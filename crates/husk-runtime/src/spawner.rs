@@ -658,11 +658,7 @@ fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
     if let Some(w) = &spec.workdir {
         crate::rootfs::relative(w).map_err(|e| SpawnError::InvalidSpec(format!("workdir: {e}")))?;
     }
-    for (k, v) in &spec.env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return bad(format!("invalid environment variable {k:?}"));
-        }
-    }
+    crate::env::EnvVars::check(&spec.env).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
     Ok(())
 }
 

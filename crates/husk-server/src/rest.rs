@@ -19,7 +19,9 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
-use husk_core::manager::{CoreError, CreateRequest, ListFilter, LiveSandbox, ENVD_VERSION};
+use husk_core::manager::{
+    CoreError, CreateRequest, EnvVars, ListFilter, LiveSandbox, ENVD_VERSION,
+};
 use husk_core::store::Principal;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -370,7 +372,8 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         template: req.template_id.unwrap_or_else(|| "base".into()),
         timeout: timeout_secs(req.timeout)?,
         metadata: req.metadata.unwrap_or_default(),
-        env: req.env_vars.unwrap_or_default().into_iter().collect(),
+        env: EnvVars::new(req.env_vars.unwrap_or_default().into_iter().collect())
+            .map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string()))?,
         allow_internet_access: req.allow_internet_access,
         workspaces: req
             .volume_mounts

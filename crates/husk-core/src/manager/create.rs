@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 
 use super::limits::Reservation;
-use super::{read, write, CoreError, CreateRequest, LiveSandbox, Manager, MAX_ENV_BYTES};
+use super::{read, write, CoreError, CreateRequest, LiveSandbox, Manager};
 use crate::agent::AgentClient;
 use crate::store::{Principal, SandboxRecord};
 use crate::template::Resolved;
@@ -39,28 +39,11 @@ impl Manager {
         who: &Principal,
         req: CreateRequest,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
-        let mut env_bytes = 0;
-        for (k, v) in &req.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(CoreError::InvalidArgument(format!(
-                    "invalid environment variable name '{k}'"
-                )));
-            }
-            if v.contains('\0') {
-                return Err(CoreError::InvalidArgument(format!(
-                    "environment variable '{k}' contains a NUL byte"
-                )));
-            }
-            env_bytes += k.len() + v.len() + 2;
-        }
-        if env_bytes > MAX_ENV_BYTES {
-            return Err(CoreError::InvalidArgument(format!(
-                "environment variables take {env_bytes} bytes, more than the limit of {MAX_ENV_BYTES}"
-            )));
-        }
+        // The environment was checked when the request was made (EnvVars).
         // `husk-secret://NAME` values must name secrets of the team (resolved per process).
         if req
             .env
+            .as_slice()
             .iter()
             .any(|(_, v)| v.starts_with(crate::secrets::SECRET_PREFIX))
         {
@@ -70,7 +53,7 @@ impl Manager {
                 ));
             };
             secrets
-                .check_refs(&who.team, &req.env)
+                .check_refs(&who.team, req.env.as_slice())
                 .map_err(|e| match e {
                     crate::secrets::SecretError::Store(e) => CoreError::Store(e),
                     other => CoreError::InvalidArgument(other.to_string()),
@@ -81,6 +64,7 @@ impl Manager {
         self.check_memory_reserve()?;
         // May hash the image the first time this process uses it.
         let template = self.resolve_template(&req.template).await?;
+        template_user(&template)?;
         // Reserve a place in the team's quota for the time of the creation.
         {
             let limit = self.quota(&who.team);
@@ -203,14 +187,11 @@ impl Manager {
         let mut env: Vec<(String, String)> = defaults
             .env
             .iter()
-            .filter(|(k, _)| !req.env.iter().any(|(rk, _)| rk == k))
+            .filter(|(k, _)| !req.env.as_slice().iter().any(|(rk, _)| rk == k))
             .cloned()
             .collect();
-        env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let default_user = match defaults.user.as_deref() {
-            Some("root") => User::Root,
-            _ => User::User,
-        };
+        env.extend(req.env.as_slice().iter().cloned());
+        let default_user = template_user(template)?;
         let hello = Hello {
             version: VERSION,
             env,
@@ -225,7 +206,14 @@ impl Manager {
             .await
             .map_err(CoreError::TemplateBroken)?;
         let contexts = self
-            .start_contexts(&agent, &who.team, &id, &req.env, template, default_user)
+            .start_contexts(
+                &agent,
+                &who.team,
+                &id,
+                req.env.as_slice(),
+                template,
+                default_user,
+            )
             .await?;
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
@@ -238,7 +226,7 @@ impl Manager {
             access_token: random_string(b"0123456789abcdef", 40)?,
             traffic_access_token: random_string(b"0123456789abcdef", 40)?,
             public_traffic: req.allow_public_traffic != Some(false),
-            env: req.env,
+            env: req.env.into_vec(),
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,
             started_at: now,
@@ -327,5 +315,53 @@ impl Undo {
             agent.close().await;
         }
         manager.destroy_runtime(self.runtime_id).await;
+    }
+}
+
+/// The user a template's commands run as: one of the two sandbox users; anything else is a
+/// broken template, never silently the unprivileged one.
+fn template_user(template: &Resolved) -> Result<User, CoreError> {
+    match template.defaults.user.as_deref() {
+        None => Ok(User::User),
+        Some(name) => User::from_name(name).ok_or_else(|| {
+            CoreError::TemplateBroken(format!(
+                "template '{}' names user {name:?}, which is neither user nor root; rebuild \
+                 the template",
+                template.name
+            ))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::template::TemplateDefaults;
+
+    fn with_user(user: Option<&str>) -> Resolved {
+        Resolved {
+            name: "t".into(),
+            rootfs: husk_runtime::RootSource::Host,
+            defaults: TemplateDefaults {
+                user: user.map(str::to_owned),
+                ..TemplateDefaults::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_template_names_one_of_the_two_users_or_is_broken() {
+        assert_eq!(template_user(&with_user(None)).unwrap(), User::User);
+        assert_eq!(template_user(&with_user(Some("user"))).unwrap(), User::User);
+        assert_eq!(template_user(&with_user(Some("root"))).unwrap(), User::Root);
+        for bad in ["Root", "nobody", "0", ""] {
+            assert!(
+                matches!(
+                    template_user(&with_user(Some(bad))),
+                    Err(CoreError::TemplateBroken(_))
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -11,7 +11,8 @@ pub struct CreateRequest {
     pub template: String,
     pub timeout: Duration,
     pub metadata: BTreeMap<String, String>,
-    pub env: Vec<(String, String)>,
+    /// Checked when the request is made (see [`EnvVars`]).
+    pub env: EnvVars,
     pub allow_internet_access: Option<bool>,
     /// The team's workspaces to mount (E2B `volumeMounts`, runs).
     pub workspaces: Vec<WorkspaceMount>,
@@ -67,6 +68,4 @@ pub fn check_mount_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Largest total size of a sandbox's environment variables (names and values): they travel
-/// to the agent in one frame and into every process's environment.
-pub const MAX_ENV_BYTES: usize = 256 << 10;
+pub use husk_runtime::env::{EnvVars, MAX_ENV_BYTES};

@@ -57,10 +57,12 @@ async fn sandbox(m: &Arc<Manager>, env: &[(&str, &str)]) -> Arc<LiveSandbox> {
     let req = CreateRequest {
         template: "host".into(),
         timeout: Duration::from_secs(300),
-        env: env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        env: crate::manager::EnvVars::new(
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+        .unwrap(),
         ..CreateRequest::default()
     };
     m.create(&who(), req).await.unwrap()

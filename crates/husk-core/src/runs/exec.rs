@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::spec::{fill_limits, Plan};
 use super::{Cancel, RunEvent, RunRecord, RunStatus, Runs};
 use crate::agent::AgentClient;
-use crate::manager::{CreateRequest, LiveSandbox, Manager};
+use crate::manager::{CreateRequest, EnvVars, LiveSandbox, Manager};
 use crate::secrets::REDACT_ENV;
 use crate::store::Principal;
 
@@ -174,13 +174,15 @@ async fn execute(
         // and the agent's kernel lookup (`JUPYTER_PATH`) see it. Secrets stay references
         // there, resolved for the one process or kernel that runs.
         env: match &plan.code {
-            Some(_) => plan
-                .env
-                .iter()
-                .filter(|(k, _)| k != REDACT_ENV)
-                .cloned()
-                .collect(),
-            None => Vec::new(),
+            Some(_) => EnvVars::new(
+                plan.env
+                    .iter()
+                    .filter(|(k, _)| k != REDACT_ENV)
+                    .cloned()
+                    .collect(),
+            )
+            .map_err(|e| e.to_string())?,
+            None => EnvVars::default(),
         },
         allow_internet_access: None,
         workspaces: plan.workspaces.clone(),

@@ -387,17 +387,8 @@ impl RunSpec {
             }
             env.push((name.clone(), format!("{SECRET_PREFIX}{name}")));
         }
-        let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-        if env_bytes > crate::manager::MAX_ENV_BYTES {
-            return Err(invalid(format!(
-                "environment variables take {env_bytes} bytes, more than the limit of {}",
-                crate::manager::MAX_ENV_BYTES
-            )));
-        }
-        for (k, v) in &env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(invalid(format!("invalid environment variable {k:?}")));
-            }
+        crate::manager::EnvVars::check(&env).map_err(|e| invalid(e.to_string()))?;
+        for (_, v) in &env {
             if let Some(name) = v.strip_prefix(SECRET_PREFIX) {
                 if !secrets.iter().any(|s| s == name) {
                     secrets.push(name.to_owned());

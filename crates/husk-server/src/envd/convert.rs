@@ -12,6 +12,7 @@ use husk_proto::{
 };
 
 use crate::connect::ConnectError;
+use husk_core::manager::EnvVars;
 
 use super::filesystem::{
     EntryInfo, EventType, FileType, FilesystemEvent, ListDirRequest, MakeDirRequest, MoveRequest,
@@ -91,15 +92,8 @@ impl StartRequest {
         for arg in &config.args {
             no_nul("argument", arg)?;
         }
-        for (key, value) in &config.envs {
-            if key.is_empty() || key.contains('=') {
-                return Err(ConnectError::invalid_argument(format!(
-                    "invalid environment variable name {key:?}"
-                )));
-            }
-            no_nul("environment variable name", key)?;
-            no_nul("environment variable value", value)?;
-        }
+        let envs = EnvVars::new(config.envs.into_iter().collect())
+            .map_err(|e| ConnectError::invalid_argument(e.to_string()))?;
         let cwd = config.cwd.filter(|c| !c.is_empty());
         if let Some(cwd) = &cwd {
             no_nul("cwd", cwd)?;
@@ -108,7 +102,7 @@ impl StartRequest {
         Ok(StartProc {
             cmd: config.cmd,
             args: config.args,
-            envs: config.envs.into_iter().collect(),
+            envs: envs.into_vec(),
             cwd,
             user,
             pty,
