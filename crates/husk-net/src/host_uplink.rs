@@ -18,7 +18,6 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -59,17 +58,8 @@ fn try_lock(path: &Path) -> io::Result<Option<File>> {
         .truncate(false)
         .mode(0o600)
         .open(path)?;
-    // SAFETY: plain syscall on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        Ok(Some(f))
-    } else {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            Ok(None)
-        } else {
-            Err(e)
-        }
-    }
+    use std::os::fd::AsFd;
+    Ok(husk_runtime::sys::flock_try_exclusive(f.as_fd())?.then_some(f))
 }
 
 impl HostUplink {

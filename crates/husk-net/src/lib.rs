@@ -4,6 +4,9 @@
 //! ranges no policy can open ([`denied`]) and the nftables rules that enforce both ([`nft`]);
 //! and what carries traffic: namespaces ([`netns`]), the per-sandbox state the resolver, the
 //! domain proxy and the denial log share ([`sandboxes`]).
+//!
+//! Its syscalls go through the runtime's safe wrappers (`husk_runtime::sys`): no unsafe here.
+#![forbid(unsafe_code)]
 
 pub mod addressing;
 pub mod cmd;

@@ -7,8 +7,10 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+
+use husk_runtime::sys;
 
 /// A network namespace, held open by a file descriptor (the namespace lives while any holder,
 /// process or descriptor, does).
@@ -19,10 +21,8 @@ impl NetNs {
     /// A new, empty namespace (loopback down), owned by the caller's user namespace.
     pub fn create() -> io::Result<NetNs> {
         run_on_thread(|| {
-            // SAFETY: plain syscall; it changes only this short-lived thread's namespace.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            // It changes only this short-lived thread's namespace.
+            sys::unshare(libc::CLONE_NEWNET)?;
             Ok(NetNs(Arc::new(
                 File::open("/proc/thread-self/ns/net")?.into(),
             )))
@@ -40,11 +40,7 @@ impl NetNs {
     pub fn open(path: &std::path::Path) -> io::Result<NetNs> {
         let f = File::open(path)?;
         // Refuse anything that is not a network namespace (setns would, later and obscurely).
-        // NS_GET_NSTYPE (linux/nsfs.h: _IO(0xb7, 0x3)) names a namespace file's type.
-        const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
-        // SAFETY: an ioctl without arguments on a descriptor we own.
-        let kind = unsafe { libc::ioctl(f.as_raw_fd(), NS_GET_NSTYPE as _) };
-        if kind != libc::CLONE_NEWNET {
+        if sys::namespace_type(f.as_fd()).ok() != Some(libc::CLONE_NEWNET) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{} is not a network namespace", path.display()),
@@ -60,13 +56,10 @@ impl NetNs {
     /// Runs `f` on a new thread that has entered this namespace, and returns its result.
     /// Sockets `f` creates belong to this namespace.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
-        let fd = self.0.as_raw_fd();
+        let fd = self.0.as_fd();
         run_on_thread(move || {
-            // SAFETY: `fd` is a namespace descriptor kept open by `self` for this call; setns
-            // changes only this short-lived thread's namespace.
-            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            // It changes only this short-lived thread's namespace.
+            sys::setns(fd, libc::CLONE_NEWNET)?;
             f()
         })
     }

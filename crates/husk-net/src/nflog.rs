@@ -9,7 +9,9 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+use husk_runtime::sys;
 use std::time::{Duration, Instant};
 
 use crate::netns::NetNs;
@@ -219,22 +221,16 @@ impl NflogReader {
                     i32::try_from(ms).unwrap_or(i32::MAX)
                 }
             };
-            let mut pfd = libc::pollfd {
+            let mut pfd = [libc::pollfd {
                 fd: self.fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            // SAFETY: `pfd` is one valid pollfd for the duration of the call.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r > 0 {
-                return Ok(true);
+            }];
+            match sys::poll(&mut pfd, ms) {
+                Ok(0) => {}
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             }
             if ms == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(false);
@@ -246,63 +242,22 @@ impl NflogReader {
     /// Overruns are counted and skipped; datagrams not from the kernel are dropped.
     fn recv(&mut self) -> io::Result<Option<usize>> {
         loop {
-            // SAFETY: sockaddr_nl is plain data; all zeroes is a valid value.
-            let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            let mut from_len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-            // SAFETY: `buf` is writable for its length, `from` for `from_len` bytes; the kernel
-            // writes no more than those.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    libc::MSG_DONTWAIT,
-                    (&raw mut from).cast(),
-                    &mut from_len,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::ENOBUFS) => {
-                        self.overruns += 1;
-                        continue;
-                    }
-                    Some(libc::EINTR) => continue,
+            match sys::netlink_recv(self.fd.as_fd(), &mut self.buf) {
+                // Another process in the namespace wrote to our port: not the kernel's word.
+                Ok((_, from)) if from != 0 => continue,
+                Ok((n, _)) => return Ok(Some(n)),
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ENOBUFS) => self.overruns += 1,
+                    Some(libc::EINTR) => {}
                     Some(libc::EAGAIN) => return Ok(None),
                     _ => return Err(e),
-                }
+                },
             }
-            if from.nl_pid != 0 {
-                // Another process in the namespace wrote to our port: not the kernel's word.
-                continue;
-            }
-            return Ok(Some((n as usize).min(self.buf.len())));
         }
     }
 
     fn send(&self, msg: &[u8]) -> io::Result<()> {
-        // SAFETY: sockaddr_nl is plain data; all zeroes is a valid value (pid 0: the kernel).
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: `msg` is readable for its length and `to` is a valid sockaddr_nl.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&raw const to).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n as usize != msg.len() {
-            return Err(io::Error::other("nfnetlink_log: short send"));
-        }
-        Ok(())
+        sys::netlink_send(self.fd.as_fd(), msg)
     }
 }
 
@@ -321,56 +276,13 @@ impl AsRawFd for NflogReader {
 /// A non-blocking `NETLINK_NETFILTER` socket, bound, with a large receive buffer; in the
 /// calling thread's namespace.
 fn socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with constant arguments.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            libc::NETLINK_NETFILTER,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a descriptor we just opened and own alone.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = sys::netlink_socket(libc::NETLINK_NETFILTER)?;
     let size = libc::c_int::try_from(SOCKET_BUFFER).unwrap_or(libc::c_int::MAX);
     // Past the rmem_max sysctl only with CAP_NET_ADMIN (FORCE); else as much as it allows.
-    if setsockopt_int(&fd, libc::SO_RCVBUFFORCE, size).is_err() {
-        let _ = setsockopt_int(&fd, libc::SO_RCVBUF, size);
-    }
-    // SAFETY: sockaddr_nl is plain data; all zeroes is a valid value (pid 0: kernel assigns).
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    // SAFETY: `addr` is a valid sockaddr_nl of the length given.
-    let r = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&raw const addr).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
+    if sys::set_socket_int(fd.as_fd(), libc::SO_RCVBUFFORCE, size).is_err() {
+        let _ = sys::set_socket_int(fd.as_fd(), libc::SO_RCVBUF, size);
     }
     Ok(fd)
-}
-
-fn setsockopt_int(fd: &OwnedFd, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: `value` is a c_int readable for the length given.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&raw const value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 const fn align4(n: usize) -> usize {

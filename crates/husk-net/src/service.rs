@@ -190,10 +190,7 @@ fn log_loop(
                 revents: 0,
             },
         ];
-        // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = husk_runtime::sys::poll(&mut fds, -1) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::warn!("denial log: poll: {e}");
                 std::thread::sleep(Duration::from_millis(200));

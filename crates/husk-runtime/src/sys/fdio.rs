@@ -138,6 +138,17 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usi
     Ok(cvt_i(r)? as usize)
 }
 
+/// Takes an exclusive `flock` on `fd` if nobody holds one: `Ok(false)` when held elsewhere.
+/// (std's `File::try_lock` does the same from Rust 1.89, above husk's minimum version.)
+pub fn flock_try_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    match cvt_i(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Writes all of `buf` to a raw fd, retrying on EINTR.
 pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
@@ -330,6 +341,19 @@ pub fn read_to_eof_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exclusive_flock_is_taken_once() {
+        let path = std::env::temp_dir().join(format!("husk-flock-{}", std::process::id()));
+        let open = || std::fs::File::create(&path).unwrap();
+        let (a, b) = (open(), open());
+        assert!(flock_try_exclusive(a.as_fd()).unwrap());
+        // Another open file description sees it held; closing the holder frees it.
+        assert!(!flock_try_exclusive(b.as_fd()).unwrap());
+        drop(a);
+        assert!(flock_try_exclusive(b.as_fd()).unwrap());
+        let _ = std::fs::remove_file(&path);
+    }
     use std::os::fd::AsFd;
     use std::time::{Duration, Instant};
 

@@ -10,6 +10,7 @@ mod abstract_socket;
 mod dirfd;
 mod fdio;
 mod fs;
+mod netlink;
 pub mod probe;
 mod process;
 
@@ -17,6 +18,7 @@ pub use abstract_socket::*;
 pub use dirfd::*;
 pub use fdio::*;
 pub use fs::*;
+pub use netlink::*;
 pub use probe::kernel_release;
 pub use process::*;
 
