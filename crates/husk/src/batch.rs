@@ -157,7 +157,7 @@ pub fn main(a: BatchArgs) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("husk: {}", without_controls(&format!("{e:#}")));
+            crate::report::say(&crate::report::anyhow(&e));
             EXIT_HUSK_ERROR
         }
     }

@@ -30,7 +30,7 @@ const TEMPLATE_BUDGET: f64 = 1.1;
 
 /// An error with its whole chain of causes, on one line.
 pub(crate) fn chain<E: std::error::Error + Send + Sync + 'static>(e: E) -> String {
-    format!("{:#}", anyhow::Error::new(e))
+    crate::report::chain(&e)
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -32,7 +32,7 @@ pub fn main(args: DoctorArgs) -> i32 {
         let mut v = match serde_json::to_value(&report) {
             Ok(v) => v,
             Err(e) => {
-                eprintln!("husk: {e}");
+                crate::report::say(&crate::report::chain(&e));
                 return EXIT_MISSING;
             }
         };

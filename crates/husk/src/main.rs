@@ -13,6 +13,7 @@ mod doctor;
 mod egress;
 mod keys;
 mod relay;
+mod report;
 mod run;
 mod sandbox;
 mod secret;

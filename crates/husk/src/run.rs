@@ -279,8 +279,8 @@ pub fn main(args: RunArgs) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            // Error messages can carry names from inside the sandbox.
-            eprintln!("husk: {}", without_controls(&format!("{e:#}")));
+            // Error messages can carry names from inside the sandbox (say escapes them).
+            crate::report::say(&crate::report::anyhow(&e));
             EXIT_HUSK_ERROR
         }
     }

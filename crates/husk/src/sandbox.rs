@@ -48,7 +48,7 @@ pub fn main(args: SandboxArgs) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("husk: {e:#}");
+            crate::report::say(&crate::report::anyhow(&e));
             1
         }
     }

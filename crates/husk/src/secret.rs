@@ -137,15 +137,15 @@ impl From<SecretError> for Failure {
             | SecretError::TooLarge { .. }
             | SecretError::Nul(_)
             | SecretError::Store(husk_core::store::StoreError::InvalidTeam(_)) => {
-                Failure::Usage(e.to_string())
+                Failure::Usage(crate::report::chain(&e))
             }
-            other => Failure::Failed(other.to_string()),
+            other => Failure::Failed(crate::report::chain(&other)),
         }
     }
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("husk: {msg}");
+    crate::report::say(&msg.to_string());
     EXIT_FAILURE
 }
 

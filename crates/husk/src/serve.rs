@@ -122,7 +122,7 @@ fn parse_count(s: &str) -> Result<usize, String> {
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("husk: {msg}");
+    crate::report::say(&msg.to_string());
     1
 }
 
@@ -157,7 +157,7 @@ pub fn main(args: ServeArgs) -> i32 {
             config.limits.disk_bytes = d;
         }
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-            eprintln!("husk: {e}");
+            crate::report::say(&e);
             return 125;
         }
     }
@@ -174,7 +174,10 @@ pub fn main(args: ServeArgs) -> i32 {
     }
     let spawner = match husk_runtime::service::start_with(husk_agent::main, args.host.cgroups()) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(format_args!("{e}\nhusk: {}", crate::doctor::HINT)),
+        Err(e) => {
+            crate::report::say(&crate::report::chain(&e));
+            return fail(crate::doctor::HINT);
+        }
     };
     eprintln!("husk: {}", spawner.cgroup_summary());
     // Nothing is weaker without saying so (`husk doctor` has the whole report).
@@ -204,7 +207,7 @@ pub fn main(args: ServeArgs) -> i32 {
         .build()
     {
         Ok(r) => r,
-        Err(e) => return fail(format_args!("async runtime: {e}")),
+        Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
     let code = runtime.block_on(run(args, store, spawner.clone(), config));
     drop(runtime);
@@ -264,7 +267,7 @@ async fn run(
     };
     let manager = match Manager::new(store, spawner, config) {
         Ok(m) => m,
-        Err(e) => return fail(e),
+        Err(e) => return fail(crate::report::chain(&e)),
     };
     let default_policy = match args.egress.default_policy() {
         Ok(p) => p,
@@ -281,7 +284,13 @@ async fn run(
     }
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
-        Err(e) => return fail(format_args!("listen on {}: {e}", args.listen)),
+        Err(e) => {
+            return fail(format_args!(
+                "listen on {}: {}",
+                args.listen,
+                crate::report::chain(&e)
+            ))
+        }
     };
     let addr = listener
         .local_addr()
@@ -297,7 +306,7 @@ async fn run(
         .unwrap_or_else(|| args.state_dir.join(husk_core::secrets::MASTER_KEY_FILE));
     let keys = match husk_core::secrets::MasterKeys::load(&key_path) {
         Ok(k) => k,
-        Err(e) => return fail(e),
+        Err(e) => return fail(crate::report::chain(&e)),
     };
     let secrets = Arc::new(husk_core::secrets::Secrets::new(manager.store_arc(), keys));
     manager.set_secrets(secrets.clone());
@@ -337,7 +346,7 @@ async fn run(
     runs_config.max_output.max_bytes = args.max_run_output;
     let runs = match husk_core::runs::Runs::with_config(manager.clone(), runs_config) {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(e) => return fail(crate::report::chain(&e)),
     };
     let state = AppState::new(manager.clone())
         .with_templates(TemplateService::new(builder, size))

@@ -74,7 +74,11 @@ pub fn main(args: TemplateArgs) -> i32 {
             let store = match Store::open(&state_dir) {
                 Ok(s) => Arc::new(s),
                 Err(e) => {
-                    return fail(format_args!("state directory {}: {e}", state_dir.display()))
+                    return fail(format_args!(
+                        "state directory {}: {}",
+                        state_dir.display(),
+                        crate::report::chain(&e)
+                    ))
                 }
             };
             match other {
@@ -95,12 +99,12 @@ pub fn main(args: TemplateArgs) -> i32 {
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("husk: {msg}");
+    crate::report::say(&msg.to_string());
     EXIT_FAILURE
 }
 
 fn usage(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("husk: {msg}");
+    crate::report::say(&msg.to_string());
     EXIT_USAGE
 }
 
@@ -184,18 +188,27 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
     // Before any thread: the spawner must be forked from a single-threaded process.
     let spawner = match husk_runtime::service::start_with(husk_agent::main, a.host.cgroups()) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(format_args!("{e}\nhusk: {}", crate::doctor::HINT)),
+        Err(e) => {
+            crate::report::say(&crate::report::chain(&e));
+            return fail(crate::doctor::HINT);
+        }
     };
     let store = match Store::open(state_dir) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(format_args!("state directory {}: {e}", state_dir.display())),
+        Err(e) => {
+            return fail(format_args!(
+                "state directory {}: {}",
+                state_dir.display(),
+                crate::report::chain(&e)
+            ))
+        }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(r) => r,
-        Err(e) => return fail(format_args!("async runtime: {e}")),
+        Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
     let builder = Builder {
         spawner: spawner.clone(),
@@ -230,7 +243,10 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
             );
             0
         }
-        Err(e) => fail(format_args!("building template {name} failed: {e}")),
+        Err(e) => fail(format_args!(
+            "building template {name} failed: {}",
+            crate::report::chain(&e)
+        )),
     }
 }
 
@@ -264,7 +280,7 @@ pub fn human(bytes: u64) -> String {
 fn list(store: &Store, json: bool) -> i32 {
     let templates = match store.templates() {
         Ok(t) => t,
-        Err(e) => return fail(e),
+        Err(e) => return fail(crate::report::chain(&e)),
     };
     if json {
         for t in &templates {
@@ -312,7 +328,7 @@ fn inspect(store: &Store, name: &str) -> i32 {
             0
         }
         Ok(None) => fail(format_args!("template '{name}' not found")),
-        Err(e) => fail(e),
+        Err(e) => fail(crate::report::chain(&e)),
     }
 }
 
@@ -328,14 +344,14 @@ fn remove(store: &Store, name: &str) -> i32 {
             0
         }
         Ok(None) => fail(format_args!("template '{name}' not found")),
-        Err(e) => fail(e),
+        Err(e) => fail(crate::report::chain(&e)),
     }
 }
 
 fn prune(store: &Store, cache: &Path) -> i32 {
     let templates = match store.templates() {
         Ok(t) => t,
-        Err(e) => return fail(e),
+        Err(e) => return fail(crate::report::chain(&e)),
     };
     let used: std::collections::HashSet<String> = templates
         .iter()
@@ -371,16 +387,16 @@ fn export(store: &Arc<Store>, name: &str, output: Option<PathBuf>, push: Option<
     let rec = match store.template(name) {
         Ok(Some(t)) => t,
         Ok(None) => return fail(format_args!("template '{name}' not found")),
-        Err(e) => return fail(e),
+        Err(e) => return fail(crate::report::chain(&e)),
     };
     if let Err(e) = Templates::new(store.clone()).verify(&rec) {
-        return fail(e);
+        return fail(crate::report::chain(&e));
     }
     let run_dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR);
     let rootfs =
         match husk_runtime::images::ensure_mounted(run_dir, &rec.image, rec.size, &rec.digest) {
             Ok(p) => p,
-            Err(e) => return fail(e),
+            Err(e) => return fail(crate::report::chain(&e)),
         };
     let (config, annotations) = oci_config(&rec);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -388,7 +404,7 @@ fn export(store: &Arc<Store>, name: &str, output: Option<PathBuf>, push: Option<
         .build()
     {
         Ok(r) => r,
-        Err(e) => return fail(format_args!("async runtime: {e}")),
+        Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
     let opts = RegistryOptions::from_env();
     match runtime.block_on(oci::export(
@@ -410,7 +426,10 @@ fn export(store: &Arc<Store>, name: &str, output: Option<PathBuf>, push: Option<
             );
             0
         }
-        Err(e) => fail(format_args!("exporting template {name}: {e}")),
+        Err(e) => fail(format_args!(
+            "exporting template {name}: {}",
+            crate::report::chain(&e)
+        )),
     }
 }
 

@@ -143,8 +143,8 @@ impl From<WorkspaceError> for Failure {
             | E::TooLarge { .. }
             | E::TooManyEntries { .. }
             | E::BadArchive { .. }
-            | E::Conflict { .. } => Failure::Usage(without_controls(&e.to_string())),
-            other => Failure::Failed(without_controls(&other.to_string())),
+            | E::Conflict { .. } => Failure::Usage(crate::report::chain(&e)),
+            other => Failure::Failed(crate::report::chain(&other)),
         }
     }
 }
@@ -154,15 +154,17 @@ pub fn main(args: WorkspaceArgs) -> i32 {
         .state_dir
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     let opened = match args.workspace_quota {
-        None => Workspaces::open(&state_dir).map_err(|e| e.to_string()),
+        None => Workspaces::open(&state_dir).map_err(|e| crate::report::chain(&e)),
         Some(bytes) => WorkspaceQuota::from_bytes(bytes)
             .map_err(|e| format!("--workspace-quota: {e}"))
-            .and_then(|q| Workspaces::open_with_quota(&state_dir, q).map_err(|e| e.to_string())),
+            .and_then(|q| {
+                Workspaces::open_with_quota(&state_dir, q).map_err(|e| crate::report::chain(&e))
+            }),
     };
     let ws = match opened {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("husk: {e}");
+            crate::report::say(&e);
             return EXIT_FAILURE;
         }
     };

@@ -287,7 +287,7 @@ pub fn main(a: RunArgs) -> i32 {
     }) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("husk: {}", without_controls(&format!("{e:#}")));
+            crate::report::say(&crate::report::anyhow(&e));
             EXIT_HUSK_ERROR
         }
     }
