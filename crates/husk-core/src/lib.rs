@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod contexts;
+pub mod files;
 pub mod host;
 pub mod keys;
 pub mod manager;

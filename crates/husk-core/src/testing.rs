@@ -28,7 +28,8 @@ use crate::host::SandboxHost;
 pub enum AgentMode {
     /// Answers the hello, then every call: disk usage with [`FAKE_DISK`]; a started process
     /// prints `NAME=value` for each variable it got (its secrets first) and ends; attaching to
-    /// it prints that again; other calls get an error.
+    /// it prints that again; files live in memory (open, read, write, close, stat, remove);
+    /// other calls get an error.
     Serve,
     /// Hangs up at the hello (a sandbox whose agent did not start).
     HangUp,
@@ -50,6 +51,8 @@ struct State {
     mode: Option<AgentMode>,
     /// Every process the fake agents were asked to start, as they got it.
     started: Arc<Mutex<Vec<StartProc>>>,
+    /// Each sandbox's in-memory files, by runtime id.
+    files: BTreeMap<String, Arc<Mutex<FakeFiles>>>,
 }
 
 /// A [`SandboxHost`] that records what it is asked and fails on demand.
@@ -99,6 +102,13 @@ impl FakeHost {
         list
     }
 
+    /// How many file handles the agent of `runtime_id` has open.
+    pub fn open_handles(&self, runtime_id: &str) -> usize {
+        self.state().files.get(runtime_id).map_or(0, |f| {
+            f.lock().unwrap_or_else(|p| p.into_inner()).handles.len()
+        })
+    }
+
     /// Ends the agent of a live sandbox, as if it had crashed.
     pub fn kill_agent(&self, runtime_id: &str) -> bool {
         match self.state().live.get(runtime_id) {
@@ -137,9 +147,11 @@ impl SandboxHost for FakeHost {
         let handle = theirs.try_clone()?;
         let mode = st.mode.unwrap_or(AgentMode::Serve);
         let started = st.started.clone();
+        let files = Arc::new(Mutex::new(FakeFiles::default()));
+        st.files.insert(id.clone(), files.clone());
         std::thread::Builder::new()
             .name(format!("fake-agent-{id}"))
-            .spawn(move || fake_agent(theirs, mode, &started))?;
+            .spawn(move || fake_agent(theirs, mode, &started, &files))?;
         st.live.insert(id.clone(), handle);
         Ok(Created {
             id,
@@ -167,13 +179,23 @@ impl SandboxHost for FakeHost {
 }
 
 /// The agent's side of the protocol, as much of it as the core's own logic uses.
-fn fake_agent(mut sock: UnixStream, mode: AgentMode, started: &Mutex<Vec<StartProc>>) {
-    serve(&mut sock, mode, started);
+fn fake_agent(
+    mut sock: UnixStream,
+    mode: AgentMode,
+    started: &Mutex<Vec<StartProc>>,
+    files: &Mutex<FakeFiles>,
+) {
+    serve(&mut sock, mode, started, files);
     // The host keeps a handle on the socket: hang up explicitly, as a dead agent's does.
     let _ = sock.shutdown(Shutdown::Both);
 }
 
-fn serve(sock: &mut UnixStream, mode: AgentMode, started: &Mutex<Vec<StartProc>>) {
+fn serve(
+    sock: &mut UnixStream,
+    mode: AgentMode,
+    started: &Mutex<Vec<StartProc>>,
+    files: &Mutex<FakeFiles>,
+) {
     // pid → what the process printed (replayed to whoever attaches).
     let mut outputs: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
     while let Ok(Some(frame)) = husk_proto::read_frame(sock) {
@@ -213,6 +235,13 @@ fn serve(sock: &mut UnixStream, mode: AgentMode, started: &Mutex<Vec<StartProc>>
                 after = proc_output(pid, outputs[&pid].clone());
                 Ok(Reply::Started { pid })
             }
+            req @ (Request::OpenRead { .. }
+            | Request::OpenWrite { .. }
+            | Request::Read { .. }
+            | Request::Write { .. }
+            | Request::Close { .. }
+            | Request::Stat { .. }
+            | Request::Remove { .. }) => files.lock().unwrap_or_else(|p| p.into_inner()).serve(req),
             other => Err(AgentError::new(
                 ErrorKind::Internal,
                 format!("the fake agent does not serve {other:?}"),
@@ -245,4 +274,92 @@ fn proc_output(pid: u32, printed: Vec<u8>) -> Vec<FromAgent> {
             event: ProcEvent::End(end),
         },
     ]
+}
+
+/// The fake agent's files: paths to contents, and open handles.
+#[derive(Default)]
+pub struct FakeFiles {
+    files: BTreeMap<String, Vec<u8>>,
+    /// handle → (path, open for writing).
+    handles: BTreeMap<u32, (String, bool)>,
+    next: u32,
+}
+
+impl FakeFiles {
+    fn entry(&self, path: &str) -> Option<husk_proto::Entry> {
+        let data = self.files.get(path)?;
+        Some(husk_proto::Entry {
+            name: path.rsplit('/').next().unwrap_or(path).to_owned(),
+            path: path.to_owned(),
+            file_type: husk_proto::FileType::File,
+            size: data.len() as u64,
+            mode: 0o644,
+            permissions: "-rw-r--r--".into(),
+            owner: "user".into(),
+            group: "user".into(),
+            mtime_secs: 0,
+            mtime_nanos: 0,
+            symlink_target: None,
+            metadata: Vec::new(),
+        })
+    }
+
+    fn serve(&mut self, req: Request) -> Result<Reply, AgentError> {
+        let missing = |p: &str| AgentError::new(ErrorKind::NotFound, format!("{p}: no such file"));
+        let bad = || AgentError::new(ErrorKind::InvalidArgument, "no such handle");
+        match req {
+            Request::OpenRead { path, .. } => {
+                let entry = self.entry(&path).ok_or_else(|| missing(&path))?;
+                self.next += 1;
+                self.handles.insert(self.next, (path, false));
+                Ok(Reply::Opened {
+                    handle: self.next,
+                    entry,
+                })
+            }
+            Request::OpenWrite { path, .. } => {
+                self.files.insert(path.clone(), Vec::new());
+                let entry = self.entry(&path).ok_or_else(|| missing(&path))?;
+                self.next += 1;
+                self.handles.insert(self.next, (path, true));
+                Ok(Reply::Opened {
+                    handle: self.next,
+                    entry,
+                })
+            }
+            Request::Read {
+                handle,
+                offset,
+                len,
+            } => {
+                let (path, _) = self.handles.get(&handle).ok_or_else(bad)?;
+                let data = &self.files[path];
+                let start = (offset as usize).min(data.len());
+                let end = (start + len as usize).min(data.len());
+                Ok(Reply::Data(data[start..end].to_vec()))
+            }
+            Request::Write { handle, data } => {
+                let (path, true) = self.handles.get(&handle).ok_or_else(bad)? else {
+                    return Err(bad());
+                };
+                let path = path.clone();
+                self.files.entry(path).or_default().extend(data);
+                Ok(Reply::Done)
+            }
+            Request::Close { handle } => {
+                let (path, _) = self.handles.remove(&handle).ok_or_else(bad)?;
+                Ok(Reply::Entry(
+                    self.entry(&path).ok_or_else(|| missing(&path))?,
+                ))
+            }
+            Request::Stat { path, .. } => Ok(Reply::Entry(
+                self.entry(&path).ok_or_else(|| missing(&path))?,
+            )),
+            Request::Remove { path, .. } => {
+                self.files.remove(&path).ok_or_else(|| missing(&path))?;
+                Ok(Reply::Done)
+            }
+            _ => Err(bad()),
+        }
+    }
 }

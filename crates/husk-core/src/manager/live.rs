@@ -4,14 +4,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use husk_proto::User;
+use husk_proto::{AgentError, ErrorKind, Reply, Request, User};
 use husk_runtime::cgroup::SandboxCgroup;
 use husk_runtime::Limits;
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 
 use super::{CoreError, WorkspaceMount};
-use crate::agent::AgentClient;
+use crate::agent::{AgentClient, CallError, WatchStream};
 
 /// A running sandbox.
 pub struct LiveSandbox {
@@ -19,7 +19,9 @@ pub struct LiveSandbox {
     pub team: String,
     pub template: String,
     pub runtime_id: String,
-    pub agent: AgentClient,
+    /// The sandbox's agent: reached only through the doors of the core (its methods here, in
+    /// `files`, `process` and `contexts`), never by the adapters.
+    pub(crate) agent: AgentClient,
     /// Required as `X-Access-Token` by the in-sandbox API, and the key of signed file URLs.
     pub access_token: String,
     pub env: Vec<(String, String)>,
@@ -34,7 +36,7 @@ pub struct LiveSandbox {
     /// The template's working directory, if it has one (else the user's home).
     pub default_workdir: Option<String>,
     /// Its code contexts (Jupyter kernels run by the agent).
-    pub contexts: Arc<crate::contexts::Contexts>,
+    pub(crate) contexts: Arc<crate::contexts::Contexts>,
     /// The sandbox's link out through husk's router (None: loopback only, the server has no
     /// egress). Dropped with the sandbox, which removes the link and its rules.
     pub(super) net: Option<husk_net::router::Attachment>,
@@ -66,6 +68,54 @@ pub struct LiveSandbox {
 const MAX_REDACTED_PROCESSES: usize = 256;
 
 impl LiveSandbox {
+    /// A call answered by one reply: the file system's and the processes' unary calls.
+    /// What starts something with a stream or a handle of its own has its own door and is
+    /// refused here: processes ([`Manager::start_process`](super::Manager::start_process)),
+    /// watches ([`LiveSandbox::watch`]), file transfers ([`LiveSandbox::read_file`],
+    /// [`LiveSandbox::write_file`]) and kernels ([`LiveSandbox::contexts`]).
+    pub async fn call(&self, req: Request) -> Result<Reply, CallError> {
+        match req {
+            Request::Find(_)
+            | Request::List
+            | Request::Input { .. }
+            | Request::CloseStdin(_)
+            | Request::Signal { .. }
+            | Request::Resize { .. }
+            | Request::Stat { .. }
+            | Request::MakeDir { .. }
+            | Request::Move { .. }
+            | Request::ListDir { .. }
+            | Request::Remove { .. }
+            | Request::Env
+            | Request::Disk => self.agent.call(req).await,
+            other => Err(CallError::Agent(AgentError::new(
+                ErrorKind::InvalidArgument,
+                format!("{} has a door of its own", request_name(&other)),
+            ))),
+        }
+    }
+
+    /// Watches `path` (and below it, if `recursive`) as `user`; the watch ends when the
+    /// stream is dropped.
+    pub async fn watch(
+        &self,
+        path: String,
+        recursive: bool,
+        user: User,
+    ) -> Result<WatchStream, CallError> {
+        self.agent.watch(path, recursive, user).await
+    }
+
+    /// Whether the sandbox is gone (its agent connection ended).
+    pub fn is_gone(&self) -> bool {
+        self.agent.is_closed()
+    }
+
+    /// The sandbox's code contexts (Jupyter kernels run by the agent).
+    pub fn contexts(&self) -> &Arc<crate::contexts::Contexts> {
+        &self.contexts
+    }
+
     /// Remembers the secret values of process `pid` (for [`LiveSandbox::redaction`]).
     pub fn set_redaction(&self, pid: u32, values: Vec<zeroize::Zeroizing<Vec<u8>>>) {
         let mut map = self.redactions.lock().unwrap_or_else(|p| p.into_inner());
@@ -167,4 +217,18 @@ pub struct Metrics {
 /// `O_PATH | O_DIRECTORY`: opens a directory to resolve paths below it, without reading it.
 fn libc_o_path_directory() -> i32 {
     husk_runtime::libc::O_PATH | husk_runtime::libc::O_DIRECTORY
+}
+
+/// A request's name, for an error that says which door it should have taken.
+fn request_name(req: &Request) -> &'static str {
+    match req {
+        Request::Start(_) => "starting a process",
+        Request::WatchStart { .. } | Request::WatchStop { .. } => "a watch",
+        Request::OpenRead { .. }
+        | Request::OpenWrite { .. }
+        | Request::Read { .. }
+        | Request::Write { .. }
+        | Request::Close { .. } => "a file transfer",
+        _ => "a kernel call",
+    }
 }

@@ -1,9 +1,9 @@
 //! `GET /files` (download) and `POST /files` (upload) of the in-sandbox API.
 //!
-//! Data moves through the agent in chunks of up to `husk_proto::CHUNK`: a download pulls one
-//! chunk at a time as the client reads (so a slow client holds one chunk, not the file), an
-//! upload sends each chunk once enough of the body has arrived. Handles are closed in the
-//! agent even when the client goes away mid-transfer.
+//! The transfers themselves are the core's (`husk_core::files`): a download is read ahead of
+//! the client by a couple of chunks, an upload is sent chunk by chunk once enough of the body
+//! has arrived, and handles are closed even when the client goes away. Here: HTTP, ranges,
+//! gzip either way, multipart forms.
 
 use std::io::Write;
 
@@ -12,8 +12,9 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{stream, StreamExt};
-use husk_core::agent::{AgentClient, CallError, PendingReply};
-use husk_proto::{ErrorKind, Reply, Request as AgentRequest, User, CHUNK};
+use husk_core::agent::CallError;
+use husk_core::files::FileWrite;
+use husk_proto::{ErrorKind, User, CHUNK};
 
 use super::Sandbox;
 use crate::files::encoding::{negotiate_encoding, request_encoding, Coding};
@@ -25,8 +26,6 @@ use crate::files::{authorize, FilesError, FilesQuery, Operation};
 
 /// Largest upload body read at once before it is sent on to the agent.
 const WRITE_BATCH: usize = CHUNK;
-/// Chunks a download reads ahead of its client.
-const READ_AHEAD: usize = 2;
 /// Compressed bytes decompressed at a time (at most about 1 MiB of output).
 const GUNZIP_PIECE: usize = 1024;
 
@@ -48,34 +47,6 @@ fn agent_error(e: CallError, path: &str) -> FilesError {
             }
             ErrorKind::Internal => FilesError::internal(a.message),
         },
-    }
-}
-
-/// Closes an agent handle when dropped (a client that goes away mid-transfer included).
-struct HandleGuard {
-    agent: AgentClient,
-    handle: Option<u32>,
-}
-
-impl HandleGuard {
-    async fn close(mut self) -> Result<Reply, CallError> {
-        match self.handle.take() {
-            Some(handle) => self.agent.call(AgentRequest::Close { handle }).await,
-            None => Ok(Reply::Done),
-        }
-    }
-}
-
-impl Drop for HandleGuard {
-    fn drop(&mut self) {
-        if let Some(handle) = self.handle.take() {
-            let agent = self.agent.clone();
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let _ = agent.call(AgentRequest::Close { handle }).await;
-                });
-            }
-        }
     }
 }
 
@@ -114,22 +85,11 @@ async fn download(
         .filter(|p| !p.is_empty())
         .ok_or_else(|| FilesError::bad_request("the path query parameter is required"))?;
     let coding = negotiate_encoding(headers)?;
-    let (handle, entry) = match sb
-        .agent
-        .call(AgentRequest::OpenRead {
-            path: path.clone(),
-            user,
-        })
+    let file = sb
+        .read_file(&path, user)
         .await
-    {
-        Ok(Reply::Opened { handle, entry }) => (handle, entry),
-        Ok(_) => return Err(FilesError::internal("unexpected reply")),
-        Err(e) => return Err(agent_error(e, &path)),
-    };
-    let guard = HandleGuard {
-        agent: sb.agent.clone(),
-        handle: Some(handle),
-    };
+        .map_err(|e| agent_error(e, &path))?;
+    let entry = file.entry.clone();
     let size = entry.size;
     let (start, end, status) = match (coding, parse_range(headers, size)) {
         (Coding::Identity, ByteRange::Partial { start, end }) => {
@@ -138,7 +98,7 @@ async fn download(
         (Coding::Identity, ByteRange::Unsatisfiable) => return Ok(unsatisfiable(size)),
         _ => (0, size, StatusCode::OK),
     };
-    let chunks = read_ahead(sb.agent.clone(), guard, start, end);
+    let chunks = chunk_stream(file.bytes(start, end));
     let mut builder = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -168,58 +128,19 @@ async fn download(
         .map_err(|e| FilesError::internal(e.to_string()))
 }
 
-/// Chunks read from the agent ahead of the client, by a task of their own: the next read is
-/// under way while the previous chunk is written to the client, and at most [`READ_AHEAD`]
-/// chunks wait. The handle is closed when the file is read or the client goes away.
-fn read_ahead(
-    agent: AgentClient,
-    guard: HandleGuard,
-    start: u64,
-    end: u64,
+/// The file's chunks, as the core reads them ahead of the client, as a body stream.
+fn chunk_stream(
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, CallError>>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
-    tokio::spawn(async move {
-        // Two reads are under way at a time: the agent reads the next chunk while this one
-        // travels.
-        let mut requested = start;
-        let mut pending = std::collections::VecDeque::new();
-        while let Some(handle) = guard.handle {
-            while pending.len() < 2 && requested < end {
-                let len = (end - requested).min(CHUNK as u64) as u32;
-                let read = AgentRequest::Read {
-                    handle,
-                    offset: requested,
-                    len,
-                };
-                match agent.submit(read).await {
-                    Ok(reply) => pending.push_back((len, reply)),
-                    Err(e) => {
-                        let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                        break;
-                    }
-                }
-                requested += u64::from(len);
-            }
-            let Some((len, reply)) = pending.pop_front() else {
-                break;
-            };
-            // A short read means the file ended early (it shrank while being read): what was
-            // read goes out and the download ends there, never with a gap.
-            let (chunk, last) = match reply.await {
-                Ok(Reply::Data(d)) if !d.is_empty() => {
-                    let short = d.len() < len as usize;
-                    (Ok(Bytes::from(d)), short)
-                }
-                Ok(_) => break,
-                Err(e) => (Err(std::io::Error::other(e.to_string())), true),
-            };
-            if tx.send(chunk).await.is_err() || last {
-                break;
-            }
-        }
-        let _ = guard.close().await;
-    });
-    stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+    stream::unfold(rx, |mut rx| async move {
+        let chunk = rx.recv().await?;
+        Some((
+            chunk
+                .map(Bytes::from)
+                .map_err(|e| std::io::Error::other(e.to_string())),
+            rx,
+        ))
+    })
 }
 
 /// Compresses a byte stream with gzip, chunk by chunk (see [`AdaptiveGzip`]).
@@ -242,15 +163,13 @@ fn gzip_stream(
     )
 }
 
-/// Writes one file's data, from successive chunks, through the agent.
+/// Writes one file's data, from successive chunks of the body, through the core: decoded
+/// (gzip) and batched here, sent and closed by the core's [`FileWrite`].
 struct FileWriter {
-    agent: AgentClient,
-    guard: HandleGuard,
+    file: FileWrite,
     buf: Vec<u8>,
     gunzip: Option<flate2::write::GzDecoder<Vec<u8>>>,
     path: String,
-    /// The reply to the last write, not yet awaited.
-    in_flight: Option<PendingReply>,
 }
 
 impl FileWriter {
@@ -261,26 +180,15 @@ impl FileWriter {
         metadata: Vec<(String, String)>,
         gzip: bool,
     ) -> Result<FileWriter, FilesError> {
-        let req = AgentRequest::OpenWrite {
-            path: path.clone(),
-            user,
-            metadata,
-        };
-        let handle = match sb.agent.call(req).await {
-            Ok(Reply::Opened { handle, .. }) => handle,
-            Ok(_) => return Err(FilesError::internal("unexpected reply")),
-            Err(e) => return Err(agent_error(e, &path)),
-        };
+        let file = sb
+            .write_file(&path, user, metadata)
+            .await
+            .map_err(|e| agent_error(e, &path))?;
         Ok(FileWriter {
-            agent: sb.agent.clone(),
-            guard: HandleGuard {
-                agent: sb.agent.clone(),
-                handle: Some(handle),
-            },
+            file,
             buf: Vec::with_capacity(WRITE_BATCH),
             gunzip: gzip.then(|| flate2::write::GzDecoder::new(Vec::new())),
             path,
-            in_flight: None,
         })
     }
 
@@ -313,31 +221,11 @@ impl FileWriter {
         Ok(())
     }
 
-    /// Sends a write; the previous one's reply is awaited only now, so the agent writes one
-    /// batch while the next arrives from the client.
     async fn write(&mut self, data: Vec<u8>) -> Result<(), FilesError> {
-        let Some(handle) = self.guard.handle else {
-            return Err(FilesError::internal("file already closed"));
-        };
-        let next = self
-            .agent
-            .submit(AgentRequest::Write { handle, data })
+        self.file
+            .write(data)
             .await
-            .map_err(|e| agent_error(e, &self.path))?;
-        self.settle().await?;
-        self.in_flight = Some(next);
-        Ok(())
-    }
-
-    /// Waits for the write under way, if any.
-    async fn settle(&mut self) -> Result<(), FilesError> {
-        match self.in_flight.take() {
-            Some(reply) => reply
-                .await
-                .map(|_| ())
-                .map_err(|e| agent_error(e, &self.path)),
-            None => Ok(()),
-        }
+            .map_err(|e| agent_error(e, &self.path))
     }
 
     async fn finish(mut self) -> Result<UploadedEntry, FilesError> {
@@ -352,11 +240,9 @@ impl FileWriter {
             let data = std::mem::replace(&mut self.buf, rest);
             self.write(data).await?;
         }
-        self.settle().await?;
-        let path = self.path.clone();
-        match self.guard.close().await {
-            Ok(Reply::Entry(entry)) => Ok(UploadedEntry::from(entry)),
-            Ok(_) => Err(FilesError::internal("unexpected reply")),
+        let path = self.path;
+        match self.file.finish().await {
+            Ok(entry) => Ok(UploadedEntry::from(entry)),
             Err(e) => Err(agent_error(e, &path)),
         }
     }

@@ -65,11 +65,7 @@ async fn events_json(sb: &Sandbox, base: &EntryBase, events: Vec<FsEvent>) -> Ve
             .map(|(dir, user)| (format!("{}/{}", dir.trim_end_matches('/'), ev.name), *user));
         let mut wire = FilesystemEvent::from(ev);
         if let Some((path, user)) = path {
-            if let Ok(Reply::Entry(e)) = sb
-                .agent
-                .call(husk_proto::Request::Stat { path, user })
-                .await
-            {
+            if let Ok(Reply::Entry(e)) = sb.call(husk_proto::Request::Stat { path, user }).await {
                 wire.entry = Some(EntryInfo::from(e));
             }
         }
@@ -189,11 +185,7 @@ async fn start_watch(
             path,
             recursive,
             user,
-        } => sb
-            .agent
-            .watch(path, recursive, user)
-            .await
-            .map_err(call_error),
+        } => sb.watch(path, recursive, user).await.map_err(call_error),
         _ => Err(ConnectError::internal("unexpected request")),
     }
 }

@@ -121,7 +121,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
                 Err(r) => return r,
             };
             match sb
-                .contexts
+                .contexts()
                 .create(b.language.as_deref(), b.cwd.as_deref())
                 .await
             {
@@ -130,14 +130,14 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
             }
         }
         (Method::GET, ["contexts"]) => {
-            let list: Vec<Value> = sb.contexts.list().iter().map(context_json).collect();
+            let list: Vec<Value> = sb.contexts().list().iter().map(context_json).collect();
             axum::Json(list).into_response()
         }
-        (Method::DELETE, ["contexts", id]) => match sb.contexts.remove(id).await {
+        (Method::DELETE, ["contexts", id]) => match sb.contexts().remove(id).await {
             Ok(()) => StatusCode::OK.into_response(),
             Err(e) => context_error(e),
         },
-        (Method::POST, ["contexts", id, "restart"]) => match sb.contexts.restart(id).await {
+        (Method::POST, ["contexts", id, "restart"]) => match sb.contexts().restart(id).await {
             Ok(()) => StatusCode::OK.into_response(),
             Err(e) => context_error(e),
         },
@@ -198,9 +198,9 @@ async fn execute(state: &AppState, sb: Sandbox, body: Body) -> Response {
         }
     }
     let ctx = match (context_id, language) {
-        (Some(id), _) => sb.contexts.get(&id),
+        (Some(id), _) => sb.contexts().get(&id),
         (None, lang) => {
-            sb.contexts
+            sb.contexts()
                 .default_for(lang.as_deref().unwrap_or("python"))
                 .await
         }
@@ -209,7 +209,7 @@ async fn execute(state: &AppState, sb: Sandbox, body: Body) -> Response {
         Ok(c) => c,
         Err(e) => return context_error(e),
     };
-    let events = match sb.contexts.execute(ctx, b.code, env_vars).await {
+    let events = match sb.contexts().execute(ctx, b.code, env_vars).await {
         Ok(rx) => rx,
         Err(e) => return context_error(e),
     };

@@ -53,7 +53,7 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
     let Some(sb) = state.manager.get_any(&id) else {
         return sandbox_not_found(&id);
     };
-    if sb.agent.is_closed() {
+    if sb.is_gone() {
         return sandbox_not_found(&id);
     }
     if port == interpreter::PORT {

@@ -195,8 +195,7 @@ async fn stream_input(sb: Sandbox, headers: &HeaderMap, body: Body) -> Response 
             match msg.event {
                 Some(StreamInputEvent::Start(start)) => {
                     let s = start.selector()?;
-                    sb.agent
-                        .call(husk_proto::Request::Find(s.clone()))
+                    sb.call(husk_proto::Request::Find(s.clone()))
                         .await
                         .map_err(call_error)?;
                     sel = Some(s);
@@ -205,10 +204,7 @@ async fn stream_input(sb: Sandbox, headers: &HeaderMap, body: Body) -> Response 
                     let s = sel.clone().ok_or_else(|| {
                         ConnectError::invalid_argument("data before the stream's start event")
                     })?;
-                    sb.agent
-                        .call(data.into_request(s)?)
-                        .await
-                        .map_err(call_error)?;
+                    sb.call(data.into_request(s)?).await.map_err(call_error)?;
                 }
                 Some(StreamInputEvent::Keepalive) | None => {}
             }

@@ -64,7 +64,7 @@ where
         Ok(r) => r,
         Err(e) => return unary_err(e),
     };
-    match sb.agent.call(req).await {
+    match sb.call(req).await {
         Ok(r) => match reply(r) {
             Some(msg) => unary_ok(&msg),
             None => unary_err(ConnectError::internal("unexpected reply from the agent")),
