@@ -100,8 +100,10 @@ impl Manager {
         mut p: StartProc,
     ) -> Result<(u32, ProcStream), ProcessError> {
         let secrets = self.process_secrets(sb, &mut p.envs)?;
+        // The audit keeps the command line, never a value it was given (a command may name
+        // one literally), whether or not the output is masked.
+        let command = masked(&command_line(&p), &secrets.env);
         p.secret_envs = secrets.env;
-        let command = command_line(&p);
         let (pid, events) = sb.agent.start(p).await?;
         self.audit_secrets(&sb.team, &sb.id, &command, &secrets.names);
         if !secrets.redact.is_empty() {
@@ -127,6 +129,22 @@ fn command_line(p: &StartProc) -> String {
         .chain(p.args.iter().map(String::as_str))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `text` with every value of `secrets` replaced by `****` (longer values first, so a value
+/// that contains another is masked whole).
+fn masked(text: &str, secrets: &[(String, String)]) -> String {
+    let mut values: Vec<&str> = secrets
+        .iter()
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
+        .collect();
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut out = text.to_owned();
+    for v in values {
+        out = out.replace(v, "****");
+    }
+    out
 }
 
 /// At most [`MAX_AUDIT_COMMAND`] bytes of `s`, cut at a character boundary.

@@ -136,7 +136,11 @@ async fn the_unary_door_refuses_what_has_a_door_of_its_own() {
         match sb.call(req).await {
             Err(CallError::Agent(e)) => {
                 assert_eq!(e.kind, husk_proto::ErrorKind::InvalidArgument, "{what}");
-                assert!(e.message.contains("door of its own"), "{what}: {}", e.message);
+                assert!(
+                    e.message.contains("door of its own"),
+                    "{what}: {}",
+                    e.message
+                );
             }
             other => panic!("{what}: {other:?}"),
         }

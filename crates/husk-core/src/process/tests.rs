@@ -193,6 +193,33 @@ async fn unknown_secrets_and_a_server_without_secrets_are_refused_before_the_age
     assert!(host.started().is_empty() && host2.started().is_empty());
 }
 
+#[tokio::test]
+async fn the_audit_never_keeps_a_value_the_command_names_even_unmasked() {
+    let (m, _host, _dir) = manager(true);
+    let sb = sandbox(&m, &[]).await;
+    let mut p = start(&[("K", "husk-secret://API"), ("HUSK_REDACT", "0")]);
+    p.args = vec![
+        "-c".into(),
+        format!("test \"$K\" = \"{VALUE}\" && echo match"),
+    ];
+    m.start_process(&sb, p).await.unwrap();
+    let uses = m.secrets().unwrap().uses("a", 10).unwrap();
+    assert_eq!(
+        uses[0].command,
+        "/bin/bash -c test \"$K\" = \"****\" && echo match"
+    );
+}
+
+#[test]
+fn masking_a_command_line_takes_longer_values_first() {
+    let env = vec![
+        ("A".to_string(), "abc".to_string()),
+        ("B".to_string(), "abcdef".to_string()),
+    ];
+    assert_eq!(masked("x abcdef y abc z", &env), "x **** y **** z");
+    assert_eq!(masked("nothing", &[("E".into(), String::new())]), "nothing");
+}
+
 #[test]
 fn the_audit_keeps_a_bounded_command_line() {
     let p = start(&[]);
