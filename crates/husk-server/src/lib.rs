@@ -21,4 +21,5 @@ pub use app::{serve, AppState};
 pub use listener::ConnLimits;
 pub mod connect;
 pub mod envd;
+pub mod error;
 pub mod files;

@@ -15,14 +15,14 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
-use husk_core::manager::{
-    CoreError, CreateRequest, EnvVars, ListFilter, LiveSandbox, ENVD_VERSION,
-};
+use husk_core::manager::{CreateRequest, EnvVars, ListFilter, LiveSandbox, ENVD_VERSION};
 use husk_core::store::Principal;
+
+use crate::error::{answer, ApiError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
@@ -58,55 +58,9 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// An error answer: `{"code": N, "message": "..."}`, with `Should-Retry: false` on 5xx so the
-/// SDKs do not repeat a request that will fail the same way.
+/// An error answer: `{"code": N, "message": "..."}` (see [`crate::error::ApiError`]).
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    let mut resp = (
-        status,
-        axum::Json(json!({"code": status.as_u16(), "message": message.into()})),
-    )
-        .into_response();
-    if status.is_server_error() {
-        resp.headers_mut()
-            .insert("should-retry", HeaderValue::from_static("false"));
-    }
-    resp
-}
-
-fn core_error(e: CoreError) -> Response {
-    let status = match &e {
-        CoreError::NotFound(_) => StatusCode::NOT_FOUND,
-        CoreError::TemplateNotFound(_) | CoreError::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
-        CoreError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
-        CoreError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-        CoreError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-        CoreError::Runtime(_)
-        | CoreError::Internal { .. }
-        | CoreError::Store(_)
-        | CoreError::TemplateBroken(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        CoreError::HostMemoryLow { .. } | CoreError::HostExhausted(_) => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-    };
-    let transient = matches!(
-        e,
-        CoreError::HostMemoryLow { .. } | CoreError::HostExhausted(_)
-    );
-    // The whole chain: a core error's own text is short, its causes say what happened.
-    let mut resp = error(status, husk_core::error_chain(&e));
-    if transient {
-        // Transient: the SDKs retry a 503, after this long.
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        resp.headers_mut()
-            .insert("should-retry", HeaderValue::from_static("true"));
-    }
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        // A quota is not a transient condition: retrying at once would not help.
-        resp.headers_mut()
-            .insert("should-retry", HeaderValue::from_static("false"));
-    }
-    resp
+    ApiError::new(status, message).into_response()
 }
 
 /// The caller, authenticated by `X-API-KEY` (header names are case-insensitive). As an
@@ -386,11 +340,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         allow_public_traffic: network.allow_public_traffic,
     };
     let started = std::time::Instant::now();
-    let sb = state
-        .manager
-        .create(&who, create)
-        .await
-        .map_err(core_error)?;
+    let sb = state.manager.create(&who, create).await.map_err(answer)?;
     // How long the server took from the request to a ready agent (the benchmark reads it).
     let timing = format!("create;dur={:.3}", started.elapsed().as_secs_f64() * 1000.0);
     let mut resp = (StatusCode::CREATED, axum::Json(sandbox_json(&sb))).into_response();
@@ -416,7 +366,7 @@ async fn connect(
     let sb = state
         .manager
         .connect(&who, &id, timeout_secs(req.timeout)?)
-        .map_err(core_error)?;
+        .map_err(answer)?;
     Ok(axum::Json(sandbox_json(&sb)).into_response())
 }
 
@@ -433,7 +383,7 @@ async fn set_timeout(
     state
         .manager
         .set_timeout(&who, &id, timeout_secs(Some(t))?)
-        .map_err(core_error)?;
+        .map_err(answer)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -452,7 +402,7 @@ async fn update_network(
         .manager
         .set_network_policy(&who, &id, policy)
         .await
-        .map_err(core_error)?;
+        .map_err(answer)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -469,7 +419,7 @@ async fn sync_denials(state: &AppState) {
 
 /// The sandbox's denied connections, as JSON records (husk's own API).
 async fn denials(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    let sb = state.manager.get(&who, &id).map_err(core_error)?;
+    let sb = state.manager.get(&who, &id).map_err(answer)?;
     sync_denials(&state).await;
     Ok(axum::Json(json!({
         "sandboxID": sb.id,
@@ -481,7 +431,7 @@ async fn denials(State(state): State<AppState>, Who(who): Who, Path(id): Path<St
 
 /// E2B's sandbox logs: husk's are the denied connections, one line each.
 async fn logs(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    let sb = state.manager.get(&who, &id).map_err(core_error)?;
+    let sb = state.manager.get(&who, &id).map_err(answer)?;
     sync_denials(&state).await;
     let entries: Vec<Value> = sb
         .denials()
@@ -506,17 +456,17 @@ async fn logs(State(state): State<AppState>, Who(who): Who, Path(id): Path<Strin
 }
 
 async fn info(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    let sb = state.manager.get(&who, &id).map_err(core_error)?;
+    let sb = state.manager.get(&who, &id).map_err(answer)?;
     Ok(axum::Json(detail_json(&sb)).into_response())
 }
 
 async fn kill(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    state.manager.kill(&who, &id).await.map_err(core_error)?;
+    state.manager.kill(&who, &id).await.map_err(answer)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn metrics(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    let m = state.manager.metrics(&who, &id).await.map_err(core_error)?;
+    let m = state.manager.metrics(&who, &id).await.map_err(answer)?;
     Ok(axum::Json(json!([{
         "timestamp": rfc3339(m.timestamp),
         "timestampUnix": m.timestamp.unix_timestamp(),

@@ -18,13 +18,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use husk_core::runs::batch::BatchSpec;
-use husk_core::runs::{Handle, RunError, RunSpec, Runs};
+use husk_core::runs::{Handle, RunSpec, Runs};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::body::{read_all_within, ReadError};
 use crate::budget::Reservation;
+use crate::error::answer;
 use crate::rest::{error, Who};
 use crate::AppState;
 
@@ -54,21 +55,6 @@ fn service(state: &AppState) -> Result<&std::sync::Arc<Runs>, Response> {
             "runs are not enabled on this server",
         )
     })
-}
-
-fn answer(e: RunError) -> Response {
-    let status = match &e {
-        RunError::Invalid(_) => StatusCode::BAD_REQUEST,
-        RunError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-        RunError::WorkspaceNotFound(_)
-        | RunError::SecretNotFound(_)
-        | RunError::TemplateNotFound(_)
-        | RunError::NotFound(_) => StatusCode::NOT_FOUND,
-        RunError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        RunError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
-        RunError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    error(status, e.to_string())
 }
 
 #[derive(serde::Deserialize, Default)]

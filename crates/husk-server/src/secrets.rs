@@ -11,9 +11,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::Router;
-use husk_core::secrets::{SecretError, MAX_SECRET_BYTES};
+use husk_core::secrets::MAX_SECRET_BYTES;
 use serde_json::json;
 
+use crate::error::answer;
 use crate::rest::{error, rfc3339, Who};
 use crate::AppState;
 
@@ -33,17 +34,6 @@ fn service(state: &AppState) -> Result<&husk_core::secrets::Secrets, Response> {
             "secrets are not enabled on this server",
         )
     })
-}
-
-fn answer(e: SecretError) -> Response {
-    let status = match &e {
-        SecretError::NotFound(_) => StatusCode::NOT_FOUND,
-        SecretError::InvalidName(_) | SecretError::Nul(_) => StatusCode::BAD_REQUEST,
-        SecretError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        SecretError::Store(husk_core::store::StoreError::InvalidTeam(_)) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    error(status, e.to_string())
 }
 
 async fn list(State(state): State<AppState>, Who(who): Who) -> Answer {

@@ -37,6 +37,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::body::{read_all, RateMeter};
+use crate::error::answer;
 use crate::rest::{error, rfc3339, Who};
 use crate::transfers::{on_thread, spawn, Busy, Permit};
 use crate::upload::{body_channel, drain, pump, BodyEnd};
@@ -75,50 +76,10 @@ fn service(state: &AppState) -> Result<Arc<Workspaces>, Response> {
     })
 }
 
-fn answer(e: WorkspaceError) -> Response {
-    use WorkspaceError as E;
-    let status = match &e {
-        E::NotFound(_) | E::PathNotFound { .. } => StatusCode::NOT_FOUND,
-        E::AlreadyExists(_) | E::Conflict { .. } => StatusCode::CONFLICT,
-        E::InvalidName(_)
-        | E::InvalidTeam(_)
-        | E::InvalidPath { .. }
-        | E::NotAFile { .. }
-        | E::NotADirectory { .. }
-        | E::BadArchive { .. }
-        | E::TooDeep { .. } => StatusCode::BAD_REQUEST,
-        E::TooLarge { .. } | E::TooManyEntries { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        E::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
-        E::TeamUnavailable { .. } | E::Io { .. } => {
-            tracing::warn!(error = %e, "workspace operation failed");
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
-    };
-    error(status, e.to_string())
-}
-
 /// A slot for one operation of `team` (429 with `Retry-After` when its team or the server has
 /// too many running).
 fn permit(state: &AppState, team: &str) -> Result<Permit, Response> {
-    state.transfers.try_acquire(team).map_err(busy)
-}
-
-fn busy(e: Busy) -> Response {
-    let status = match e {
-        Busy::Team { .. } | Busy::Server { .. } => StatusCode::TOO_MANY_REQUESTS,
-        Busy::Thread(_) | Busy::Lost => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    // The whole chain: the OS's reason a thread could not start is the operator's clue.
-    let mut msg = e.to_string();
-    let mut cause = std::error::Error::source(&e);
-    while let Some(c) = cause {
-        msg = format!("{msg}: {c}");
-        cause = c.source();
-    }
-    let mut resp = error(status, msg);
-    resp.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    resp
+    state.transfers.try_acquire(team).map_err(answer)
 }
 
 /// Runs a core call (every one touches the file system) on a thread that holds `permit`.
@@ -126,7 +87,10 @@ async fn blocking<T: Send + 'static>(
     permit: Permit,
     call: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
 ) -> Result<T, Response> {
-    on_thread(permit, call).await.map_err(busy)?.map_err(answer)
+    on_thread(permit, call)
+        .await
+        .map_err(answer)?
+        .map_err(answer)
 }
 
 /// Runs `consume` on a thread that holds `permit`, with the request body as its reader, while
@@ -150,7 +114,7 @@ async fn with_body<T: Send + 'static>(
             StatusCode::BAD_REQUEST,
             "the request body broke off; nothing was written",
         )),
-        BodyEnd::Complete | BodyEnd::TooLarge => done.map_err(busy)?.map_err(answer),
+        BodyEnd::Complete | BodyEnd::TooLarge => done.map_err(answer)?.map_err(answer),
     }
 }
 
@@ -444,10 +408,10 @@ async fn streamed<M: Send + 'static, S: 'static>(
             let _ = out.tx.try_send(Err(e));
         }
     })
-    .map_err(busy)?;
+    .map_err(answer)?;
     let meta = opened_rx
         .await
-        .map_err(|_| busy(Busy::Lost))?
+        .map_err(|_| answer(Busy::Lost))?
         .map_err(answer)?;
     let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
     Ok((meta, body))

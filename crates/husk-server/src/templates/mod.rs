@@ -28,6 +28,7 @@ use husk_core::template::{summary_json, BASE_TEMPLATE, HOST_TEMPLATE};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
+use crate::error::answer;
 use crate::rest::{error, Who};
 use crate::AppState;
 
@@ -92,10 +93,6 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn store_error(e: impl std::fmt::Display) -> Response {
-    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-}
-
 fn not_found(name: &str) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -127,7 +124,7 @@ fn service(state: &AppState) -> Result<&Arc<TemplateService>, Response> {
 }
 
 fn built(store: &Store) -> Result<Vec<TemplateRecord>, Response> {
-    store.templates().map_err(store_error)
+    store.templates().map_err(answer)
 }
 
 /// The host template (the host's own `/usr`) in the shape of [`summary_json`].
@@ -162,13 +159,10 @@ async fn list(State(state): State<AppState>, Who(_): Who) -> Answer {
 async fn inspect(State(state): State<AppState>, Who(_): Who, Path(name): Path<String>) -> Answer {
     let store = state.manager.store();
     if name == HOST_TEMPLATE {
-        let base_built = store
-            .template(BASE_TEMPLATE)
-            .map_err(store_error)?
-            .is_some();
+        let base_built = store.template(BASE_TEMPLATE).map_err(answer)?.is_some();
         return Ok(axum::Json(host_json(base_built)).into_response());
     }
-    match store.template(&name).map_err(store_error)? {
+    match store.template(&name).map_err(answer)? {
         Some(t) => Ok(axum::Json(listed_json(&t)).into_response()),
         None => Err(not_found(&name)),
     }
@@ -186,7 +180,7 @@ async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<S
     }
     let svc = service(&state)?;
     let store = state.manager.store();
-    match store.delete_template(&name).map_err(store_error)? {
+    match store.delete_template(&name).map_err(answer)? {
         Some(old) => {
             husk_build::image::release(store, &svc.proto.opts.run_dir, &old);
             tracing::info!(template = %name, key = %who.key_id, "template removed");

@@ -1,0 +1,257 @@
+//! The one error answer of husk's REST API and E2B's control plane: each error kind of the core
+//! maps to its status here (and nowhere else), the message is the error's whole chain of
+//! causes, and transient conditions say when to retry.
+//!
+//! The in-sandbox API answers in its own formats (Connect errors, `/files`' JSON): see
+//! `crate::connect` and `crate::files`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use husk_core::manager::CoreError;
+use husk_core::runs::RunError;
+use husk_core::secrets::SecretError;
+use husk_core::store::StoreError;
+use husk_core::workspaces::WorkspaceError;
+use serde_json::json;
+
+use crate::transfers::Busy;
+
+/// An error answer: `{"code": N, "message": "..."}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    /// Seconds after which the same request may succeed (`Retry-After`, and SDKs may retry).
+    retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// `status` for `e`, with `e`'s whole chain of causes as the message.
+    fn of(status: StatusCode, e: &(dyn std::error::Error + 'static)) -> ApiError {
+        ApiError::new(status, husk_core::error_chain(e))
+    }
+
+    fn retry_after(mut self, seconds: u32) -> ApiError {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (
+            self.status,
+            axum::Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response();
+        let headers = resp.headers_mut();
+        match self.retry_after {
+            Some(seconds) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+                // The SDKs retry a 5xx only when told to.
+                if self.status.is_server_error() {
+                    headers.insert("should-retry", HeaderValue::from_static("true"));
+                }
+            }
+            // Without a time to retry after, the same request fails the same way: the SDKs
+            // must not repeat it (a quota, a broken template, a bug).
+            None if self.status.is_server_error()
+                || self.status == StatusCode::TOO_MANY_REQUESTS =>
+            {
+                headers.insert("should-retry", HeaderValue::from_static("false"));
+            }
+            None => {}
+        }
+        resp
+    }
+}
+
+/// A handler's error answer, from any error the API knows (`.map_err(answer)?`).
+pub fn answer(e: impl Into<ApiError>) -> Response {
+    e.into().into_response()
+}
+
+impl From<CoreError> for ApiError {
+    fn from(e: CoreError) -> ApiError {
+        let status = match &e {
+            CoreError::NotFound(_)
+            | CoreError::TemplateNotFound(_)
+            | CoreError::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
+            CoreError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            CoreError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            CoreError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            CoreError::Runtime(_)
+            | CoreError::Internal { .. }
+            | CoreError::Store(_)
+            | CoreError::TemplateBroken(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            CoreError::HostMemoryLow { .. } | CoreError::HostExhausted(_) => {
+                return ApiError::of(StatusCode::SERVICE_UNAVAILABLE, &e).retry_after(5);
+            }
+        };
+        ApiError::of(status, &e)
+    }
+}
+
+impl From<RunError> for ApiError {
+    fn from(e: RunError) -> ApiError {
+        let status = match &e {
+            RunError::Invalid(_) => StatusCode::BAD_REQUEST,
+            RunError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            RunError::WorkspaceNotFound(_)
+            | RunError::SecretNotFound(_)
+            | RunError::TemplateNotFound(_)
+            | RunError::NotFound(_) => StatusCode::NOT_FOUND,
+            RunError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RunError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            RunError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::of(status, &e)
+    }
+}
+
+impl From<SecretError> for ApiError {
+    fn from(e: SecretError) -> ApiError {
+        let status = match &e {
+            SecretError::NotFound(_) => StatusCode::NOT_FOUND,
+            SecretError::InvalidName(_) | SecretError::Nul(_) => StatusCode::BAD_REQUEST,
+            SecretError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            SecretError::Store(StoreError::InvalidTeam(_)) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::of(status, &e)
+    }
+}
+
+impl From<WorkspaceError> for ApiError {
+    fn from(e: WorkspaceError) -> ApiError {
+        use WorkspaceError as E;
+        let status = match &e {
+            E::NotFound(_) | E::PathNotFound { .. } => StatusCode::NOT_FOUND,
+            E::AlreadyExists(_) | E::Conflict { .. } => StatusCode::CONFLICT,
+            E::InvalidName(_)
+            | E::InvalidTeam(_)
+            | E::InvalidPath { .. }
+            | E::NotAFile { .. }
+            | E::NotADirectory { .. }
+            | E::BadArchive { .. }
+            | E::TooDeep { .. } => StatusCode::BAD_REQUEST,
+            E::TooLarge { .. } | E::TooManyEntries { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            E::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            E::TeamUnavailable { .. } | E::Io { .. } => {
+                tracing::warn!(error = %husk_core::error_chain(&e), "workspace operation failed");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        ApiError::of(status, &e)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        let status = match &e {
+            StoreError::InvalidTeam(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::of(status, &e)
+    }
+}
+
+/// The server (or the team) has as many transfers running as it may: retry in a second.
+impl From<Busy> for ApiError {
+    fn from(e: Busy) -> ApiError {
+        let status = match e {
+            Busy::Team { .. } | Busy::Server { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Busy::Thread(_) | Busy::Lost => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        // The whole chain: the OS's reason a thread could not start is the operator's clue.
+        ApiError::of(status, &e).retry_after(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(e: impl Into<ApiError>) -> (StatusCode, Option<String>, Option<String>) {
+        let resp = answer(e);
+        let h = |n: &str| {
+            resp.headers()
+                .get(n)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (resp.status(), h("retry-after"), h("should-retry"))
+    }
+
+    #[test]
+    fn transient_conditions_say_when_to_retry_and_others_say_never() {
+        let low = CoreError::HostMemoryLow {
+            available: 1,
+            reserve: 2,
+        };
+        assert_eq!(
+            headers(low),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("5".into()),
+                Some("true".into())
+            )
+        );
+        let quota = CoreError::QuotaExceeded {
+            team: "t".into(),
+            limit: 1,
+        };
+        assert_eq!(
+            headers(quota),
+            (StatusCode::TOO_MANY_REQUESTS, None, Some("false".into()))
+        );
+        let broken = CoreError::TemplateBroken("damaged".into());
+        assert_eq!(
+            headers(broken),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                Some("false".into())
+            )
+        );
+        assert_eq!(
+            headers(CoreError::NotFound("x".into())),
+            (StatusCode::NOT_FOUND, None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_message_is_the_whole_chain() {
+        let e = CoreError::internal(
+            "opening the sandbox's network namespace",
+            std::io::Error::from_raw_os_error(libc_enoent()),
+        );
+        let resp = answer(e);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], 500);
+        let msg = v["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("opening the sandbox's network namespace: ")
+                && msg.contains("No such file"),
+            "{msg}"
+        );
+    }
+
+    fn libc_enoent() -> i32 {
+        2
+    }
+}
