@@ -16,6 +16,7 @@
 pub mod conn;
 pub mod fs;
 pub mod kernels;
+mod pollset;
 pub mod procs;
 pub mod sudo;
 pub mod watch;
@@ -29,6 +30,7 @@ use husk_runtime::sys;
 use husk_runtime::sys::FsIds;
 
 use crate::conn::{Conn, HIGH_WATER};
+use crate::pollset::{PollSet, Token};
 use crate::procs::Procs;
 use crate::sudo::Sudo;
 
@@ -115,39 +117,24 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         if conn.queued() > 0 {
             out_events |= libc::POLLOUT;
         }
-        let mut fds = vec![
-            libc::pollfd {
-                fd: conn.fd().as_raw_fd(),
-                events: out_events,
-                revents: 0,
-            },
-            poll_in(ctx.control().as_raw_fd()),
-            poll_in(sigfd.as_raw_fd()),
-            libc::pollfd {
-                fd: agent.watches.fd().as_raw_fd(),
-                // While the server is behind, inotify's own bounded queue holds the events.
-                events: if conn.queued() < HIGH_WATER {
-                    libc::POLLIN
-                } else {
-                    0
-                },
-                revents: 0,
-            },
-        ];
-        let proc_fds = agent.procs.poll_set(conn.queued() < HIGH_WATER);
-        fds.extend(proc_fds.iter().map(|&(_, _, fd, events)| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        }));
-        let sudo_fds = sudo.as_ref().map(Sudo::poll_set).unwrap_or_default();
-        fds.extend(sudo_fds.iter().map(|&(_, fd)| poll_in(fd)));
-        let kernel_fds = agent.kernels.poll_set(conn.queued() < HIGH_WATER);
-        fds.extend(kernel_fds.iter().map(|&(_, fd, events)| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        }));
+        // While the server is behind, output stays in the processes' pipes, kernels' sockets
+        // and inotify's own bounded queue.
+        let room = conn.queued() < HIGH_WATER;
+        let mut set = PollSet::default();
+        set.add(Token::Conn, conn.fd().as_raw_fd(), out_events);
+        set.add(Token::Control, ctx.control().as_raw_fd(), libc::POLLIN);
+        set.add(Token::Signals, sigfd.as_raw_fd(), libc::POLLIN);
+        let watch_events = if room { libc::POLLIN } else { 0 };
+        set.add(Token::Watches, agent.watches.fd().as_raw_fd(), watch_events);
+        for (pid, which, fd, events) in agent.procs.poll_set(room) {
+            set.add(Token::Proc(pid, which), fd, events);
+        }
+        for (slot, fd) in sudo.as_ref().map(Sudo::poll_set).unwrap_or_default() {
+            set.add(Token::Sudo(slot), fd, libc::POLLIN);
+        }
+        for (kernel, fd, events) in agent.kernels.poll_set(room) {
+            set.add(Token::Kernel(kernel, fd), fd, events);
+        }
         let deadline = [agent.procs.next_deadline(), agent.kernels.next_deadline()]
             .into_iter()
             .flatten()
@@ -159,16 +146,20 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
             }
             None => -1,
         };
-        match sys::poll(&mut fds, timeout) {
-            Ok(_) => {}
+        match set.poll(timeout) {
+            Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.to_string()),
         }
-        if fds[1].revents != 0 {
+        let ready = set.ready();
+        let is_ready = |token: Token| ready.iter().find(|(t, _)| *t == token).map(|(_, r)| *r);
+        if is_ready(Token::Control).is_some() {
             // The spawner is gone: the sandbox ends with its PID 1.
             return Ok(());
         }
-        if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+        if is_ready(Token::Conn)
+            .is_some_and(|r| r & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+        {
             for msg in conn.receive().map_err(|e| e.to_string())? {
                 match msg {
                     ToAgent::Call { id, req } => {
@@ -179,28 +170,27 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
                 }
             }
         }
-        for (i, &(pid, which, _, _)) in proc_fds.iter().enumerate() {
-            if fds[4 + i].revents != 0 {
+        for &(token, _) in &ready {
+            if let Token::Proc(pid, which) = token {
                 agent.procs.ready(pid, which, &mut conn);
             }
         }
-        if fds[2].revents != 0 {
+        if is_ready(Token::Signals).is_some() {
             while let Ok(Some(_)) = sys::read_signalfd(sigfd.as_fd()) {}
         }
         if let Some(sudo) = &mut sudo {
-            let base = 4 + proc_fds.len();
-            let ready: Vec<sudo::Slot> = sudo_fds
+            let slots: Vec<sudo::Slot> = ready
                 .iter()
-                .enumerate()
-                .filter(|(i, _)| fds[base + i].revents != 0)
-                .map(|(_, (slot, _))| *slot)
+                .filter_map(|(t, _)| match t {
+                    Token::Sudo(slot) => Some(*slot),
+                    _ => None,
+                })
                 .collect();
-            sudo.ready(ctx, &ready);
+            sudo.ready(ctx, &slots);
         }
-        let base = 4 + proc_fds.len() + sudo_fds.len();
-        for (i, &(kernel, fd, _)) in kernel_fds.iter().enumerate() {
-            if fds[base + i].revents != 0 {
-                agent.kernels.ready(kernel, fd, fds[base + i].revents);
+        for &(token, revents) in &ready {
+            if let Token::Kernel(kernel, fd) = token {
+                agent.kernels.ready(kernel, fd, revents);
             }
         }
         // Reaping every round is cheap (one WNOHANG waitpid) and never misses a coalesced
@@ -214,7 +204,7 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
             }
         }
         agent.kernels.tick(&mut conn);
-        if fds[3].revents != 0 {
+        if is_ready(Token::Watches).is_some() {
             for (watch, events) in agent.watches.drain() {
                 conn.event(&FromAgent::Watch { watch, events });
             }

@@ -45,7 +45,7 @@ pub struct Sudo {
 }
 
 /// What one of the broker's fds is, for the poll loop.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
     Listener,
     Waiting(usize),
