@@ -4,13 +4,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use husk_proto::{ProcEnd, ProcEvent, Reply, Request, StartProc, PROCESS_TIMED_OUT};
+use husk_proto::{ProcEnd, ProcEvent, StartProc, PROCESS_TIMED_OUT};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
 use super::spec::{fill_limits, Plan};
 use super::{Cancel, RunEvent, RunRecord, RunStatus, Runs};
-use crate::agent::AgentClient;
 use crate::manager::{CreateRequest, EnvVars, LiveSandbox, Manager};
 use crate::secrets::REDACT_ENV;
 use crate::store::Principal;
@@ -164,6 +163,47 @@ async fn execute(
     started: Instant,
 ) -> Result<(), String> {
     let manager = runs.manager().clone();
+    let (sb, guard) = create_sandbox(&manager, who, plan, rec).await?;
+    if cancel.is_cancelled() {
+        rec.status = RunStatus::Cancelled;
+        rec.reason = Some("cancelled".into());
+        guard.now().await;
+        return Ok(());
+    }
+    let _ = runs.save_run(rec);
+    emit(
+        tx,
+        RunEvent::Started {
+            run_id: rec.id.clone(),
+            sandbox_id: sb.id.clone(),
+        },
+    )
+    .await;
+    let user = plan.user.unwrap_or(sb.default_user);
+    // Relative files go where the command runs: the run's workdir, else the template's (else
+    // the agent resolves them against the user's home, where the command then runs too).
+    let workdir = plan.workdir.clone().or_else(|| sb.default_workdir.clone());
+    let kernel = kernel_for(plan, &sb).await;
+    write_inputs(plan, &sb, workdir.as_deref(), user, kernel.is_none()).await?;
+    let (status, exit_code, reason) = match kernel {
+        Some((lang, code)) => {
+            super::kernel::run(&manager, plan, &sb, &lang, code, workdir, rec, tx, cancel).await?
+        }
+        None => run_command(&manager, plan, &sb, user, rec, tx, cancel).await?,
+    };
+    finish(
+        runs, who, plan, rec, tx, &sb, guard, started, status, exit_code, reason,
+    )
+    .await
+}
+
+/// The run's sandbox, recorded in `rec`, and the guard that destroys it.
+async fn create_sandbox(
+    manager: &Arc<Manager>,
+    who: &Principal,
+    plan: &Plan,
+    rec: &mut RunRecord,
+) -> Result<(Arc<LiveSandbox>, Destroy), String> {
     let mut metadata = BTreeMap::new();
     metadata.insert("husk.run".to_owned(), rec.id.clone());
     let req = CreateRequest {
@@ -194,7 +234,7 @@ async fn execute(
         allow_public_traffic: None,
     };
     // Not raced against the cancel: a creation under way always finishes (see
-    // Manager::create), and the sandbox is destroyed just below if the run was cancelled.
+    // Manager::create), and the caller destroys the sandbox if the run was cancelled.
     let sb = manager
         .create(who, req)
         .await
@@ -205,31 +245,15 @@ async fn execute(
         id: Some(sb.id.clone()),
     };
     rec.sandbox_id = Some(sb.id.clone());
-    if cancel.is_cancelled() {
-        rec.status = RunStatus::Cancelled;
-        rec.reason = Some("cancelled".into());
-        guard.now().await;
-        return Ok(());
-    }
-    let _ = runs.save_run(rec);
-    emit(
-        tx,
-        RunEvent::Started {
-            run_id: rec.id.clone(),
-            sandbox_id: sb.id.clone(),
-        },
-    )
-    .await;
+    Ok((sb, guard))
+}
 
-    let user = plan.user.unwrap_or(sb.default_user);
-    // Relative files go where the command runs: the run's workdir, else the template's (else
-    // the agent resolves them against the user's home, where the command then runs too).
-    let workdir = plan.workdir.clone().or_else(|| sb.default_workdir.clone());
-    // Code runs in the template's Jupyter kernel for its language when there is one (the code
-    // interpreter's path: the last expression's value and display data come back as results);
-    // otherwise as a file run by the language's interpreter.
-    let kernel = match &plan.code {
-        // Code too large for one kernel request runs as a file.
+/// Code runs in the template's Jupyter kernel for its language when there is one (the code
+/// interpreter's path: the last expression's value and display data come back as results);
+/// otherwise as a file run by the language's interpreter. Code too large for one kernel
+/// request runs as a file.
+async fn kernel_for(plan: &Plan, sb: &LiveSandbox) -> Option<(String, String)> {
+    match &plan.code {
         Some((lang, code)) if code.len() <= crate::contexts::MAX_CODE_BYTES => {
             match sb.contexts.languages().await {
                 Ok(langs) if langs.contains(lang) => Some((lang.clone(), code.clone())),
@@ -237,40 +261,42 @@ async fn execute(
             }
         }
         _ => None,
-    };
-    let code_file = if kernel.is_some() {
-        None
-    } else {
-        plan.code_file.as_ref()
-    };
+    }
+}
+
+/// Writes the inline files (and the code's file, when `with_code_file`) into the sandbox;
+/// relative paths go below `workdir`.
+async fn write_inputs(
+    plan: &Plan,
+    sb: &LiveSandbox,
+    workdir: Option<&str>,
+    user: husk_proto::User,
+    with_code_file: bool,
+) -> Result<(), String> {
+    let code_file = plan.code_file.as_ref().filter(|_| with_code_file);
     for (path, bytes) in code_file.into_iter().chain(plan.files.iter()) {
-        let path = match (&workdir, path.starts_with('/')) {
+        let path = match (workdir, path.starts_with('/')) {
             (Some(w), false) => format!("{}/{path}", w.trim_end_matches('/')),
             _ => path.clone(),
         };
-        write_file(&sb.agent, &path, bytes, user)
+        write_file(sb, &path, bytes, user)
             .await
             .map_err(|e| format!("writing {path} into the sandbox failed: {e}"))?;
     }
+    Ok(())
+}
 
-    if let Some((lang, code)) = kernel {
-        let (status, exit_code, reason) = super::kernel::run(
-            &manager,
-            plan,
-            &sb,
-            &lang,
-            code,
-            workdir.clone(),
-            rec,
-            tx,
-            cancel,
-        )
-        .await?;
-        return finish(
-            runs, who, plan, rec, tx, &sb, guard, started, status, exit_code, reason,
-        )
-        .await;
-    }
+/// Runs the command, streaming its output as events, until it ends, the run is cancelled or
+/// its time is up: how it ended.
+async fn run_command(
+    manager: &Manager,
+    plan: &Plan,
+    sb: &LiveSandbox,
+    user: husk_proto::User,
+    rec: &mut RunRecord,
+    tx: &mpsc::Sender<RunEvent>,
+    cancel: &Cancel,
+) -> Result<(RunStatus, Option<i32>, String), String> {
     let mut p = StartProc {
         cmd: plan.argv[0].clone(),
         args: plan.argv[1..].to_vec(),
@@ -286,7 +312,7 @@ async fn execute(
     with_masking(plan, &mut p.envs);
     // Secrets, masking and audit: as for any process started in a sandbox.
     let (_pid, mut events) = manager
-        .start_process(&sb, p)
+        .start_process(sb, p)
         .await
         .map_err(|e| format!("starting the command failed: {}", crate::error_chain(&e)))?;
 
@@ -339,7 +365,7 @@ async fn execute(
     rec.stdout_tail = out_tail.text();
     rec.stderr_tail = err_tail.text();
     let secs = plan.timeout.as_secs_f64();
-    let (status, exit_code, reason) = if cancelled {
+    Ok(if cancelled {
         (RunStatus::Cancelled, None, "cancelled".to_owned())
     } else if overdue {
         (RunStatus::TimedOut, None, format!("timeout after {secs} s"))
@@ -365,11 +391,7 @@ async fn execute(
                 "the sandbox ended before the command did".to_owned(),
             ),
         }
-    };
-    finish(
-        runs, who, plan, rec, tx, &sb, guard, started, status, exit_code, reason,
-    )
-    .await
+    })
 }
 
 /// The run's environment `envs` with its masking switch (`HUSK_REDACT=0` unless the run
@@ -466,38 +488,24 @@ async fn save_outputs(
     })
 }
 
-/// Writes `bytes` to `path` in the sandbox as `user` (through the agent, which resolves the
-/// path inside the sandbox).
+/// Writes `bytes` to `path` in the sandbox as `user` (through the core's file door; the agent
+/// resolves the path inside the sandbox).
 async fn write_file(
-    agent: &AgentClient,
+    sb: &LiveSandbox,
     path: &str,
     bytes: &[u8],
     user: husk_proto::User,
 ) -> Result<(), String> {
-    let req = Request::OpenWrite {
-        path: path.to_owned(),
-        user,
-        metadata: Vec::new(),
-    };
-    let handle = match agent.call(req).await {
-        Ok(Reply::Opened { handle, .. }) => handle,
-        Ok(_) => return Err("unexpected reply".into()),
-        Err(e) => return Err(e.to_string()),
-    };
-    let mut result = Ok(());
+    let mut file = sb
+        .write_file(path, user, Vec::new())
+        .await
+        .map_err(|e| e.to_string())?;
     for chunk in bytes.chunks(husk_proto::CHUNK) {
-        let w = Request::Write {
-            handle,
-            data: chunk.to_vec(),
-        };
-        if let Err(e) = agent.call(w).await {
-            result = Err(e.to_string());
-            break;
-        }
+        file.write(chunk.to_vec())
+            .await
+            .map_err(|e| e.to_string())?;
     }
-    let closed = agent.call(Request::Close { handle }).await;
-    result?;
-    closed.map(|_| ()).map_err(|e| e.to_string())
+    file.finish().await.map(|_| ()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

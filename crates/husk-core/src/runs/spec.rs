@@ -253,20 +253,57 @@ impl RunSpec {
     }
 
     /// Checks everything that can be checked without the team's state (secrets and
-    /// workspaces are checked against it when the run starts).
+    /// workspaces are checked against it when the run starts), phase by phase.
     pub fn plan(&self, max_timeout: Duration) -> Result<Plan, RunError> {
-        let template = self.template.clone().unwrap_or_else(|| "base".into());
-        let user = match self.user.as_deref() {
-            None => None,
-            Some("user") => Some(User::User),
-            Some("root") => Some(User::Root),
-            Some(other) => {
-                return Err(invalid(format!("unknown user {other:?}: use user or root")))
-            }
-        };
+        let user = self.user()?;
         if let Some(w) = &self.workdir {
             sandbox_path("workdir", w)?;
         }
+        let Program {
+            argv,
+            code_file,
+            kernel_code,
+        } = self.program()?;
+        let files = self.inline_files(code_file.as_ref().map_or(0, |(_, c)| c.len()))?;
+        let workspaces = self.workspace_mounts()?;
+        let (env, secrets) = self.environment()?;
+        let limits = self.limits.to_limits()?;
+        let timeout = self.timeout(max_timeout)?;
+        let output_workspace = self.outputs(&workspaces)?;
+        Ok(Plan {
+            template: self.template.clone().unwrap_or_else(|| "base".into()),
+            argv,
+            code_file,
+            code: kernel_code,
+            files,
+            workspaces,
+            env,
+            secrets,
+            limits,
+            timeout,
+            user,
+            workdir: self.workdir.clone(),
+            outputs: self.outputs.clone(),
+            output_workspace,
+            output_limits: self.output_limits(),
+            redact: self.redact.unwrap_or(true),
+            network: self.network()?,
+        })
+    }
+
+    /// Whom the command runs as (`None`: the template's user).
+    fn user(&self) -> Result<Option<User>, RunError> {
+        match self.user.as_deref() {
+            None => Ok(None),
+            Some(name) => User::from_name(name)
+                .map(Some)
+                .ok_or_else(|| invalid(format!("unknown user {name:?}: use user or root"))),
+        }
+    }
+
+    /// What runs: exactly one of an argv, a shell line or code (written to a file, and run by
+    /// a kernel where the template has one).
+    fn program(&self) -> Result<Program, RunError> {
         let given = [
             self.command.is_some(),
             self.shell.is_some(),
@@ -317,12 +354,21 @@ impl RunSpec {
             return Err(invalid("the command has a NUL byte in it"));
         }
         check_argv(&argv)?;
+        Ok(Program {
+            argv,
+            code_file,
+            kernel_code,
+        })
+    }
 
+    /// The inline files, decoded, within [`MAX_INLINE_BYTES`] together with the code's
+    /// `code_bytes`.
+    fn inline_files(&self, code_bytes: usize) -> Result<Vec<(String, Vec<u8>)>, RunError> {
         if self.files.len() > MAX_INLINE_FILES {
             return Err(invalid(format!("at most {MAX_INLINE_FILES} inline files")));
         }
         let mut files = Vec::new();
-        let mut total = code_file.as_ref().map_or(0, |(_, c)| c.len());
+        let mut total = code_bytes;
         for f in &self.files {
             sandbox_path("file", &f.path)?;
             let bytes = match f.encoding.as_deref().unwrap_or("utf8") {
@@ -347,7 +393,11 @@ impl RunSpec {
             }
             files.push((f.path.clone(), bytes));
         }
+        Ok(files)
+    }
 
+    /// The workspaces to mount, each at its path (`/workspace/NAME` unless given).
+    fn workspace_mounts(&self) -> Result<Vec<WorkspaceMount>, RunError> {
         let mut workspaces = Vec::new();
         for w in &self.workspaces {
             let path = w
@@ -371,13 +421,17 @@ impl RunSpec {
                 writable,
             });
         }
+        Ok(workspaces)
+    }
 
+    /// The environment, with each named secret as a `husk-secret://` reference of its own
+    /// name, and the secrets it references.
+    fn environment(&self) -> Result<(Env, Vec<String>), RunError> {
         let mut env: Vec<(String, String)> = self
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut secrets: Vec<String> = Vec::new();
         for name in &self.secrets {
             crate::secrets::validate_name(name).map_err(|e| invalid(e.to_string()))?;
             if self.env.contains_key(name) {
@@ -388,6 +442,7 @@ impl RunSpec {
             env.push((name.clone(), format!("{SECRET_PREFIX}{name}")));
         }
         crate::manager::EnvVars::check(&env).map_err(|e| invalid(e.to_string()))?;
+        let mut secrets: Vec<String> = Vec::new();
         for (_, v) in &env {
             if let Some(name) = v.strip_prefix(SECRET_PREFIX) {
                 if !secrets.iter().any(|s| s == name) {
@@ -395,10 +450,13 @@ impl RunSpec {
                 }
             }
         }
+        Ok((env, secrets))
+    }
 
-        let limits = self.limits.to_limits()?;
-        let timeout = match self.timeout {
-            None => DEFAULT_RUN_TIMEOUT.min(max_timeout),
+    /// The run's timeout: its own, within the server's, or the default.
+    fn timeout(&self, max_timeout: Duration) -> Result<Duration, RunError> {
+        match self.timeout {
+            None => Ok(DEFAULT_RUN_TIMEOUT.min(max_timeout)),
             Some(t) if t.is_finite() && t > 0.0 => {
                 let t = Duration::try_from_secs_f64(t).unwrap_or(max_timeout);
                 if t > max_timeout {
@@ -408,11 +466,15 @@ impl RunSpec {
                         max_timeout.as_secs()
                     )));
                 }
-                t
+                Ok(t)
             }
-            Some(t) => return Err(invalid(format!("invalid timeout {t}: give seconds > 0"))),
-        };
+            Some(t) => Err(invalid(format!("invalid timeout {t}: give seconds > 0"))),
+        }
+    }
 
+    /// Checks the outputs (distinct names, not the manifest's) and says which workspace they
+    /// go to: the named one, else the first mounted.
+    fn outputs(&self, workspaces: &[WorkspaceMount]) -> Result<Option<String>, RunError> {
         if self.outputs.len() > MAX_OUTPUTS {
             return Err(invalid(format!("at most {MAX_OUTPUTS} outputs")));
         }
@@ -442,41 +504,41 @@ impl RunSpec {
                 "outputs need a workspace to go to: mount one or name output_workspace",
             ));
         }
-        let mut output_limits = husk_runtime::transfer::OutputLimits::default();
+        Ok(output_workspace)
+    }
+
+    fn output_limits(&self) -> husk_runtime::transfer::OutputLimits {
+        let mut limits = husk_runtime::transfer::OutputLimits::default();
         if let Some(b) = self.output_limit.bytes {
-            output_limits.max_bytes = b;
+            limits.max_bytes = b;
         }
         if let Some(f) = self.output_limit.files {
-            output_limits.max_files = f;
+            limits.max_files = f;
         }
-
-        Ok(Plan {
-            template,
-            argv,
-            code_file,
-            code: kernel_code,
-            files,
-            workspaces,
-            env,
-            secrets,
-            limits,
-            timeout,
-            user,
-            workdir: self.workdir.clone(),
-            outputs: self.outputs.clone(),
-            output_workspace,
-            output_limits,
-            redact: self.redact.unwrap_or(true),
-            network: if self.net.is_empty() {
-                None
-            } else {
-                Some(
-                    husk_net::NetPolicy::from_flags(&self.net)
-                        .map_err(|e| invalid(e.to_string()))?,
-                )
-            },
-        })
+        limits
     }
+
+    /// The egress policy the run asked for (`None`: the server's default).
+    fn network(&self) -> Result<Option<husk_net::NetPolicy>, RunError> {
+        if self.net.is_empty() {
+            return Ok(None);
+        }
+        husk_net::NetPolicy::from_flags(&self.net)
+            .map(Some)
+            .map_err(|e| invalid(e.to_string()))
+    }
+}
+
+/// Environment variables, in order.
+type Env = Vec<(String, String)>;
+
+/// What a run executes.
+struct Program {
+    argv: Vec<String>,
+    /// Code written into the sandbox before the run: (path, bytes).
+    code_file: Option<(String, Vec<u8>)>,
+    /// Code a kernel may run instead: (language, code).
+    kernel_code: Option<(String, String)>,
 }
 
 impl RunLimits {
