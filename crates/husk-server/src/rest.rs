@@ -228,7 +228,7 @@ impl VolumeMount {
 
 /// `volumeMounts` as E2B reports them (the name as given: `:rw` when writable).
 fn volume_mounts_json(sb: &LiveSandbox) -> Value {
-    sb.workspaces
+    sb.workspaces()
         .iter()
         .map(|w| {
             let name = if w.writable {
@@ -254,12 +254,12 @@ fn timeout_secs(t: Option<i64>) -> Result<Duration, Response> {
 
 fn sandbox_json(sb: &LiveSandbox) -> Value {
     json!({
-        "templateID": sb.template,
-        "sandboxID": sb.id,
+        "templateID": sb.template(),
+        "sandboxID": sb.id(),
         "clientID": "husk",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": sb.access_token,
-        "trafficAccessToken": sb.traffic_access_token,
+        "envdAccessToken": sb.access_token(),
+        "trafficAccessToken": sb.traffic_access_token(),
         "domain": null,
     })
 }
@@ -267,23 +267,23 @@ fn sandbox_json(sb: &LiveSandbox) -> Value {
 fn detail_json(sb: &LiveSandbox) -> Value {
     let (internet, allow_out, deny_out) = sb.network_policy().to_e2b();
     json!({
-        "templateID": sb.template,
-        "sandboxID": sb.id,
+        "templateID": sb.template(),
+        "sandboxID": sb.id(),
         "clientID": "husk",
-        "startedAt": rfc3339(sb.started_at),
+        "startedAt": rfc3339(sb.started_at()),
         "endAt": rfc3339(sb.end_at()),
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": sb.access_token,
+        "envdAccessToken": sb.access_token(),
         "cpuCount": sb.cpu_count(),
         "memoryMB": sb.memory_mb(),
         "diskSizeMB": sb.disk_mb(),
         "state": "running",
-        "metadata": sb.metadata,
+        "metadata": sb.metadata(),
         "allowInternetAccess": internet,
         "volumeMounts": volume_mounts_json(sb),
-        "trafficAccessToken": sb.traffic_access_token,
+        "trafficAccessToken": sb.traffic_access_token(),
         "network": {
-            "allowPublicTraffic": sb.public_traffic,
+            "allowPublicTraffic": sb.public_traffic(),
             "allowOut": allow_out,
             "denyOut": deny_out,
         },
@@ -294,17 +294,17 @@ fn detail_json(sb: &LiveSandbox) -> Value {
 
 fn listed_json(sb: &LiveSandbox) -> Value {
     json!({
-        "templateID": sb.template,
-        "sandboxID": sb.id,
+        "templateID": sb.template(),
+        "sandboxID": sb.id(),
         "clientID": "husk",
-        "startedAt": rfc3339(sb.started_at),
+        "startedAt": rfc3339(sb.started_at()),
         "endAt": rfc3339(sb.end_at()),
         "envdVersion": ENVD_VERSION,
         "cpuCount": sb.cpu_count(),
         "memoryMB": sb.memory_mb(),
         "diskSizeMB": sb.disk_mb(),
         "state": "running",
-        "metadata": sb.metadata,
+        "metadata": sb.metadata(),
         "volumeMounts": volume_mounts_json(sb),
     })
 }
@@ -422,7 +422,7 @@ async fn denials(State(state): State<AppState>, Who(who): Who, Path(id): Path<St
     let sb = state.manager.get(&who, &id).map_err(answer)?;
     sync_denials(&state).await;
     Ok(axum::Json(json!({
-        "sandboxID": sb.id,
+        "sandboxID": sb.id(),
         "policy": sb.network_policy(),
         "denials": sb.denials(),
     }))
@@ -560,7 +560,8 @@ async fn list(
         items.reverse();
     }
     // The page token is the position key of the last item returned: (start time, id).
-    let key = |sb: &LiveSandbox| format!("{:020}.{}", sb.started_at.unix_timestamp_nanos(), sb.id);
+    let key =
+        |sb: &LiveSandbox| format!("{:020}.{}", sb.started_at().unix_timestamp_nanos(), sb.id());
     if let Some(token) = get("nextToken") {
         items.retain(|sb| {
             let k = key(sb);

@@ -15,26 +15,26 @@ use crate::agent::{AgentClient, CallError, WatchStream};
 
 /// A running sandbox.
 pub struct LiveSandbox {
-    pub id: String,
-    pub team: String,
-    pub template: String,
-    pub runtime_id: String,
+    pub(crate) id: String,
+    pub(crate) team: String,
+    pub(crate) template: String,
+    pub(crate) runtime_id: String,
     /// The sandbox's agent: reached only through the doors of the core (its methods here, in
     /// `files`, `process` and `contexts`), never by the adapters.
     pub(crate) agent: AgentClient,
     /// Required as `X-Access-Token` by the in-sandbox API, and the key of signed file URLs.
-    pub access_token: String,
-    pub env: Vec<(String, String)>,
-    pub metadata: BTreeMap<String, String>,
-    pub allow_internet_access: Option<bool>,
-    pub started_at: OffsetDateTime,
-    pub limits: Limits,
+    pub(crate) access_token: String,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) allow_internet_access: Option<bool>,
+    pub(crate) started_at: OffsetDateTime,
+    pub(crate) limits: Limits,
     /// The mounted workspaces.
-    pub workspaces: Vec<WorkspaceMount>,
+    pub(crate) workspaces: Vec<WorkspaceMount>,
     /// The template's user: whom commands run as unless they say.
-    pub default_user: User,
+    pub(crate) default_user: User,
     /// The template's working directory, if it has one (else the user's home).
-    pub default_workdir: Option<String>,
+    pub(crate) default_workdir: Option<String>,
     /// Its code contexts (Jupyter kernels run by the agent).
     pub(crate) contexts: Arc<crate::contexts::Contexts>,
     /// The sandbox's link out through husk's router (None: loopback only, the server has no
@@ -45,10 +45,10 @@ pub struct LiveSandbox {
     /// sandbox. Every sandbox has one, public or not: the stock code-interpreter SDKs send
     /// nothing else with their `/contexts` calls, and port 49999 runs code as the sandbox's
     /// user, so it never admits a request for merely naming the sandbox.
-    pub traffic_access_token: String,
+    pub(crate) traffic_access_token: String,
     /// Whether the sandbox's own servers admit anyone who names the sandbox (E2B's
     /// `allowPublicTraffic`, the default) rather than only its traffic token or team.
-    pub public_traffic: bool,
+    pub(crate) public_traffic: bool,
     /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
     pub(super) init_pid: i32,
     /// The sandbox's network namespace, held open from creation: ingress connects to the
@@ -68,6 +68,74 @@ pub struct LiveSandbox {
 const MAX_REDACTED_PROCESSES: usize = 256;
 
 impl LiveSandbox {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn team(&self) -> &str {
+        &self.team
+    }
+
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+
+    /// The runtime's own id of the sandbox (names its cgroups).
+    pub fn runtime_id(&self) -> &str {
+        &self.runtime_id
+    }
+
+    /// Required as `X-Access-Token` by the in-sandbox API, and the key of signed file URLs.
+    pub fn access_token(&self) -> &str {
+        &self.access_token
+    }
+
+    /// The environment it was created with (secrets as `husk-secret://` references).
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    pub fn allow_internet_access(&self) -> Option<bool> {
+        self.allow_internet_access
+    }
+
+    pub fn started_at(&self) -> OffsetDateTime {
+        self.started_at
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The mounted workspaces.
+    pub fn workspaces(&self) -> &[WorkspaceMount] {
+        &self.workspaces
+    }
+
+    /// The template's user: whom commands run as unless they say.
+    pub fn default_user(&self) -> User {
+        self.default_user
+    }
+
+    /// The template's working directory, if it has one (else the user's home).
+    pub fn default_workdir(&self) -> Option<&str> {
+        self.default_workdir.as_deref()
+    }
+
+    /// The credential for its ports (see the field).
+    pub fn traffic_access_token(&self) -> &str {
+        &self.traffic_access_token
+    }
+
+    /// Whether its own servers admit anyone who names it.
+    pub fn public_traffic(&self) -> bool {
+        self.public_traffic
+    }
+
     /// A call answered by one reply: the file system's and the processes' unary calls.
     /// What starts something with a stream or a handle of its own has its own door and is
     /// refused here: processes ([`Manager::start_process`](super::Manager::start_process)),

@@ -66,7 +66,7 @@ async fn serve(sb: Sandbox, req: Request<Body>) -> Result<Response, FilesError> 
     };
     // The access token when the request carries one, else a signature for this path and user.
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    authorize(req.headers(), &query, op, Some(&sb.access_token), now)?;
+    authorize(req.headers(), &query, op, Some(sb.access_token()), now)?;
     let user = crate::files::auth::resolve_user(&query, User::User)?;
     match op {
         Operation::Read => download(sb, req.headers(), query, user).await,

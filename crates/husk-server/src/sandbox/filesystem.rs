@@ -85,7 +85,7 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
     let streaming = method == "WatchDir";
-    let mut held = bodies.reservation(&sb.team);
+    let mut held = bodies.reservation(sb.team());
     let bytes = match read_request(body, streaming, &mut held).await {
         Ok(b) => b,
         Err(resp) => return resp,
@@ -128,9 +128,9 @@ pub async fn handle(
                 Ok(r) => r,
                 Err(e) => return unary_err(e),
             };
-            let key = (sb.id.clone(), req.watcher_id.clone());
+            let key = (sb.id().to_owned(), req.watcher_id.clone());
             let base = watchers.lock().get(&key).map(|(_, _, base)| base.clone());
-            let taken = base.and_then(|base| Some((watchers.buffers.take(&sb.team, &key)?, base)));
+            let taken = base.and_then(|base| Some((watchers.buffers.take(sb.team(), &key)?, base)));
             match taken {
                 Some((events, base)) => unary_ok(&GetWatcherEventsResponse {
                     events: events_json(&sb, &base, events).await,
@@ -146,7 +146,7 @@ pub async fn handle(
                 Ok(r) => r,
                 Err(e) => return unary_err(e),
             };
-            let key = (sb.id.clone(), req.watcher_id.clone());
+            let key = (sb.id().to_owned(), req.watcher_id.clone());
             match watchers.lock().remove(&key) {
                 Some((team, task, _)) => {
                     // Aborting the task drops its WatchStream, which stops the agent's watch.
@@ -233,7 +233,11 @@ async fn create_watcher(
     req: WatchDirRequest,
     user: User,
 ) -> Response {
-    let count = watchers.lock().keys().filter(|(s, _)| *s == sb.id).count();
+    let count = watchers
+        .lock()
+        .keys()
+        .filter(|(s, _)| *s == sb.id())
+        .count();
     if count >= MAX_WATCHERS {
         return unary_err(ConnectError::resource_exhausted("too many watchers"));
     }
@@ -246,9 +250,9 @@ async fn create_watcher(
         Ok(id) => id,
         Err(e) => return unary_err(ConnectError::internal(e.to_string())),
     };
-    let key = (sb.id.clone(), id.clone());
-    watchers.buffers.open(&sb.team, key.clone());
-    let (task_watchers, task_key, team) = (watchers.clone(), key.clone(), sb.team.clone());
+    let key = (sb.id().to_owned(), id.clone());
+    watchers.buffers.open(sb.team(), key.clone());
+    let (task_watchers, task_key, team) = (watchers.clone(), key.clone(), sb.team().to_owned());
     let task = tokio::spawn(async move {
         while let Some(events) = w.next().await {
             if !task_watchers.buffers.push(&team, &task_key, events) {
@@ -261,6 +265,6 @@ async fn create_watcher(
     });
     watchers
         .lock()
-        .insert(key, (sb.team.clone(), task.abort_handle(), base));
+        .insert(key, (sb.team().to_owned(), task.abort_handle(), base));
     unary_ok(&WatcherId { watcher_id: id })
 }

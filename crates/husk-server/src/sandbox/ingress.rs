@@ -80,20 +80,20 @@ fn answer(status: StatusCode, message: String) -> Response {
 /// Proxies `req` to `port` of the sandbox.
 pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<Body>) -> Response {
     if !admitted(state, &sb, req.headers()) {
-        return answer(StatusCode::FORBIDDEN, private_message(&sb.id));
+        return answer(StatusCode::FORBIDDEN, private_message(sb.id()));
     }
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect(sb.netns(), port)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            tracing::debug!(sandbox = %sb.id, port, error = %e, "ingress: no server");
-            return port_not_open(&sb.id, port);
+            tracing::debug!(sandbox = %sb.id(), port, error = %e, "ingress: no server");
+            return port_not_open(sb.id(), port);
         }
         Err(_) => {
             return answer(
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
                 "the server on port {port} of sandbox {} did not accept a connection within {}s",
-                sb.id,
+                sb.id(),
                 CONNECT_TIMEOUT.as_secs()
             ),
             )
@@ -107,9 +107,9 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     {
         Ok(x) => x,
-        Err(e) => return bad_gateway(&sb.id, port, e),
+        Err(e) => return bad_gateway(sb.id(), port, e),
     };
-    let id = sb.id.clone();
+    let id = sb.id().to_owned();
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(sandbox = %id, port, error = %e, "ingress connection ended");
@@ -117,7 +117,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
     });
     let mut resp = match sender.send_request(req).await {
         Ok(r) => r,
-        Err(e) => return bad_gateway(&sb.id, port, e),
+        Err(e) => return bad_gateway(sb.id(), port, e),
     };
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if switching && client_upgrade.is_none() {
@@ -128,7 +128,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
             format!(
                 "the server on port {port} of sandbox {} switched protocols, but the request \
                  asked for no upgrade",
-                sb.id
+                sb.id()
             ),
         );
     }
@@ -143,7 +143,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         let server_upgrade = hyper::upgrade::on(&mut resp);
-        let id = sb.id.clone();
+        let id = sb.id().to_owned();
         tokio::spawn(async move {
             match tokio::try_join!(client_upgrade, server_upgrade) {
                 Ok((client, server)) => {
@@ -177,14 +177,14 @@ fn private_message(id: &str) -> String {
 /// Whether the sandbox's own servers admit the request: it is public, or the request carries a
 /// credential of its team ([`team_credential`]).
 pub(super) fn admitted(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
-    sb.public_traffic || team_credential(state, sb, headers)
+    sb.public_traffic() || team_credential(state, sb, headers)
 }
 
 /// Whether the request carries the sandbox's traffic token or an API key of its team (never
 /// another team's, whatever its rights elsewhere). Both are handed only to the team: the token
 /// comes with create, connect and info.
 pub(super) fn team_credential(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
-    let token = sb.traffic_access_token.as_bytes();
+    let token = sb.traffic_access_token().as_bytes();
     if headers
         .get_all(TRAFFIC_TOKEN_HEADER)
         .iter()
@@ -196,7 +196,7 @@ pub(super) fn team_credential(state: &AppState, sb: &Sandbox, headers: &HeaderMa
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .and_then(|k| state.manager.store().authenticate(k))
-        .is_some_and(|who| who.team == sb.team)
+        .is_some_and(|who| who.team == sb.team())
 }
 
 /// A connection to `port` on the sandbox's loopback: 127.0.0.1, then `[::1]` if nothing listens

@@ -60,7 +60,7 @@ async fn json_body<T: for<'de> Deserialize<'de> + Default>(
     sb: &Sandbox,
     body: Body,
 ) -> Result<T, Response> {
-    let mut held = state.bodies.reservation(&sb.team);
+    let mut held = state.bodies.reservation(sb.team());
     let bytes = crate::body::read_all_within(body, MAX_BODY, &mut held)
         .await
         .map_err(|e| text(e.status(), e.to_string()))?;
@@ -103,7 +103,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
         return axum::Json("OK").into_response();
     }
     if !authorized(state, &sb, req.headers()) {
-        return text(StatusCode::UNAUTHORIZED, unauthorized_message(&sb.id));
+        return text(StatusCode::UNAUTHORIZED, unauthorized_message(sb.id()));
     }
     if method == Method::POST && !declares_json(req.headers()) {
         return text(
@@ -151,7 +151,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, req: Request<Body>) -> Respon
 /// Whether the request carries the sandbox's access token, its traffic token or a key of its
 /// team.
 fn authorized(state: &AppState, sb: &Sandbox, headers: &HeaderMap) -> bool {
-    (headers.contains_key(ACCESS_TOKEN_HEADER) && access_token_ok(headers, Some(&sb.access_token)))
+    (headers.contains_key(ACCESS_TOKEN_HEADER) && access_token_ok(headers, Some(sb.access_token())))
         || super::ingress::team_credential(state, sb, headers)
 }
 

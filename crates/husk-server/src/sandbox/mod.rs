@@ -67,12 +67,15 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
         (Method::GET, "/health") => StatusCode::NO_CONTENT.into_response(),
         // `/files` takes the access token or a signature (files::handle checks both).
         (Method::GET, "/files") | (Method::POST, "/files") => files::handle(sb, req).await,
-        _ if !access_token_ok(req.headers(), Some(&sb.access_token)) => {
+        _ if !access_token_ok(req.headers(), Some(sb.access_token())) => {
             FilesError::unauthorized_access().into_response()
         }
         (Method::GET, "/envs") => {
-            let env: serde_json::Map<String, serde_json::Value> =
-                sb.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+            let env: serde_json::Map<String, serde_json::Value> = sb
+                .env()
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
             axum::Json(env).into_response()
         }
         (Method::POST, p) => {

@@ -62,7 +62,7 @@ pub async fn handle(
         return stream_input(sb, &headers, body).await;
     }
     let streaming = matches!(method.as_str(), "Start" | "Connect");
-    let mut held = bodies.reservation(&sb.team);
+    let mut held = bodies.reservation(sb.team());
     let bytes = match read_request(body, streaming, &mut held).await {
         Ok(b) => b,
         Err(resp) => return resp,
