@@ -38,6 +38,19 @@ impl Redactor {
         }
         let mut buf = Zeroizing::new(std::mem::take(&mut *self.carry));
         buf.extend_from_slice(chunk);
+        self.scan(&buf, false)
+    }
+
+    /// What is held back, at the end of the stream, redacted: no value can complete any more,
+    /// but a shorter one may lie inside what was held back for a longer one.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let rest = Zeroizing::new(std::mem::take(&mut *self.carry));
+        self.scan(&rest, true)
+    }
+
+    /// `buf` with every value masked; before the `end` of the stream, a tail that could begin
+    /// a value is held back instead.
+    fn scan(&mut self, buf: &[u8], end: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(buf.len());
         let mut i = 0;
         'scan: while i < buf.len() {
@@ -50,10 +63,11 @@ impl Redactor {
                 }
             }
             // The rest could be the start of a value: wait for more.
-            if self
-                .values
-                .iter()
-                .any(|v| v.len() > rest.len() && v.starts_with(rest))
+            if !end
+                && self
+                    .values
+                    .iter()
+                    .any(|v| v.len() > rest.len() && v.starts_with(rest))
             {
                 self.carry.extend_from_slice(rest);
                 return out;
@@ -62,12 +76,6 @@ impl Redactor {
             i += 1;
         }
         out
-    }
-
-    /// What is held back, at the end of the stream (no value can complete any more).
-    pub fn finish(&mut self) -> Vec<u8> {
-        let rest = std::mem::take(&mut *self.carry);
-        rest.to_vec()
     }
 }
 
@@ -126,5 +134,16 @@ mod tests {
         assert_eq!(run(&mut r(&[]), &["nothing"]), "nothing");
         // Overlapping starts: "aab" in "aaab".
         assert_eq!(run(&mut r(&["aab"]), &["a", "a", "a", "b"]), "a****");
+    }
+
+    /// Found with the `agent_client` fuzz target's check that no secret reaches a process's
+    /// output: a stream ending in a prefix of one value ("abc" of "abcd") held it back and
+    /// then sent it unredacted, with a shorter value ("bc") inside.
+    #[test]
+    fn a_shorter_value_inside_the_held_back_end_is_masked() {
+        assert_eq!(run(&mut r(&["abcd", "bc"]), &["xabc"]), "xa****");
+        assert_eq!(run(&mut r(&["abcd", "bc"]), &["xa", "b", "c"]), "xa****");
+        assert_eq!(run(&mut r(&["abcd", "bc"]), &["xabcd"]), "x****");
+        assert_eq!(run(&mut r(&["s3cr3t", "cr"]), &["s3cr3"]), "s3****3");
     }
 }
