@@ -2,11 +2,12 @@
 //! fields and chunk sizes a target needs, a current-thread tokio runtime per process, and
 //! scratch directories for the targets that unpack archives.
 //!
-//! The archive targets run as root in CI. So that a path-escape bug in an unpacker fails the
-//! target instead of writing to the host, [`Scratch`] first moves the process into a private
-//! mount namespace where every file system is read-only except a fresh tmpfs on `/tmp` and
-//! libFuzzer's own output directories: a write outside the scratch directory then fails with
-//! `EROFS`, which the targets treat as a finding.
+//! The archive targets run as root. So that a path-escape bug in an unpacker fails the target
+//! instead of writing to the host, [`Scratch`] first moves the process into a private mount
+//! namespace where every file system is read-only except a fresh tmpfs for the scratch
+//! directories and the few directories libFuzzer writes to (its corpus and artifact
+//! directories, `TMPDIR`): a write anywhere else fails with `EROFS`, which the targets treat
+//! as a finding, and [`Arena`] checks that nothing beside the destination changed.
 
 use std::ffi::CString;
 use std::fs;
