@@ -619,7 +619,8 @@ fn zmtp(c: &Corpus) {
 fn jupyter(c: &Corpus) {
     let key = b"a0436f6c-1916-498b-8eb9-e81ab9368e84";
     let mut client = Session::with_id(key, "husk", "client-session");
-    let parent = client.execute_request("print(1)");
+    let mut parent = client.execute_request("print(1)");
+    parent.header.date = "2026-12-01T11:59:59.000000Z".into();
     let mut kernel = Session::with_id(key, "kernel", "kernel-session");
     let messages = [
         ("status", serde_json::json!({"execution_state": "busy"})),
@@ -649,6 +650,8 @@ fn jupyter(c: &Corpus) {
         m.identities = vec![format!("kernel.x.{msg_type}").into_bytes()];
         m.parent_header = Some(parent.header.clone());
         m.buffers = vec![b"buf".to_vec()];
+        // A fixed date, so the seeds are the same each time they are written.
+        m.header.date = "2026-12-01T12:00:00.000000Z".into();
         let frames = m.encode(&Signer::new(key));
         let at = frames.iter().position(|f| f == DELIMITER).unwrap();
         let mut input = Input::default()
