@@ -255,6 +255,40 @@ fn recv(sock: std::os::fd::BorrowedFd<'_>) -> Result<(Reply, Vec<OwnedFd>), Serv
     Ok((reply, fds))
 }
 
+/// A request datagram as the spawner reads it.
+fn decode_request(datagram: &[u8]) -> Result<Request, postcard::Error> {
+    postcard::from_bytes(datagram)
+}
+
+/// The spawner's reading of one request datagram, for husk's fuzz targets (`fuzz/`): what the
+/// server sends the spawner is to be treated as hostile once the server runs unprivileged.
+/// Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// A request as the spawner read it.
+    pub struct Read {
+        /// The request encoded again (for a round-trip check).
+        pub encoded: Result<Vec<u8>, String>,
+        /// The spawner's check of a create's spec (`Ok` for the other requests).
+        pub verdict: Result<(), String>,
+    }
+
+    /// Decodes `datagram` as the spawner's loop does and, for a create, checks the spec as
+    /// [`Spawner::create_in`](crate::Spawner::create_in) first does. `None` when it is not a
+    /// request.
+    pub fn request(datagram: &[u8]) -> Option<Read> {
+        let req = super::decode_request(datagram).ok()?;
+        let verdict = match &req {
+            super::Request::Create(spec) => {
+                crate::spawner::validate(spec).map_err(|e| e.to_string())
+            }
+            super::Request::Destroy(_) | super::Request::Shutdown => Ok(()),
+        };
+        let encoded = postcard::to_stdvec(&req).map_err(|e| e.to_string());
+        Some(Read { encoded, verdict })
+    }
+}
+
 fn send_reply(sock: &OwnedFd, reply: &Reply, fds: &[std::os::fd::RawFd]) -> io::Result<()> {
     let bytes = postcard::to_stdvec(reply).map_err(|e| io::Error::other(e.to_string()))?;
     sys::send_with_fds(sock.as_fd(), &bytes, fds)
@@ -310,7 +344,7 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
     loop {
         let req = match sys::recv_with_fds(sock.as_fd(), &mut buf) {
             Ok((0, _)) => break,
-            Ok((n, fds)) => match postcard::from_bytes::<Request>(&buf[..n]) {
+            Ok((n, fds)) => match decode_request(&buf[..n]) {
                 Ok(r) => (r, fds),
                 Err(e) => {
                     let failure =

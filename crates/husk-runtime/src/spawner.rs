@@ -611,7 +611,7 @@ fn parse_slot(name: &str) -> Option<u32> {
     name.strip_prefix('s')?.parse().ok()
 }
 
-fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
+pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
     let bad = |m: String| Err(SpawnError::InvalidSpec(m));
     if let Some(cmd) = &spec.command {
         if cmd.is_empty() {

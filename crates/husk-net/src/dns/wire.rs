@@ -98,7 +98,9 @@ pub fn truncated(msg: &[u8]) -> bool {
 /// Reads the name at `off`; returns it (lowercase, labels joined by dots, no trailing dot, the
 /// root as "") and the offset just past it where it starts (not where a pointer led).
 /// Bytes that would be ambiguous in text (`.`, `\`, anything not printable ASCII) are written
-/// `\DDD`, so two different wire names never read the same.
+/// `\DDD`, so two different wire names never read the same. A pointer into the header is
+/// refused: the header holds no name, and a name read from it would change when the header
+/// does (an error reply's, or the id husk gives a forwarded query).
 pub fn read_name(msg: &[u8], off: usize) -> Result<(String, usize), WireError> {
     let mut name = String::new();
     let mut pos = off;
@@ -135,7 +137,7 @@ pub fn read_name(msg: &[u8], off: usize) -> Result<(String, usize), WireError> {
             0xc0 => {
                 let lo = *msg.get(pos + 1).ok_or(WireError::Short)? as usize;
                 let target = ((len & 0x3f) << 8) | lo;
-                if target >= limit {
+                if target >= limit || target < HEADER_LEN {
                     return Err(WireError::BadName);
                 }
                 end.get_or_insert(pos + 2);

@@ -34,6 +34,13 @@ use crate::AppState;
 
 pub use context::{MAX_CONTEXT_BYTES, MAX_CONTEXT_ENTRIES};
 
+/// The unpacker of uploaded build contexts (hostile tar archives), for husk's fuzz targets
+/// (`fuzz/`). Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::context::{unpack, ContextError};
+}
+
 type Answer = Result<Response, Response>;
 
 /// The size of every sandbox, as E2B's template list reports it.

@@ -121,6 +121,26 @@ fn names_follow_backward_pointers_and_refuse_forward_ones_loops_and_length() {
     );
 }
 
+/// Found by the `dns` fuzz target: a question whose name pointed into the header read one way
+/// in the query and another in husk's error reply (whose header differs), so the reply did not
+/// answer the question asked.
+#[test]
+fn pointers_into_the_header_are_refused() {
+    // "x", then a pointer to the flags (offset 2), which read as a label while RD is set.
+    let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    q.extend_from_slice(&[1, b'x', 0xc0, 2, 0, 1, 0, 1]);
+    assert_eq!(read_name(&q, 12), Err(WireError::BadName));
+    assert_eq!(question(&q), Err(WireError::BadName));
+    // So the error reply carries no question rather than a different one.
+    let r = empty_reply(&q, RCODE_FORMERR, false).unwrap();
+    assert_eq!(r.len(), HEADER_LEN);
+    assert_eq!(question(&r), Err(WireError::Questions(0)));
+    // A pointer to the first byte after the header is still followed.
+    let mut m = vec![0u8; 12];
+    m.extend_from_slice(&[1, b'a', 0, 1, b'b', 0xc0, 12]);
+    assert_eq!(read_name(&m, 15).unwrap().0, "b.a");
+}
+
 #[test]
 fn answers_follow_cname_chains_with_the_smallest_ttl() {
     let q = query(1, "www.example.com", TYPE_A).unwrap();
