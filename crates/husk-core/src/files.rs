@@ -110,18 +110,44 @@ pub struct FileWrite {
 impl FileWrite {
     /// Sends `data` (at most `husk_proto::CHUNK` bytes); the previous write's reply is
     /// awaited only now, so the agent writes one chunk while the next arrives.
+    ///
+    /// A failed write closes the file before it returns: what was written stops holding disk
+    /// space the moment the caller learns of the failure (a client that removes the file next
+    /// gets the space back at once, not whenever a background close runs).
     pub async fn write(&mut self, data: Vec<u8>) -> Result<(), CallError> {
         let Some(handle) = self.handle.handle else {
             return Err(CallError::Gone);
         };
-        let next = self
+        let sent = self
             .handle
             .agent
             .submit(Request::Write { handle, data })
-            .await?;
-        self.settle().await?;
-        self.in_flight = Some(next);
-        Ok(())
+            .await;
+        let result = match sent {
+            Ok(next) => {
+                let settled = self.settle().await;
+                self.in_flight = Some(next);
+                settled
+            }
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.close_now().await;
+        }
+        result
+    }
+
+    /// Gives up the file: waits for the write under way and closes the handle, before
+    /// returning (dropping a `FileWrite` closes it too, but in the background).
+    pub async fn abort(mut self) {
+        self.close_now().await;
+    }
+
+    async fn close_now(&mut self) {
+        let _ = self.settle().await;
+        if let Some(handle) = self.handle.handle.take() {
+            let _ = self.handle.agent.call(Request::Close { handle }).await;
+        }
     }
 
     async fn settle(&mut self) -> Result<(), CallError> {

@@ -343,6 +343,11 @@ impl FakeFiles {
                     return Err(bad());
                 };
                 let path = path.clone();
+                // A disk that fills up: files under /full take 1 MiB at most.
+                let held = self.files.get(&path).map_or(0, Vec::len);
+                if path.starts_with("/full/") && held + data.len() > 1 << 20 {
+                    return Err(AgentError::new(ErrorKind::NoSpace, "not enough disk space"));
+                }
                 self.files.entry(path).or_default().extend(data);
                 Ok(Reply::Done)
             }

@@ -105,6 +105,28 @@ async fn a_transfer_abandoned_midway_closes_its_handle() {
 }
 
 #[tokio::test]
+async fn a_failed_write_has_closed_its_file_when_it_returns() {
+    let (_m, host, sb) = sandbox().await;
+    let mut w = sb
+        .write_file("/full/big", User::User, Vec::new())
+        .await
+        .unwrap();
+    let mut failed = None;
+    for _ in 0..4 {
+        if let Err(e) = w.write(vec![0; CHUNK / 2]).await {
+            failed = Some(e);
+            break;
+        }
+    }
+    match failed {
+        Some(CallError::Agent(e)) => assert_eq!(e.kind, husk_proto::ErrorKind::NoSpace),
+        other => panic!("expected the disk to fill up, got {other:?}"),
+    }
+    // No waiting: a client told of the failure may remove the file and expect its space back.
+    assert_eq!(host.open_handles(&sb.runtime_id), 0);
+}
+
+#[tokio::test]
 async fn a_missing_file_is_the_agents_not_found() {
     let (_m, _host, sb) = sandbox().await;
     match sb.read_file("/nope", User::User).await {

@@ -9,7 +9,7 @@ use std::io::Write;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use futures_util::{stream, StreamExt};
 use husk_core::agent::CallError;
@@ -51,9 +51,21 @@ fn agent_error(e: CallError, path: &str) -> FilesError {
 }
 
 pub async fn handle(sb: Sandbox, req: Request<Body>) -> Response {
+    // An upload refused before its body ended (a full disk, a bad path, no credential) leaves
+    // the rest of the body unread, so its HTTP/1.1 connection cannot carry another request: a
+    // client that kept it in its pool would send the next request into a closing socket.
+    // `Connection: close` tells it not to.
+    let body_unread = req.method() == Method::POST && req.version() <= Version::HTTP_11;
     match serve(sb, req).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            let mut resp = e.into_response();
+            if body_unread {
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            resp
+        }
     }
 }
 
@@ -271,8 +283,17 @@ async fn upload(
         while let Some(mut file) = form.next_file().await? {
             let mut w =
                 FileWriter::open(&sb, file.path.clone(), user, metadata.clone(), gzip).await?;
-            while let Some(chunk) = file.chunk().await? {
-                w.push(&chunk).await?;
+            loop {
+                let pushed = match file.chunk().await {
+                    Ok(Some(chunk)) => w.push(&chunk).await,
+                    Ok(None) => break,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = pushed {
+                    // Closed before the answer, so the client's next call sees the file closed.
+                    w.file.abort().await;
+                    return Err(e);
+                }
             }
             written.push(w.finish().await?);
         }
@@ -283,9 +304,15 @@ async fn upload(
         let mut w = FileWriter::open(&sb, path, user, metadata, gzip).await?;
         let mut body = req.into_body().into_data_stream();
         while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|e| FilesError::bad_request(format!("reading the body: {e}")))?;
-            w.push(&chunk).await?;
+            let pushed = match chunk {
+                Ok(chunk) => w.push(&chunk).await,
+                Err(e) => Err(FilesError::bad_request(format!("reading the body: {e}"))),
+            };
+            if let Err(e) = pushed {
+                // Closed before the answer, so the client's next call sees the file closed.
+                w.file.abort().await;
+                return Err(e);
+            }
         }
         written.push(w.finish().await?);
     }
