@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-pub use libfuzzer_sys::arbitrary::Unstructured;
+pub use arbitrary::Unstructured;
 
 /// A byte from the input, or 0 once it is used up.
 pub fn byte(u: &mut Unstructured<'_>) -> u8 {
