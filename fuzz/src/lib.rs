@@ -386,7 +386,7 @@ const COMPONENTS: &[&[u8]] = &[
 
 fn path(u: &mut Unstructured<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    if byte(u) % 8 == 0 {
+    if byte(u).is_multiple_of(8) {
         out.push(b'/');
     }
     for i in 0..1 + byte(u) % 4 {
@@ -398,7 +398,7 @@ fn path(u: &mut Unstructured<'_>) -> Vec<u8> {
             b => out.extend_from_slice(COMPONENTS[usize::from(b) % COMPONENTS.len()]),
         }
     }
-    if byte(u) % 8 == 0 {
+    if byte(u).is_multiple_of(8) {
         out.push(b'/');
     }
     out
@@ -515,7 +515,7 @@ pub fn build_tar(u: &mut Unstructured<'_>) -> Vec<u8> {
         );
     }
     fix_tar_checksums(&mut out);
-    if byte(u) % 4 != 0 {
+    if !byte(u).is_multiple_of(4) {
         out.extend_from_slice(&[0; 1024]);
     }
     out
