@@ -107,17 +107,19 @@ fn make_writable(dir: &Path) {
 }
 
 /// Whether an error chain says a write hit a read-only file system: under the confinement
-/// that is a write outside the scratch directory.
+/// that is a write outside the scratch directory. Only the errno counts, never the text (an
+/// entry's name is in the messages, and the fuzzer learns to write "os error 30" there).
 pub fn is_erofs(err: &(dyn std::error::Error + 'static)) -> bool {
+    fn erofs(io: &io::Error) -> bool {
+        io.raw_os_error() == Some(husk_runtime::libc::EROFS)
+            || io
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<io::Error>())
+                .is_some_and(erofs)
+    }
     let mut cur = Some(err);
     while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            if io.raw_os_error() == Some(30) {
-                return true;
-            }
-        }
-        // Errors that flatten their source into the message still name the errno.
-        if e.to_string().contains("os error 30") {
+        if e.downcast_ref::<io::Error>().is_some_and(erofs) {
             return true;
         }
         cur = e.source();
