@@ -3,9 +3,9 @@
 //! redacted of secrets), a watch and a kernel under way.
 //!
 //! Checks: every call and stream ends once the agent's stream ends (no hang: libFuzzer's
-//! timeout); the connection is then closed; process output chunks stay within `CHUNK`; nothing
-//! follows a process's `End` or a kernel's `Dead`; and no secret reaches the process's output,
-//! however the agent cut it.
+//! timeout); the connection is then closed; unredacted output chunks stay within `CHUNK`;
+//! nothing follows a process's `End` or a kernel's `Dead`; and no secret reaches any of the
+//! process's outputs (stdout, stderr, terminal), however the agent cut them.
 #![no_main]
 
 use std::io::Write;

@@ -122,7 +122,7 @@ fn answer_side(msg: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
-    if byte(&mut u) % 4 == 0 {
+    if byte(&mut u).is_multiple_of(4) {
         // A query husk builds for the proxy's lookups.
         let id = u16::from(byte(&mut u)) << 8 | u16::from(byte(&mut u));
         let qtype = if byte(&mut u) & 1 == 0 {

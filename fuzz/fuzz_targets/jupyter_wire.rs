@@ -104,12 +104,10 @@ fuzz_target!(|data: &[u8]| {
     // What the kernel client makes of it.
     let _ = Iopub::parse(&msg);
     let _ = KernelInfoReply::parse(&msg);
-    if let Ok(reply) = ExecuteReply::parse(&msg) {
-        if let ExecuteReply::Ok { execution_count } = reply {
-            assert_eq!(
-                msg.content["execution_count"].as_u64(),
-                Some(execution_count)
-            );
-        }
+    if let Ok(ExecuteReply::Ok { execution_count }) = ExecuteReply::parse(&msg) {
+        assert_eq!(
+            msg.content["execution_count"].as_u64(),
+            Some(execution_count)
+        );
     }
 });

@@ -96,7 +96,7 @@ fuzz_target!(|data: &[u8]| {
     let query = (mode & 2 != 0).then(|| format!("/q/{}", plain(&mut u, 16)));
     let parts = byte(&mut u) % 8;
     for _ in 0..parts {
-        let is_file = byte(&mut u) % 4 != 0;
+        let is_file = !byte(&mut u).is_multiple_of(4);
         let name = if is_file {
             "file".to_string()
         } else {

@@ -134,7 +134,7 @@ fn loopback(u: &mut Unstructured<'_>) {
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
-    if byte(&mut u) % 4 == 0 {
+    if byte(&mut u).is_multiple_of(4) {
         loopback(&mut u);
     } else {
         hostile(&mut u);

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-pub use libfuzzer_sys::arbitrary::Unstructured;
+pub use arbitrary::Unstructured;
 
 /// A byte from the input, or 0 once it is used up.
 pub fn byte(u: &mut Unstructured<'_>) -> u8 {
@@ -107,17 +107,19 @@ fn make_writable(dir: &Path) {
 }
 
 /// Whether an error chain says a write hit a read-only file system: under the confinement
-/// that is a write outside the scratch directory.
+/// that is a write outside the scratch directory. Only the errno counts, never the text (an
+/// entry's name is in the messages, and the fuzzer learns to write "os error 30" there).
 pub fn is_erofs(err: &(dyn std::error::Error + 'static)) -> bool {
+    fn erofs(io: &io::Error) -> bool {
+        io.raw_os_error() == Some(husk_runtime::libc::EROFS)
+            || io
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<io::Error>())
+                .is_some_and(erofs)
+    }
     let mut cur = Some(err);
     while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            if io.raw_os_error() == Some(30) {
-                return true;
-            }
-        }
-        // Errors that flatten their source into the message still name the errno.
-        if e.to_string().contains("os error 30") {
+        if e.downcast_ref::<io::Error>().is_some_and(erofs) {
             return true;
         }
         cur = e.source();
@@ -386,7 +388,7 @@ const COMPONENTS: &[&[u8]] = &[
 
 fn path(u: &mut Unstructured<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    if byte(u) % 8 == 0 {
+    if byte(u).is_multiple_of(8) {
         out.push(b'/');
     }
     for i in 0..1 + byte(u) % 4 {
@@ -398,7 +400,7 @@ fn path(u: &mut Unstructured<'_>) -> Vec<u8> {
             b => out.extend_from_slice(COMPONENTS[usize::from(b) % COMPONENTS.len()]),
         }
     }
-    if byte(u) % 8 == 0 {
+    if byte(u).is_multiple_of(8) {
         out.push(b'/');
     }
     out
@@ -515,7 +517,7 @@ pub fn build_tar(u: &mut Unstructured<'_>) -> Vec<u8> {
         );
     }
     fix_tar_checksums(&mut out);
-    if byte(u) % 4 != 0 {
+    if !byte(u).is_multiple_of(4) {
         out.extend_from_slice(&[0; 1024]);
     }
     out
