@@ -101,11 +101,14 @@ impl Manager {
     ) -> Result<(u32, ProcStream), ProcessError> {
         let secrets = self.process_secrets(sb, &mut p.envs)?;
         // The audit keeps the command line, never a value it was given (a command may name
-        // one literally), whether or not the output is masked.
-        let command = masked(&command_line(&p), &secrets.env);
+        // one literally), whether or not the output is masked. Built only when there is
+        // something to audit: most starts (every `commands.run` without secrets) have none.
+        let command = (!secrets.names.is_empty()).then(|| masked(&command_line(&p), &secrets.env));
         p.secret_envs = secrets.env;
         let (pid, events) = sb.agent.start(p).await?;
-        self.audit_secrets(&sb.team, &sb.id, &command, &secrets.names);
+        if let Some(command) = command {
+            self.audit_secrets(&sb.team, &sb.id, &command, &secrets.names);
+        }
         if !secrets.redact.is_empty() {
             sb.set_redaction(pid, secrets.redact.clone());
         }
