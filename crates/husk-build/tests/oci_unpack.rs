@@ -475,3 +475,29 @@ fn later_entries_replace_earlier_ones() {
     assert_eq!(fs::read_link(dest.join("s")).unwrap(), Path::new("two"));
     assert_eq!(fs::read(dest.join("f")).unwrap(), b"new");
 }
+
+/// A gzip layer whose PAX header claims (and holds) 64 MiB of zeros: a few hundred KiB as
+/// sent. Before the headers were read raw, the tar crate buffered the whole header (a 285 KiB
+/// layer made the server allocate 892 MB); now it is refused on its size, unread.
+#[test]
+fn a_huge_pax_header_is_refused_unread() {
+    let t = TempDir::new("paxbomb");
+    let mut h = Header::new_ustar();
+    h.set_entry_type(EntryType::XHeader);
+    h.set_path("PaxHeaders/bomb").unwrap();
+    h.set_size(64 << 20);
+    h.set_cksum();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(h.as_bytes()).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..64 {
+        gz.write_all(&zeros).unwrap();
+    }
+    let blob = gz.finish().unwrap();
+    assert!(blob.len() < 1 << 20, "{} bytes", blob.len());
+    let err = unpack_layer(&blob[..], GZIP, &t.path("layer")).unwrap_err();
+    assert!(
+        matches!(&err, OciError::Unpack { reason, .. } if reason.contains("PAX header larger than 65536 bytes")),
+        "{err}"
+    );
+}

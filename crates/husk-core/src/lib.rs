@@ -14,6 +14,7 @@ pub mod runs;
 pub mod secrets;
 mod start_cmd;
 pub mod store;
+pub mod tar_ext;
 pub mod template;
 #[cfg(test)]
 pub(crate) mod testing;

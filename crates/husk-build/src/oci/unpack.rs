@@ -25,6 +25,8 @@ use husk_runtime::sys::{cpath, openat2};
 use tar::EntryType;
 use xattr::FileExt;
 
+use husk_core::tar_ext::{pax_number, ExtError, Extensions};
+
 use super::error::OciError;
 use super::{layer_compression, Compression};
 
@@ -82,6 +84,15 @@ pub fn unpack_layer(
     Ok(unpacker.stats)
 }
 
+/// A refused or unreadable extension header, named by the entry that carried it.
+fn ext_error<R: Read>(e: ExtError, entry: &tar::Entry<'_, R>) -> OciError {
+    let entry = display(&entry.header().path_bytes());
+    match e {
+        ExtError::Read(source) => OciError::UnpackIo { entry, source },
+        ExtError::Refused(reason) => OciError::Unpack { entry, reason },
+    }
+}
+
 /// A directory's attributes, applied after everything inside it is written (creating an entry
 /// changes the directory's mtime, and a read-only mode would be in the way).
 #[derive(Debug, Clone)]
@@ -113,16 +124,23 @@ struct Unpacker<'a> {
 impl Unpacker<'_> {
     fn run(&mut self, tar: impl Read) -> Result<(), OciError> {
         let mut archive = tar::Archive::new(tar);
+        // Raw: extension headers are read here, bounded (see `husk_core::tar_ext`).
         let entries = archive
             .entries()
-            .map_err(OciError::io("reading the layer tar"))?;
+            .map_err(OciError::io("reading the layer tar"))?
+            .raw(true);
+        let mut ext = Extensions::default();
         for entry in entries {
             let mut entry = entry.map_err(OciError::io("reading the layer tar"))?;
+            if ext.absorb(&mut entry).map_err(|e| ext_error(e, &entry))? {
+                continue;
+            }
+            let ext = std::mem::take(&mut ext);
             self.stats.entries += 1;
             if self.stats.entries > MAX_ENTRIES {
                 return Err(OciError::TooManyEntries { limit: MAX_ENTRIES });
             }
-            let raw = entry.path_bytes().into_owned();
+            let raw = ext.path(&entry).into_owned();
             let name = display(&raw);
             if raw.len() > MAX_PATH_LEN {
                 return Err(OciError::PathTooLong {
@@ -139,17 +157,22 @@ impl Unpacker<'_> {
                 entry: name.clone(),
                 source,
             };
-            self.entry(&mut entry, &rel, &name).map_err(|e| match e {
-                EntryError::Refused(reason) => refuse(&reason),
-                EntryError::Io(source) => io_err(source),
-            })?;
+            self.entry(&mut entry, &ext, &rel, &name)
+                .map_err(|e| match e {
+                    EntryError::Refused(reason) => refuse(&reason),
+                    EntryError::Io(source) => io_err(source),
+                })?;
         }
-        Ok(())
+        ext.finish().map_err(|e| OciError::Unpack {
+            entry: "(end)".into(),
+            reason: e.to_string(),
+        })
     }
 
     fn entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Extensions,
         rel: &Path,
         name: &str,
     ) -> Result<(), EntryError> {
@@ -163,8 +186,6 @@ impl Unpacker<'_> {
                 self.stats.skipped_devices += 1;
                 return Ok(());
             }
-            // Global PAX headers carry nothing a layer directory can hold.
-            EntryType::XGlobalHeader => return Ok(()),
             _ => {}
         }
         if rel.as_os_str().is_empty() {
@@ -174,7 +195,7 @@ impl Unpacker<'_> {
                     "the layer root must be a directory".into(),
                 ));
             }
-            let attrs = attrs(entry)?;
+            let attrs = attrs(entry, ext)?;
             self.dirs.insert(PathBuf::new(), attrs.dir_meta());
             return Ok(());
         }
@@ -182,12 +203,12 @@ impl Unpacker<'_> {
             self.ensure_dirs(parent)?;
         }
         match kind {
-            EntryType::Directory => self.directory(entry, rel),
+            EntryType::Directory => self.directory(entry, ext, rel),
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.regular(entry, rel)
+                self.regular(entry, ext, rel)
             }
-            EntryType::Symlink => self.symlink(entry, rel),
-            EntryType::Link => self.hardlink(entry, rel),
+            EntryType::Symlink => self.symlink(entry, ext, rel),
+            EntryType::Link => self.hardlink(entry, ext, rel),
             other => {
                 tracing::warn!(entry = name, kind = ?other, "skipping layer entry of unknown type");
                 Ok(())
@@ -222,9 +243,10 @@ impl Unpacker<'_> {
     fn directory<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Extensions,
         rel: &Path,
     ) -> Result<(), EntryError> {
-        let attrs = attrs(entry)?;
+        let attrs = attrs(entry, ext)?;
         let path = self.dest.join(rel);
         // A directory over a directory merges, as in overlayfs.
         if !self.remove_existing(rel, true)? {
@@ -241,9 +263,10 @@ impl Unpacker<'_> {
     fn regular<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Extensions,
         rel: &Path,
     ) -> Result<(), EntryError> {
-        let attrs = attrs(entry)?;
+        let attrs = attrs(entry, ext)?;
         self.remove_existing(rel, false)?;
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let fd = openat2(self.dest_fd.as_fd(), &cpath(rel)?, flags, 0o600, BENEATH)?;
@@ -270,12 +293,13 @@ impl Unpacker<'_> {
     fn symlink<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Extensions,
         rel: &Path,
     ) -> Result<(), EntryError> {
-        let attrs = attrs(entry)?;
+        let attrs = attrs(entry, ext)?;
         // The target is stored as written: it is only ever resolved inside the sandbox.
-        let target = entry
-            .link_name_bytes()
+        let target = ext
+            .link(entry)
             .ok_or_else(|| EntryError::Refused("symlink without a target".into()))?
             .into_owned();
         self.remove_existing(rel, false)?;
@@ -289,10 +313,11 @@ impl Unpacker<'_> {
     fn hardlink<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Extensions,
         rel: &Path,
     ) -> Result<(), EntryError> {
-        let raw = entry
-            .link_name_bytes()
+        let raw = ext
+            .link(entry)
             .ok_or_else(|| EntryError::Refused("hard link without a target".into()))?
             .into_owned();
         let target = normalize(&raw).map_err(|r| EntryError::Refused(format!("hard link {r}")))?;
@@ -440,32 +465,27 @@ impl Attrs {
 }
 
 /// An entry's attributes; PAX `uid`/`gid`/`mtime` records override the header's fields.
-fn attrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Attrs, EntryError> {
+fn attrs<R: Read>(entry: &tar::Entry<'_, R>, ext: &Extensions) -> Result<Attrs, EntryError> {
     let header = entry.header();
     let mut uid = header.uid()?;
     let mut gid = header.gid()?;
     let mut mtime = header.mtime()?;
     let mode = header.mode()? & 0o7777;
     let mut xattrs = Vec::new();
-    if let Some(pax) = entry.pax_extensions()? {
-        for ext in pax {
-            let ext = ext?;
-            let Ok(key) = ext.key() else { continue };
-            let number = || {
-                ext.value()
-                    .ok()
-                    .and_then(|v| v.split('.').next()?.parse().ok())
-            };
-            match key {
-                "uid" => uid = number().unwrap_or(uid),
-                "gid" => gid = number().unwrap_or(gid),
-                // Negative or unparseable times fall back to the header's.
-                "mtime" => mtime = number().unwrap_or(mtime),
-                _ => {
-                    if let Some(name) = key.strip_prefix("SCHILY.xattr.") {
-                        if name == "security.capability" || name.starts_with("user.") {
-                            xattrs.push((name.to_string(), ext.value_bytes().to_vec()));
-                        }
+    for record in ext.records() {
+        let (key, value) = record.map_err(|e| EntryError::Refused(e.to_string()))?;
+        let Ok(key) = std::str::from_utf8(key) else {
+            continue;
+        };
+        match key {
+            "uid" => uid = pax_number(value).unwrap_or(uid),
+            "gid" => gid = pax_number(value).unwrap_or(gid),
+            // Negative or unparseable times fall back to the header's.
+            "mtime" => mtime = pax_number(value).unwrap_or(mtime),
+            _ => {
+                if let Some(name) = key.strip_prefix("SCHILY.xattr.") {
+                    if name == "security.capability" || name.starts_with("user.") {
+                        xattrs.push((name.to_string(), value.to_vec()));
                     }
                 }
             }

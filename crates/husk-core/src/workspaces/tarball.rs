@@ -18,6 +18,8 @@ use husk_runtime::libc;
 use husk_runtime::sys::{openat2, readlinkat, renameat, symlinkat, unlinkat, FileStat};
 use tar::{EntryType, Header};
 
+use crate::tar_ext::{pax_number, ExtError, Extensions};
+
 use super::tree::{
     child_path, ensure_dir, open_dir, os_name, own_dir, own_entry, remove_tree, set_owner_mode,
     RelPath, Temp, Tree, BUF_SIZE, RESOLVE,
@@ -58,9 +60,6 @@ pub struct TarReport {
     /// Entries not unpacked or exported: hard links, devices, fifos, sockets, sparse files.
     pub skipped: u64,
 }
-
-/// Largest PAX extended header read.
-const MAX_PAX_BYTES: u64 = 64 << 10;
 
 /// Bytes of archive (after decompression) allowed per entry beyond file content: headers,
 /// long names, PAX records and padding.
@@ -136,20 +135,6 @@ pub(super) fn import(
     Ok(report)
 }
 
-/// Extension headers that apply to the next entry.
-#[derive(Default)]
-struct Ext {
-    long_name: Option<Vec<u8>>,
-    long_link: Option<Vec<u8>>,
-    pax: Option<Vec<u8>>,
-}
-
-impl Ext {
-    fn is_empty(&self) -> bool {
-        self.long_name.is_none() && self.long_link.is_none() && self.pax.is_none()
-    }
-}
-
 struct Unpacker<'a> {
     tree: &'a Tree,
     top: &'a File,
@@ -213,90 +198,46 @@ impl Unpacker<'_> {
             .entries()
             .map_err(|e| self.read_error(e, &hit, ""))?
             .raw(true);
-        let mut ext = Ext::default();
+        let mut ext = Extensions::default();
         for item in entries {
             let mut entry = item.map_err(|e| self.read_error(e, &hit, "(header)"))?;
-            let ty = entry.header().entry_type();
             let name = display(&entry.header().path_bytes());
-            let (slot, max, what) = match ty {
-                EntryType::GNULongName => {
-                    (&mut ext.long_name, MAX_PATH_LEN as u64 + 1, "long name")
-                }
-                EntryType::GNULongLink => {
-                    (&mut ext.long_link, MAX_PATH_LEN as u64 + 1, "long link")
-                }
-                EntryType::XHeader => (&mut ext.pax, MAX_PAX_BYTES, "PAX header"),
-                // Global PAX records (comments, charsets) hold nothing husk keeps.
-                EntryType::XGlobalHeader => continue,
-                _ => {
-                    let ext = std::mem::take(&mut ext);
-                    self.entry(&mut entry, ext, &hit)?;
-                    continue;
-                }
-            };
-            if slot.is_some() {
-                return Err(self.bad(&name, format!("two {what}s for one entry")));
+            if ext
+                .absorb(&mut entry)
+                .map_err(|e| self.ext_error(e, &hit, &name))?
+            {
+                continue;
             }
-            let size = entry.header().entry_size().unwrap_or(u64::MAX);
-            if size > max {
-                return Err(self.bad(&name, format!("{what} larger than {max} bytes")));
-            }
-            let mut data = Vec::with_capacity(size as usize);
-            (&mut entry)
-                .take(max)
-                .read_to_end(&mut data)
-                .map_err(|e| self.read_error(e, &hit, &name))?;
-            if ty != EntryType::XHeader {
-                while data.last() == Some(&0) {
-                    data.pop();
-                }
-            }
-            *slot = Some(data);
+            let ext = std::mem::take(&mut ext);
+            self.entry(&mut entry, ext, &hit)?;
         }
-        if !ext.is_empty() {
-            return Err(self.bad("(end)", "extension header without an entry after it"));
-        }
+        ext.finish().map_err(|e| self.ext_error(e, &hit, "(end)"))?;
         Ok(())
     }
 
     fn entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
-        ext: Ext,
+        ext: Extensions,
         hit: &Rc<Cell<bool>>,
     ) -> Result<(), WorkspaceError> {
         let header = entry.header().clone();
-        let mut path = ext
-            .long_name
-            .unwrap_or_else(|| header.path_bytes().into_owned());
-        let mut link = ext
-            .long_link
-            .or_else(|| header.link_name_bytes().map(Cow::into_owned));
+        let path = ext.path(entry).into_owned();
+        let link = ext.link(entry).map(Cow::into_owned);
         let mut mtime = header.mtime().ok();
         let mut sparse = false;
-        if let Some(pax) = &ext.pax {
-            for record in tar::PaxExtensions::new(pax) {
-                let record =
-                    record.map_err(|_| self.bad(&display(&path), "malformed PAX header"))?;
-                let value = record.value_bytes();
-                let number = || {
-                    std::str::from_utf8(value)
-                        .ok()
-                        .and_then(|v| v.split('.').next()?.parse::<u64>().ok())
-                };
-                match record.key_bytes() {
-                    b"path" => path = value.to_vec(),
-                    b"linkpath" => link = Some(value.to_vec()),
-                    b"mtime" => mtime = number().or(mtime),
-                    b"size" if number() != header.entry_size().ok() => {
-                        return Err(self.bad(
-                            &display(&path),
-                            "PAX size records (files over 8 GiB) are not supported",
-                        ))
-                    }
-                    k if k.starts_with(b"GNU.sparse.") => sparse = true,
-                    _ => {}
+        for record in ext.records() {
+            let (key, value) = record.map_err(|e| self.ext_error(e, hit, &display(&path)))?;
+            match key {
+                b"mtime" => mtime = pax_number(value).or(mtime),
+                b"size" if pax_number(value) != header.entry_size().ok() => {
+                    return Err(self.bad(
+                        &display(&path),
+                        "PAX size records (files over 8 GiB) are not supported",
+                    ))
                 }
+                k if k.starts_with(b"GNU.sparse.") => sparse = true,
+                _ => {}
             }
         }
         let name = display(&path);
@@ -470,6 +411,14 @@ impl Unpacker<'_> {
         WorkspaceError::TooLarge {
             place: self.tree.place.clone(),
             limit: self.limits.max_bytes,
+        }
+    }
+
+    /// A refused or unreadable extension header.
+    fn ext_error(&self, e: ExtError, hit: &Rc<Cell<bool>>, entry: &str) -> WorkspaceError {
+        match e {
+            ExtError::Read(e) => self.read_error(e, hit, entry),
+            ExtError::Refused(reason) => self.bad(entry, reason),
         }
     }
 

@@ -9,11 +9,15 @@
 //! no owners); at most [`MAX_CONTEXT_BYTES`] (both as sent and unpacked) and
 //! [`MAX_CONTEXT_ENTRIES`] entries.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use husk_core::tar_ext::{ExtError, Extensions};
 
 /// Largest build context, compressed as sent and unpacked.
 pub const MAX_CONTEXT_BYTES: u64 = 2 << 30;
@@ -108,15 +112,25 @@ pub fn unpack(input: impl Read, root: &Path) -> Result<(), ContextError> {
     let mut archive = tar::Archive::new(reader);
     let mut entries = 0u64;
     let mut bytes = 0u64;
-    for entry in archive.entries().map_err(bad_archive)? {
+    // Raw: extension headers are read here, bounded (see `husk_core::tar_ext`).
+    let mut ext = Extensions::default();
+    for entry in archive.entries().map_err(bad_archive)?.raw(true) {
         let mut entry = entry.map_err(bad_archive)?;
+        if ext.absorb(&mut entry).map_err(bad_ext)? {
+            continue;
+        }
+        let ext = std::mem::take(&mut ext);
         entries += 1;
         if entries > MAX_CONTEXT_ENTRIES {
             return Err(ContextError::TooLarge(format!(
                 "the build context has more than {MAX_CONTEXT_ENTRIES} entries"
             )));
         }
-        let raw = entry.path().map_err(bad_archive)?.into_owned();
+        let raw = PathBuf::from(OsStr::from_bytes(&ext.path(&entry)));
+        let link = ext
+            .link(&entry)
+            .map(|l| PathBuf::from(OsStr::from_bytes(&l)))
+            .unwrap_or_default();
         let Some(rel) = relative(&raw)? else {
             continue; // `./`
         };
@@ -157,7 +171,7 @@ pub fn unpack(input: impl Read, root: &Path) -> Result<(), ContextError> {
                     .map_err(io_err(&dest))?;
             }
             T::Symlink => {
-                let target = entry.link_name().map_err(bad_archive)?.unwrap_or_default();
+                let target = link;
                 if target.as_os_str().is_empty() || !link_stays_inside(&rel, &target) {
                     return Err(refused(format!(
                         "{}: a symlink pointing outside the build context ({}) is not allowed",
@@ -169,7 +183,7 @@ pub fn unpack(input: impl Read, root: &Path) -> Result<(), ContextError> {
                 std::os::unix::fs::symlink(&target, &dest).map_err(io_err(&dest))?;
             }
             T::Link => {
-                let target = entry.link_name().map_err(bad_archive)?.unwrap_or_default();
+                let target = link;
                 let src = match relative(&target)? {
                     Some(t) => existing_file(root, &t)?,
                     None => None,
@@ -184,8 +198,6 @@ pub fn unpack(input: impl Read, root: &Path) -> Result<(), ContextError> {
                 let dest = prepare(root, &rel)?;
                 fs::hard_link(&src, &dest).map_err(io_err(&dest))?;
             }
-            // Metadata the tar reader has already applied or that husk ignores.
-            T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink => {}
             T::Char | T::Block | T::Fifo => {
                 return Err(refused(format!(
                     "{}: device files and FIFOs are not allowed in a build context",
@@ -200,7 +212,12 @@ pub fn unpack(input: impl Read, root: &Path) -> Result<(), ContextError> {
             }
         }
     }
+    ext.finish().map_err(bad_ext)?;
     check_symlinks(root)
+}
+
+fn bad_ext(e: ExtError) -> ContextError {
+    refused(format!("invalid tar archive: {e}"))
 }
 
 /// The entry path `raw` as a relative path of normal components; `None` for the archive's
@@ -462,5 +479,50 @@ mod tests {
     fn garbage_is_not_an_archive() {
         let (_s, r) = unpack_into(&[7u8; 1024]);
         assert!(matches!(r, Err(ContextError::Refused(_))), "{r:?}");
+    }
+
+    /// A PAX header claiming 64 MiB (all of it zeros, a few hundred KiB gzipped) is refused on
+    /// its size, unread; long names and PAX paths still name their entries.
+    #[test]
+    fn extension_headers_are_bounded_and_applied() {
+        use std::io::Write;
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(T::XHeader);
+        h.set_path("PaxHeaders/bomb").unwrap();
+        h.set_size(64 << 20);
+        h.set_cksum();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(h.as_bytes()).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            gz.write_all(&zeros).unwrap();
+        }
+        let (_s, r) = unpack_into(&gz.finish().unwrap());
+        match r {
+            Err(ContextError::Refused(m)) => assert!(m.contains("larger than 65536"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+
+        let long = format!("{}/{}", "d".repeat(150), "f".repeat(150));
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o755);
+        h.set_entry_type(T::Directory);
+        h.set_size(0);
+        b.append_data(&mut h.clone(), "d".repeat(150), &b""[..])
+            .unwrap();
+        h.set_entry_type(T::Regular);
+        h.set_size(2);
+        b.append_data(&mut h.clone(), &long, &b"ok"[..]).unwrap();
+        b.append_pax_extensions([("path", &b"from-pax"[..])])
+            .unwrap();
+        h.set_size(1);
+        b.append_data(&mut h, "header-name", &b"p"[..]).unwrap();
+        let (s, r) = unpack_into(&b.into_inner().unwrap());
+        r.unwrap();
+        let ctx = s.0.join("ctx");
+        assert_eq!(fs::read(ctx.join(&long)).unwrap(), b"ok");
+        assert_eq!(fs::read(ctx.join("from-pax")).unwrap(), b"p");
+        assert!(!ctx.join("header-name").exists());
     }
 }
