@@ -173,10 +173,10 @@ pub struct Manager {
     network: std::sync::OnceLock<Network>,
 }
 
-/// The server's sandbox networking and its default policy.
+/// The server's sandbox networking (the network helper) and its default policy.
 #[derive(Debug)]
 pub struct Network {
-    pub service: Arc<husk_net::service::NetService>,
+    pub helper: Arc<husk_net::helper::NetHelper>,
     pub default: husk_net::NetPolicy,
 }
 
@@ -233,18 +233,37 @@ impl Manager {
         let _ = self.workspaces.set(workspaces);
     }
 
-    /// Gives sandboxes links out through `service`, under `default` unless they ask.
+    /// Gives sandboxes links out through the network `helper` (if its egress is on), under
+    /// `default` unless they ask, and ingress sockets made by it.
     pub fn set_network(
         &self,
-        service: Arc<husk_net::service::NetService>,
+        helper: Arc<husk_net::helper::NetHelper>,
         default: husk_net::NetPolicy,
     ) {
-        let _ = self.network.set(Network { service, default });
+        let _ = self.network.set(Network { helper, default });
     }
 
     /// Sandbox networking, if enabled.
     pub fn network(&self) -> Option<&Network> {
         self.network.get()
+    }
+
+    /// The network helper when sandboxes get links out through it.
+    fn egress(&self) -> Option<&Network> {
+        self.network.get().filter(|n| n.helper.egress())
+    }
+
+    /// A TCP connection from inside `ns` (a sandbox's namespace) to `addr`: through a socket
+    /// the network helper makes there, or, in a server without one (tests), made here.
+    pub async fn connect_in(
+        &self,
+        ns: &husk_net::netns::NetNs,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<tokio::net::TcpStream> {
+        match self.network.get() {
+            Some(n) => n.helper.tcp_connect(ns, addr).await,
+            None => husk_net::netns::tcp_connect(Some(ns), addr).await,
+        }
     }
 
     /// Teams' workspaces, if enabled.

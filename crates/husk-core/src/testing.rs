@@ -158,6 +158,7 @@ impl SandboxHost for FakeHost {
             // This process: its network namespace and root are what the core opens by pid.
             init_pid: std::process::id() as i32,
             agent: OwnedFd::from(ours),
+            netns: std::fs::File::open("/proc/self/ns/net")?.into(),
             cgroup: SandboxCgroup::from_registry("").expect("an empty cgroup description"),
         })
     }

@@ -12,6 +12,7 @@ pub mod addressing;
 pub mod cmd;
 pub mod denied;
 pub mod dns;
+pub mod helper;
 pub mod host_uplink;
 pub mod limit;
 pub mod netns;

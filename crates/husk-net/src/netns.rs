@@ -49,6 +49,18 @@ impl NetNs {
         Ok(NetNs(Arc::new(f.into())))
     }
 
+    /// The namespace behind a descriptor someone passed in (refused unless it is a network
+    /// namespace).
+    pub fn from_fd(fd: OwnedFd) -> io::Result<NetNs> {
+        if sys::namespace_type(fd.as_fd()).ok() != Some(libc::CLONE_NEWNET) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the descriptor is not a network namespace",
+            ));
+        }
+        Ok(NetNs(Arc::new(fd)))
+    }
+
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }

@@ -135,6 +135,30 @@ impl NetPolicy {
         }
     }
 
+    /// Checks a policy that was not made by this module's parsers (one that crossed a process
+    /// boundary): each list at most [`MAX_ENTRIES`] (and the two ranges of "everything"),
+    /// each domain as [`Target::parse`] would have made it, each range truncated.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let NetPolicy::Egress { allow, deny } = self else {
+            return Ok(());
+        };
+        for list in [allow, deny] {
+            if list.len() > MAX_ENTRIES + 2 {
+                return Err(PolicyError::TooMany);
+            }
+            for t in list {
+                let ok = match t {
+                    Target::Net(n) => *n == n.trunc(),
+                    Target::Domain(d) => Target::parse(d).ok().as_ref() == Some(t),
+                };
+                if !ok {
+                    return Err(PolicyError::BadTarget(t.to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// From `--net` values (repeatable): `none`, `internet`, `allow=LIST`, `deny=LIST`. An
     /// allow list alone means only what it names.
     pub fn from_flags(flags: &[String]) -> Result<NetPolicy, PolicyError> {

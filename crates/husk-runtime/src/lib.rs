@@ -30,6 +30,7 @@ pub mod env;
 pub mod exec;
 pub mod failure;
 pub mod fences;
+pub mod helper;
 pub mod host_template;
 pub mod images;
 mod init;

@@ -84,6 +84,10 @@ pub struct Created {
     pub init_pid: i32,
     /// The server's end of the stream socket to the sandbox's agent.
     pub agent: OwnedFd,
+    /// The sandbox's network namespace (its own, or the one it joined), opened by the
+    /// spawner while PID 1 is certainly the sandbox's: the server needs no access to other
+    /// users' processes to hold it, and never resolves it by pid again.
+    pub netns: OwnedFd,
     /// The sandbox's cgroups, for reading its usage.
     pub cgroup: SandboxCgroup,
 }
@@ -181,9 +185,14 @@ impl SpawnerService {
                 init_pid,
                 cgroup,
             } => {
-                let agent = match (fds.pop(), fds.is_empty()) {
-                    (Some(fd), true) => fd,
-                    _ => return Err(ServiceError::Protocol("expected one agent socket".into())),
+                // [agent, netns], in that order.
+                let (netns, agent) = match (fds.pop(), fds.pop(), fds.is_empty()) {
+                    (Some(netns), Some(agent), true) => (netns, agent),
+                    _ => {
+                        return Err(ServiceError::Protocol(
+                            "expected the agent socket and the network namespace".into(),
+                        ))
+                    }
                 };
                 let cgroup = SandboxCgroup::from_registry(&cgroup)
                     .ok_or_else(|| ServiceError::Protocol("bad cgroup description".into()))?;
@@ -191,6 +200,7 @@ impl SpawnerService {
                     id,
                     init_pid,
                     agent,
+                    netns,
                     cgroup,
                 })
             }
@@ -294,6 +304,12 @@ fn send_reply(sock: &OwnedFd, reply: &Reply, fds: &[std::os::fd::RawFd]) -> io::
     sys::send_with_fds(sock.as_fd(), &bytes, fds)
 }
 
+/// The network namespace of the sandbox whose PID 1 is `pid`.
+fn open_netns(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/{pid}/ns/net")).map_err(io::Error::other)?;
+    sys::open(&path, libc::O_RDONLY | libc::O_CLOEXEC, 0)
+}
+
 /// The spawner process's main loop. Never returns.
 fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &CgroupOptions) -> ! {
     // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
@@ -369,18 +385,27 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
                     ))
                 };
                 match created {
-                    Ok(mut sb) => match sb.take_agent_conn() {
-                        Some(conn) => {
+                    Ok(mut sb) => match (sb.take_agent_conn(), open_netns(sb.init_pid())) {
+                        (Some(conn), Ok(netns)) => {
                             let reply = Reply::Created {
                                 id: sb.id().to_string(),
                                 init_pid: sb.init_pid(),
                                 cgroup: sb.cgroup().to_registry(),
                             };
-                            let sent = send_reply(&sock, &reply, &[conn.as_raw_fd()]);
+                            let fds = [conn.as_raw_fd(), netns.as_raw_fd()];
+                            let sent = send_reply(&sock, &reply, &fds);
                             sandboxes.insert(sb.id().to_string(), sb);
                             sent
                         }
-                        None => send_reply(
+                        (Some(_), Err(e)) => {
+                            let _ = sb.destroy();
+                            let failure = Failure::new(
+                                FailureKind::Internal,
+                                format!("opening the sandbox's network namespace: {e}"),
+                            );
+                            send_reply(&sock, &Reply::Failed(failure), &[])
+                        }
+                        (None, _) => send_reply(
                             &sock,
                             &Reply::Failed(Failure::new(
                                 FailureKind::InvalidSpec,

@@ -406,25 +406,16 @@ async fn update_network(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Files what the router logged up to now, so that a log read right after a refusal has it.
-async fn sync_denials(state: &AppState) {
-    if let Some(n) = state.manager.network() {
-        let service = n.service.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            service.sync_log(std::time::Duration::from_millis(500))
-        })
-        .await;
-    }
-}
-
 /// The sandbox's denied connections, as JSON records (husk's own API).
 async fn denials(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
     let sb = state.manager.get(&who, &id).map_err(answer)?;
-    sync_denials(&state).await;
+    // Read with what the router logged up to now, so that a log read right after a
+    // refusal has it.
+    let denials = sb.denials().await.map_err(answer)?;
     Ok(axum::Json(json!({
         "sandboxID": sb.id(),
         "policy": sb.network_policy(),
-        "denials": sb.denials(),
+        "denials": denials,
     }))
     .into_response())
 }
@@ -432,9 +423,10 @@ async fn denials(State(state): State<AppState>, Who(who): Who, Path(id): Path<St
 /// E2B's sandbox logs: husk's are the denied connections, one line each.
 async fn logs(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
     let sb = state.manager.get(&who, &id).map_err(answer)?;
-    sync_denials(&state).await;
     let entries: Vec<Value> = sb
         .denials()
+        .await
+        .map_err(answer)?
         .iter()
         .map(|d| {
             let at = time::OffsetDateTime::from_unix_timestamp(d.at as i64)

@@ -190,6 +190,19 @@ pub fn main(args: ServeArgs) -> i32 {
             spawner.reaped_at_start()
         );
     }
+    // The router and sockets in sandboxes' namespaces live in a helper process of their own,
+    // forked now while this process is still single-threaded (husk_net::helper).
+    let default_policy = match args.egress.default_policy() {
+        Ok(p) => p,
+        Err(e) => return fail(format_args!("--net-default: {e}")),
+    };
+    let egress = args.egress.clone();
+    let network = match husk_net::helper::NetHelper::start(move || {
+        egress.start(PathBuf::from(husk_runtime::spawner::DEFAULT_RUN_DIR))
+    }) {
+        Ok(n) => Arc::new(n),
+        Err(e) => return fail(e),
+    };
     let store = match Store::open(&args.state_dir) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -209,8 +222,18 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
-    let code = runtime.block_on(run(args, store, spawner.clone(), config));
+    let code = runtime.block_on(run(
+        args,
+        store,
+        spawner.clone(),
+        network.clone(),
+        default_policy,
+        config,
+    ));
     drop(runtime);
+    // Sandboxes are gone, their links with them; then the router and what it added to the
+    // host.
+    network.shutdown();
     match Arc::try_unwrap(spawner) {
         Ok(s) => {
             if let Err(e) = s.shutdown() {
@@ -218,6 +241,9 @@ pub fn main(args: ServeArgs) -> i32 {
             }
         }
         Err(_) => eprintln!("husk: spawner still in use at exit"),
+    }
+    if code == 0 {
+        eprintln!("husk: stopped");
     }
     code
 }
@@ -252,6 +278,8 @@ async fn run(
     args: ServeArgs,
     store: Arc<Store>,
     spawner: Arc<husk_runtime::service::SpawnerService>,
+    network: Arc<husk_net::helper::NetHelper>,
+    default_policy: husk_net::NetPolicy,
     config: Config,
 ) -> i32 {
     let size = SandboxSize {
@@ -269,19 +297,7 @@ async fn run(
         Ok(m) => m,
         Err(e) => return fail(crate::report::chain(&e)),
     };
-    let default_policy = match args.egress.default_policy() {
-        Ok(p) => p,
-        Err(e) => return fail(format_args!("--net-default: {e}")),
-    };
-    let network = match args.egress.start(std::path::PathBuf::from(
-        husk_runtime::spawner::DEFAULT_RUN_DIR,
-    )) {
-        Ok(n) => n.map(Arc::new),
-        Err(e) => return fail(e),
-    };
-    if let Some(n) = &network {
-        manager.set_network(n.clone(), default_policy);
-    }
+    manager.set_network(network, default_policy);
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -372,12 +388,6 @@ async fn run(
     };
     husk_server::serve(listener, state, args.conn.limits(), shutdown).await;
     manager.shutdown().await;
-    if let Some(n) = network {
-        // Sandboxes are gone; their links with them. Then the router and what it added to
-        // the host.
-        tokio::task::spawn_blocking(move || n.shutdown()).await.ok();
-    }
-    eprintln!("husk: stopped");
     0
 }
 

@@ -465,9 +465,22 @@ fn asking_a_server_without_egress_for_a_network_is_a_clear_error() {
     assert_eq!(info["allowInternetAccess"], json!(false), "{info}");
 }
 
-/// The router's namespace inside the server process (found by its uplink), if any.
+/// The server's network helper: its child process holding the router.
+fn net_helper(server: &mut Server) -> Option<u32> {
+    let server_pid = server.child().id();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) state ppid ...": the helper names itself husk-net.
+        let (comm, rest) = stat.split_once(") ")?;
+        let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
+        (ppid == server_pid && comm.ends_with("(husk-net")).then_some(pid)
+    })
+}
+
+/// The router's namespace inside the server's network helper (found by its uplink), if any.
 fn router_of(server: &mut Server) -> Option<husk_net::netns::NetNs> {
-    let pid = server.child().id();
+    let pid = net_helper(server)?;
     let host = husk_net::netns::NetNs::current().unwrap();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         let Ok(target) = std::fs::read_link(e.path()) else {
@@ -506,8 +519,13 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The tests that compare the host's nftables tables before and after, and the one that
+/// adds a table to the host, run one at a time: each would see the other's table.
+static HOST_TABLES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn nothing_remains_after_kill_crash_and_shutdown() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let internet = Internet::new();
     let links_before = internet.links().lines().count();
     let tables_before = husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap();
@@ -597,6 +615,7 @@ fn host_state() -> (String, Vec<String>, String) {
 /// targets the host itself and is refused inside husk's router.
 #[test]
 fn the_host_uplink_changes_only_what_it_says_and_takes_it_back() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let before = host_state();
     let state = TempDir::new("net-host");
     let mut server = Server::start_with(state.path(), &["--egress", "host", "--net-pool", "1"]);

@@ -118,13 +118,13 @@ impl Manager {
         spec.rootfs = template.rootfs.clone();
         let policy = self.request_policy(req.network.as_ref())?;
         let host = self.host.clone();
-        let service = self.network.get().map(|n| n.service.clone());
+        let helper = self.egress().map(|n| n.helper.clone());
         let (created, net) = tokio::task::spawn_blocking(move || {
             // A link out from the router's pool, joined by the sandbox (with the router's
             // resolver as its name server).
-            let net = match service {
-                Some(s) => Some(
-                    s.attach(policy)
+            let net = match helper {
+                Some(h) => Some(
+                    h.attach(policy)
                         .map_err(|e| CoreError::internal("linking the sandbox to the router", e))?,
                 ),
                 None => None,
@@ -168,21 +168,15 @@ impl Manager {
         template: &Resolved,
         limits: Limits,
         created: Created,
-        net: Option<husk_net::router::Attachment>,
+        net: Option<husk_net::helper::Link>,
         undo: &mut Undo,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         let defaults = &template.defaults;
         let init_pid = created.init_pid;
-        // The joined namespace, or the sandbox's own, opened now while PID 1 is certainly the
-        // sandbox's (the spawner reaps it only on destroy), and kept: ingress never resolves
-        // the namespace by pid again.
-        let netns = match &net {
-            Some(n) => n.netns.clone(),
-            None => husk_net::netns::NetNs::open(std::path::Path::new(&format!(
-                "/proc/{init_pid}/ns/net"
-            )))
-            .map_err(|e| CoreError::internal("opening the sandbox's network namespace", e))?,
-        };
+        // The sandbox's namespace as the spawner opened it, kept: ingress never resolves it
+        // by pid.
+        let netns = husk_net::netns::NetNs::from_fd(created.netns)
+            .map_err(|e| CoreError::internal("the sandbox's network namespace", e))?;
         // The template's environment, then the request's (which wins).
         let mut env: Vec<(String, String)> = defaults
             .env

@@ -53,7 +53,7 @@ impl Manager {
         &self,
         asked: Option<&husk_net::NetPolicy>,
     ) -> Result<husk_net::NetPolicy, CoreError> {
-        match (self.network.get(), asked) {
+        match (self.egress(), asked) {
             (Some(_), Some(p)) => Ok(p.clone()),
             (Some(n), None) => Ok(n.default.clone()),
             (None, None) | (None, Some(husk_net::NetPolicy::None)) => Ok(husk_net::NetPolicy::None),

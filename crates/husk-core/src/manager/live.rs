@@ -39,7 +39,7 @@ pub struct LiveSandbox {
     pub(crate) contexts: Arc<crate::contexts::Contexts>,
     /// The sandbox's link out through husk's router (None: loopback only, the server has no
     /// egress). Dropped with the sandbox, which removes the link and its rules.
-    pub(super) net: Option<husk_net::router::Attachment>,
+    pub(super) net: Option<husk_net::helper::Link>,
     /// A credential of the sandbox's creator for its ports, sent as `E2B-Traffic-Access-Token`:
     /// it opens a private sandbox's servers, and the code interpreter (port 49999) of every
     /// sandbox. Every sandbox has one, public or not: the stock code-interpreter SDKs send
@@ -232,13 +232,23 @@ impl LiveSandbox {
     pub fn network_policy(&self) -> husk_net::NetPolicy {
         self.net
             .as_ref()
-            .map_or(husk_net::NetPolicy::None, |n| n.net.policy())
+            .map_or(husk_net::NetPolicy::None, |n| n.policy())
     }
 
     /// The connections its policy refused, oldest first (at most the last
-    /// [`husk_net::sandboxes::MAX_DENIALS`]).
-    pub fn denials(&self) -> Vec<husk_net::Denial> {
-        self.net.as_ref().map_or_else(Vec::new, |n| n.net.denials())
+    /// [`husk_net::sandboxes::MAX_DENIALS`]), with what the kernel logged up to now.
+    pub async fn denials(self: &Arc<Self>) -> Result<Vec<husk_net::Denial>, CoreError> {
+        if self.net.is_none() {
+            return Ok(Vec::new());
+        }
+        let sb = self.clone();
+        tokio::task::spawn_blocking(move || match &sb.net {
+            Some(n) => n.denials(true),
+            None => Ok(Vec::new()),
+        })
+        .await
+        .map_err(|e| CoreError::internal("the denials task", e))?
+        .map_err(|e| CoreError::internal("reading the sandbox's denials", e))
     }
 
     /// The sandbox's network namespace (sockets made in it reach the sandbox's loopback).

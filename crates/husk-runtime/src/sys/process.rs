@@ -123,6 +123,17 @@ pub fn become_user(uid: u32, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// prctl(PR_SET_NAME): the calling thread's name (at most 15 bytes are kept; a name with a
+/// NUL byte is refused), as `ps` and `top` show it.
+pub fn set_thread_name(name: &str) -> io::Result<()> {
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: the pointer is to a NUL-terminated string that outlives the call; the kernel
+    // copies at most 16 bytes of it.
+    cvt_i(unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) })?;
+    Ok(())
+}
+
 /// prctl(PR_SET_PDEATHSIG).
 pub fn set_parent_death_signal(sig: libc::c_int) -> io::Result<()> {
     // SAFETY: PR_SET_PDEATHSIG takes an integer argument only.

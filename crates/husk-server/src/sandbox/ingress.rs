@@ -22,7 +22,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{StatusCode, Uri, Version};
 use axum::response::{IntoResponse, Response};
-use husk_net::netns::{tcp_connect, NetNs};
+use husk_net::netns::NetNs;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use subtle::ConstantTimeEq;
@@ -82,7 +82,12 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
     if !admitted(state, &sb, req.headers()) {
         return answer(StatusCode::FORBIDDEN, private_message(sb.id()));
     }
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect(sb.netns(), port)).await {
+    let stream = match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        connect(&state.manager, sb.netns(), port),
+    )
+    .await
+    {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(sandbox = %sb.id(), port, error = %e, "ingress: no server");
@@ -201,13 +206,17 @@ pub(super) fn team_credential(state: &AppState, sb: &Sandbox, headers: &HeaderMa
 
 /// A connection to `port` on the sandbox's loopback: 127.0.0.1, then `[::1]` if nothing listens
 /// on the former (a server bound to `::1` or `[::]` only).
-async fn connect(ns: &NetNs, port: u16) -> io::Result<tokio::net::TcpStream> {
+async fn connect(
+    manager: &husk_core::manager::Manager,
+    ns: &NetNs,
+    port: u16,
+) -> io::Result<tokio::net::TcpStream> {
     let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    match tcp_connect(Some(ns), v4).await {
+    match manager.connect_in(ns, v4).await {
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
             let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
             // The first error is the one worth telling (the namespace may have no IPv6).
-            tcp_connect(Some(ns), v6).await.map_err(|_| e)
+            manager.connect_in(ns, v6).await.map_err(|_| e)
         }
         r => r,
     }

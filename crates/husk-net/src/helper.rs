@@ -1,0 +1,741 @@
+//! The network helper: a privileged process of its own that holds the router (nftables,
+//! links, the resolver, the domain proxy, the denial log) and makes sockets inside sandboxes'
+//! namespaces, for a server that then needs neither `CAP_NET_ADMIN` nor `setns`.
+//!
+//! It is forked by `husk serve` before any thread (`husk_runtime::helper`) and answers
+//! [`Request`]s: attach a sandbox (a link from the router's pool; its namespace is passed
+//! back), change or read a link's policy and denials, detach it, and make a TCP socket in a
+//! namespace the server passes in, which the server then connects itself: the socket belongs
+//! to that namespace for life, so streams never pass through the helper.
+//!
+//! Everything it is sent is hostile: a link is named by a number only the helper hands out;
+//! a namespace passed in must be a network namespace and not one of the helper's own (the
+//! host's, the router's, the egress one), so no socket it makes can reach the sandboxes'
+//! links or the host's loopback from inside the router.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use husk_runtime::failure::{Failure, FailureKind};
+use husk_runtime::helper::{self as rt, Channels, HelperError};
+use serde::{Deserialize, Serialize};
+
+use crate::netns::NetNs;
+use crate::policy::{NetPolicy, Target};
+use crate::router::Attachment;
+use crate::sandboxes::Denial;
+use crate::service::NetService;
+
+/// Channels, so that this many requests are served at once (an `nft` run for one sandbox
+/// never holds up a socket for another).
+pub const CHANNELS: usize = 8;
+/// Denials per reply (a reply stays well inside a datagram: a denial is at most ~330 bytes).
+pub const DENIALS_PAGE: u32 = 128;
+
+/// A policy on the wire ([`NetPolicy`] is tagged for JSON, which postcard cannot read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WirePolicy {
+    None,
+    Egress {
+        allow: Vec<Target>,
+        deny: Vec<Target>,
+    },
+}
+
+impl From<NetPolicy> for WirePolicy {
+    fn from(p: NetPolicy) -> WirePolicy {
+        match p {
+            NetPolicy::None => WirePolicy::None,
+            NetPolicy::Egress { allow, deny } => WirePolicy::Egress { allow, deny },
+        }
+    }
+}
+
+impl From<WirePolicy> for NetPolicy {
+    fn from(p: WirePolicy) -> NetPolicy {
+        match p {
+            WirePolicy::None => NetPolicy::None,
+            WirePolicy::Egress { allow, deny } => NetPolicy::Egress { allow, deny },
+        }
+    }
+}
+
+/// A denial on the wire (every field present: [`Denial`] leaves out an absent host in JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireDenial {
+    pub at: u64,
+    pub protocol: String,
+    pub address: std::net::IpAddr,
+    pub port: u16,
+    pub host: Option<String>,
+    pub reason: String,
+}
+
+impl From<Denial> for WireDenial {
+    fn from(d: Denial) -> WireDenial {
+        WireDenial {
+            at: d.at,
+            protocol: d.protocol,
+            address: d.address,
+            port: d.port,
+            host: d.host,
+            reason: d.reason,
+        }
+    }
+}
+
+impl From<WireDenial> for Denial {
+    fn from(d: WireDenial) -> Denial {
+        Denial {
+            at: d.at,
+            protocol: d.protocol,
+            address: d.address,
+            port: d.port,
+            host: d.host,
+            reason: d.reason,
+        }
+    }
+}
+
+/// What the server asks the network helper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// A link out under `policy`, for a new sandbox: [`Reply::Attached`], with the
+    /// namespace the sandbox joins attached.
+    Attach { policy: WirePolicy },
+    /// Changes a link's policy.
+    SetPolicy { link: u64, policy: WirePolicy },
+    /// Up to [`DENIALS_PAGE`] of a link's denials from the `from`-th on; `sync` first files
+    /// what the kernel has logged so far.
+    Denials { link: u64, from: u32, sync: bool },
+    /// Removes a link (its rules go; the namespace lives while the sandbox holds it).
+    Detach { link: u64 },
+    /// A TCP socket (IPv6 if `v6`) made in the network namespace attached to the request,
+    /// not connected: [`Reply::Socket`] with it attached.
+    Socket { v6: bool },
+}
+
+/// The network helper's answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Started: whether sandboxes get links out (`false`: egress is off, only sockets are
+    /// made).
+    Ready {
+        egress: bool,
+    },
+    Attached {
+        link: u64,
+        gateway: Ipv4Addr,
+    },
+    Done,
+    Denials {
+        total: u32,
+        page: Vec<WireDenial>,
+    },
+    Socket,
+    Failed(Failure),
+}
+
+/// The helper's side: the service (if egress is on) and the links it handed out.
+struct Helper {
+    service: Option<NetService>,
+    /// Namespaces no socket is made in: the helper's own (the host's), the router's, and the
+    /// egress namespace.
+    own: Vec<NetNs>,
+    links: Mutex<HashMap<u64, Attachment>>,
+    next: AtomicU64,
+}
+
+fn failed(kind: FailureKind, message: impl Into<String>) -> (Reply, Option<OwnedFd>) {
+    (Reply::Failed(Failure::new(kind, message)), None)
+}
+
+impl Helper {
+    fn handle(&self, req: Request, fd: Option<OwnedFd>) -> (Reply, Option<OwnedFd>) {
+        if fd.is_some() && !matches!(req, Request::Socket { .. }) {
+            return failed(
+                FailureKind::InvalidSpec,
+                "a descriptor with a request that takes none",
+            );
+        }
+        match req {
+            Request::Attach { policy } => self.attach(policy.into()),
+            Request::SetPolicy { link, policy } => {
+                let policy = NetPolicy::from(policy);
+                if let Err(e) = policy.validate() {
+                    return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
+                }
+                let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+                match links.get(&link) {
+                    Some(a) => match a.set_policy(policy) {
+                        Ok(()) => (Reply::Done, None),
+                        Err(e) => failed(
+                            FailureKind::Internal,
+                            format!(
+                                "changing the sandbox's egress policy: {}",
+                                husk_runtime::failure::chain(&e)
+                            ),
+                        ),
+                    },
+                    None => failed(FailureKind::NotFound, format!("no link {link}")),
+                }
+            }
+            Request::Denials { link, from, sync } => {
+                if sync {
+                    if let Some(s) = &self.service {
+                        s.sync_log(std::time::Duration::from_millis(500));
+                    }
+                }
+                let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+                match links.get(&link) {
+                    Some(a) => {
+                        let all = a.net.denials();
+                        let page = all
+                            .iter()
+                            .skip(from as usize)
+                            .take(DENIALS_PAGE as usize)
+                            .cloned()
+                            .map(WireDenial::from)
+                            .collect();
+                        let total = u32::try_from(all.len()).unwrap_or(u32::MAX);
+                        (Reply::Denials { total, page }, None)
+                    }
+                    None => failed(FailureKind::NotFound, format!("no link {link}")),
+                }
+            }
+            Request::Detach { link } => {
+                let gone = self
+                    .links
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&link);
+                match gone {
+                    // Dropping it removes its rules (queued to the router's worker).
+                    Some(a) => {
+                        drop(a);
+                        (Reply::Done, None)
+                    }
+                    None => failed(FailureKind::NotFound, format!("no link {link}")),
+                }
+            }
+            Request::Socket { v6 } => match fd {
+                Some(fd) => self.socket(fd, v6),
+                None => failed(
+                    FailureKind::InvalidSpec,
+                    "a socket request without a namespace",
+                ),
+            },
+        }
+    }
+
+    fn attach(&self, policy: NetPolicy) -> (Reply, Option<OwnedFd>) {
+        let Some(service) = &self.service else {
+            return failed(FailureKind::Host, "sandbox egress is off on this server");
+        };
+        if let Err(e) = policy.validate() {
+            return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
+        }
+        match service.attach(policy) {
+            Ok(a) => {
+                let link = self.next.fetch_add(1, Ordering::Relaxed);
+                let gateway = a.gateway();
+                let ns = a.netns.fd().try_clone_to_owned();
+                match ns {
+                    Ok(ns) => {
+                        self.links
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(link, a);
+                        (Reply::Attached { link, gateway }, Some(ns))
+                    }
+                    Err(e) => failed(
+                        FailureKind::Exhausted,
+                        format!("passing the namespace: {e}"),
+                    ),
+                }
+            }
+            Err(e) => failed(
+                FailureKind::Internal,
+                format!(
+                    "linking the sandbox to the router: {}",
+                    husk_runtime::failure::chain(&e)
+                ),
+            ),
+        }
+    }
+
+    fn socket(&self, fd: OwnedFd, v6: bool) -> (Reply, Option<OwnedFd>) {
+        let ns = match NetNs::from_fd(fd) {
+            Ok(ns) => ns,
+            Err(e) => return failed(FailureKind::InvalidSpec, e.to_string()),
+        };
+        if self.own.iter().any(|o| o.same_as(&ns)) {
+            return failed(
+                FailureKind::InvalidSpec,
+                "sockets are made only in sandboxes' namespaces",
+            );
+        }
+        let domain = if v6 {
+            socket2::Domain::IPV6
+        } else {
+            socket2::Domain::IPV4
+        };
+        let made = ns.run(|| {
+            socket2::Socket::new(
+                domain,
+                socket2::Type::STREAM.nonblocking().cloexec(),
+                Some(socket2::Protocol::TCP),
+            )
+        });
+        match made {
+            Ok(s) => (Reply::Socket, Some(s.into())),
+            Err(e) => failed(
+                FailureKind::Exhausted,
+                format!("a socket in the sandbox: {e}"),
+            ),
+        }
+    }
+}
+
+/// The body of the helper process: starts the service with `setup` (inside a runtime of its
+/// own: the resolver and proxy are its tasks), says [`Reply::Ready`] (or why not) on the
+/// first channel, serves every channel on a thread of its own, and stops the service when the
+/// server has closed them all.
+fn run(channels: Vec<OwnedFd>, setup: impl FnOnce() -> Result<Option<NetService>, String>) -> i32 {
+    let first = channels[0].as_fd();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("husk-net")
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let f = Failure::new(FailureKind::Internal, format!("async runtime: {e}"));
+            let _ = rt::send(first, &Reply::Failed(f), None);
+            return 1;
+        }
+    };
+    let service = match runtime.block_on(async { setup() }) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = rt::send(
+                first,
+                &Reply::Failed(Failure::new(FailureKind::Host, e)),
+                None,
+            );
+            return 1;
+        }
+    };
+    let mut own = Vec::new();
+    match NetNs::current() {
+        Ok(ns) => own.push(ns),
+        Err(e) => {
+            let f = Failure::new(FailureKind::Internal, format!("own namespace: {e}"));
+            let _ = rt::send(first, &Reply::Failed(f), None);
+            return 1;
+        }
+    }
+    if let Some(s) = &service {
+        own.push(s.router().namespace().clone());
+        own.extend(s.router().egress().cloned());
+    }
+    let egress = service.is_some();
+    let helper = Arc::new(Helper {
+        service,
+        own,
+        links: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(1),
+    });
+    if rt::send(first, &Reply::Ready { egress }, None).is_err() {
+        return 1;
+    }
+    let threads: Vec<_> = channels
+        .into_iter()
+        .map(|ch| {
+            let helper = helper.clone();
+            std::thread::Builder::new()
+                .name("husk-net-chan".into())
+                .spawn(move || {
+                    rt::serve_channel(
+                        ch,
+                        |req, fd| helper.handle(req, fd),
+                        |m| {
+                            Reply::Failed(Failure::new(
+                                FailureKind::InvalidSpec,
+                                format!("bad request: {m}"),
+                            ))
+                        },
+                    )
+                })
+        })
+        .collect();
+    for t in threads.into_iter().flatten() {
+        let _ = t.join();
+    }
+    // The server is gone or stopping: every link, then the router and what it made on the
+    // host.
+    helper
+        .links
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    if let Some(s) = &helper.service {
+        s.shutdown();
+    }
+    drop(runtime);
+    0
+}
+
+/// The server's handle on the network helper.
+#[derive(Debug)]
+pub struct NetHelper {
+    channels: Channels,
+    pid: libc::pid_t,
+    egress: bool,
+}
+
+impl NetHelper {
+    /// Forks the helper; `setup` runs in it, inside its async runtime, and starts the router
+    /// (`Ok(None)`: egress off). Blocks until the helper is ready. The calling process must be
+    /// single-threaded.
+    pub fn start(
+        setup: impl FnOnce() -> Result<Option<NetService>, String>,
+    ) -> Result<NetHelper, Failure> {
+        let forked = rt::fork("husk-net", CHANNELS, |channels| run(channels, setup))?;
+        let mut buf = vec![0u8; rt::MAX_MESSAGE];
+        let ready = rt::recv::<Reply>(forked.channels[0].as_fd(), &mut buf);
+        let reap = || {
+            let _ = husk_runtime::sys::waitpid(forked.pid, 0);
+        };
+        match ready {
+            Ok(Some((Reply::Ready { egress }, None))) => Ok(NetHelper {
+                channels: Channels::new("network", forked.channels),
+                pid: forked.pid,
+                egress,
+            }),
+            Ok(Some((Reply::Failed(f), _))) => {
+                reap();
+                Err(f)
+            }
+            other => {
+                reap();
+                Err(Failure::new(
+                    FailureKind::Internal,
+                    format!("the network helper did not start: {other:?}"),
+                ))
+            }
+        }
+    }
+
+    /// Whether sandboxes get links out.
+    pub fn egress(&self) -> bool {
+        self.egress
+    }
+
+    /// The helper's pid.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Stops the helper (which removes its links, the router and what it made on the host)
+    /// and waits for it to exit. Blocking. Later calls fail.
+    pub fn shutdown(&self) {
+        self.channels.close();
+        let _ = husk_runtime::sys::waitpid(self.pid, 0);
+    }
+
+    fn call(
+        &self,
+        req: &Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(Reply, Option<OwnedFd>), HelperError> {
+        match self.channels.call(req, fd)? {
+            (Reply::Failed(f), _) => Err(HelperError::Failed(f)),
+            ok => Ok(ok),
+        }
+    }
+
+    fn unexpected(reply: &Reply) -> HelperError {
+        HelperError::Protocol {
+            helper: "network",
+            message: format!("unexpected {reply:?}"),
+        }
+    }
+
+    /// A link out for a new sandbox. Blocking.
+    pub fn attach(self: &Arc<Self>, policy: NetPolicy) -> Result<Link, HelperError> {
+        match self.call(
+            &Request::Attach {
+                policy: policy.clone().into(),
+            },
+            None,
+        )? {
+            (Reply::Attached { link, gateway }, Some(ns)) => {
+                let netns = NetNs::from_fd(ns).map_err(|e| HelperError::Protocol {
+                    helper: "network",
+                    message: e.to_string(),
+                })?;
+                Ok(Link {
+                    helper: self.clone(),
+                    link,
+                    netns,
+                    gateway,
+                    policy: Mutex::new(policy),
+                })
+            }
+            (other, _) => Err(Self::unexpected(&other)),
+        }
+    }
+
+    /// A TCP socket made in `ns`, not yet connected. Blocking (microseconds).
+    pub fn socket(&self, ns: &NetNs, v6: bool) -> Result<OwnedFd, HelperError> {
+        match self.call(&Request::Socket { v6 }, Some(ns.fd()))? {
+            (Reply::Socket, Some(fd)) => Ok(fd),
+            (other, _) => Err(Self::unexpected(&other)),
+        }
+    }
+
+    /// A TCP connection made from inside `ns` to `addr` (non-blocking, for tokio).
+    pub async fn tcp_connect(
+        self: &Arc<Self>,
+        ns: &NetNs,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<tokio::net::TcpStream> {
+        let (helper, ns2) = (self.clone(), ns.clone());
+        let fd = tokio::task::spawn_blocking(move || helper.socket(&ns2, addr.is_ipv6()))
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
+        let s = socket2::Socket::from(fd);
+        s.set_tcp_nodelay(true)?;
+        tokio::net::TcpSocket::from_std_stream(s.into())
+            .connect(addr)
+            .await
+    }
+}
+
+/// A sandbox's link out, held by the server; dropping it removes the link.
+#[derive(Debug)]
+pub struct Link {
+    helper: Arc<NetHelper>,
+    link: u64,
+    /// The namespace the sandbox joins.
+    pub netns: NetNs,
+    gateway: Ipv4Addr,
+    policy: Mutex<NetPolicy>,
+}
+
+impl Link {
+    /// The router's side of the link (the sandbox's gateway and name server).
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.gateway
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> NetPolicy {
+        self.policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Changes the policy while the sandbox runs. Blocking (one `nft` run in the helper).
+    pub fn set_policy(&self, policy: NetPolicy) -> Result<(), HelperError> {
+        let req = Request::SetPolicy {
+            link: self.link,
+            policy: policy.clone().into(),
+        };
+        match self.helper.call(&req, None)? {
+            (Reply::Done, None) => {
+                *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+                Ok(())
+            }
+            (other, _) => Err(NetHelper::unexpected(&other)),
+        }
+    }
+
+    /// The connections refused so far (`sync`: with what the kernel logged up to now).
+    /// Blocking.
+    pub fn denials(&self, sync: bool) -> Result<Vec<Denial>, HelperError> {
+        let mut out = Vec::new();
+        loop {
+            let req = Request::Denials {
+                link: self.link,
+                from: u32::try_from(out.len()).unwrap_or(u32::MAX),
+                sync: sync && out.is_empty(),
+            };
+            match self.helper.call(&req, None)? {
+                (Reply::Denials { total, page }, None) => {
+                    let done = page.is_empty();
+                    out.extend(page.into_iter().map(Denial::from));
+                    // The log is bounded (crate::sandboxes::MAX_DENIALS), so is this loop.
+                    if done
+                        || out.len() >= total as usize
+                        || out.len() > crate::sandboxes::MAX_DENIALS
+                    {
+                        return Ok(out);
+                    }
+                }
+                (other, _) => return Err(NetHelper::unexpected(&other)),
+            }
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // A round trip: the helper answers at once and removes the rules in the background.
+        if let Err(e) = self.helper.call(&Request::Detach { link: self.link }, None) {
+            tracing::warn!(error = %e, "removing a sandbox's link");
+        }
+    }
+}
+
+/// The helper's reading of one request datagram, for husk's fuzz targets (`fuzz/`). Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Decodes `datagram` as the helper does and handles it, with `fd` attached, as a helper
+    /// without egress would (sockets only; every link unknown). Returns the request encoded
+    /// again and the reply; `None` if it is not a request.
+    pub fn request(datagram: &[u8], fd: Option<OwnedFd>) -> Option<(Vec<u8>, Reply)> {
+        let req: Request = postcard::from_bytes(datagram).ok()?;
+        let encoded = postcard::to_stdvec(&req).expect("a decoded request encodes");
+        let helper = Helper {
+            service: None,
+            own: NetNs::current().into_iter().collect(),
+            links: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        };
+        let (reply, _socket) = helper.handle(req, fd);
+        Some((encoded, reply))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// The helper's request handling without its process (a test cannot fork: it has
+    /// threads) and without a router: egress off, sockets only.
+    fn helper() -> Helper {
+        Helper {
+            service: None,
+            own: vec![NetNs::current().unwrap()],
+            links: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn failure(reply: (Reply, Option<OwnedFd>)) -> Failure {
+        match reply {
+            (Reply::Failed(f), None) => f,
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sockets_are_made_in_the_namespace_passed_and_only_in_a_sandbox_one() {
+        let h = helper();
+        // A namespace of the test's own (a sandbox's stands for it): the socket is made there.
+        let ns = NetNs::create().unwrap();
+        let (reply, fd) = h.handle(
+            Request::Socket { v6: false },
+            Some(ns.fd().try_clone_to_owned().unwrap()),
+        );
+        assert_eq!(reply, Reply::Socket);
+        let sock = socket2::Socket::from(fd.unwrap());
+        // Its loopback is down in a new namespace: connecting there fails, where the host's
+        // loopback would have answered (ENETUNREACH, not a connection to the host).
+        let err = sock
+            .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], 9)).into())
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENETUNREACH), "{err}");
+
+        // The helper's own namespace (the host's) is refused.
+        let host = std::fs::File::open("/proc/self/ns/net").unwrap();
+        let f = failure(h.handle(Request::Socket { v6: false }, Some(host.into())));
+        assert_eq!(f.kind, FailureKind::InvalidSpec);
+        assert!(f.message.contains("only in sandboxes' namespaces"), "{f}");
+        // Anything that is not a network namespace is refused.
+        let mnt = std::fs::File::open("/proc/self/ns/mnt").unwrap();
+        let f = failure(h.handle(Request::Socket { v6: true }, Some(mnt.into())));
+        assert!(f.message.contains("not a network namespace"), "{f}");
+        let (r, _w) = husk_runtime::sys::pipe().unwrap();
+        assert!(r.as_raw_fd() > 2);
+        let f = failure(h.handle(Request::Socket { v6: false }, Some(r)));
+        assert_eq!(f.kind, FailureKind::InvalidSpec);
+        // No namespace at all.
+        let f = failure(h.handle(Request::Socket { v6: false }, None));
+        assert_eq!(f.kind, FailureKind::InvalidSpec);
+    }
+
+    #[test]
+    fn links_are_named_only_by_what_the_helper_handed_out() {
+        let h = helper();
+        // Egress is off: no link can be had, and none can be named.
+        let f = failure(h.handle(
+            Request::Attach {
+                policy: WirePolicy::None,
+            },
+            None,
+        ));
+        assert_eq!(f.kind, FailureKind::Host);
+        for req in [
+            Request::Detach { link: 1 },
+            Request::Denials {
+                link: 1,
+                from: 0,
+                sync: true,
+            },
+            Request::SetPolicy {
+                link: 1,
+                policy: WirePolicy::None,
+            },
+        ] {
+            assert_eq!(failure(h.handle(req, None)).kind, FailureKind::NotFound);
+        }
+        // A descriptor where none is taken is refused (and closed).
+        let (r, _w) = husk_runtime::sys::pipe().unwrap();
+        let f = failure(h.handle(Request::Detach { link: 1 }, Some(r)));
+        assert_eq!(f.kind, FailureKind::InvalidSpec);
+        // A policy that did not come from the parsers is checked.
+        let bad = WirePolicy::Egress {
+            allow: vec![Target::Domain("evil.com\"; flush ruleset".into())],
+            deny: Vec::new(),
+        };
+        let f = failure(h.handle(
+            Request::SetPolicy {
+                link: 1,
+                policy: bad,
+            },
+            None,
+        ));
+        assert_eq!(f.kind, FailureKind::InvalidSpec);
+    }
+
+    #[test]
+    fn policies_and_denials_cross_the_wire_whole() {
+        let policy = NetPolicy::from_flags(&["allow=example.com,10.0.0.0/8".into()]).unwrap();
+        let bytes = postcard::to_stdvec(&Request::Attach {
+            policy: policy.clone().into(),
+        })
+        .unwrap();
+        match postcard::from_bytes::<Request>(&bytes).unwrap() {
+            Request::Attach { policy: p } => assert_eq!(NetPolicy::from(p), policy),
+            other => panic!("{other:?}"),
+        }
+        let d = Denial::now("tcp", "203.0.113.7".parse().unwrap(), 443, "policy");
+        let bytes = postcard::to_stdvec(&WireDenial::from(d.clone())).unwrap();
+        assert_eq!(
+            Denial::from(postcard::from_bytes::<WireDenial>(&bytes).unwrap()),
+            d
+        );
+    }
+}

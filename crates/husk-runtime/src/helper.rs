@@ -1,0 +1,369 @@
+//! Privileged helper processes of `husk serve`, and the channels to them.
+//!
+//! A helper does one kind of privileged work (the spawner: sandboxes; the network helper:
+//! nftables, the router, sockets in sandboxes' namespaces) for a server that treats its own
+//! input as hostile and should need no privilege for it. Each is forked while the server is
+//! still single-threaded, keeps nothing of the server but its channels, and answers typed
+//! requests: one postcard datagram each way over a `SOCK_SEQPACKET` pair, with at most one
+//! descriptor attached (`SCM_RIGHTS`), a failure answered as a typed [`Failure`].
+//!
+//! A helper is given several channels, each served by a thread of its own, so that one slow
+//! request (an `nft` run) never holds up another (a socket for ingress). The server's side
+//! ([`Channels`]) lends a free channel to each call for the time of its one request and
+//! reply; calls are blocking, and take microseconds.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Condvar, Mutex};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::failure::{Failure, FailureKind};
+use crate::sys;
+
+/// Largest datagram on a helper channel, either way.
+pub const MAX_MESSAGE: usize = 64 << 10;
+
+/// Why a call to a helper failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The helper answered with a failure.
+    #[error(transparent)]
+    Failed(Failure),
+    /// The helper is gone (it crashed, or was stopped).
+    #[error("the {0} helper is gone")]
+    Gone(&'static str),
+    /// The helper's answer or the request itself broke the protocol.
+    #[error("the {helper} helper: {message}")]
+    Protocol {
+        helper: &'static str,
+        message: String,
+    },
+}
+
+impl HelperError {
+    /// The failure's kind (a helper gone, or a broken answer, is internal).
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            HelperError::Failed(f) => f.kind,
+            HelperError::Gone(_) | HelperError::Protocol { .. } => FailureKind::Internal,
+        }
+    }
+}
+
+/// A forked helper as its server sees it: its pid and the server's ends of its channels.
+#[derive(Debug)]
+pub struct Forked {
+    pub pid: libc::pid_t,
+    pub channels: Vec<OwnedFd>,
+}
+
+/// Forks a helper named `name` with `channels` channels; the child runs `body` with its ends
+/// and exits with what it returns. The calling process must be single-threaded (checked).
+///
+/// The child leaves the server's session (a Ctrl-C at the server's terminal is the server's
+/// to handle), ignores the stop signals a service manager sends the whole group (the server
+/// stops its helpers in order), dies with the server (`PR_SET_PDEATHSIG`), and closes every
+/// descriptor but stdio and its channels: nothing of the server's (its listener, its
+/// spawner's socket) stays open in it.
+pub fn fork(
+    name: &'static str,
+    channels: usize,
+    body: impl FnOnce(Vec<OwnedFd>) -> i32,
+) -> Result<Forked, Failure> {
+    let internal = |what: &str, e: io::Error| {
+        Failure::new(
+            FailureKind::Internal,
+            format!("starting the {name} helper: {what}: {e}"),
+        )
+    };
+    match sys::thread_count() {
+        Ok(1) => {}
+        Ok(n) => {
+            return Err(Failure::new(
+                FailureKind::Internal,
+                format!(
+                    "the {name} helper must be started before any thread (this process has {n})"
+                ),
+            ))
+        }
+        Err(e) => return Err(internal("counting threads", e)),
+    }
+    let mut ours = Vec::with_capacity(channels);
+    let mut theirs = Vec::with_capacity(channels);
+    for _ in 0..channels.max(1) {
+        let (a, b) = sys::seqpacket_pair().map_err(|e| internal("socket pair", e))?;
+        ours.push(a);
+        theirs.push(b);
+    }
+    let parent = sys::getpid();
+    // SAFETY: the process is single-threaded (checked just above).
+    let pid = unsafe { sys::fork() }.map_err(|e| internal("fork", e))?;
+    if pid == 0 {
+        drop(ours);
+        let _ = sys::setsid();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+            sys::ignore_signal(sig);
+        }
+        if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != parent {
+            sys::exit_now(1);
+        }
+        let keep: Vec<RawFd> = theirs.iter().map(|c| c.as_raw_fd()).collect();
+        sys::close_fds_from(3, &keep);
+        let _ = sys::set_thread_name(name);
+        sys::exit_now(body(theirs));
+    }
+    drop(theirs);
+    Ok(Forked {
+        pid,
+        channels: ours,
+    })
+}
+
+/// Encodes `msg` and sends it with `fd` attached, if any.
+pub fn send<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let bytes = postcard::to_stdvec(msg).map_err(|e| io::Error::other(e.to_string()))?;
+    if bytes.len() > MAX_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("message of {} bytes (at most {MAX_MESSAGE})", bytes.len()),
+        ));
+    }
+    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    sys::send_with_fds(sock, &bytes, &fds)
+}
+
+/// One datagram as received: `None` at end of file. Bytes that do not decode, or more than
+/// one descriptor, are an `InvalidData` error (the descriptors are closed).
+pub fn recv<T: DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<Option<(T, Option<OwnedFd>)>> {
+    let (n, mut fds) = sys::recv_with_fds(sock, buf)?;
+    if n == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    if fds.len() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} descriptors with one message (at most 1)", fds.len()),
+        ));
+    }
+    let msg = postcard::from_bytes(&buf[..n])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    Ok(Some((msg, fds.pop())))
+}
+
+/// Serves one channel on the calling thread until the server closes it: each request is
+/// decoded and given to `handle`, whose reply (and descriptor) is sent back. A request that
+/// does not decode is answered `bad(message)`, and the channel goes on.
+pub fn serve_channel<Req, Rep>(
+    sock: OwnedFd,
+    mut handle: impl FnMut(Req, Option<OwnedFd>) -> (Rep, Option<OwnedFd>),
+    bad: impl Fn(String) -> Rep,
+) where
+    Req: DeserializeOwned,
+    Rep: Serialize,
+{
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let (reply, fd) = match recv::<Req>(sock.as_fd(), &mut buf) {
+            Ok(None) => return,
+            Ok(Some((req, fd))) => handle(req, fd),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => (bad(e.to_string()), None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        if send(sock.as_fd(), &reply, fd.as_ref().map(|f| f.as_fd())).is_err() {
+            return;
+        }
+    }
+}
+
+/// The server's ends of a helper's channels, lent one per call.
+#[derive(Debug)]
+pub struct Channels {
+    name: &'static str,
+    /// The channels free now, how many are lent, and whether they were closed.
+    free: Mutex<(Vec<OwnedFd>, usize, bool)>,
+    returned: Condvar,
+}
+
+impl Channels {
+    pub fn new(name: &'static str, channels: Vec<OwnedFd>) -> Channels {
+        Channels {
+            name,
+            free: Mutex::new((channels, 0, false)),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// Sends `req` (with `fd`) on a free channel and waits for the reply. Blocking: call from
+    /// a thread that may block (tokio's blocking pool).
+    pub fn call<Req: Serialize, Rep: DeserializeOwned>(
+        &self,
+        req: &Req,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(Rep, Option<OwnedFd>), HelperError> {
+        let sock = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if free.2 {
+                    return Err(HelperError::Gone(self.name));
+                }
+                if let Some(s) = free.0.pop() {
+                    free.1 += 1;
+                    break s;
+                }
+                if free.1 == 0 {
+                    // Every channel broke: none will come back.
+                    return Err(HelperError::Gone(self.name));
+                }
+                free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let result = self.exchange(&sock, req, fd);
+        // A channel whose exchange broke (the helper gone, a reply that did not decode) is
+        // out of step: it is dropped, not lent again.
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.1 -= 1;
+        if !free.2
+            && !matches!(
+                result,
+                Err(HelperError::Gone(_)) | Err(HelperError::Protocol { .. })
+            )
+        {
+            free.0.push(sock);
+        }
+        drop(free);
+        self.returned.notify_all();
+        result
+    }
+
+    /// Closes every channel (those lent now when their call ends): the helper sees the end of
+    /// each, and stops. Later calls fail with [`HelperError::Gone`].
+    pub fn close(&self) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.2 = true;
+        free.0.clear();
+        drop(free);
+        self.returned.notify_all();
+    }
+
+    fn exchange<Req: Serialize, Rep: DeserializeOwned>(
+        &self,
+        sock: &OwnedFd,
+        req: &Req,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(Rep, Option<OwnedFd>), HelperError> {
+        let gone = |e: io::Error| match e.raw_os_error() {
+            Some(libc::EPIPE) | Some(libc::ECONNRESET) => HelperError::Gone(self.name),
+            _ => HelperError::Protocol {
+                helper: self.name,
+                message: e.to_string(),
+            },
+        };
+        send(sock.as_fd(), req, fd).map_err(gone)?;
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        match recv(sock.as_fd(), &mut buf) {
+            Ok(Some(reply)) => Ok(reply),
+            Ok(None) => Err(HelperError::Gone(self.name)),
+            Err(e) => Err(gone(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    enum Req {
+        Echo(String),
+        WithFd,
+    }
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    enum Rep {
+        Echo(String),
+        Fd,
+        Bad(String),
+    }
+
+    fn serve_pair() -> (Channels, std::thread::JoinHandle<()>) {
+        let (a, b) = sys::seqpacket_pair().unwrap();
+        let t = std::thread::spawn(move || {
+            serve_channel::<Req, Rep>(
+                b,
+                |req, fd| match req {
+                    Req::Echo(s) => (Rep::Echo(s), None),
+                    Req::WithFd => (Rep::Fd, fd),
+                },
+                Rep::Bad,
+            )
+        });
+        (Channels::new("test", vec![a]), t)
+    }
+
+    #[test]
+    fn calls_carry_messages_and_descriptors() {
+        let (ch, t) = serve_pair();
+        let (rep, fd) = ch.call::<_, Rep>(&Req::Echo("hi".into()), None).unwrap();
+        assert_eq!((rep, fd.is_none()), (Rep::Echo("hi".into()), true));
+        let (r, _w) = sys::pipe().unwrap();
+        let (rep, fd) = ch.call::<_, Rep>(&Req::WithFd, Some(r.as_fd())).unwrap();
+        assert_eq!(rep, Rep::Fd);
+        assert!(fd.is_some());
+        drop(ch);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn hostile_datagrams_are_answered_and_the_channel_goes_on() {
+        let (a, b) = sys::seqpacket_pair().unwrap();
+        let t = std::thread::spawn(move || {
+            serve_channel::<Req, Rep>(b, |_, _| (Rep::Fd, None), Rep::Bad)
+        });
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        // Not a request.
+        sys::send_with_fds(a.as_fd(), &[0xff, 0xff, 0xff], &[]).unwrap();
+        let (rep, _) = recv::<Rep>(a.as_fd(), &mut buf).unwrap().unwrap();
+        assert!(matches!(rep, Rep::Bad(_)), "{rep:?}");
+        // Two descriptors where one is allowed: refused, both closed.
+        let (r1, _w1) = sys::pipe().unwrap();
+        let (r2, _w2) = sys::pipe().unwrap();
+        let bytes = postcard::to_stdvec(&Req::WithFd).unwrap();
+        sys::send_with_fds(a.as_fd(), &bytes, &[r1.as_raw_fd(), r2.as_raw_fd()]).unwrap();
+        let (rep, fd) = recv::<Rep>(a.as_fd(), &mut buf).unwrap().unwrap();
+        assert!(
+            matches!(&rep, Rep::Bad(m) if m.contains("2 descriptors")),
+            "{rep:?}"
+        );
+        assert!(fd.is_none());
+        // Still serving.
+        send(a.as_fd(), &Req::Echo("x".into()), None).unwrap();
+        let (rep, _) = recv::<Rep>(a.as_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!(rep, Rep::Fd);
+        drop(a);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_gone_helper_is_told_and_its_channel_dropped() {
+        let (a, b) = sys::seqpacket_pair().unwrap();
+        drop(b);
+        let ch = Channels::new("test", vec![a]);
+        let err = ch.call::<_, Rep>(&Req::Echo("x".into()), None).unwrap_err();
+        assert!(matches!(err, HelperError::Gone("test")), "{err}");
+        assert!(ch.free.lock().unwrap().0.is_empty());
+        // And every later call is told at once, not left waiting for a channel.
+        let err = ch.call::<_, Rep>(&Req::Echo("x".into()), None).unwrap_err();
+        assert!(matches!(err, HelperError::Gone("test")), "{err}");
+    }
+}
