@@ -238,34 +238,64 @@ pub fn validate_name(name: &str) -> Result<(), SecretError> {
 pub struct Secrets {
     store: Arc<Store>,
     /// Reloaded from its files when a row names a key it does not hold (the CLI rotated the
-    /// key while a server was running).
-    keys: std::sync::RwLock<MasterKeys>,
+    /// key while a server was running). `None` in the server, whose store is the state
+    /// helper's: sealing and opening happen there, where the key is.
+    keys: Option<std::sync::RwLock<MasterKeys>>,
 }
 
 impl Secrets {
     pub fn new(store: Arc<Store>, keys: MasterKeys) -> Secrets {
         Secrets {
             store,
-            keys: std::sync::RwLock::new(keys),
+            keys: Some(std::sync::RwLock::new(keys)),
         }
     }
 
-    fn keys(&self) -> std::sync::RwLockReadGuard<'_, MasterKeys> {
-        self.keys.read().unwrap_or_else(|p| p.into_inner())
+    /// The secrets of the state helper's store (see [`crate::store::remote`]): this process
+    /// never holds the master key.
+    pub fn remote(store: Arc<Store>) -> Secrets {
+        Secrets { store, keys: None }
+    }
+
+    /// The master keys, or, without them, the state helper that holds them.
+    fn holder(&self) -> Result<Holder<'_>, SecretError> {
+        match (&self.keys, self.store.as_remote()) {
+            (Some(k), _) => Ok(Holder::Keys(k)),
+            (None, Some(r)) => Ok(Holder::Helper(r)),
+            (None, None) => Err(SecretError::MasterKey {
+                path: Default::default(),
+                message: "no master key is loaded".into(),
+            }),
+        }
+    }
+
+    fn keys(&self) -> Result<std::sync::RwLockReadGuard<'_, MasterKeys>, SecretError> {
+        match self.holder()? {
+            Holder::Keys(k) => Ok(k.read().unwrap_or_else(|p| p.into_inner())),
+            Holder::Helper(_) => Err(SecretError::MasterKey {
+                path: Default::default(),
+                message: "the master key is the state helper's; rotate it with `husk secret rotate` on the host".into(),
+            }),
+        }
     }
 
     /// Opens `row`, reloading the key files once if it was sealed with a key not loaded.
     fn open_row(&self, row: &SealedRow) -> Result<Zeroizing<Vec<u8>>, SecretError> {
-        if self.keys().for_id(&row.key_id).is_none() {
-            let path = self.keys().path.clone();
+        if self.keys()?.for_id(&row.key_id).is_none() {
+            let path = self.keys()?.path.clone();
             let fresh = MasterKeys::load(&path)?;
-            *self.keys.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+            if let Some(k) = &self.keys {
+                *k.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+            }
         }
-        open(&self.keys(), row)
+        open(&*self.keys()?, row)
     }
 
     /// Stores (or replaces) `team`'s secret `name`.
     pub fn set(&self, team: &str, name: &str, value: &[u8]) -> Result<(), SecretError> {
+        if let Holder::Helper(r) = self.holder()? {
+            return r.seal_secret(team, name, value);
+        }
         validate_name(name)?;
         crate::store::validate_team(team)?;
         if value.len() > MAX_SECRET_BYTES {
@@ -277,7 +307,7 @@ impl Secrets {
         if value.contains(&0) {
             return Err(SecretError::Nul(name.to_string()));
         }
-        let keys = self.keys();
+        let keys = self.keys()?;
         let (nonce, ciphertext) = seal(&keys.current, team, name, value)?;
         let now = OffsetDateTime::now_utc();
         self.store.put_secret(&SealedRow {
@@ -294,6 +324,9 @@ impl Secrets {
 
     /// `team`'s secret `name`, opened (only for injecting it into a process).
     pub fn get(&self, team: &str, name: &str) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+        if let Holder::Helper(r) = self.holder()? {
+            return r.open_secret(team, name);
+        }
         let row = self
             .store
             .secret(team, name)?
@@ -327,7 +360,7 @@ impl Secrets {
     /// Replaces the master key: a new key, every secret resealed under it in one transaction,
     /// then the new key file renamed over the old one. Returns how many were resealed.
     pub fn rotate(&self) -> Result<usize, SecretError> {
-        let path = self.keys().path.clone();
+        let path = self.keys()?.path.clone();
         let pending = pending_path(&path);
         let new = match read_key(&pending)? {
             // An interrupted rotation: finish it with its key.
@@ -347,13 +380,21 @@ impl Secrets {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = MasterKeys {
-            path,
-            current: new,
-            pending: None,
-        };
+        if let Some(k) = &self.keys {
+            *k.write().unwrap_or_else(|p| p.into_inner()) = MasterKeys {
+                path,
+                current: new,
+                pending: None,
+            };
+        }
         Ok(rows.len())
     }
+}
+
+/// Who seals and opens: this process, with the keys, or the state helper.
+enum Holder<'a> {
+    Keys(&'a std::sync::RwLock<MasterKeys>),
+    Helper(&'a Arc<crate::store::remote::RemoteStore>),
 }
 
 /// An environment value of this form names a secret of the caller's team; it is replaced by

@@ -19,12 +19,17 @@
 //! **Schema versions** are counted in `PRAGMA user_version` and applied by [`Store::open`]
 //! (see `store/schema.rs`). A database written by a newer husk is refused rather than guessed at.
 
+mod backend;
 mod keys;
+pub mod remote;
 mod runs;
 mod sandboxes;
 mod schema;
 mod secrets;
 mod templates;
+pub use backend::Store;
+/// Why the state helper could not be asked (in [`StoreError::Helper`]).
+pub use husk_runtime::helper::HelperError;
 pub use runs::{RunRow, RunTable};
 pub use secrets::{SealedRow, SecretUse};
 #[cfg(test)]
@@ -97,10 +102,16 @@ pub enum StoreError {
     /// A stored value cannot be decoded (edited by hand, or a bug).
     #[error("corrupt database: {0}")]
     Corrupt(String),
+    /// The state helper failed the request (its database's or its files' error, as it said).
+    #[error("state helper: {0}")]
+    Remote(String),
+    /// The state helper could not be asked: it is gone, or it answered out of protocol.
+    #[error(transparent)]
+    Helper(#[from] husk_runtime::helper::HelperError),
 }
 
 /// A key as listed: everything but the secret and its hash, which never leave the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyInfo {
     /// The public id: 8 hex digits (see [`crate::keys`]); show it with [`KeyInfo::display_id`].
     pub id: String,
@@ -123,7 +134,7 @@ impl KeyInfo {
 }
 
 /// Who a request acts for, once its key is authenticated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Principal {
     pub team: String,
     /// The public id of the key used (for logs and audit; never the secret).
@@ -132,7 +143,7 @@ pub struct Principal {
 }
 
 /// A built template as registered.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TemplateRecord {
     pub name: String,
     /// `sha256:<hex>` of the image file.
@@ -146,7 +157,7 @@ pub struct TemplateRecord {
 }
 
 /// A live sandbox as recorded, so that a restarted server knows what a crashed run left behind.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxRecord {
     /// The id clients know the sandbox by.
     pub id: String,
@@ -161,9 +172,9 @@ pub struct SandboxRecord {
     pub metadata: BTreeMap<String, String>,
 }
 
-/// The store: one SQLite connection for writes behind a mutex, and a few more for reads (so
+/// The SQLite store: one connection for writes behind a mutex, and a few more for reads (so
 /// that one team's large read never holds up another team's request). Cheap calls, no caching.
-pub struct Store {
+pub struct Sqlite {
     conn: Mutex<Connection>,
     /// Connections for statements that only read (WAL: they never wait for the writer). Empty
     /// for a database in memory, whose one connection is the database.
@@ -176,19 +187,19 @@ pub struct Store {
 /// Connections for reads beside the writer's.
 const READERS: usize = 4;
 
-impl fmt::Debug for Store {
+impl fmt::Debug for Sqlite {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
+        f.debug_struct("Sqlite").field("path", &self.path).finish()
     }
 }
 
-impl Store {
+impl Sqlite {
     /// Opens (creating if needed) `husk.db` in `state_dir` and brings its schema up to date.
     ///
     /// A missing `state_dir` is created with mode 0700 (and missing parents too), and a new
     /// database file with mode 0600: it holds key hashes and tenants' sandbox metadata, which is
     /// nobody else's business. An existing directory's mode is left as the operator set it.
-    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+    pub fn open(state_dir: &Path) -> Result<Sqlite, StoreError> {
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -228,7 +239,7 @@ impl Store {
         for _ in 0..READERS {
             readers.push(Mutex::new(Self::connect_reader(&path)?));
         }
-        Ok(Store {
+        Ok(Sqlite {
             conn: Mutex::new(conn),
             readers,
             next_reader: Default::default(),
@@ -268,10 +279,10 @@ impl Store {
 
     /// A private database in memory, gone when the `Store` is dropped; for tests of code that
     /// needs a store (a server in a unit test), not for production.
-    pub fn open_in_memory() -> Result<Store, StoreError> {
+    pub fn open_in_memory() -> Result<Sqlite, StoreError> {
         let mut conn = Connection::open_in_memory()?;
         Self::configure(&mut conn)?;
-        Ok(Store {
+        Ok(Sqlite {
             conn: Mutex::new(conn),
             readers: Vec::new(),
             next_reader: Default::default(),

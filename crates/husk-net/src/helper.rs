@@ -32,7 +32,7 @@ use crate::service::NetService;
 /// Channels, so that this many requests are served at once (an `nft` run for one sandbox
 /// never holds up a socket for another).
 pub const CHANNELS: usize = 8;
-/// Denials per reply (a reply stays well inside a datagram: a denial is at most ~330 bytes).
+/// Denials per reply (a denial is at most ~330 bytes).
 pub const DENIALS_PAGE: u32 = 128;
 
 /// A policy on the wire ([`NetPolicy`] is tagged for JSON, which postcard cannot read).
@@ -406,8 +406,7 @@ impl NetHelper {
         setup: impl FnOnce() -> Result<Option<NetService>, String>,
     ) -> Result<NetHelper, Failure> {
         let forked = rt::fork("husk-net", CHANNELS, |channels| run(channels, setup))?;
-        let mut buf = vec![0u8; rt::MAX_MESSAGE];
-        let ready = rt::recv::<Reply>(forked.channels[0].as_fd(), &mut buf);
+        let ready = rt::recv::<Reply>(forked.channels[0].as_fd());
         let reap = || {
             let _ = husk_runtime::sys::waitpid(forked.pid, 0);
         };
@@ -595,7 +594,7 @@ impl Drop for Link {
     }
 }
 
-/// The helper's reading of one request datagram, for husk's fuzz targets (`fuzz/`). Not an API.
+/// The helper's reading of one request frame, for husk's fuzz targets (`fuzz/`). Not an API.
 #[doc(hidden)]
 pub mod fuzzing {
     use super::*;

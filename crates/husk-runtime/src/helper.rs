@@ -4,8 +4,9 @@
 //! nftables, the router, sockets in sandboxes' namespaces) for a server that treats its own
 //! input as hostile and should need no privilege for it. Each is forked while the server is
 //! still single-threaded, keeps nothing of the server but its channels, and answers typed
-//! requests: one postcard datagram each way over a `SOCK_SEQPACKET` pair, with at most one
-//! descriptor attached (`SCM_RIGHTS`), a failure answered as a typed [`Failure`].
+//! requests: one postcard frame each way (a 4-byte little-endian length, at most
+//! [`MAX_MESSAGE`], then the payload) over a `SOCK_STREAM` pair, with at most one descriptor
+//! attached to its first bytes (`SCM_RIGHTS`), a failure answered as a typed [`Failure`].
 //!
 //! A helper is given several channels, each served by a thread of its own, so that one slow
 //! request (an `nft` run) never holds up another (a socket for ingress). The server's side
@@ -22,8 +23,9 @@ use serde::Serialize;
 use crate::failure::{Failure, FailureKind};
 use crate::sys;
 
-/// Largest datagram on a helper channel, either way.
-pub const MAX_MESSAGE: usize = 64 << 10;
+/// Largest frame on a helper channel, either way (a list of templates with their sources is
+/// the largest thing that crosses).
+pub const MAX_MESSAGE: usize = 16 << 20;
 
 /// Why a call to a helper failed.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +95,7 @@ pub fn fork(
     let mut ours = Vec::with_capacity(channels);
     let mut theirs = Vec::with_capacity(channels);
     for _ in 0..channels.max(1) {
-        let (a, b) = sys::seqpacket_pair().map_err(|e| internal("socket pair", e))?;
+        let (a, b) = sys::stream_pair().map_err(|e| internal("socket pair", e))?;
         ours.push(a);
         theirs.push(b);
     }
@@ -121,32 +123,62 @@ pub fn fork(
     })
 }
 
-/// Encodes `msg` and sends it with `fd` attached, if any.
+/// Encodes `msg` and sends it as one frame with `fd` attached, if any.
 pub fn send<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
     fd: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
-    let bytes = postcard::to_stdvec(msg).map_err(|e| io::Error::other(e.to_string()))?;
-    if bytes.len() > MAX_MESSAGE {
+    let mut frame = vec![0u8; 4];
+    postcard::to_io(msg, &mut frame).map_err(|e| io::Error::other(e.to_string()))?;
+    let len = frame.len() - 4;
+    if len > MAX_MESSAGE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("message of {} bytes (at most {MAX_MESSAGE})", bytes.len()),
+            format!("message of {len} bytes (at most {MAX_MESSAGE})"),
         ));
     }
+    frame[..4].copy_from_slice(&(len as u32).to_le_bytes());
     let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    sys::send_with_fds(sock, &bytes, &fds)
+    // A blocking stream socket takes the whole frame in one sendmsg (the kernel waits for
+    // room as it needs); the descriptor rides with its first bytes.
+    sys::send_with_fds(sock, &frame, &fds)
 }
 
-/// One datagram as received: `None` at end of file. Bytes that do not decode, or more than
-/// one descriptor, are an `InvalidData` error (the descriptors are closed).
-pub fn recv<T: DeserializeOwned>(
-    sock: BorrowedFd<'_>,
-    buf: &mut [u8],
-) -> io::Result<Option<(T, Option<OwnedFd>)>> {
-    let (n, mut fds) = sys::recv_with_fds(sock, buf)?;
-    if n == 0 && fds.is_empty() {
-        return Ok(None);
+/// One frame as received: `None` at end of file before a frame starts. A frame longer than
+/// [`MAX_MESSAGE`] is refused before anything is allocated for it, and its connection must
+/// be dropped (the rest of it is still unread); bytes that do not decode, or more than one
+/// descriptor, are an `InvalidData` error after the whole frame was read (the channel stays
+/// in step; the descriptors are closed).
+pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> io::Result<Option<(T, Option<OwnedFd>)>> {
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < head.len() {
+        let (n, more) = sys::recv_with_fds(sock, &mut head[got..])?;
+        fds.extend(more);
+        if n == 0 {
+            if got == 0 && fds.is_empty() {
+                return Ok(None);
+            }
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(head) as usize;
+    if len > MAX_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("a frame of {len} bytes (at most {MAX_MESSAGE})"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match sys::read(sock, &mut body[got..])? {
+            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            n => got += n,
+        }
     }
     if fds.len() > 1 {
         return Err(io::Error::new(
@@ -154,7 +186,7 @@ pub fn recv<T: DeserializeOwned>(
             format!("{} descriptors with one message (at most 1)", fds.len()),
         ));
     }
-    let msg = postcard::from_bytes(&buf[..n])
+    let msg = postcard::from_bytes(&body)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     Ok(Some((msg, fds.pop())))
 }
@@ -170,9 +202,8 @@ pub fn serve_channel<Req, Rep>(
     Req: DeserializeOwned,
     Rep: Serialize,
 {
-    let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
-        let (reply, fd) = match recv::<Req>(sock.as_fd(), &mut buf) {
+        let (reply, fd) = match recv::<Req>(sock.as_fd()) {
             Ok(None) => return,
             Ok(Some((req, fd))) => handle(req, fd),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => (bad(e.to_string()), None),
@@ -269,8 +300,7 @@ impl Channels {
             },
         };
         send(sock.as_fd(), req, fd).map_err(gone)?;
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        match recv(sock.as_fd(), &mut buf) {
+        match recv(sock.as_fd()) {
             Ok(Some(reply)) => Ok(reply),
             Ok(None) => Err(HelperError::Gone(self.name)),
             Err(e) => Err(gone(e)),
@@ -297,7 +327,7 @@ mod tests {
     }
 
     fn serve_pair() -> (Channels, std::thread::JoinHandle<()>) {
-        let (a, b) = sys::seqpacket_pair().unwrap();
+        let (a, b) = sys::stream_pair().unwrap();
         let t = std::thread::spawn(move || {
             serve_channel::<Req, Rep>(
                 b,
@@ -324,39 +354,56 @@ mod tests {
         t.join().unwrap();
     }
 
+    /// Writes `body` as one frame (its length first) with `fds` attached.
+    fn raw_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) {
+        let frame = [&(body.len() as u32).to_le_bytes()[..], body].concat();
+        sys::send_with_fds(sock, &frame, fds).unwrap();
+    }
+
     #[test]
-    fn hostile_datagrams_are_answered_and_the_channel_goes_on() {
-        let (a, b) = sys::seqpacket_pair().unwrap();
+    fn hostile_frames_are_answered_and_the_channel_goes_on() {
+        let (a, b) = sys::stream_pair().unwrap();
         let t = std::thread::spawn(move || {
             serve_channel::<Req, Rep>(b, |_, _| (Rep::Fd, None), Rep::Bad)
         });
-        let mut buf = vec![0u8; MAX_MESSAGE];
         // Not a request.
-        sys::send_with_fds(a.as_fd(), &[0xff, 0xff, 0xff], &[]).unwrap();
-        let (rep, _) = recv::<Rep>(a.as_fd(), &mut buf).unwrap().unwrap();
+        raw_frame(a.as_fd(), &[0xff, 0xff, 0xff], &[]);
+        let (rep, _) = recv::<Rep>(a.as_fd()).unwrap().unwrap();
         assert!(matches!(rep, Rep::Bad(_)), "{rep:?}");
         // Two descriptors where one is allowed: refused, both closed.
         let (r1, _w1) = sys::pipe().unwrap();
         let (r2, _w2) = sys::pipe().unwrap();
         let bytes = postcard::to_stdvec(&Req::WithFd).unwrap();
-        sys::send_with_fds(a.as_fd(), &bytes, &[r1.as_raw_fd(), r2.as_raw_fd()]).unwrap();
-        let (rep, fd) = recv::<Rep>(a.as_fd(), &mut buf).unwrap().unwrap();
+        raw_frame(a.as_fd(), &bytes, &[r1.as_raw_fd(), r2.as_raw_fd()]);
+        let (rep, fd) = recv::<Rep>(a.as_fd()).unwrap().unwrap();
         assert!(
             matches!(&rep, Rep::Bad(m) if m.contains("2 descriptors")),
             "{rep:?}"
         );
         assert!(fd.is_none());
-        // Still serving.
+        // Still serving, in step.
         send(a.as_fd(), &Req::Echo("x".into()), None).unwrap();
-        let (rep, _) = recv::<Rep>(a.as_fd(), &mut buf).unwrap().unwrap();
+        let (rep, _) = recv::<Rep>(a.as_fd()).unwrap().unwrap();
         assert_eq!(rep, Rep::Fd);
-        drop(a);
+        // A frame claiming more than the bound ends the channel, unread.
+        sys::write_all(a.as_fd(), &(MAX_MESSAGE as u32 + 1).to_le_bytes()).unwrap();
+        t.join().unwrap();
+        assert!(recv::<Rep>(a.as_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn large_frames_cross_whole() {
+        let (ch, t) = serve_pair();
+        let big = "x".repeat(3 << 20);
+        let (rep, _) = ch.call::<_, Rep>(&Req::Echo(big.clone()), None).unwrap();
+        assert_eq!(rep, Rep::Echo(big));
+        drop(ch);
         t.join().unwrap();
     }
 
     #[test]
     fn a_gone_helper_is_told_and_its_channel_dropped() {
-        let (a, b) = sys::seqpacket_pair().unwrap();
+        let (a, b) = sys::stream_pair().unwrap();
         drop(b);
         let ch = Channels::new("test", vec![a]);
         let err = ch.call::<_, Rep>(&Req::Echo("x".into()), None).unwrap_err();

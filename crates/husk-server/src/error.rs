@@ -162,6 +162,10 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         let status = match &e {
             StoreError::InvalidTeam(_) => StatusCode::BAD_REQUEST,
+            // The state helper is gone: nothing this server can do answers until it is back.
+            StoreError::Helper(husk_core::store::HelperError::Gone(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::of(status, &e)

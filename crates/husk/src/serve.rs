@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use husk_build::build::{BuildOptions, Builder};
 use husk_core::manager::{Config, Manager};
+use husk_core::store::remote::RemoteStore;
 use husk_core::store::Store;
 use husk_server::templates::{SandboxSize, TemplateService};
 use husk_server::AppState;
@@ -203,18 +204,27 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok(n) => Arc::new(n),
         Err(e) => return fail(e),
     };
-    let store = match Store::open(&args.state_dir) {
+    // The database and the master key live in the state helper: this process never opens
+    // either (husk_core::store::remote).
+    let state_dir = args.state_dir.clone();
+    let key_path = args
+        .master_key
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join(husk_core::secrets::MASTER_KEY_FILE));
+    let state = match RemoteStore::start(move || {
+        let store = Store::open(&state_dir)
+            .map(Arc::new)
+            .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
+        ensure_admin_key(&store, &state_dir)?;
+        let keys = husk_core::secrets::MasterKeys::load(&key_path)
+            .map_err(|e| crate::report::chain(&e))?;
+        let secrets = Arc::new(husk_core::secrets::Secrets::new(store.clone(), keys));
+        Ok((store, secrets))
+    }) {
         Ok(s) => Arc::new(s),
-        Err(e) => {
-            return fail(format_args!(
-                "state directory {}: {e}",
-                args.state_dir.display()
-            ))
-        }
+        Err(e) => return fail(e),
     };
-    if let Err(e) = ensure_admin_key(&store, &args.state_dir) {
-        return fail(e);
-    }
+    let store = Arc::new(Store::remote(state.clone()));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -234,6 +244,7 @@ pub fn main(args: ServeArgs) -> i32 {
     // Sandboxes are gone, their links with them; then the router and what it added to the
     // host.
     network.shutdown();
+    state.shutdown();
     match Arc::try_unwrap(spawner) {
         Ok(s) => {
             if let Err(e) = s.shutdown() {
@@ -316,15 +327,7 @@ async fn run(
         "husk: listening on http://{addr} (state in {})",
         args.state_dir.display()
     );
-    let key_path = args
-        .master_key
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join(husk_core::secrets::MASTER_KEY_FILE));
-    let keys = match husk_core::secrets::MasterKeys::load(&key_path) {
-        Ok(k) => k,
-        Err(e) => return fail(crate::report::chain(&e)),
-    };
-    let secrets = Arc::new(husk_core::secrets::Secrets::new(manager.store_arc(), keys));
+    let secrets = Arc::new(husk_core::secrets::Secrets::remote(manager.store_arc()));
     manager.set_secrets(secrets.clone());
     let workspaces = match husk_core::workspaces::WorkspaceQuota::from_bytes(args.workspace_quota)
         .map_err(|e| format!("--workspace-quota: {e}"))

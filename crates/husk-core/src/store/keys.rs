@@ -5,7 +5,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::{
     from_db_time, from_db_time_opt, to_db_time, validate_label, validate_team, KeyInfo, Principal,
-    Store, StoreError,
+    Sqlite, StoreError,
 };
 use crate::keys::{self, KeyRef};
 
@@ -16,7 +16,7 @@ const KEY_ATTEMPTS: u32 = 16;
 /// is a read, not a write that would contend for the database lock with the CLI and other writes.
 const LAST_USED_GRANULARITY: Duration = Duration::minutes(1);
 
-impl Store {
+impl Sqlite {
     /// Creates a key for `team` (creating the team if it is new) and returns what is listed
     /// about it together with the secret. The secret is not stored, only its hash: this is the
     /// only time it exists.

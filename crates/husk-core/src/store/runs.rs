@@ -4,10 +4,10 @@
 use rusqlite::{params, OptionalExtension};
 use time::OffsetDateTime;
 
-use super::{to_db_time, Store, StoreError};
+use super::{to_db_time, Sqlite, StoreError};
 
 /// Which table a record lives in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RunTable {
     Runs,
     Batches,
@@ -37,7 +37,7 @@ pub struct RunRow<'a> {
     pub record: &'a str,
 }
 
-impl Store {
+impl Sqlite {
     /// Inserts or replaces a run's (or batch's) record.
     pub fn put_run_record(&self, row: &RunRow<'_>) -> Result<(), StoreError> {
         let created = to_db_time(row.created_at)?;

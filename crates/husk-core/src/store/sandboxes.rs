@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use rusqlite::{ffi, params};
 use time::OffsetDateTime;
 
-use super::{from_db_time, to_db_time, SandboxRecord, Store, StoreError};
+use super::{from_db_time, to_db_time, SandboxRecord, Sqlite, StoreError};
 
-impl Store {
+impl Sqlite {
     /// Records a new sandbox. Its id must not be recorded already.
     pub fn insert_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         // A map of strings always serialises; the error arm is only there to avoid a panic path.

@@ -3,10 +3,10 @@
 use rusqlite::{params, OptionalExtension};
 use time::OffsetDateTime;
 
-use super::{from_db_time, to_db_time, Store, StoreError};
+use super::{from_db_time, to_db_time, Sqlite, StoreError};
 
 /// A sealed secret as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SealedRow {
     pub team: String,
     pub name: String,
@@ -42,7 +42,7 @@ fn finish(parts: (SealedRow, i64, i64)) -> Result<SealedRow, StoreError> {
 
 const COLUMNS: &str = "team, name, key_id, nonce, ciphertext, created_at, updated_at";
 
-impl Store {
+impl Sqlite {
     /// Inserts or replaces a sealed secret (its creation time is kept on replace).
     pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
         let created = to_db_time(r.created_at)?;
@@ -119,7 +119,7 @@ impl Store {
 }
 
 /// One use of a secret: which secret went into which sandbox's process (never the value).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SecretUse {
     pub at: OffsetDateTime,
     pub team: String,
@@ -129,7 +129,7 @@ pub struct SecretUse {
     pub command: String,
 }
 
-impl Store {
+impl Sqlite {
     /// Records a use of a secret.
     pub fn record_secret_use(&self, u: &SecretUse) -> Result<(), StoreError> {
         let at = to_db_time(u.at)?;

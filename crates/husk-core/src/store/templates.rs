@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{from_db_time, to_db_time, Store, StoreError, TemplateRecord};
+use super::{from_db_time, to_db_time, Sqlite, StoreError, TemplateRecord};
 
 const COLUMNS: &str = "name, digest, image, size, manifest, created_at";
 
@@ -36,7 +36,7 @@ fn finish(parts: (TemplateRecord, String, i64)) -> Result<TemplateRecord, StoreE
     Ok(rec)
 }
 
-impl Store {
+impl Sqlite {
     /// Registers `rec`, replacing a template of the same name; returns the replaced record.
     pub fn put_template(&self, rec: &TemplateRecord) -> Result<Option<TemplateRecord>, StoreError> {
         let manifest = serde_json::to_string(&rec.manifest)

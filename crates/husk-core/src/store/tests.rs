@@ -37,8 +37,8 @@ impl Drop for TempDir {
     }
 }
 
-fn open(dir: &Path) -> Store {
-    Store::open(dir).expect("open store")
+fn open(dir: &Path) -> Sqlite {
+    Sqlite::open(dir).expect("open store")
 }
 
 #[test]
@@ -351,7 +351,7 @@ fn a_database_from_a_newer_husk_is_refused() {
             .pragma_update(None, "user_version", schema::SCHEMA_VERSION + 1)
             .expect("bump version");
     }
-    match Store::open(&tmp.state()) {
+    match Sqlite::open(&tmp.state()) {
         Err(StoreError::SchemaTooNew { found, supported }) => {
             assert_eq!(found, schema::SCHEMA_VERSION + 1);
             assert_eq!(supported, schema::SCHEMA_VERSION);
@@ -449,7 +449,7 @@ fn sandbox_records_round_trip() {
 
 #[test]
 fn in_memory_store_works() {
-    let store = Store::open_in_memory().expect("memory");
+    let store = Sqlite::open_in_memory().expect("memory");
     assert_eq!(store.path(), None);
     let (_, secret) = store.create_key("t", false, None).expect("create");
     assert!(store.authenticate(&secret).is_some());

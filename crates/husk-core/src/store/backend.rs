@@ -1,0 +1,109 @@
+//! [`Store`]: the database as its users see it, whichever process holds it. In `husk serve`
+//! the state helper holds the SQLite file (and the master key) and the server holds a
+//! [`RemoteStore`](super::remote::RemoteStore); the CLI and tests open the file themselves.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use time::OffsetDateTime;
+
+use super::remote::RemoteStore;
+use super::{
+    KeyInfo, Principal, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Sqlite, StoreError,
+    TemplateRecord,
+};
+
+/// The store: the SQLite database of this process, or the state helper's.
+#[derive(Debug)]
+pub struct Store(Backend);
+
+#[derive(Debug)]
+enum Backend {
+    Sqlite(Sqlite),
+    Remote(Arc<RemoteStore>),
+}
+
+impl Store {
+    /// Opens (creating if needed) the database in `state_dir` (see [`Sqlite::open`]).
+    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        Sqlite::open(state_dir).map(|s| Store(Backend::Sqlite(s)))
+    }
+
+    /// A private database in memory, gone when the `Store` is dropped; for tests of code that
+    /// needs a store.
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        Sqlite::open_in_memory().map(|s| Store(Backend::Sqlite(s)))
+    }
+
+    /// The state helper's database, through its channels.
+    pub fn remote(remote: Arc<RemoteStore>) -> Store {
+        Store(Backend::Remote(remote))
+    }
+
+    /// The database file (`None` in memory, or held by the state helper).
+    pub fn path(&self) -> Option<&Path> {
+        match &self.0 {
+            Backend::Sqlite(s) => s.path(),
+            Backend::Remote(_) => None,
+        }
+    }
+
+    /// The state helper's channels, when the database is the helper's.
+    pub(crate) fn as_remote(&self) -> Option<&Arc<RemoteStore>> {
+        match &self.0 {
+            Backend::Remote(r) => Some(r),
+            Backend::Sqlite(_) => None,
+        }
+    }
+}
+
+/// Each method goes to the backend's method of the same name and signature.
+macro_rules! delegate {
+    ($( $(#[$doc:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty; )*) => {
+        impl Store {
+            $(
+                $(#[$doc])*
+                pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    match &self.0 {
+                        Backend::Sqlite(s) => s.$name($($arg),*),
+                        Backend::Remote(r) => r.$name($($arg),*),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+delegate! {
+    /// Creates a key for `team` (see [`Sqlite::create_key`]); returns it with its secret.
+    fn create_key(&self, team: &str, admin: bool, label: Option<&str>) -> Result<(KeyInfo, String), StoreError>;
+    /// Who `presented` acts for, if it is an active key.
+    fn authenticate(&self, presented: &str) -> Option<Principal>;
+    fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError>;
+    fn revoke_key(&self, id_or_key: &str) -> Result<bool, StoreError>;
+    fn has_active_keys(&self) -> Result<bool, StoreError>;
+    fn set_team_quota(&self, team: &str, max: Option<u32>) -> Result<(), StoreError>;
+    fn team_quota(&self, team: &str) -> Result<Option<u32>, StoreError>;
+    fn put_run_record(&self, row: &RunRow<'_>) -> Result<(), StoreError>;
+    fn run_record(&self, table: RunTable, team: &str, id: &str) -> Result<Option<String>, StoreError>;
+    fn run_records(&self, table: RunTable, team: &str, batch: Option<&str>, limit: u32) -> Result<Vec<String>, StoreError>;
+    fn unfinished_runs(&self) -> Result<Vec<(RunTable, String, String)>, StoreError>;
+    fn prune_records(&self, before: OffsetDateTime) -> Result<u64, StoreError>;
+    fn insert_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError>;
+    fn update_sandbox_end(&self, id: &str, end_at: OffsetDateTime) -> Result<bool, StoreError>;
+    fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError>;
+    fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError>;
+    fn clear_sandboxes(&self) -> Result<usize, StoreError>;
+    fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError>;
+    fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError>;
+    fn secrets(&self, team: Option<&str>) -> Result<Vec<SealedRow>, StoreError>;
+    fn delete_secret(&self, team: &str, name: &str) -> Result<bool, StoreError>;
+    fn reseal_secrets(&self, rows: &[SealedRow]) -> Result<(), StoreError>;
+    fn record_secret_use(&self, u: &SecretUse) -> Result<(), StoreError>;
+    fn secret_uses(&self, team: &str, limit: u32) -> Result<Vec<SecretUse>, StoreError>;
+    fn put_template(&self, rec: &TemplateRecord) -> Result<Option<TemplateRecord>, StoreError>;
+    fn template(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError>;
+    fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;
+    fn delete_template(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError>;
+    fn image_in_use(&self, digest: &str) -> Result<bool, StoreError>;
+}

@@ -1,0 +1,926 @@
+//! The state helper: the process that holds the database and the master key, and the
+//! server's side of it ([`RemoteStore`]).
+//!
+//! `husk serve` forks it before any thread (`husk_runtime::helper`); it opens the SQLite file
+//! and the master key, and answers [`StateRequest`]s, one per store method, plus two for
+//! secrets: seal and store a value, open one for a process. The server then never opens the
+//! state directory or the key: the secrets it injects into processes come back one at a
+//! time, by team and name, opened in the helper.
+//!
+//! Every request is hostile: the helper checks what the store's own methods check (team
+//! names, labels, sizes of secrets), and a request that does not decode is answered as a
+//! failure. Requests and replies are bounded by the channel's frame (16 MiB): a reply that
+//! would not fit is an error.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use husk_runtime::failure::{Failure, FailureKind};
+use husk_runtime::helper::{self as rt, Channels, HelperError};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use zeroize::Zeroizing;
+
+use super::{
+    KeyInfo, Principal, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Store, StoreError,
+    TemplateRecord,
+};
+use crate::secrets::{SecretError, Secrets};
+
+/// Channels to the state helper: this many store calls are served at once.
+pub const CHANNELS: usize = 8;
+
+/// What the server asks the state helper: one variant per store method, with its arguments
+/// owned, and the two secret operations that need the master key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StateRequest {
+    CreateKey {
+        team: String,
+        admin: bool,
+        label: Option<String>,
+    },
+    Authenticate {
+        presented: String,
+    },
+    ListKeys,
+    RevokeKey {
+        id_or_key: String,
+    },
+    HasActiveKeys,
+    SetTeamQuota {
+        team: String,
+        max: Option<u32>,
+    },
+    TeamQuota {
+        team: String,
+    },
+    PutRunRecord {
+        table: RunTable,
+        id: String,
+        team: String,
+        batch: Option<String>,
+        created_at: OffsetDateTime,
+        ended_at: Option<OffsetDateTime>,
+        record: String,
+    },
+    RunRecord {
+        table: RunTable,
+        team: String,
+        id: String,
+    },
+    RunRecords {
+        table: RunTable,
+        team: String,
+        batch: Option<String>,
+        limit: u32,
+    },
+    UnfinishedRuns,
+    PruneRecords {
+        before: OffsetDateTime,
+    },
+    InsertSandbox(SandboxRecord),
+    UpdateSandboxEnd {
+        id: String,
+        end_at: OffsetDateTime,
+    },
+    DeleteSandbox {
+        id: String,
+    },
+    ListSandboxes,
+    ClearSandboxes,
+    PutSecret(SealedRow),
+    Secret {
+        team: String,
+        name: String,
+    },
+    Secrets {
+        team: Option<String>,
+    },
+    DeleteSecret {
+        team: String,
+        name: String,
+    },
+    ResealSecrets(Vec<SealedRow>),
+    RecordSecretUse(SecretUse),
+    SecretUses {
+        team: String,
+        limit: u32,
+    },
+    PutTemplate(Box<TemplateRecord>),
+    Template {
+        name: String,
+    },
+    Templates,
+    DeleteTemplate {
+        name: String,
+    },
+    ImageInUse {
+        digest: String,
+    },
+    /// Seals `value` under the current master key and stores it as `team`'s secret `name`.
+    SealSecret {
+        team: String,
+        name: String,
+        value: Vec<u8>,
+    },
+    /// `team`'s secret `name`, opened.
+    OpenSecret {
+        team: String,
+        name: String,
+    },
+}
+
+/// The state helper's answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StateReply {
+    Ready,
+    Unit,
+    Bool(bool),
+    Count(u64),
+    Key(KeyInfo, String),
+    Principal(Option<Principal>),
+    Keys(Vec<KeyInfo>),
+    Quota(Option<u32>),
+    Record(Option<String>),
+    Records(Vec<String>),
+    Unfinished(Vec<(RunTable, String, String)>),
+    Sandboxes(Vec<SandboxRecord>),
+    Sealed(Option<SealedRow>),
+    SealedRows(Vec<SealedRow>),
+    Uses(Vec<SecretUse>),
+    Template(Option<Box<TemplateRecord>>),
+    Templates(Vec<TemplateRecord>),
+    Opened(Vec<u8>),
+    Store(WireStoreError),
+    Secret(WireSecretError),
+    Failed(Failure),
+}
+
+/// A [`StoreError`] as it crosses: the variants callers tell apart keep their type; what
+/// happened inside the helper (SQLite, files) is its message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireStoreError {
+    InvalidTeam(String),
+    InvalidLabel,
+    SandboxExists(String),
+    TimeOutOfRange,
+    SchemaTooNew { found: i64, supported: i64 },
+    Corrupt(String),
+    Other(String),
+}
+
+/// A [`SecretError`] as it crosses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireSecretError {
+    NotFound(String),
+    InvalidName(String),
+    TooLarge { name: String, size: u64 },
+    Nul(String),
+    Undecryptable(String),
+    NotUtf8(String),
+    MasterKey { path: String, message: String },
+    Store(WireStoreError),
+}
+
+impl From<&StoreError> for WireStoreError {
+    fn from(e: &StoreError) -> WireStoreError {
+        match e {
+            StoreError::InvalidTeam(t) => WireStoreError::InvalidTeam(t.clone()),
+            StoreError::InvalidLabel => WireStoreError::InvalidLabel,
+            StoreError::SandboxExists(id) => WireStoreError::SandboxExists(id.clone()),
+            StoreError::TimeOutOfRange => WireStoreError::TimeOutOfRange,
+            StoreError::SchemaTooNew { found, supported } => WireStoreError::SchemaTooNew {
+                found: *found,
+                supported: *supported,
+            },
+            StoreError::Corrupt(m) => WireStoreError::Corrupt(m.clone()),
+            other => WireStoreError::Other(crate::error_chain(other)),
+        }
+    }
+}
+
+impl From<WireStoreError> for StoreError {
+    fn from(e: WireStoreError) -> StoreError {
+        match e {
+            WireStoreError::InvalidTeam(t) => StoreError::InvalidTeam(t),
+            WireStoreError::InvalidLabel => StoreError::InvalidLabel,
+            WireStoreError::SandboxExists(id) => StoreError::SandboxExists(id),
+            WireStoreError::TimeOutOfRange => StoreError::TimeOutOfRange,
+            WireStoreError::SchemaTooNew { found, supported } => {
+                StoreError::SchemaTooNew { found, supported }
+            }
+            WireStoreError::Corrupt(m) => StoreError::Corrupt(m),
+            WireStoreError::Other(m) => StoreError::Remote(m),
+        }
+    }
+}
+
+impl From<&SecretError> for WireSecretError {
+    fn from(e: &SecretError) -> WireSecretError {
+        match e {
+            SecretError::NotFound(n) => WireSecretError::NotFound(n.clone()),
+            SecretError::InvalidName(n) => WireSecretError::InvalidName(n.clone()),
+            SecretError::TooLarge { name, size } => WireSecretError::TooLarge {
+                name: name.clone(),
+                size: *size as u64,
+            },
+            SecretError::Nul(n) => WireSecretError::Nul(n.clone()),
+            SecretError::Undecryptable(n) => WireSecretError::Undecryptable(n.clone()),
+            SecretError::NotUtf8(n) => WireSecretError::NotUtf8(n.clone()),
+            SecretError::MasterKey { path, message } => WireSecretError::MasterKey {
+                path: path.display().to_string(),
+                message: message.clone(),
+            },
+            SecretError::Store(s) => WireSecretError::Store(s.into()),
+        }
+    }
+}
+
+impl From<WireSecretError> for SecretError {
+    fn from(e: WireSecretError) -> SecretError {
+        match e {
+            WireSecretError::NotFound(n) => SecretError::NotFound(n),
+            WireSecretError::InvalidName(n) => SecretError::InvalidName(n),
+            WireSecretError::TooLarge { name, size } => SecretError::TooLarge {
+                name,
+                size: usize::try_from(size).unwrap_or(usize::MAX),
+            },
+            WireSecretError::Nul(n) => SecretError::Nul(n),
+            WireSecretError::Undecryptable(n) => SecretError::Undecryptable(n),
+            WireSecretError::NotUtf8(n) => SecretError::NotUtf8(n),
+            WireSecretError::MasterKey { path, message } => SecretError::MasterKey {
+                path: path.into(),
+                message,
+            },
+            WireSecretError::Store(s) => SecretError::Store(s.into()),
+        }
+    }
+}
+
+/// The server's side: the state helper's channels.
+#[derive(Debug)]
+pub struct RemoteStore {
+    channels: Channels,
+    pid: husk_runtime::libc::pid_t,
+}
+
+fn unexpected(reply: &StateReply) -> StoreError {
+    StoreError::Helper(HelperError::Protocol {
+        helper: "state",
+        message: format!("unexpected {reply:?}"),
+    })
+}
+
+/// Sends `$req` and takes the reply that matches `$pat`, giving `$out`; a store failure is
+/// the store's error, anything else a protocol error.
+macro_rules! ask {
+    ($self:ident, $req:expr, $pat:pat => $out:expr) => {
+        match $self.call($req)? {
+            $pat => Ok($out),
+            StateReply::Store(e) => Err(StoreError::from(e)),
+            other => Err(unexpected(&other)),
+        }
+    };
+}
+
+impl RemoteStore {
+    /// Forks the state helper: `setup` runs in it and opens what it holds (the store and the
+    /// secrets with their master key). Blocks until the helper is ready. The calling process
+    /// must be single-threaded.
+    pub fn start(
+        setup: impl FnOnce() -> Result<(Arc<Store>, Arc<Secrets>), String>,
+    ) -> Result<RemoteStore, Failure> {
+        let forked = rt::fork("husk-state", CHANNELS, |channels| {
+            let first = channels[0].as_fd();
+            let (store, secrets) = match setup() {
+                Ok(x) => x,
+                Err(e) => {
+                    let f = Failure::new(FailureKind::Host, e);
+                    let _ = rt::send(first, &StateReply::Failed(f), None);
+                    return 1;
+                }
+            };
+            if rt::send(first, &StateReply::Ready, None).is_err() {
+                return 1;
+            }
+            serve(channels, &store, &secrets);
+            0
+        })?;
+        match rt::recv::<StateReply>(forked.channels[0].as_fd()) {
+            Ok(Some((StateReply::Ready, None))) => Ok(RemoteStore {
+                channels: Channels::new("state", forked.channels),
+                pid: forked.pid,
+            }),
+            other => {
+                let _ = husk_runtime::sys::waitpid(forked.pid, 0);
+                Err(match other {
+                    Ok(Some((StateReply::Failed(f), _))) => f,
+                    other => Failure::new(
+                        FailureKind::Internal,
+                        format!("the state helper did not start: {other:?}"),
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Stops the helper and waits for it. Blocking. Later calls fail.
+    pub fn shutdown(&self) {
+        self.channels.close();
+        let _ = husk_runtime::sys::waitpid(self.pid, 0);
+    }
+
+    fn call(&self, req: StateRequest) -> Result<StateReply, StoreError> {
+        match self.channels.call::<_, StateReply>(&req, None)? {
+            (_, Some(_)) => Err(StoreError::Helper(HelperError::Protocol {
+                helper: "state",
+                message: "a descriptor with a reply".into(),
+            })),
+            (StateReply::Failed(f), None) => Err(StoreError::Helper(HelperError::Failed(f))),
+            (reply, None) => Ok(reply),
+        }
+    }
+
+    pub fn create_key(
+        &self,
+        team: &str,
+        admin: bool,
+        label: Option<&str>,
+    ) -> Result<(KeyInfo, String), StoreError> {
+        let req = StateRequest::CreateKey {
+            team: team.into(),
+            admin,
+            label: label.map(Into::into),
+        };
+        ask!(self, req, StateReply::Key(k, s) => (k, s))
+    }
+
+    /// Who `presented` acts for; `None` also when the helper cannot answer (logged).
+    pub fn authenticate(&self, presented: &str) -> Option<Principal> {
+        // A key is at most a few dozen bytes: anything longer is no key, and not sent.
+        if presented.len() > MAX_KEY_BYTES {
+            return None;
+        }
+        let req = StateRequest::Authenticate {
+            presented: presented.into(),
+        };
+        match self.call(req) {
+            Ok(StateReply::Principal(p)) => p,
+            Ok(other) => {
+                tracing::warn!(error = %unexpected(&other), "authenticating a key");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "authenticating a key");
+                None
+            }
+        }
+    }
+
+    pub fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
+        ask!(self, StateRequest::ListKeys, StateReply::Keys(k) => k)
+    }
+
+    pub fn revoke_key(&self, id_or_key: &str) -> Result<bool, StoreError> {
+        let req = StateRequest::RevokeKey {
+            id_or_key: id_or_key.into(),
+        };
+        ask!(self, req, StateReply::Bool(b) => b)
+    }
+
+    pub fn has_active_keys(&self) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::HasActiveKeys, StateReply::Bool(b) => b)
+    }
+
+    pub fn set_team_quota(&self, team: &str, max: Option<u32>) -> Result<(), StoreError> {
+        let req = StateRequest::SetTeamQuota {
+            team: team.into(),
+            max,
+        };
+        ask!(self, req, StateReply::Unit => ())
+    }
+
+    pub fn team_quota(&self, team: &str) -> Result<Option<u32>, StoreError> {
+        let req = StateRequest::TeamQuota { team: team.into() };
+        ask!(self, req, StateReply::Quota(q) => q)
+    }
+
+    pub fn put_run_record(&self, row: &RunRow<'_>) -> Result<(), StoreError> {
+        let req = StateRequest::PutRunRecord {
+            table: row.table,
+            id: row.id.into(),
+            team: row.team.into(),
+            batch: row.batch.map(Into::into),
+            created_at: row.created_at,
+            ended_at: row.ended_at,
+            record: row.record.into(),
+        };
+        ask!(self, req, StateReply::Unit => ())
+    }
+
+    pub fn run_record(
+        &self,
+        table: RunTable,
+        team: &str,
+        id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let req = StateRequest::RunRecord {
+            table,
+            team: team.into(),
+            id: id.into(),
+        };
+        ask!(self, req, StateReply::Record(r) => r)
+    }
+
+    pub fn run_records(
+        &self,
+        table: RunTable,
+        team: &str,
+        batch: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        let req = StateRequest::RunRecords {
+            table,
+            team: team.into(),
+            batch: batch.map(Into::into),
+            limit,
+        };
+        ask!(self, req, StateReply::Records(r) => r)
+    }
+
+    pub fn unfinished_runs(&self) -> Result<Vec<(RunTable, String, String)>, StoreError> {
+        ask!(self, StateRequest::UnfinishedRuns, StateReply::Unfinished(r) => r)
+    }
+
+    pub fn prune_records(&self, before: OffsetDateTime) -> Result<u64, StoreError> {
+        ask!(self, StateRequest::PruneRecords { before }, StateReply::Count(n) => n)
+    }
+
+    pub fn insert_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
+        ask!(self, StateRequest::InsertSandbox(record.clone()), StateReply::Unit => ())
+    }
+
+    pub fn update_sandbox_end(&self, id: &str, end_at: OffsetDateTime) -> Result<bool, StoreError> {
+        let req = StateRequest::UpdateSandboxEnd {
+            id: id.into(),
+            end_at,
+        };
+        ask!(self, req, StateReply::Bool(b) => b)
+    }
+
+    pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::DeleteSandbox { id: id.into() }, StateReply::Bool(b) => b)
+    }
+
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        ask!(self, StateRequest::ListSandboxes, StateReply::Sandboxes(s) => s)
+    }
+
+    pub fn clear_sandboxes(&self) -> Result<usize, StoreError> {
+        ask!(self, StateRequest::ClearSandboxes, StateReply::Count(n) => n as usize)
+    }
+
+    pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
+        ask!(self, StateRequest::PutSecret(r.clone()), StateReply::Unit => ())
+    }
+
+    pub fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError> {
+        let req = StateRequest::Secret {
+            team: team.into(),
+            name: name.into(),
+        };
+        ask!(self, req, StateReply::Sealed(r) => r)
+    }
+
+    pub fn secrets(&self, team: Option<&str>) -> Result<Vec<SealedRow>, StoreError> {
+        let req = StateRequest::Secrets {
+            team: team.map(Into::into),
+        };
+        ask!(self, req, StateReply::SealedRows(r) => r)
+    }
+
+    pub fn delete_secret(&self, team: &str, name: &str) -> Result<bool, StoreError> {
+        let req = StateRequest::DeleteSecret {
+            team: team.into(),
+            name: name.into(),
+        };
+        ask!(self, req, StateReply::Bool(b) => b)
+    }
+
+    pub fn reseal_secrets(&self, rows: &[SealedRow]) -> Result<(), StoreError> {
+        ask!(self, StateRequest::ResealSecrets(rows.to_vec()), StateReply::Unit => ())
+    }
+
+    pub fn record_secret_use(&self, u: &SecretUse) -> Result<(), StoreError> {
+        ask!(self, StateRequest::RecordSecretUse(u.clone()), StateReply::Unit => ())
+    }
+
+    pub fn secret_uses(&self, team: &str, limit: u32) -> Result<Vec<SecretUse>, StoreError> {
+        let req = StateRequest::SecretUses {
+            team: team.into(),
+            limit,
+        };
+        ask!(self, req, StateReply::Uses(u) => u)
+    }
+
+    pub fn put_template(&self, rec: &TemplateRecord) -> Result<Option<TemplateRecord>, StoreError> {
+        ask!(self, StateRequest::PutTemplate(Box::new(rec.clone())), StateReply::Template(t) => t.map(|t| *t))
+    }
+
+    pub fn template(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError> {
+        ask!(self, StateRequest::Template { name: name.into() }, StateReply::Template(t) => t.map(|t| *t))
+    }
+
+    pub fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
+        ask!(self, StateRequest::Templates, StateReply::Templates(t) => t)
+    }
+
+    pub fn delete_template(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError> {
+        let req = StateRequest::DeleteTemplate { name: name.into() };
+        ask!(self, req, StateReply::Template(t) => t.map(|t| *t))
+    }
+
+    pub fn image_in_use(&self, digest: &str) -> Result<bool, StoreError> {
+        let req = StateRequest::ImageInUse {
+            digest: digest.into(),
+        };
+        ask!(self, req, StateReply::Bool(b) => b)
+    }
+
+    /// Seals and stores `team`'s secret `name` (in the helper, which holds the key).
+    pub fn seal_secret(&self, team: &str, name: &str, value: &[u8]) -> Result<(), SecretError> {
+        let req = StateRequest::SealSecret {
+            team: team.into(),
+            name: name.into(),
+            value: value.to_vec(),
+        };
+        match self.call(req)? {
+            StateReply::Unit => Ok(()),
+            StateReply::Secret(e) => Err(e.into()),
+            StateReply::Store(e) => Err(StoreError::from(e).into()),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
+    /// `team`'s secret `name`, opened in the helper.
+    pub fn open_secret(&self, team: &str, name: &str) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+        let req = StateRequest::OpenSecret {
+            team: team.into(),
+            name: name.into(),
+        };
+        match self.call(req)? {
+            StateReply::Opened(v) => Ok(Zeroizing::new(v)),
+            StateReply::Secret(e) => Err(e.into()),
+            StateReply::Store(e) => Err(StoreError::from(e).into()),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+}
+
+/// Longest key string the server sends to be authenticated (a husk key is 44 bytes).
+const MAX_KEY_BYTES: usize = 256;
+
+/// Serves the channels until the server closes them, a thread each.
+fn serve(channels: Vec<OwnedFd>, store: &Arc<Store>, secrets: &Arc<Secrets>) {
+    let threads: Vec<_> = channels
+        .into_iter()
+        .map(|ch| {
+            let (store, secrets) = (store.clone(), secrets.clone());
+            std::thread::Builder::new()
+                .name("husk-state".into())
+                .spawn(move || {
+                    rt::serve_channel(
+                        ch,
+                        |req, fd| {
+                            if fd.is_some() {
+                                let f = Failure::new(
+                                    FailureKind::InvalidSpec,
+                                    "a descriptor with a state request",
+                                );
+                                return (StateReply::Failed(f), None);
+                            }
+                            (bounded(handle(&store, &secrets, req)), None)
+                        },
+                        |m| {
+                            StateReply::Failed(Failure::new(
+                                FailureKind::InvalidSpec,
+                                format!("bad request: {m}"),
+                            ))
+                        },
+                    )
+                })
+        })
+        .collect();
+    for t in threads.into_iter().flatten() {
+        let _ = t.join();
+    }
+}
+
+/// A reply that would not fit a datagram becomes an error that does.
+fn bounded(reply: StateReply) -> StateReply {
+    match postcard::to_stdvec(&reply) {
+        Ok(b) if b.len() <= rt::MAX_MESSAGE => reply,
+        _ => StateReply::Store(WireStoreError::Other(
+            "the answer is larger than the state helper's channel carries".into(),
+        )),
+    }
+}
+
+/// One request, against the helper's own store and secrets.
+pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply {
+    use StateReply as R;
+    use StateRequest as Q;
+    let result: Result<StateReply, StoreError> = (|| {
+        Ok(match req {
+            Q::CreateKey { team, admin, label } => {
+                let (k, s) = store.create_key(&team, admin, label.as_deref())?;
+                R::Key(k, s)
+            }
+            Q::Authenticate { presented } => R::Principal(store.authenticate(&presented)),
+            Q::ListKeys => R::Keys(store.list_keys()?),
+            Q::RevokeKey { id_or_key } => R::Bool(store.revoke_key(&id_or_key)?),
+            Q::HasActiveKeys => R::Bool(store.has_active_keys()?),
+            Q::SetTeamQuota { team, max } => {
+                store.set_team_quota(&team, max)?;
+                R::Unit
+            }
+            Q::TeamQuota { team } => R::Quota(store.team_quota(&team)?),
+            Q::PutRunRecord {
+                table,
+                id,
+                team,
+                batch,
+                created_at,
+                ended_at,
+                record,
+            } => {
+                super::validate_team(&team)?;
+                store.put_run_record(&RunRow {
+                    table,
+                    id: &id,
+                    team: &team,
+                    batch: batch.as_deref(),
+                    created_at,
+                    ended_at,
+                    record: &record,
+                })?;
+                R::Unit
+            }
+            Q::RunRecord { table, team, id } => R::Record(store.run_record(table, &team, &id)?),
+            Q::RunRecords {
+                table,
+                team,
+                batch,
+                limit,
+            } => R::Records(store.run_records(table, &team, batch.as_deref(), limit)?),
+            Q::UnfinishedRuns => R::Unfinished(store.unfinished_runs()?),
+            Q::PruneRecords { before } => R::Count(store.prune_records(before)?),
+            Q::InsertSandbox(rec) => {
+                super::validate_team(&rec.team)?;
+                store.insert_sandbox(&rec)?;
+                R::Unit
+            }
+            Q::UpdateSandboxEnd { id, end_at } => R::Bool(store.update_sandbox_end(&id, end_at)?),
+            Q::DeleteSandbox { id } => R::Bool(store.delete_sandbox(&id)?),
+            Q::ListSandboxes => R::Sandboxes(store.list_sandboxes()?),
+            Q::ClearSandboxes => R::Count(store.clear_sandboxes()? as u64),
+            Q::PutSecret(row) => {
+                super::validate_team(&row.team)?;
+                store.put_secret(&row)?;
+                R::Unit
+            }
+            Q::Secret { team, name } => R::Sealed(store.secret(&team, &name)?),
+            Q::Secrets { team } => R::SealedRows(store.secrets(team.as_deref())?),
+            Q::DeleteSecret { team, name } => R::Bool(store.delete_secret(&team, &name)?),
+            Q::ResealSecrets(rows) => {
+                store.reseal_secrets(&rows)?;
+                R::Unit
+            }
+            Q::RecordSecretUse(u) => {
+                store.record_secret_use(&u)?;
+                R::Unit
+            }
+            Q::SecretUses { team, limit } => R::Uses(store.secret_uses(&team, limit)?),
+            Q::PutTemplate(rec) => R::Template(store.put_template(&rec)?.map(Box::new)),
+            Q::Template { name } => R::Template(store.template(&name)?.map(Box::new)),
+            Q::Templates => R::Templates(store.templates()?),
+            Q::DeleteTemplate { name } => R::Template(store.delete_template(&name)?.map(Box::new)),
+            Q::ImageInUse { digest } => R::Bool(store.image_in_use(&digest)?),
+            Q::SealSecret { team, name, value } => match secrets.set(&team, &name, &value) {
+                Ok(()) => R::Unit,
+                Err(e) => R::Secret((&e).into()),
+            },
+            Q::OpenSecret { team, name } => match secrets.get(&team, &name) {
+                Ok(v) => R::Opened(v.to_vec()),
+                Err(e) => R::Secret((&e).into()),
+            },
+        })
+    })();
+    match result {
+        Ok(r) => r,
+        Err(e) => R::Store((&e).into()),
+    }
+}
+
+/// The helper's reading of one request frame, for husk's fuzz targets (`fuzz/`). Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Decodes `datagram` as the helper does and handles it against `store` and `secrets`
+    /// (the fuzz target's own, in memory); returns the request encoded again and the reply.
+    pub fn request(
+        datagram: &[u8],
+        store: &Store,
+        secrets: &Secrets,
+    ) -> Option<(Vec<u8>, StateReply)> {
+        let req: StateRequest = postcard::from_bytes(datagram).ok()?;
+        let encoded = postcard::to_stdvec(&req).expect("a decoded request encodes");
+        Some((encoded, bounded(handle(store, secrets, req))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secrets::MasterKeys;
+
+    /// A state helper served on a thread of this process (a test cannot fork), over a store
+    /// in memory and a master key in a scratch directory; and the server's side of it.
+    struct Pair {
+        remote: Arc<RemoteStore>,
+        _dir: std::path::PathBuf,
+        threads: Vec<std::thread::JoinHandle<()>>,
+    }
+
+    impl Drop for Pair {
+        fn drop(&mut self) {
+            self.remote.channels.close();
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+            let _ = std::fs::remove_dir_all(&self._dir);
+        }
+    }
+
+    fn pair() -> Pair {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "husk-state-helper-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let keys = MasterKeys::load(&dir.join("master.key")).unwrap();
+        let secrets = Arc::new(Secrets::new(store.clone(), keys));
+        let mut ours = Vec::new();
+        let mut threads = Vec::new();
+        for _ in 0..2 {
+            let (a, b) = husk_runtime::sys::stream_pair().unwrap();
+            ours.push(a);
+            let (store, secrets) = (store.clone(), secrets.clone());
+            threads.push(std::thread::spawn(move || serve(vec![b], &store, &secrets)));
+        }
+        Pair {
+            remote: Arc::new(RemoteStore {
+                channels: Channels::new("state", ours),
+                pid: 0,
+            }),
+            _dir: dir,
+            threads,
+        }
+    }
+
+    #[test]
+    fn the_store_works_the_same_through_the_helper() {
+        let p = pair();
+        let store = Store::remote(p.remote.clone());
+        assert!(!store.has_active_keys().unwrap());
+        let (info, key) = store.create_key("team-a", false, Some("ci")).unwrap();
+        assert_eq!(info.team, "team-a");
+        let who = store.authenticate(&key).expect("the key authenticates");
+        assert_eq!((who.team.as_str(), who.admin), ("team-a", false));
+        assert!(store.authenticate("e2b_0000").is_none());
+        // A "key" of a megabyte is not even sent.
+        assert!(store.authenticate(&"x".repeat(1 << 20)).is_none());
+        let listed = store.list_keys().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((&listed[0].id, &listed[0].label), (&info.id, &info.label));
+        // The authentication above was recorded in the helper's database.
+        assert!(listed[0].last_used_at.is_some());
+        store.set_team_quota("team-a", Some(3)).unwrap();
+        assert_eq!(store.team_quota("team-a").unwrap(), Some(3));
+        assert!(store.revoke_key(&info.id).unwrap());
+        assert!(store.authenticate(&key).is_none());
+        // Errors keep their type across the channel.
+        let err = store.create_key("Not A Team", false, None).unwrap_err();
+        assert!(matches!(err, StoreError::InvalidTeam(_)), "{err}");
+        let err = store
+            .create_key("team-a", false, Some("bad\u{7}label"))
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidLabel), "{err}");
+        // Records of runs, sandboxes and templates round-trip whole.
+        let now = OffsetDateTime::now_utc();
+        let big = "r".repeat(200 << 10);
+        store
+            .put_run_record(&RunRow {
+                table: RunTable::Runs,
+                id: "run-1",
+                team: "team-a",
+                batch: None,
+                created_at: now,
+                ended_at: None,
+                record: &big,
+            })
+            .unwrap();
+        assert_eq!(
+            store
+                .run_record(RunTable::Runs, "team-a", "run-1")
+                .unwrap()
+                .as_deref(),
+            Some(big.as_str())
+        );
+        assert_eq!(
+            store.run_record(RunTable::Runs, "team-b", "run-1").unwrap(),
+            None
+        );
+        assert_eq!(store.unfinished_runs().unwrap().len(), 1);
+        let rec = SandboxRecord {
+            id: "sb".into(),
+            team: "team-a".into(),
+            template: "base".into(),
+            runtime_id: "s1-x".into(),
+            created_at: now,
+            end_at: now,
+            metadata: [("k".to_string(), "v".to_string())].into(),
+        };
+        store.insert_sandbox(&rec).unwrap();
+        let err = store.insert_sandbox(&rec).unwrap_err();
+        assert!(matches!(err, StoreError::SandboxExists(_)), "{err}");
+        let listed = store.list_sandboxes().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].metadata, rec.metadata);
+        assert_eq!(store.clear_sandboxes().unwrap(), 1);
+    }
+
+    #[test]
+    fn secrets_are_sealed_and_opened_in_the_helper() {
+        let p = pair();
+        let store = Arc::new(Store::remote(p.remote.clone()));
+        let secrets = Secrets::remote(store.clone());
+        secrets.set("team-a", "OPENAI_KEY", b"sk-123").unwrap();
+        assert_eq!(&*secrets.get("team-a", "OPENAI_KEY").unwrap(), b"sk-123");
+        // What the server's store sees is sealed.
+        let row = store.secret("team-a", "OPENAI_KEY").unwrap().unwrap();
+        assert!(!row.ciphertext.windows(6).any(|w| w == b"sk-123"));
+        // Another team's name is not found; typed errors cross.
+        let err = secrets.get("team-b", "OPENAI_KEY").unwrap_err();
+        assert!(matches!(err, SecretError::NotFound(_)), "{err}");
+        let err = secrets.set("team-a", "bad name", b"x").unwrap_err();
+        assert!(matches!(err, SecretError::InvalidName(_)), "{err}");
+        let err = secrets.set("team-a", "NUL", b"a\0b").unwrap_err();
+        assert!(matches!(err, SecretError::Nul(_)), "{err}");
+        // The server holds no key: rotation is refused here.
+        assert!(matches!(
+            secrets.rotate(),
+            Err(SecretError::MasterKey { .. })
+        ));
+        let mut env = vec![("K".to_string(), "husk-secret://OPENAI_KEY".to_string())];
+        let inj = secrets.inject("team-a", &[], &mut env).unwrap();
+        assert_eq!(inj.env, vec![("K".to_string(), "sk-123".to_string())]);
+    }
+
+    #[test]
+    fn hostile_requests_are_checked_and_a_gone_helper_is_told() {
+        let p = pair();
+        // A record for a team name no key could have.
+        let err = p
+            .remote
+            .put_run_record(&RunRow {
+                table: RunTable::Runs,
+                id: "x",
+                team: "../etc",
+                batch: None,
+                created_at: OffsetDateTime::now_utc(),
+                ended_at: None,
+                record: "{}",
+            })
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidTeam(_)), "{err}");
+        // A reply too large for the channel is an error that fits.
+        let reply = bounded(StateReply::Records(vec!["x".repeat(rt::MAX_MESSAGE)]));
+        assert!(
+            matches!(reply, StateReply::Store(WireStoreError::Other(_))),
+            "{reply:?}"
+        );
+        drop(p);
+        let p = pair();
+        p.remote.channels.close();
+        let err = p.remote.list_keys().unwrap_err();
+        assert!(
+            matches!(err, StoreError::Helper(HelperError::Gone("state"))),
+            "{err}"
+        );
+    }
+}
