@@ -155,6 +155,11 @@ pub fn start_with(
 }
 
 impl SpawnerService {
+    /// The spawner process's pid.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
     /// How many sandboxes of an earlier, crashed husk were cleaned up at start.
     pub fn reaped_at_start(&self) -> usize {
         self.reaped

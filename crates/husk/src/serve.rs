@@ -232,6 +232,11 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
+    let helpers = vec![
+        ("spawner", spawner.pid()),
+        ("network", network.pid()),
+        ("state", state.pid()),
+    ];
     let code = runtime.block_on(run(
         args,
         store,
@@ -239,6 +244,7 @@ pub fn main(args: ServeArgs) -> i32 {
         network.clone(),
         default_policy,
         config,
+        helpers,
     ));
     drop(runtime);
     // Sandboxes are gone, their links with them; then the router and what it added to the
@@ -292,6 +298,7 @@ async fn run(
     network: Arc<husk_net::helper::NetHelper>,
     default_policy: husk_net::NetPolicy,
     config: Config,
+    helpers: Vec<(&'static str, i32)>,
 ) -> i32 {
     let size = SandboxSize {
         cpu_count: config.limits.cpu_millis.div_ceil(1000).max(1) as u32,
@@ -381,8 +388,18 @@ async fn run(
         });
     tokio::spawn(prune_records(manager.store_arc(), args.record_retention));
     let shutdown_manager = manager.clone();
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed_in_stop = failed.clone();
     let shutdown = async move {
-        wait_for_stop().await;
+        tokio::select! {
+            _ = wait_for_stop() => {}
+            gone = helper_exited(helpers) => {
+                // Without it the server cannot go on (its sandboxes, its state or its network
+                // are gone): stop, and say so, so that a service manager restarts husk.
+                eprintln!("husk: {gone}; stopping");
+                failed_in_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         eprintln!(
             "husk: stopping: destroying {} sandbox(es)",
             shutdown_manager.count()
@@ -391,7 +408,55 @@ async fn run(
     };
     husk_server::serve(listener, state, args.conn.limits(), shutdown).await;
     manager.shutdown().await;
-    0
+    i32::from(failed.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Waits until one of the helper processes exits, and says which. A thread of its own polls
+/// their pidfds (readable once a process has exited); it outlives nothing but this process.
+async fn helper_exited(helpers: Vec<(&'static str, i32)>) -> String {
+    use husk_runtime::libc;
+    use std::os::fd::AsRawFd;
+    let mut watched = Vec::new();
+    for (name, pid) in helpers {
+        match husk_runtime::sys::pidfd_open(pid) {
+            Ok(fd) => watched.push((name, pid, fd)),
+            Err(e) => eprintln!("husk: warning: cannot watch the {name} helper: {e}"),
+        }
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let watcher = std::thread::Builder::new()
+        .name("husk-helpers".into())
+        .spawn(move || {
+            let mut fds: Vec<libc::pollfd> = watched
+                .iter()
+                .map(|(_, _, fd)| libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            if fds.is_empty() {
+                return;
+            }
+            loop {
+                match husk_runtime::sys::poll(&mut fds, -1) {
+                    Ok(_) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => return,
+                }
+            }
+            if let Some(i) = fds.iter().position(|p| p.revents != 0) {
+                let (name, pid, _) = &watched[i];
+                let _ = tx.send(format!("the {name} helper (pid {pid}) exited"));
+            }
+        });
+    if let Err(e) = watcher {
+        eprintln!("husk: warning: cannot watch the helpers: {e}");
+    }
+    match rx.await {
+        Ok(gone) => gone,
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Deletes the records older than `retention`, now and every hour (the state database must not

@@ -324,6 +324,11 @@ impl RemoteStore {
         }
     }
 
+    /// The helper's pid.
+    pub fn pid(&self) -> husk_runtime::libc::pid_t {
+        self.pid
+    }
+
     /// Stops the helper and waits for it. Blocking. Later calls fail.
     pub fn shutdown(&self) {
         self.channels.close();

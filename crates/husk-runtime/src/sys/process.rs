@@ -123,6 +123,14 @@ pub fn become_user(uid: u32, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// pidfd_open(2) of `pid` (Linux 5.3): readable once the process has exited.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments only.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
 /// prctl(PR_SET_NAME): the calling thread's name (at most 15 bytes are kept; a name with a
 /// NUL byte is refused), as `ps` and `top` show it.
 pub fn set_thread_name(name: &str) -> io::Result<()> {
