@@ -543,6 +543,51 @@ fn spawner(c: &Corpus) {
     }
 }
 
+/// The server's requests to its network and state helpers (frames' payloads).
+fn helpers(c: &Corpus) {
+    use husk_core::store::remote::StateRequest;
+    use husk_net::helper::{Request, WirePolicy};
+    let net = [
+        ("attach-none", Request::Attach { policy: WirePolicy::None }),
+        (
+            "attach-allow",
+            Request::Attach {
+                policy: husk_net::NetPolicy::from_flags(&["allow=example.com,10.0.0.0/8".into()])
+                    .unwrap()
+                    .into(),
+            },
+        ),
+        ("denials", Request::Denials { link: 1, from: 0, sync: true }),
+        ("detach", Request::Detach { link: 1 }),
+        ("socket", Request::Socket { v6: true }),
+    ];
+    for (name, req) in net {
+        let bytes = postcard::to_stdvec(&req).unwrap();
+        c.write("net_helper", name, Input::default().byte(0).bytes(&bytes));
+        c.write("net_helper", &format!("{name}-fd"), Input::default().byte(1).bytes(&bytes));
+    }
+    let state = [
+        ("create-key", StateRequest::CreateKey { team: "t".into(), admin: false, label: None }),
+        ("authenticate", StateRequest::Authenticate { presented: "e2b_0123".into() }),
+        ("open-secret", StateRequest::OpenSecret { team: "t".into(), name: "N".into() }),
+        ("open-other", StateRequest::OpenSecret { team: "u".into(), name: "N".into() }),
+        (
+            "seal",
+            StateRequest::SealSecret { team: "t".into(), name: "M".into(), value: b"v".to_vec() },
+        ),
+        ("run-records", StateRequest::RunRecords {
+            table: husk_core::store::RunTable::Runs,
+            team: "t".into(),
+            batch: None,
+            limit: 10,
+        }),
+        ("templates", StateRequest::Templates),
+    ];
+    for (name, req) in state {
+        c.write("state_helper", name, Input::default().bytes(&postcard::to_stdvec(&req).unwrap()));
+    }
+}
+
 fn zmtp_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {
     if body.len() > 255 {
         out.push(flags | 2);
@@ -852,6 +897,7 @@ fn main() {
     files(&c);
     agent(&c);
     spawner(&c);
+    helpers(&c);
     zmtp(&c);
     jupyter(&c);
     dns(&c);
