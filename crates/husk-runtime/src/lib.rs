@@ -25,6 +25,7 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod confine;
 pub mod control;
 pub mod env;
 pub mod exec;

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentEntry;
 use crate::cgroup::{CgroupOptions, SandboxCgroup};
+pub use crate::confine::Confinement;
 use crate::failure::{Failure, FailureKind};
 use crate::spawner::{Sandbox, Spawner};
 use crate::spec::SandboxSpec;
@@ -113,6 +114,16 @@ pub fn start_with(
     agent: AgentEntry,
     cgroups: CgroupOptions,
 ) -> Result<SpawnerService, ServiceError> {
+    start_confined(agent, cgroups, None)
+}
+
+/// [`start_with`] for a server: every spec's host paths are checked against `confinement`
+/// in the spawner before anything is mounted ([`crate::confine`]).
+pub fn start_confined(
+    agent: AgentEntry,
+    cgroups: CgroupOptions,
+    confinement: Option<Confinement>,
+) -> Result<SpawnerService, ServiceError> {
     let (ours, theirs) = sys::seqpacket_pair()?;
     match sys::thread_count()? {
         1 => {}
@@ -128,7 +139,7 @@ pub fn start_with(
     let pid = unsafe { sys::fork() }?;
     if pid == 0 {
         drop(ours);
-        serve(theirs, parent, agent, &cgroups)
+        serve(theirs, parent, agent, &cgroups, confinement.as_ref())
     }
     drop(theirs);
     let service = SpawnerService {
@@ -316,7 +327,13 @@ fn open_netns(pid: libc::pid_t) -> io::Result<OwnedFd> {
 }
 
 /// The spawner process's main loop. Never returns.
-fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &CgroupOptions) -> ! {
+fn serve(
+    sock: OwnedFd,
+    parent: libc::pid_t,
+    agent: AgentEntry,
+    cgroups: &CgroupOptions,
+    confinement: Option<&Confinement>,
+) -> ! {
     // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
     // shuts the spawner down in order. If the server dies, the spawner dies with it.
     let _ = sys::setsid();
@@ -382,7 +399,10 @@ fn serve(sock: OwnedFd, parent: libc::pid_t, agent: AgentEntry, cgroups: &Cgroup
                 let stdio = [null.as_fd(), null.as_fd(), null.as_fd()];
                 // At most one descriptor comes with a create: the network namespace to join.
                 let netns = fds.pop();
-                let created = if fds.is_empty() {
+                let confined = confinement.map_or(Ok(()), |c| c.check(&spec));
+                let created = if let Err(e) = confined {
+                    Err(crate::spawner::SpawnError::InvalidSpec(e))
+                } else if fds.is_empty() {
                     spawner.create_in(&spec, Some(stdio), netns)
                 } else {
                     Err(crate::spawner::SpawnError::InvalidSpec(

@@ -173,7 +173,19 @@ pub fn main(args: ServeArgs) -> i32 {
             husk_runtime::oom::SERVER
         );
     }
-    let spawner = match husk_runtime::service::start_with(husk_agent::main, args.host.cgroups()) {
+    // The spawner checks every host path a spec names (mount sources, images, build layers)
+    // against these roots itself: the server that asks is not trusted with the host's files.
+    let run_dir = PathBuf::from(husk_runtime::spawner::DEFAULT_RUN_DIR);
+    let confinement = husk_runtime::confine::Confinement {
+        mount_roots: vec![args.state_dir.join(husk_core::workspaces::WORKSPACES_DIR)],
+        mount_files: vec![PathBuf::from(husk_build::sandbox_step::HOST_CA_BUNDLE)],
+        image_roots: vec![args.state_dir.join("templates"), run_dir.join("templates")],
+    };
+    let spawner = match husk_runtime::service::start_confined(
+        husk_agent::main,
+        args.host.cgroups(),
+        Some(confinement),
+    ) {
         Ok(s) => Arc::new(s),
         Err(e) => {
             crate::report::say(&crate::report::chain(&e));
