@@ -145,7 +145,7 @@ struct Helper {
     /// Namespaces no socket is made in: the helper's own (the host's), the router's, and the
     /// egress namespace.
     own: Vec<NetNs>,
-    links: Mutex<HashMap<u64, Attachment>>,
+    links: Mutex<HashMap<u64, Arc<Attachment>>>,
     next: AtomicU64,
 }
 
@@ -154,6 +154,14 @@ fn failed(kind: FailureKind, message: impl Into<String>) -> (Reply, Option<Owned
 }
 
 impl Helper {
+    fn link(&self, link: u64) -> Option<Arc<Attachment>> {
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&link)
+            .cloned()
+    }
+
     fn handle(&self, req: Request, fd: Option<OwnedFd>) -> (Reply, Option<OwnedFd>) {
         if fd.is_some() && !matches!(req, Request::Socket { .. }) {
             return failed(
@@ -168,8 +176,10 @@ impl Helper {
                 if let Err(e) = policy.validate() {
                     return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
                 }
-                let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-                match links.get(&link) {
+                // The link is taken out of the map's lock before its `nft` run: changes to
+                // other links never wait for this one.
+                let found = self.link(link);
+                match found {
                     Some(a) => match a.set_policy(policy) {
                         Ok(()) => (Reply::Done, None),
                         Err(e) => failed(
@@ -189,8 +199,7 @@ impl Helper {
                         s.sync_log(std::time::Duration::from_millis(500));
                     }
                 }
-                let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-                match links.get(&link) {
+                match self.link(link) {
                     Some(a) => {
                         let all = a.net.denials();
                         let page = all
@@ -213,7 +222,8 @@ impl Helper {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&link);
                 match gone {
-                    // Dropping it removes its rules (queued to the router's worker).
+                    // Dropping it removes its rules (queued to the router's worker), once a
+                    // policy change under way on it is done.
                     Some(a) => {
                         drop(a);
                         (Reply::Done, None)
@@ -248,7 +258,7 @@ impl Helper {
                         self.links
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .insert(link, a);
+                            .insert(link, Arc::new(a));
                         (Reply::Attached { link, gateway }, Some(ns))
                     }
                     Err(e) => failed(

@@ -2,6 +2,7 @@
 
 Prints, from one run against one server it starts itself:
 - create -> agent ready, server side (the create response's Server-Timing) and as the client sees it;
+- an authenticated request that does little else (the key check, a list of the team's sandboxes);
 - SDK `Sandbox.create()` + first `commands.run("true")`;
 - creates per second at a given concurrency (each worker creates, then kills);
 - `commands.run("true")` in a ready sandbox (SDK and raw Connect) beside a bare fork+exec of
@@ -107,6 +108,23 @@ def raw_creates(port: int, key: str, n: int) -> None:
     conn.close()
     line("create -> agent ready, server side", server)
     line("create over HTTP, as the client sees it", client)
+
+
+def keyed_request_latency(port: int, key: str, n: int) -> None:
+    """An authenticated request that does little else: the key check (the state helper's, since
+    issue 17) and one read of the team's sandboxes, over one keep-alive connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        conn.request("GET", "/v2/sandboxes", headers={"X-API-KEY": key})
+        resp = conn.getresponse()
+        data = resp.read()
+        times.append((time.perf_counter() - t) * 1000)
+        if resp.status != 200:
+            raise RuntimeError(f"list: {resp.status} {data!r}")
+    conn.close()
+    line("GET /v2/sandboxes (key check + list), as the client sees it", times)
 
 
 def sdk_create_first_command(opts: dict, n: int) -> None:
@@ -651,8 +669,10 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
     ap.add_argument("--abuse-connections", type=int, default=2000)
-    ap.add_argument("--only", choices=["abuse", "main"],
-                    help="run the abuse section alone, or everything but it (e.g. against an older binary)")
+    ap.add_argument("--only", choices=["abuse", "main", "hops"],
+                    help="run the abuse section alone, everything but it (e.g. against an older binary), "
+                         "or only the sections whose requests cross the server's helpers (creates, key "
+                         "checks, commands, creates with a network)")
     args = ap.parse_args()
     if args.only == "abuse":
         abuse(args.iterations, args.abuse_connections)
@@ -665,9 +685,14 @@ def main() -> None:
         opts = server.opts(api_key=key)
         print(f"husk serve benchmark ({server.bin}), stock e2b {importlib.metadata.version('e2b')}")
         raw_creates(server.port, key, args.iterations)
+        keyed_request_latency(server.port, key, args.iterations * 5)
         sdk_create_first_command(opts, args.iterations)
         creates_per_second(server.port, key, args.concurrency, args.seconds)
         command_latency(opts, server.port, key, args.iterations)
+        if args.only == "hops":
+            # A create with a network attaches a link through the network helper.
+            network_vs_none(server, args.iterations)
+            return
         transfer(opts, server.port, key, args.size_mb)
         run_round_trip(server, max(5, args.iterations // 4))
         batch_walls(server, args.batch_items)
