@@ -77,6 +77,9 @@ pub struct KernelEnv {
     /// Resolved secrets of the sandbox's environment (`husk-secret://` values), for the
     /// kernel's process only.
     pub secret_envs: Vec<(String, String)>,
+    /// Their values, masked in everything the kernel's executions report (empty: redaction
+    /// is off, `HUSK_REDACT=0`).
+    pub redact: Arc<Vec<zeroize::Zeroizing<Vec<u8>>>>,
 }
 
 /// One context, as listed.
@@ -289,7 +292,7 @@ impl Contexts {
 
     /// Like [`Contexts::create`], for one run: its kernel process gets `envs` over the
     /// sandbox's environment, as `user`, with the run's resolved secrets (instead of the
-    /// sandbox's).
+    /// sandbox's), whose values `redact` masks in its output.
     pub async fn create_for_run(
         &self,
         language: &str,
@@ -297,8 +300,13 @@ impl Contexts {
         user: User,
         envs: Vec<(String, String)>,
         secret_envs: Vec<(String, String)>,
+        redact: Vec<zeroize::Zeroizing<Vec<u8>>>,
     ) -> Result<Arc<Context>, ContextError> {
-        let env = KernelEnv { user, secret_envs };
+        let env = KernelEnv {
+            user,
+            secret_envs,
+            redact: Arc::new(redact),
+        };
         self.create_inner(Some(language), cwd, false, Some((env, envs)))
             .await
     }

@@ -235,6 +235,27 @@ fn execute_and_contexts_on_real_kernels() {
         json!({"code": "import os; os.environ.get('SECRET_V') == 's3cr3t-value'"}),
     );
     assert_eq!(main_text(&secret).as_deref(), Some("True"), "{secret:?}");
+    // Printed, returned or raised, its value is masked in what the client gets.
+    let leak = exec(
+        &sb,
+        json!({"code": "import os, sys\nv = os.environ['SECRET_V']\nprint('out', v)\nsys.stdout.write(v[:4]); sys.stdout.flush(); print(v[4:])\nv"}),
+    );
+    let all = serde_json::to_string(&leak).unwrap();
+    assert!(!all.contains("s3cr3t-value"), "{all}");
+    assert_eq!(stdout(&leak), "out ****\n****\n", "{leak:?}");
+    assert!(
+        main_text(&leak).is_some_and(|t| t.contains("****")),
+        "{leak:?}"
+    );
+    let raised = exec(
+        &sb,
+        json!({"code": "import os\nraise ValueError(os.environ['SECRET_V'])"}),
+    );
+    let all = serde_json::to_string(&raised).unwrap();
+    assert!(
+        !all.contains("s3cr3t-value") && all.contains("ValueError"),
+        "{all}"
+    );
 
     // Large output arrives whole, in order.
     let big = exec(&sb, json!({"code": "print('a' * 3_000_000)"}));

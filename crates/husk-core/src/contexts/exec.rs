@@ -11,6 +11,9 @@ use std::sync::Arc;
 
 use husk_proto::{ExecEvent, Execute, Request};
 use tokio::sync::mpsc;
+use zeroize::Zeroizing;
+
+use crate::secrets::redact::Redactor;
 
 use super::envcode::EnvCode;
 use super::kernel::{Kernel, KernelOut, State};
@@ -56,34 +59,169 @@ pub enum ExecOut {
     End,
 }
 
-/// Starts the execution task; its events come on the returned channel.
+/// Starts the execution task; its events come on the returned channel, with the secrets of
+/// the kernel's environment masked in them.
 pub fn start(ctx: Arc<Context>, code: String, env: Option<EnvCode>) -> mpsc::Receiver<ExecOut> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let _one = ctx.exec_lock.clone().lock_owned().await;
         let kernel = ctx.kernel();
-        run(&kernel, &code, env.as_ref(), &tx).await;
+        let mut mask = Mask::new(ctx.env.redact.clone());
+        run(&kernel, &code, env.as_ref(), &tx, &mut mask).await;
         let _ = tx.send(ExecOut::End).await;
     });
     rx
 }
 
-async fn run(kernel: &Kernel, code: &str, env: Option<&EnvCode>, tx: &mpsc::Sender<ExecOut>) {
+async fn run(
+    kernel: &Kernel,
+    code: &str,
+    env: Option<&EnvCode>,
+    tx: &mpsc::Sender<ExecOut>,
+    mask: &mut Mask,
+) {
     if let Some(env) = env {
         if let Err(out) = silent(kernel, &env.set).await {
-            let _ = tx.send(out).await;
+            let _ = tx.send(mask.whole(out)).await;
             return;
         }
     }
-    if let Err(e) = one(kernel, code, false, Some(tx)).await {
-        let _ = tx.send(e.into_out()).await;
+    let ran = one(kernel, code, false, Some(tx), mask).await;
+    // What was held back (it could have begun a secret's value) goes out now, masked.
+    for out in mask.finish() {
+        let _ = tx.send(out).await;
+    }
+    if let Err(e) = ran {
+        let _ = tx.send(mask.whole(e.into_out())).await;
         return;
     }
     if let Some(env) = env {
         // A failed restore is reported: the variables would otherwise leak into later calls.
         if let Err(out) = silent(kernel, &env.restore).await {
-            let _ = tx.send(out).await;
+            let _ = tx.send(mask.whole(out)).await;
         }
+    }
+}
+
+/// Masks the values of the kernel's secrets in what an execution reports: output streams as
+/// they come (a value split across messages too: the end of a message that could begin one
+/// is held back until the next, or the end), results' and errors' strings whole.
+pub(crate) struct Mask {
+    values: Arc<Vec<Zeroizing<Vec<u8>>>>,
+    out: Option<(Redactor, String)>,
+    err: Option<(Redactor, String)>,
+}
+
+impl Mask {
+    pub(crate) fn new(values: Arc<Vec<Zeroizing<Vec<u8>>>>) -> Mask {
+        Mask {
+            values,
+            out: None,
+            err: None,
+        }
+    }
+
+    fn active(&self) -> bool {
+        self.values.iter().any(|v| !v.is_empty())
+    }
+
+    /// `s` with every value masked.
+    fn text(&self, s: String) -> String {
+        if !self.active() {
+            return s;
+        }
+        let mut r = Redactor::new(&self.values);
+        let mut bytes = r.push(s.as_bytes());
+        bytes.extend(r.finish());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn json(&self, v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(s) => *s = self.text(std::mem::take(s)),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|v| self.json(v)),
+            serde_json::Value::Object(o) => o.values_mut().for_each(|v| self.json(v)),
+            _ => {}
+        }
+    }
+
+    /// One event of the stream, masked; `None` while all of a stream's text is held back.
+    pub(crate) fn stream(&mut self, out: ExecOut) -> Option<ExecOut> {
+        if !self.active() {
+            return Some(out);
+        }
+        let (slot, text, date, is_out) = match out {
+            ExecOut::Stdout { text, date } => (&mut self.out, text, date, true),
+            ExecOut::Stderr { text, date } => (&mut self.err, text, date, false),
+            other => return Some(self.whole(other)),
+        };
+        let (r, last) = slot.get_or_insert_with(|| (Redactor::new(&self.values), String::new()));
+        *last = date.clone();
+        // Held back only where a value could begin, which is a character boundary (the values
+        // are UTF-8): what is sent is whole text.
+        let text = String::from_utf8_lossy(&r.push(text.as_bytes())).into_owned();
+        if text.is_empty() {
+            return None;
+        }
+        Some(if is_out {
+            ExecOut::Stdout { text, date }
+        } else {
+            ExecOut::Stderr { text, date }
+        })
+    }
+
+    /// A result, an error or a death, with every string in it masked.
+    pub(crate) fn whole(&self, out: ExecOut) -> ExecOut {
+        if !self.active() {
+            return out;
+        }
+        match out {
+            ExecOut::Result { is_main, mut data } => {
+                for d in &mut data {
+                    self.json(&mut d.value);
+                }
+                ExecOut::Result { is_main, data }
+            }
+            ExecOut::Error {
+                name,
+                value,
+                traceback,
+            } => ExecOut::Error {
+                name: self.text(name),
+                value: self.text(value),
+                traceback: traceback.into_iter().map(|t| self.text(t)).collect(),
+            },
+            ExecOut::KernelDied(why) => ExecOut::KernelDied(self.text(why)),
+            ExecOut::Stdout { text, date } => ExecOut::Stdout {
+                text: self.text(text),
+                date,
+            },
+            ExecOut::Stderr { text, date } => ExecOut::Stderr {
+                text: self.text(text),
+                date,
+            },
+            other => other,
+        }
+    }
+
+    /// What the streams held back, masked (at the end of an execution).
+    pub(crate) fn finish(&mut self) -> Vec<ExecOut> {
+        let mut outs = Vec::new();
+        for (slot, is_out) in [(&mut self.out, true), (&mut self.err, false)] {
+            if let Some((mut r, date)) = slot.take() {
+                let rest = r.finish();
+                if rest.is_empty() {
+                    continue;
+                }
+                let text = String::from_utf8_lossy(&rest).into_owned();
+                outs.push(if is_out {
+                    ExecOut::Stdout { text, date }
+                } else {
+                    ExecOut::Stderr { text, date }
+                });
+            }
+        }
+        outs
     }
 }
 
@@ -104,7 +242,9 @@ async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
         }
         error
     };
-    let run = async move { one(kernel, code, true, Some(&etx)).await };
+    // Set-up code's output is never reported; its error is replaced by a message of husk's.
+    let mut unmasked = Mask::new(Arc::new(Vec::new()));
+    let run = async move { one(kernel, code, true, Some(&etx), &mut unmasked).await };
     let (res, error) = tokio::join!(run, collect);
     if let Err(e) = res {
         return Err(e.into_out());
@@ -151,6 +291,7 @@ async fn one(
     code: &str,
     silent: bool,
     tx: Option<&mpsc::Sender<ExecOut>>,
+    mask: &mut Mask,
 ) -> Result<(), Failed> {
     let exec = NEXT_EXEC.fetch_add(1, Ordering::Relaxed);
     let mut rx = kernel.route(exec);
@@ -209,7 +350,7 @@ async fn one(
         let out = match msg {
             KernelOut::Dead(why) => break Err(Failed::Died(why)),
             KernelOut::Event(ExecEvent::Done { .. }) => break Ok(()),
-            KernelOut::Event(ev) => result.push(ev),
+            KernelOut::Event(ev) => result.push(ev).and_then(|out| mask.stream(out)),
         };
         if let (Some(out), true) = (out, listening) {
             let client = tx.expect("listening implies a sender");
@@ -363,5 +504,90 @@ mod tests {
         assert_eq!(data[0].mime, "text/plain");
         assert!(data[0].value.as_str().unwrap().contains("result dropped"));
         assert_eq!(a.bytes, 0);
+    }
+
+    fn secret_mask() -> Mask {
+        Mask::new(Arc::new(vec![Zeroizing::new(b"sk-SECRET-42".to_vec())]))
+    }
+
+    fn stdout(text: &str) -> ExecOut {
+        ExecOut::Stdout {
+            text: text.into(),
+            date: "d".into(),
+        }
+    }
+
+    #[test]
+    fn a_secret_split_across_output_messages_is_masked() {
+        let mut m = secret_mask();
+        let mut got = String::new();
+        for chunk in ["value: sk-SEC", "RET-42 and more\n", "tail sk-S"] {
+            if let Some(ExecOut::Stdout { text, .. }) = m.stream(stdout(chunk)) {
+                got.push_str(&text);
+            }
+        }
+        for out in m.finish() {
+            if let ExecOut::Stdout { text, .. } = out {
+                got.push_str(&text);
+            }
+        }
+        assert_eq!(got, "value: **** and more\ntail sk-S");
+        // Streams are masked apart: stderr's text never completes stdout's.
+        let mut m = secret_mask();
+        assert!(m.stream(stdout("x sk-SEC")).is_some());
+        let err = m.stream(ExecOut::Stderr {
+            text: "RET-42".into(),
+            date: "d".into(),
+        });
+        assert_eq!(
+            err,
+            Some(ExecOut::Stderr {
+                text: "RET-42".into(),
+                date: "d".into()
+            })
+        );
+    }
+
+    #[test]
+    fn results_and_errors_are_masked_whole() {
+        let mut m = secret_mask();
+        let result = ExecOut::Result {
+            is_main: true,
+            data: vec![
+                MimeValue {
+                    mime: "text/plain".into(),
+                    value: serde_json::json!("'sk-SECRET-42'"),
+                },
+                MimeValue {
+                    mime: "application/json".into(),
+                    value: serde_json::json!({"k": ["a", "sk-SECRET-42!"], "n": 1}),
+                },
+            ],
+        };
+        let ExecOut::Result { data, .. } = m.stream(result).unwrap() else {
+            panic!("a result")
+        };
+        assert_eq!(data[0].value, serde_json::json!("'****'"));
+        assert_eq!(
+            data[1].value,
+            serde_json::json!({"k": ["a", "****!"], "n": 1})
+        );
+        let err = m.whole(ExecOut::Error {
+            name: "KeyError".into(),
+            value: "sk-SECRET-42".into(),
+            traceback: vec!["line 1: print('sk-SECRET-42')".into()],
+        });
+        assert_eq!(
+            err,
+            ExecOut::Error {
+                name: "KeyError".into(),
+                value: "****".into(),
+                traceback: vec!["line 1: print('****')".into()],
+            }
+        );
+        // Without secrets (or with redaction off), nothing is touched or held back.
+        let mut off = Mask::new(Arc::new(Vec::new()));
+        assert_eq!(off.stream(stdout("sk-SEC")), Some(stdout("sk-SEC")));
+        assert!(off.finish().is_empty());
     }
 }

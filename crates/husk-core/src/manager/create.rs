@@ -275,14 +275,18 @@ impl Manager {
             let what = format!("{} kernel", defaults.contexts.join(", "));
             self.audit_secrets(team, sandbox, &what, &secrets.names);
         }
-        let secret_envs = secrets.env;
+        let (secret_envs, redact) = (secrets.env, Arc::new(secrets.redact));
         let cwd = defaults
             .workdir
             .clone()
             .unwrap_or_else(|| user.home().to_owned());
         let contexts = Arc::new(crate::contexts::Contexts::new(
             agent.clone(),
-            crate::contexts::KernelEnv { user, secret_envs },
+            crate::contexts::KernelEnv {
+                user,
+                secret_envs,
+                redact,
+            },
             cwd,
         ));
         for lang in &defaults.contexts {

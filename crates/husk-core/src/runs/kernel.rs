@@ -35,12 +35,20 @@ pub(super) async fn run(
     let secrets = manager
         .process_secrets(sb, &mut envs)
         .map_err(|e| crate::error_chain(&e))?;
-    let redact = secrets.redact;
     let kernel = format!("{language} kernel");
     manager.audit_secrets(&sb.team, &sb.id, &kernel, &secrets.names);
+    // The context masks the secrets' values in everything the kernel reports (output,
+    // results, errors).
     let ctx = sb
         .contexts
-        .create_for_run(language, workdir.as_deref(), user, envs, secrets.env)
+        .create_for_run(
+            language,
+            workdir.as_deref(),
+            user,
+            envs,
+            secrets.env,
+            secrets.redact,
+        )
         .await
         .map_err(|e| format!("starting the {language} kernel failed: {e}"))?;
     let mut events = sb
@@ -48,15 +56,6 @@ pub(super) async fn run(
         .execute(ctx, code, Vec::new())
         .await
         .map_err(|e| e.to_string())?;
-    use crate::secrets::redact::Redactor;
-    let (mut out_mask, mut err_mask) = (Redactor::new(&redact), Redactor::new(&redact));
-    let mask = |r: &mut Redactor, s: String| -> String {
-        if redact.is_empty() {
-            s
-        } else {
-            String::from_utf8_lossy(&r.push(s.as_bytes())).into_owned()
-        }
-    };
     let (mut out_tail, mut err_tail) = (Tail::default(), Tail::default());
     let deadline = tokio::time::Instant::now() + plan.timeout;
     let mut error: Option<String> = None;
@@ -80,13 +79,11 @@ pub(super) async fn run(
         match ev {
             None | Some(ExecOut::End) => break,
             Some(ExecOut::Count(_)) => {}
-            Some(ExecOut::Stdout { text, .. }) => {
-                let data = mask(&mut out_mask, text);
+            Some(ExecOut::Stdout { text: data, .. }) => {
                 out_tail.push(data.as_bytes());
                 emit(tx, RunEvent::Stdout { data }).await;
             }
-            Some(ExecOut::Stderr { text, .. }) => {
-                let data = mask(&mut err_mask, text);
+            Some(ExecOut::Stderr { text: data, .. }) => {
                 err_tail.push(data.as_bytes());
                 emit(tx, RunEvent::Stderr { data }).await;
             }
@@ -108,9 +105,8 @@ pub(super) async fn run(
             }) => {
                 // The traceback goes to stderr as an interpreter would print it (without
                 // IPython's colours).
-                let mut text = strip_ansi(&traceback.join("\n"));
-                text.push('\n');
-                let data = mask(&mut err_mask, text);
+                let mut data = strip_ansi(&traceback.join("\n"));
+                data.push('\n');
                 err_tail.push(data.as_bytes());
                 emit(tx, RunEvent::Stderr { data }).await;
                 error = Some(if value.is_empty() {
@@ -125,18 +121,6 @@ pub(super) async fn run(
     // On a timeout or cancel, dropping the receiver interrupts the kernel (and the sandbox
     // goes right after anyway).
     drop(events);
-    for (r, is_out) in [(&mut out_mask, true), (&mut err_mask, false)] {
-        let rest = r.finish();
-        if !rest.is_empty() && !redact.is_empty() {
-            let data = String::from_utf8_lossy(&rest).into_owned();
-            let ev = if is_out {
-                RunEvent::Stdout { data }
-            } else {
-                RunEvent::Stderr { data }
-            };
-            emit(tx, ev).await;
-        }
-    }
     rec.stdout_tail = out_tail.text();
     rec.stderr_tail = err_tail.text();
     Ok(match (stop, died, error) {
