@@ -114,7 +114,10 @@ pub fn fork(
         let keep: Vec<RawFd> = theirs.iter().map(|c| c.as_raw_fd()).collect();
         sys::close_fds_from(3, &keep);
         let _ = sys::set_thread_name(name);
-        sys::exit_now(body(theirs));
+        // A panic must end the helper, never unwind into the server's code this child was
+        // forked from (debug builds unwind; release builds abort).
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(theirs)));
+        sys::exit_now(code.unwrap_or(101));
     }
     drop(theirs);
     Ok(Forked {
