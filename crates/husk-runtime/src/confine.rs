@@ -41,6 +41,32 @@ fn below(path: &Path, roots: &[PathBuf]) -> Result<(), String> {
     }
 }
 
+/// An image outside the roots (a state directory copied elsewhere still names its images by
+/// their old paths) passes only if it is one husk's builder made: a regular file named for
+/// its digest (`<hex>.erofs`), in a directory, both owned by root and writable by nobody else.
+/// Neither a sandbox (whose host ids are never 0) nor an unprivileged server can make one.
+fn built_image(path: &Path, digest: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = || format!("{} is outside what this server may use", path.display());
+    let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+    let named = real.file_name().and_then(|n| n.to_str()) == Some(&format!("{hex}.erofs"));
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) || !named {
+        return Err(refuse());
+    }
+    let safe = |p: &Path, dir: bool| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| {
+            m.uid() == 0 && m.mode() & 0o022 == 0 && if dir { m.is_dir() } else { m.is_file() }
+        })
+    };
+    let parent = real.parent().ok_or_else(refuse)?;
+    if safe(&real, false) && safe(parent, true) {
+        Ok(())
+    } else {
+        Err(refuse())
+    }
+}
+
 impl Confinement {
     /// Checks every host path `spec` names, and its network.
     pub fn check(&self, spec: &SandboxSpec) -> Result<(), String> {
@@ -56,8 +82,10 @@ impl Confinement {
         }
         let layered = match &spec.rootfs {
             RootSource::Host => false,
-            RootSource::Image { path, .. } => {
-                below(path, &self.image_roots).map_err(|e| format!("image {e}"))?;
+            RootSource::Image { path, digest, .. } => {
+                if below(path, &self.image_roots).is_err() {
+                    built_image(path, digest).map_err(|e| format!("image {e}"))?;
+                }
                 false
             }
             RootSource::Layers { lower, upper, work } => {
@@ -78,6 +106,7 @@ impl Confinement {
 mod tests {
     use super::*;
     use crate::spec::MountSpec;
+    use std::os::unix::fs::PermissionsExt;
 
     struct Dir(PathBuf);
     impl Drop for Dir {
@@ -138,6 +167,33 @@ mod tests {
             size: 0,
             digest: String::new(),
         };
+        assert!(c.check(&spec).unwrap_err().starts_with("image"));
+        // An image of a state directory copied elsewhere: root's, named for its digest, in a
+        // directory only root writes. Anything else outside the roots is refused.
+        let hex = "ab".repeat(32);
+        let elsewhere = d.0.join("old-state/images");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let image = elsewhere.join(format!("{hex}.erofs"));
+        std::fs::write(&image, b"").unwrap();
+        std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let at = |path: &Path, digest: &str| RootSource::Image {
+            path: path.to_path_buf(),
+            size: 0,
+            digest: digest.into(),
+        };
+        spec.rootfs = at(&image, &format!("sha256:{hex}"));
+        // Root's and named right: taken (as root; another user's files are never taken).
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata(&image).unwrap().uid() == 0 {
+            c.check(&spec).unwrap();
+        } else {
+            assert!(c.check(&spec).unwrap_err().starts_with("image"));
+        }
+        spec.rootfs = at(&image, &format!("sha256:{}", "cd".repeat(32)));
+        assert!(c.check(&spec).unwrap_err().starts_with("image"));
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o777)).unwrap();
+        spec.rootfs = at(&image, &format!("sha256:{hex}"));
         assert!(c.check(&spec).unwrap_err().starts_with("image"));
         spec.rootfs = RootSource::Layers {
             lower: vec![PathBuf::from("/")],
