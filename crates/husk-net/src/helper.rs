@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -121,20 +121,9 @@ pub enum Request {
 /// The network helper's answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    /// Started: whether sandboxes get links out (`false`: egress is off, only sockets are
-    /// made).
-    Ready {
-        egress: bool,
-    },
-    Attached {
-        link: u64,
-        gateway: Ipv4Addr,
-    },
+    Attached { link: u64, gateway: Ipv4Addr },
     Done,
-    Denials {
-        total: u32,
-        page: Vec<WireDenial>,
-    },
+    Denials { total: u32, page: Vec<WireDenial> },
     Socket,
     Failed(Failure),
 }
@@ -315,77 +304,53 @@ impl Helper {
 /// first channel, serves every channel on a thread of its own, and stops the service when the
 /// server has closed them all.
 fn run(channels: Vec<OwnedFd>, setup: impl FnOnce() -> Result<Option<NetService>, String>) -> i32 {
-    let first = channels[0].as_fd();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let internal =
+        |what: &str, e: std::io::Error| Failure::new(FailureKind::Internal, format!("{what}: {e}"));
+    let started = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("husk-net")
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            let f = Failure::new(FailureKind::Internal, format!("async runtime: {e}"));
-            let _ = rt::send(first, &Reply::Failed(f), None);
+        .map_err(|e| internal("async runtime", e))
+        .and_then(|runtime| {
+            let service = runtime
+                .block_on(async { setup() })
+                .map_err(|e| Failure::new(FailureKind::Host, e))?;
+            let mut own = vec![NetNs::current().map_err(|e| internal("own namespace", e))?];
+            if let Some(s) = &service {
+                own.push(s.router().namespace().clone());
+                own.extend(s.router().egress().cloned());
+            }
+            let helper = Helper {
+                service,
+                own,
+                links: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(1),
+            };
+            Ok((runtime, helper))
+        });
+    let (runtime, helper) = match started {
+        Ok(x) => x,
+        Err(f) => {
+            let _ = rt::ready::<bool>(&channels, &Err(f));
             return 1;
         }
     };
-    let service = match runtime.block_on(async { setup() }) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = rt::send(
-                first,
-                &Reply::Failed(Failure::new(FailureKind::Host, e)),
-                None,
-            );
-            return 1;
-        }
-    };
-    let mut own = Vec::new();
-    match NetNs::current() {
-        Ok(ns) => own.push(ns),
-        Err(e) => {
-            let f = Failure::new(FailureKind::Internal, format!("own namespace: {e}"));
-            let _ = rt::send(first, &Reply::Failed(f), None);
-            return 1;
-        }
-    }
-    if let Some(s) = &service {
-        own.push(s.router().namespace().clone());
-        own.extend(s.router().egress().cloned());
-    }
-    let egress = service.is_some();
-    let helper = Arc::new(Helper {
-        service,
-        own,
-        links: Mutex::new(HashMap::new()),
-        next: AtomicU64::new(1),
-    });
-    if rt::send(first, &Reply::Ready { egress }, None).is_err() {
+    // Ready: whether sandboxes get links out (egress off: only sockets are made).
+    if rt::ready(&channels, &Ok(helper.service.is_some())).is_err() {
         return 1;
     }
-    let threads: Vec<_> = channels
-        .into_iter()
-        .map(|ch| {
-            let helper = helper.clone();
-            std::thread::Builder::new()
-                .name("husk-net-chan".into())
-                .spawn(move || {
-                    rt::serve_channel(
-                        ch,
-                        |req, fd| helper.handle(req, fd),
-                        |m| {
-                            Reply::Failed(Failure::new(
-                                FailureKind::InvalidSpec,
-                                format!("bad request: {m}"),
-                            ))
-                        },
-                    )
-                })
-        })
-        .collect();
-    for t in threads.into_iter().flatten() {
-        let _ = t.join();
-    }
+    rt::serve_channels(
+        channels,
+        "husk-net-chan",
+        |req, fd| helper.handle(req, fd),
+        |m| {
+            Reply::Failed(Failure::new(
+                FailureKind::InvalidSpec,
+                format!("bad request: {m}"),
+            ))
+        },
+    );
     // The server is gone or stopping: every link, then the router and what it made on the
     // host.
     helper
@@ -416,28 +381,12 @@ impl NetHelper {
         setup: impl FnOnce() -> Result<Option<NetService>, String>,
     ) -> Result<NetHelper, Failure> {
         let forked = rt::fork("husk-net", CHANNELS, |channels| run(channels, setup))?;
-        let ready = rt::recv::<Reply>(forked.channels[0].as_fd());
-        let reap = || {
-            let _ = husk_runtime::sys::waitpid(forked.pid, 0);
-        };
-        match ready {
-            Ok(Some((Reply::Ready { egress }, None))) => Ok(NetHelper {
-                channels: Channels::new("network", forked.channels),
-                pid: forked.pid,
-                egress,
-            }),
-            Ok(Some((Reply::Failed(f), _))) => {
-                reap();
-                Err(f)
-            }
-            other => {
-                reap();
-                Err(Failure::new(
-                    FailureKind::Internal,
-                    format!("the network helper did not start: {other:?}"),
-                ))
-            }
-        }
+        let egress = rt::await_ready::<bool>("network", &forked)?;
+        Ok(NetHelper {
+            channels: Channels::new("network", forked.channels),
+            pid: forked.pid,
+            egress,
+        })
     }
 
     /// Whether sandboxes get links out.

@@ -219,6 +219,64 @@ pub fn serve_channel<Req, Rep>(
     }
 }
 
+/// In the helper, once it is set up: tells the server, on the first channel, that it is
+/// ready (with what the server should know of it) or why it could not start. The first frame
+/// of every helper is this `Result`.
+pub fn ready<T: Serialize>(channels: &[OwnedFd], outcome: &Result<T, Failure>) -> io::Result<()> {
+    match channels.first() {
+        Some(first) => send(first.as_fd(), outcome, None),
+        None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+    }
+}
+
+/// In the server, right after [`fork`]: waits for the helper's [`ready`]. A helper that failed
+/// (or said nothing readable) is waited for, and its failure returned.
+pub fn await_ready<T: DeserializeOwned>(name: &str, forked: &Forked) -> Result<T, Failure> {
+    let outcome = match forked.channels.first() {
+        Some(first) => recv::<Result<T, Failure>>(first.as_fd()),
+        None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+    };
+    let failure = match outcome {
+        Ok(Some((Ok(ready), None))) => return Ok(ready),
+        Ok(Some((Err(f), None))) => f,
+        other => Failure::new(
+            FailureKind::Internal,
+            format!(
+                "the {name} helper did not start: {}",
+                match other {
+                    Ok(None) => "it exited".to_string(),
+                    Ok(Some(_)) => "a descriptor with its first frame".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            ),
+        ),
+    };
+    let _ = sys::waitpid(forked.pid, 0);
+    Err(failure)
+}
+
+/// In the helper: serves every channel on a thread of its own (named `thread`) until the
+/// server has closed them all. A request that does not decode is answered `bad(message)`.
+pub fn serve_channels<Req, Rep>(
+    channels: Vec<OwnedFd>,
+    thread: &str,
+    handle: impl Fn(Req, Option<OwnedFd>) -> (Rep, Option<OwnedFd>) + Sync,
+    bad: impl Fn(String) -> Rep + Sync,
+) where
+    Req: DeserializeOwned,
+    Rep: Serialize,
+{
+    std::thread::scope(|s| {
+        for ch in channels {
+            let (handle, bad) = (&handle, &bad);
+            // A thread that cannot start leaves its channel closed: the server drops it.
+            let _ = std::thread::Builder::new()
+                .name(thread.to_owned())
+                .spawn_scoped(s, move || serve_channel(ch, handle, bad));
+        }
+    });
+}
+
 /// The server's ends of a helper's channels, lent one per call.
 #[derive(Debug)]
 pub struct Channels {

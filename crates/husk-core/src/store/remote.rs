@@ -12,7 +12,7 @@
 //! failure. Requests and replies are bounded by the channel's frame (16 MiB): a reply that
 //! would not fit is an error.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use husk_runtime::failure::{Failure, FailureKind};
@@ -133,7 +133,6 @@ pub enum StateRequest {
 /// The state helper's answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StateReply {
-    Ready,
     Unit,
     Bool(bool),
     Count(u64),
@@ -291,37 +290,24 @@ impl RemoteStore {
         setup: impl FnOnce() -> Result<(Arc<Store>, Arc<Secrets>), String>,
     ) -> Result<RemoteStore, Failure> {
         let forked = rt::fork("husk-state", CHANNELS, |channels| {
-            let first = channels[0].as_fd();
             let (store, secrets) = match setup() {
                 Ok(x) => x,
                 Err(e) => {
-                    let f = Failure::new(FailureKind::Host, e);
-                    let _ = rt::send(first, &StateReply::Failed(f), None);
+                    let _ = rt::ready::<()>(&channels, &Err(Failure::new(FailureKind::Host, e)));
                     return 1;
                 }
             };
-            if rt::send(first, &StateReply::Ready, None).is_err() {
+            if rt::ready(&channels, &Ok(())).is_err() {
                 return 1;
             }
             serve(channels, &store, &secrets);
             0
         })?;
-        match rt::recv::<StateReply>(forked.channels[0].as_fd()) {
-            Ok(Some((StateReply::Ready, None))) => Ok(RemoteStore {
-                channels: Channels::new("state", forked.channels),
-                pid: forked.pid,
-            }),
-            other => {
-                let _ = husk_runtime::sys::waitpid(forked.pid, 0);
-                Err(match other {
-                    Ok(Some((StateReply::Failed(f), _))) => f,
-                    other => Failure::new(
-                        FailureKind::Internal,
-                        format!("the state helper did not start: {other:?}"),
-                    ),
-                })
-            }
-        }
+        rt::await_ready::<()>("state", &forked)?;
+        Ok(RemoteStore {
+            channels: Channels::new("state", forked.channels),
+            pid: forked.pid,
+        })
     }
 
     /// The helper's pid.
@@ -586,42 +572,30 @@ impl RemoteStore {
 const MAX_KEY_BYTES: usize = 256;
 
 /// Serves the channels until the server closes them, a thread each.
-fn serve(channels: Vec<OwnedFd>, store: &Arc<Store>, secrets: &Arc<Secrets>) {
-    let threads: Vec<_> = channels
-        .into_iter()
-        .map(|ch| {
-            let (store, secrets) = (store.clone(), secrets.clone());
-            std::thread::Builder::new()
-                .name("husk-state".into())
-                .spawn(move || {
-                    rt::serve_channel(
-                        ch,
-                        |req, fd| {
-                            if fd.is_some() {
-                                let f = Failure::new(
-                                    FailureKind::InvalidSpec,
-                                    "a descriptor with a state request",
-                                );
-                                return (StateReply::Failed(f), None);
-                            }
-                            (bounded(handle(&store, &secrets, req)), None)
-                        },
-                        |m| {
-                            StateReply::Failed(Failure::new(
-                                FailureKind::InvalidSpec,
-                                format!("bad request: {m}"),
-                            ))
-                        },
-                    )
-                })
-        })
-        .collect();
-    for t in threads.into_iter().flatten() {
-        let _ = t.join();
-    }
+fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets) {
+    rt::serve_channels(
+        channels,
+        "husk-state",
+        |req, fd: Option<OwnedFd>| {
+            if fd.is_some() {
+                let f = Failure::new(
+                    FailureKind::InvalidSpec,
+                    "a descriptor with a state request",
+                );
+                return (StateReply::Failed(f), None);
+            }
+            (bounded(handle(store, secrets, req)), None)
+        },
+        |m| {
+            StateReply::Failed(Failure::new(
+                FailureKind::InvalidSpec,
+                format!("bad request: {m}"),
+            ))
+        },
+    );
 }
 
-/// A reply that would not fit a datagram becomes an error that does.
+/// A reply that would not fit a frame becomes an error that does.
 fn bounded(reply: StateReply) -> StateReply {
     match postcard::to_stdvec(&reply) {
         Ok(b) if b.len() <= rt::MAX_MESSAGE => reply,
