@@ -134,20 +134,14 @@ fn command_line(p: &StartProc) -> String {
         .join(" ")
 }
 
-/// `text` with every value of `secrets` replaced by `****` (longer values first, so a value
-/// that contains another is masked whole).
+/// `text` with every value of `secrets` replaced by `****`, as output is masked.
 fn masked(text: &str, secrets: &[(String, String)]) -> String {
-    let mut values: Vec<&str> = secrets
+    let values: Vec<zeroize::Zeroizing<Vec<u8>>> = secrets
         .iter()
-        .map(|(_, v)| v.as_str())
-        .filter(|v| !v.is_empty())
+        .map(|(_, v)| zeroize::Zeroizing::new(v.as_bytes().to_vec()))
         .collect();
-    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-    let mut out = text.to_owned();
-    for v in values {
-        out = out.replace(v, "****");
-    }
-    out
+    let redactor = crate::secrets::redact::Redactor::new(&values);
+    String::from_utf8_lossy(&redactor.mask(text.as_bytes())).into_owned()
 }
 
 /// At most [`MAX_AUDIT_COMMAND`] bytes of `s`, cut at a character boundary.

@@ -108,6 +108,8 @@ async fn run(
 /// is held back until the next, or the end), results' and errors' strings whole.
 pub(crate) struct Mask {
     values: Arc<Vec<Zeroizing<Vec<u8>>>>,
+    /// For strings masked whole.
+    whole: Redactor,
     out: Option<(Redactor, String)>,
     err: Option<(Redactor, String)>,
 }
@@ -115,6 +117,7 @@ pub(crate) struct Mask {
 impl Mask {
     pub(crate) fn new(values: Arc<Vec<Zeroizing<Vec<u8>>>>) -> Mask {
         Mask {
+            whole: Redactor::new(&values),
             values,
             out: None,
             err: None,
@@ -122,7 +125,7 @@ impl Mask {
     }
 
     fn active(&self) -> bool {
-        self.values.iter().any(|v| !v.is_empty())
+        self.whole.is_active()
     }
 
     /// `s` with every value masked.
@@ -130,10 +133,7 @@ impl Mask {
         if !self.active() {
             return s;
         }
-        let mut r = Redactor::new(&self.values);
-        let mut bytes = r.push(s.as_bytes());
-        bytes.extend(r.finish());
-        String::from_utf8_lossy(&bytes).into_owned()
+        String::from_utf8_lossy(&self.whole.mask(s.as_bytes())).into_owned()
     }
 
     fn json(&self, v: &mut serde_json::Value) {

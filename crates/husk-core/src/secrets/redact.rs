@@ -38,19 +38,28 @@ impl Redactor {
         }
         let mut buf = Zeroizing::new(std::mem::take(&mut *self.carry));
         buf.extend_from_slice(chunk);
-        self.scan(&buf, false)
+        let (out, held) = self.scan(&buf, false);
+        self.carry.extend_from_slice(&buf[held..]);
+        out
     }
 
     /// What is held back, at the end of the stream, redacted: no value can complete any more,
     /// but a shorter one may lie inside what was held back for a longer one.
     pub fn finish(&mut self) -> Vec<u8> {
         let rest = Zeroizing::new(std::mem::take(&mut *self.carry));
-        self.scan(&rest, true)
+        self.scan(&rest, true).0
     }
 
-    /// `buf` with every value masked; before the `end` of the stream, a tail that could begin
-    /// a value is held back instead.
-    fn scan(&mut self, buf: &[u8], end: bool) -> Vec<u8> {
+    /// `text` redacted whole, as a stream of its own that ends with it (this redactor's own
+    /// stream is left as it was).
+    pub fn mask(&self, text: &[u8]) -> Vec<u8> {
+        self.scan(text, true).0
+    }
+
+    /// `buf` with every value masked, and where the held-back tail starts (`buf.len()` when
+    /// nothing is): before the `end` of the stream, a tail that could begin a value is held
+    /// back instead.
+    fn scan(&self, buf: &[u8], end: bool) -> (Vec<u8>, usize) {
         let mut out = Vec::with_capacity(buf.len());
         let mut i = 0;
         'scan: while i < buf.len() {
@@ -69,13 +78,12 @@ impl Redactor {
                     .iter()
                     .any(|v| v.len() > rest.len() && v.starts_with(rest))
             {
-                self.carry.extend_from_slice(rest);
-                return out;
+                return (out, i);
             }
             out.push(buf[i]);
             i += 1;
         }
-        out
+        (out, buf.len())
     }
 }
 
