@@ -557,7 +557,7 @@ fn helpers(c: &Corpus) {
                     .into(),
             },
         ),
-        ("denials", Request::Denials { link: 1, from: 0, sync: true }),
+        ("denials", Request::Denials { link: 1, sync: true }),
         ("detach", Request::Detach { link: 1 }),
         ("socket", Request::Socket { v6: true }),
     ];

@@ -32,8 +32,6 @@ use crate::service::NetService;
 /// Channels, so that this many requests are served at once (an `nft` run for one sandbox
 /// never holds up a socket for another).
 pub const CHANNELS: usize = 8;
-/// Denials per reply (a denial is at most ~330 bytes).
-pub const DENIALS_PAGE: u32 = 128;
 
 /// A policy on the wire ([`NetPolicy`] is tagged for JSON, which postcard cannot read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,9 +106,9 @@ pub enum Request {
     Attach { policy: WirePolicy },
     /// Changes a link's policy.
     SetPolicy { link: u64, policy: WirePolicy },
-    /// Up to [`DENIALS_PAGE`] of a link's denials from the `from`-th on; `sync` first files
-    /// what the kernel has logged so far.
-    Denials { link: u64, from: u32, sync: bool },
+    /// A link's denials (at most [`crate::sandboxes::MAX_DENIALS`], a few hundred KiB);
+    /// `sync` first files what the kernel has logged so far.
+    Denials { link: u64, sync: bool },
     /// Removes a link (its rules go; the namespace lives while the sandbox holds it).
     Detach { link: u64 },
     /// A TCP socket (IPv6 if `v6`) made in the network namespace attached to the request,
@@ -123,7 +121,7 @@ pub enum Request {
 pub enum Reply {
     Attached { link: u64, gateway: Ipv4Addr },
     Done,
-    Denials { total: u32, page: Vec<WireDenial> },
+    Denials(Vec<WireDenial>),
     Socket,
     Failed(Failure),
 }
@@ -182,7 +180,7 @@ impl Helper {
                     None => failed(FailureKind::NotFound, format!("no link {link}")),
                 }
             }
-            Request::Denials { link, from, sync } => {
+            Request::Denials { link, sync } => {
                 if sync {
                     if let Some(s) = &self.service {
                         s.sync_log(std::time::Duration::from_millis(500));
@@ -190,16 +188,8 @@ impl Helper {
                 }
                 match self.link(link) {
                     Some(a) => {
-                        let all = a.net.denials();
-                        let page = all
-                            .iter()
-                            .skip(from as usize)
-                            .take(DENIALS_PAGE as usize)
-                            .cloned()
-                            .map(WireDenial::from)
-                            .collect();
-                        let total = u32::try_from(all.len()).unwrap_or(u32::MAX);
-                        (Reply::Denials { total, page }, None)
+                        let all = a.net.denials().into_iter().map(WireDenial::from);
+                        (Reply::Denials(all.collect()), None)
                     }
                     None => failed(FailureKind::NotFound, format!("no link {link}")),
                 }
@@ -519,27 +509,13 @@ impl Link {
     /// The connections refused so far (`sync`: with what the kernel logged up to now).
     /// Blocking.
     pub fn denials(&self, sync: bool) -> Result<Vec<Denial>, HelperError> {
-        let mut out = Vec::new();
-        loop {
-            let req = Request::Denials {
-                link: self.link,
-                from: u32::try_from(out.len()).unwrap_or(u32::MAX),
-                sync: sync && out.is_empty(),
-            };
-            match self.helper.call(&req, None)? {
-                (Reply::Denials { total, page }, None) => {
-                    let done = page.is_empty();
-                    out.extend(page.into_iter().map(Denial::from));
-                    // The log is bounded (crate::sandboxes::MAX_DENIALS), so is this loop.
-                    if done
-                        || out.len() >= total as usize
-                        || out.len() > crate::sandboxes::MAX_DENIALS
-                    {
-                        return Ok(out);
-                    }
-                }
-                (other, _) => return Err(NetHelper::unexpected(&other)),
-            }
+        let req = Request::Denials {
+            link: self.link,
+            sync,
+        };
+        match self.helper.call(&req, None)? {
+            (Reply::Denials(all), None) => Ok(all.into_iter().map(Denial::from).collect()),
+            (other, _) => Err(NetHelper::unexpected(&other)),
         }
     }
 }
@@ -649,7 +625,6 @@ mod tests {
             Request::Detach { link: 1 },
             Request::Denials {
                 link: 1,
-                from: 0,
                 sync: true,
             },
             Request::SetPolicy {

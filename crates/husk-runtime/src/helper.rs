@@ -277,12 +277,19 @@ pub fn serve_channels<Req, Rep>(
     });
 }
 
+/// The channels free now, how many are lent, and whether they were closed.
+#[derive(Debug, Default)]
+struct Pool {
+    free: Vec<OwnedFd>,
+    lent: usize,
+    closed: bool,
+}
+
 /// The server's ends of a helper's channels, lent one per call.
 #[derive(Debug)]
 pub struct Channels {
     name: &'static str,
-    /// The channels free now, how many are lent, and whether they were closed.
-    free: Mutex<(Vec<OwnedFd>, usize, bool)>,
+    pool: Mutex<Pool>,
     returned: Condvar,
 }
 
@@ -290,7 +297,10 @@ impl Channels {
     pub fn new(name: &'static str, channels: Vec<OwnedFd>) -> Channels {
         Channels {
             name,
-            free: Mutex::new((channels, 0, false)),
+            pool: Mutex::new(Pool {
+                free: channels,
+                ..Pool::default()
+            }),
             returned: Condvar::new(),
         }
     }
@@ -303,36 +313,36 @@ impl Channels {
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<(Rep, Option<OwnedFd>), HelperError> {
         let sock = {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                if free.2 {
+                if pool.closed {
                     return Err(HelperError::Gone(self.name));
                 }
-                if let Some(s) = free.0.pop() {
-                    free.1 += 1;
+                if let Some(s) = pool.free.pop() {
+                    pool.lent += 1;
                     break s;
                 }
-                if free.1 == 0 {
+                if pool.lent == 0 {
                     // Every channel broke: none will come back.
                     return Err(HelperError::Gone(self.name));
                 }
-                free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+                pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
             }
         };
         let result = self.exchange(&sock, req, fd);
         // A channel whose exchange broke (the helper gone, a reply that did not decode) is
         // out of step: it is dropped, not lent again.
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.1 -= 1;
-        if !free.2
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.lent -= 1;
+        if !pool.closed
             && !matches!(
                 result,
                 Err(HelperError::Gone(_)) | Err(HelperError::Protocol { .. })
             )
         {
-            free.0.push(sock);
+            pool.free.push(sock);
         }
-        drop(free);
+        drop(pool);
         self.returned.notify_all();
         result
     }
@@ -340,10 +350,10 @@ impl Channels {
     /// Closes every channel (those lent now when their call ends): the helper sees the end of
     /// each, and stops. Later calls fail with [`HelperError::Gone`].
     pub fn close(&self) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.2 = true;
-        free.0.clear();
-        drop(free);
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.closed = true;
+        pool.free.clear();
+        drop(pool);
         self.returned.notify_all();
     }
 
@@ -469,7 +479,7 @@ mod tests {
         let ch = Channels::new("test", vec![a]);
         let err = ch.call::<_, Rep>(&Req::Echo("x".into()), None).unwrap_err();
         assert!(matches!(err, HelperError::Gone("test")), "{err}");
-        assert!(ch.free.lock().unwrap().0.is_empty());
+        assert!(ch.pool.lock().unwrap().free.is_empty());
         // And every later call is told at once, not left waiting for a channel.
         let err = ch.call::<_, Rep>(&Req::Echo("x".into()), None).unwrap_err();
         assert!(matches!(err, HelperError::Gone("test")), "{err}");
