@@ -482,18 +482,7 @@ fn later_entries_replace_earlier_ones() {
 #[test]
 fn a_huge_pax_header_is_refused_unread() {
     let t = TempDir::new("paxbomb");
-    let mut h = Header::new_ustar();
-    h.set_entry_type(EntryType::XHeader);
-    h.set_path("PaxHeaders/bomb").unwrap();
-    h.set_size(64 << 20);
-    h.set_cksum();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(h.as_bytes()).unwrap();
-    let zeros = vec![0u8; 1 << 20];
-    for _ in 0..64 {
-        gz.write_all(&zeros).unwrap();
-    }
-    let blob = gz.finish().unwrap();
+    let blob = husk_core::tar_ext::fixtures::huge_pax_header_gzip(64 << 20);
     assert!(blob.len() < 1 << 20, "{} bytes", blob.len());
     let err = unpack_layer(&blob[..], GZIP, &t.path("layer")).unwrap_err();
     assert!(

@@ -34,32 +34,26 @@ pub struct Extensions {
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
     pax: Option<Vec<u8>>,
-    /// A global PAX header came since the last entry (read past: one per entry at most, so
-    /// that every entry costs a bounded number of bytes).
-    global: bool,
+    /// A global PAX header since the last entry: read (at most one per entry, so that every
+    /// entry costs a bounded number of bytes) and never used (its records, comments and
+    /// charsets, hold nothing husk keeps).
+    global: Option<Vec<u8>>,
 }
 
 impl Extensions {
-    /// Takes `entry` in if it is an extension entry (a global PAX header is checked and
-    /// dropped) and says whether it was one. A real
+    /// Takes `entry` in if it is an extension entry and says whether it was one. A real
     /// entry is left unread, for the caller, who then takes these extensions with
     /// `std::mem::take`.
     pub fn absorb<R: Read>(&mut self, entry: &mut Entry<'_, R>) -> Result<bool, ExtError> {
         let ty = entry.header().entry_type();
-        let mut global = None;
         let (slot, max, what) = match ty {
             EntryType::GNULongName => (&mut self.long_name, MAX_NAME_BYTES, "long name"),
             EntryType::GNULongLink => (&mut self.long_link, MAX_NAME_BYTES, "long link"),
             EntryType::XHeader => (&mut self.pax, MAX_PAX_BYTES, "PAX header"),
-            EntryType::XGlobalHeader => (&mut global, MAX_PAX_BYTES, "global PAX header"),
+            EntryType::XGlobalHeader => (&mut self.global, MAX_PAX_BYTES, "global PAX header"),
             _ => return Ok(false),
         };
-        let repeated = if ty == EntryType::XGlobalHeader {
-            std::mem::replace(&mut self.global, true)
-        } else {
-            slot.is_some()
-        };
-        if repeated {
+        if slot.is_some() {
             return Err(ExtError::Refused(format!("two {what}s for one entry")));
         }
         let size = entry.header().entry_size().unwrap_or(u64::MAX);
@@ -68,17 +62,12 @@ impl Extensions {
                 "{what} larger than {max} bytes ({size} bytes)"
             )));
         }
-        if ty == EntryType::XGlobalHeader {
-            // Its records (comments, charsets) hold nothing husk keeps; the reader skips its
-            // content when the next entry is read, without buffering it.
-            return Ok(true);
-        }
         let mut data = Vec::with_capacity(size as usize);
         entry
             .take(max)
             .read_to_end(&mut data)
             .map_err(ExtError::Read)?;
-        if ty != EntryType::XHeader {
+        if matches!(ty, EntryType::GNULongName | EntryType::GNULongLink) {
             // GNU names end with a NUL (and are sometimes padded with more).
             while data.last() == Some(&0) {
                 data.pop();
@@ -152,6 +141,33 @@ pub fn pax_number(value: &[u8]) -> Option<u64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Hostile archives for the tests of husk's unpackers (in this and other crates). Not an API.
+#[doc(hidden)]
+pub mod fixtures {
+    use std::io::Write;
+
+    /// A gzip'd archive of one PAX header claiming, and holding, `bytes` of zeros: a few
+    /// hundred KiB as sent for 64 MiB.
+    pub fn huge_pax_header_gzip(bytes: u64) -> Vec<u8> {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::XHeader);
+        h.set_path("PaxHeaders/bomb").expect("a short path");
+        h.set_size(bytes);
+        h.set_cksum();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(h.as_bytes()).expect("writes to memory");
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64);
+            gz.write_all(&zeros[..n as usize])
+                .expect("writes to memory");
+            left -= n;
+        }
+        gz.finish().expect("writes to memory")
+    }
 }
 
 #[cfg(test)]

@@ -485,19 +485,8 @@ mod tests {
     /// its size, unread; long names and PAX paths still name their entries.
     #[test]
     fn extension_headers_are_bounded_and_applied() {
-        use std::io::Write;
-        let mut h = tar::Header::new_ustar();
-        h.set_entry_type(T::XHeader);
-        h.set_path("PaxHeaders/bomb").unwrap();
-        h.set_size(64 << 20);
-        h.set_cksum();
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        gz.write_all(h.as_bytes()).unwrap();
-        let zeros = vec![0u8; 1 << 20];
-        for _ in 0..64 {
-            gz.write_all(&zeros).unwrap();
-        }
-        let (_s, r) = unpack_into(&gz.finish().unwrap());
+        let bomb = husk_core::tar_ext::fixtures::huge_pax_header_gzip(64 << 20);
+        let (_s, r) = unpack_into(&bomb);
         match r {
             Err(ContextError::Refused(m)) => assert!(m.contains("larger than 65536"), "{m}"),
             other => panic!("{other:?}"),
