@@ -465,22 +465,11 @@ fn asking_a_server_without_egress_for_a_network_is_a_clear_error() {
     assert_eq!(info["allowInternetAccess"], json!(false), "{info}");
 }
 
-/// The server's network helper: its child process holding the router.
-fn net_helper(server: &mut Server) -> Option<u32> {
-    let server_pid = server.child().id();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // "pid (comm) state ppid ...": the helper names itself husk-net.
-        let (comm, rest) = stat.split_once(") ")?;
-        let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
-        (ppid == server_pid && comm.ends_with("(husk-net")).then_some(pid)
-    })
-}
-
 /// The router's namespace inside the server's network helper (found by its uplink), if any.
 fn router_of(server: &mut Server) -> Option<husk_net::netns::NetNs> {
-    let pid = net_helper(server)?;
+    let pid = common::server_helpers(server.child().id())
+        .into_iter()
+        .find_map(|(name, pid)| (name == "husk-net").then_some(pid))?;
     let host = husk_net::netns::NetNs::current().unwrap();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         let Ok(target) = std::fs::read_link(e.path()) else {

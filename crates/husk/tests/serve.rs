@@ -9,7 +9,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::server::Server;
-use common::{assert_gone, sandbox_pids, signal_process, wait_for, TempDir, HUSK};
+use common::{
+    assert_gone, sandbox_pids, server_helpers, signal_pid, signal_process, wait_for, TempDir, HUSK,
+};
 
 fn create(server: &Server, key: &str) {
     let r = server.request("POST", "/v2/sandboxes", key, r#"{"templateID":"base"}"#);
@@ -177,34 +179,6 @@ fn secrets_api_stores_lists_and_removes_without_ever_returning_a_value() {
     );
 }
 
-/// The server's helper processes: (name as `ps` shows it, pid), children of the server.
-fn helpers(server: &mut Server) -> Vec<(String, u32)> {
-    let server_pid = server.child().id();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((head, rest)) = stat.rsplit_once(") ") else {
-            continue;
-        };
-        let comm = head.split_once(" (").map(|(_, c)| c).unwrap_or_default();
-        let ppid: u32 = rest
-            .split(' ')
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        if ppid == server_pid && comm.starts_with("husk-") {
-            out.push((comm.to_string(), pid));
-        }
-    }
-    out.sort();
-    out
-}
-
 /// The database and the master key are held by the state helper, the router and sockets in
 /// sandboxes' namespaces by the network helper: the server's own process has neither file
 /// open. When a helper dies, the server stops and says why (a service manager restarts it),
@@ -215,7 +189,7 @@ fn the_server_holds_no_state_files_and_stops_when_a_helper_dies() {
     let mut server = Server::start(state.path());
     let key = server.key_for("helpers");
     create(&server, &key);
-    let found = helpers(&mut server);
+    let found = server_helpers(server.child().id());
     let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
     assert!(names.contains(&"husk-state"), "{found:?}");
     assert!(names.contains(&"husk-net"), "{found:?}");
@@ -243,19 +217,11 @@ fn the_server_holds_no_state_files_and_stops_when_a_helper_dies() {
         "the state helper does not hold the database"
     );
     // The state helper dies: the server says so and stops, not zero.
-    signal_process_pid(*state_pid, "KILL");
+    signal_pid(*state_pid, "KILL");
     server.wait_line("husk: the state helper");
     let status = wait_for(Duration::from_secs(30), || {
         server.child().try_wait().unwrap()
     })
     .expect("husk serve did not exit after its state helper died");
     assert!(!status.success(), "{status}");
-}
-
-fn signal_process_pid(pid: u32, sig: &str) {
-    let s = Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(s.success());
 }

@@ -258,12 +258,42 @@ pub fn sandbox_runs(id: &str, comm: &str) -> bool {
 
 /// Sends signal `sig` (a name, e.g. "TERM") to a husk process the test started.
 pub fn signal_process(child: &Child, sig: &str) {
+    signal_pid(child.id(), sig);
+}
+
+/// Sends signal `sig` (a name) to process `pid`.
+pub fn signal_pid(pid: u32, sig: &str) {
     let ok = Command::new("kill")
-        .args([&format!("-{sig}"), &child.id().to_string()])
+        .args([&format!("-{sig}"), &pid.to_string()])
         .status()
         .unwrap()
         .success();
-    assert!(ok, "kill -{sig} {} failed", child.id());
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// The helper processes of the husk server `server_pid` (its children named `husk-*`, as
+/// `ps` shows them): (name, pid), sorted.
+pub fn server_helpers(server_pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid …": comm may hold spaces and parentheses, so split at the last ')'.
+        let Some((head, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let comm = head.split_once(" (").map_or("", |(_, c)| c);
+        let ppid: Option<u32> = rest.split(' ').nth(1).and_then(|p| p.parse().ok());
+        if ppid == Some(server_pid) && comm.starts_with("husk-") {
+            out.push((comm.to_string(), pid));
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Waits (bounded) until a process named `comm` runs in sandbox `id`.
