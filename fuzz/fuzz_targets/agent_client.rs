@@ -31,18 +31,7 @@ fn hello() -> Hello {
 }
 
 fn start() -> StartProc {
-    StartProc {
-        cmd: "/bin/true".into(),
-        args: Vec::new(),
-        envs: Vec::new(),
-        cwd: None,
-        user: User::User,
-        pty: None,
-        tag: None,
-        stdin: false,
-        timeout_ms: None,
-        secret_envs: Vec::new(),
-    }
+    StartProc::new("/bin/true", Vec::new())
 }
 
 fuzz_target!(|data: &[u8]| {

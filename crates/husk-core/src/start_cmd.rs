@@ -17,16 +17,10 @@ const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn shell(cmd: &str, user: User, tag: &str, timeout: Option<Duration>) -> StartProc {
     StartProc {
-        cmd: "/bin/sh".into(),
-        args: vec!["-c".into(), cmd.into()],
-        envs: Vec::new(),
-        cwd: None,
         user,
-        pty: None,
         tag: Some(tag.into()),
-        stdin: false,
         timeout_ms: timeout.map(|t| t.as_millis() as u64),
-        secret_envs: Vec::new(),
+        ..StartProc::new("/bin/sh", vec!["-c".into(), cmd.into()])
     }
 }
 

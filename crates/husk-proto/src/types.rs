@@ -94,6 +94,25 @@ pub struct StartProc {
     pub secret_envs: Vec<(String, String)>,
 }
 
+impl StartProc {
+    /// `cmd` with `args`, as `user`, with nothing else (no environment of its own, the user's
+    /// home as cwd, no PTY, tag, stdin, timeout or secrets).
+    pub fn new(cmd: impl Into<String>, args: Vec<String>) -> StartProc {
+        StartProc {
+            cmd: cmd.into(),
+            args,
+            envs: Vec::new(),
+            cwd: None,
+            user: User::User,
+            pty: None,
+            tag: None,
+            stdin: false,
+            timeout_ms: None,
+            secret_envs: Vec::new(),
+        }
+    }
+}
+
 impl std::fmt::Debug for StartProc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secret_names: Vec<&str> = self.secret_envs.iter().map(|(k, _)| k.as_str()).collect();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use husk_proto::{ProcEvent, Selector, StartProc, User};
+use husk_proto::{ProcEvent, Selector, StartProc};
 
 use super::*;
 use crate::manager::{Config, CreateRequest};
@@ -70,19 +70,14 @@ async fn sandbox(m: &Arc<Manager>, env: &[(&str, &str)]) -> Arc<LiveSandbox> {
 
 fn start(envs: &[(&str, &str)]) -> StartProc {
     StartProc {
-        cmd: "/bin/bash".into(),
-        args: vec!["-l".into(), "-c".into(), "printenv".into()],
         envs: envs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        cwd: None,
-        user: User::User,
-        pty: None,
-        tag: None,
-        stdin: false,
-        timeout_ms: None,
-        secret_envs: Vec::new(),
+        ..StartProc::new(
+            "/bin/bash",
+            vec!["-l".into(), "-c".into(), "printenv".into()],
+        )
     }
 }
 
