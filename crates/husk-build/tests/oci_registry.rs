@@ -40,40 +40,49 @@ impl Registry {
             "{REGISTRY_BIN} is missing: run the project's test setup (scripts/test), which \
              installs Debian's docker-registry package (apt-get install docker-registry)"
         );
-        let dir = TempDir::new("storage");
-        // Port 0 picks a free port; there is a small window before the registry binds it.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let config = format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    \
-             rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-            dir.path("data").display()
-        );
-        fs::write(dir.path("config.yml"), config).unwrap();
-        let child = Command::new(REGISTRY_BIN)
-            .arg("serve")
-            .arg(dir.path("config.yml"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(dir.path("registry.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let mut registry = Registry { child, addr, dir };
-        registry.wait_ready();
-        registry
+        // Port 0 picks a free port; in the window before the registry binds it another
+        // process (a parallel test) can take it, so a start that loses that race is tried
+        // again on another port.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let dir = TempDir::new("storage");
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let addr = format!("127.0.0.1:{port}");
+            let config = format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    \
+                 rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                dir.path("data").display()
+            );
+            fs::write(dir.path("config.yml"), config).unwrap();
+            let child = Command::new(REGISTRY_BIN)
+                .arg("serve")
+                .arg(dir.path("config.yml"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(dir.path("registry.log")).unwrap())
+                .spawn()
+                .unwrap();
+            let mut registry = Registry { child, addr, dir };
+            match registry.wait_ready() {
+                Ok(()) => return registry,
+                Err(log) if log.contains("address already in use") && attempts < 5 => {}
+                Err(log) => panic!("docker-registry exited early:\n{log}"),
+            }
+        }
     }
 
-    /// Polls `GET /v2/` until it answers 200.
-    fn wait_ready(&mut self) {
+    /// Polls `GET /v2/` until it answers 200; the registry's log if it exited.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 let log = fs::read_to_string(self.dir.path("registry.log")).unwrap_or_default();
-                panic!("docker-registry exited early ({status}):\n{log}");
+                return Err(format!("({status}) {log}"));
             }
             if let Ok(mut s) = TcpStream::connect(&self.addr) {
                 let req = format!("GET /v2/ HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr);
@@ -83,7 +92,7 @@ impl Registry {
                     && resp.starts_with("HTTP/1.")
                     && resp.split(' ').nth(1) == Some("200")
                 {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(
