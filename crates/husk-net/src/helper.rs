@@ -370,7 +370,7 @@ impl NetHelper {
     pub fn start(
         setup: impl FnOnce() -> Result<Option<NetService>, String>,
     ) -> Result<NetHelper, Failure> {
-        let forked = rt::fork("husk-net", CHANNELS, |channels| run(channels, setup))?;
+        let forked = rt::fork("husk-net", CHANNELS, &[], |channels| run(channels, setup))?;
         let egress = rt::await_ready::<bool>("network", &forked)?;
         Ok(NetHelper {
             channels: Channels::new("network", forked.channels),

@@ -14,8 +14,9 @@
 //! reply; calls are blocking, and take microseconds.
 
 use std::io;
+use std::ops::Deref;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -63,6 +64,8 @@ pub struct Forked {
 
 /// Forks a helper named `name` with `channels` channels; the child runs `body` with its ends
 /// and exits with what it returns. The calling process must be single-threaded (checked).
+/// `keep` are descriptors of the server's that the helper keeps open (another helper's
+/// channel it is given).
 ///
 /// The child leaves the server's session (a Ctrl-C at the server's terminal is the server's
 /// to handle), ignores the stop signals a service manager sends the whole group (the server
@@ -72,6 +75,7 @@ pub struct Forked {
 pub fn fork(
     name: &'static str,
     channels: usize,
+    keep: &[RawFd],
     body: impl FnOnce(Vec<OwnedFd>) -> i32,
 ) -> Result<Forked, Failure> {
     let internal = |what: &str, e: io::Error| {
@@ -111,8 +115,9 @@ pub fn fork(
         if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != parent {
             sys::exit_now(1);
         }
-        let keep: Vec<RawFd> = theirs.iter().map(|c| c.as_raw_fd()).collect();
-        sys::close_fds_from(3, &keep);
+        let mut kept: Vec<RawFd> = theirs.iter().map(|c| c.as_raw_fd()).collect();
+        kept.extend_from_slice(keep);
+        sys::close_fds_from(3, &kept);
         let _ = sys::set_thread_name(name);
         // A panic must end the helper, never unwind into the server's code this child was
         // forked from (debug builds unwind; release builds abort).
@@ -192,6 +197,33 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> io::Result<Option<(T, 
     let msg = postcard::from_bytes(&body)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     Ok(Some((msg, fds.pop())))
+}
+
+/// Reads one frame and drops it unread (its descriptors closed); `false` at end of file.
+fn skip(sock: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    while got < head.len() {
+        let (n, _fds) = sys::recv_with_fds(sock, &mut head[got..])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(head) as usize;
+    if len > MAX_MESSAGE {
+        return Err(io::Error::from(io::ErrorKind::FileTooLarge));
+    }
+    let mut left = len;
+    let mut buf = [0u8; 4096];
+    while left > 0 {
+        let want = left.min(buf.len());
+        match sys::read(sock, &mut buf[..want])? {
+            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            n => left -= n,
+        }
+    }
+    Ok(true)
 }
 
 /// Serves one channel on the calling thread until the server closes it: each request is
@@ -312,39 +344,61 @@ impl Channels {
         req: &Req,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<(Rep, Option<OwnedFd>), HelperError> {
-        let sock = {
-            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                if pool.closed {
-                    return Err(HelperError::Gone(self.name));
-                }
-                if let Some(s) = pool.free.pop() {
-                    pool.lent += 1;
-                    break s;
-                }
-                if pool.lent == 0 {
-                    // Every channel broke: none will come back.
-                    return Err(HelperError::Gone(self.name));
-                }
-                pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+        let mut lent = self.lend()?;
+        lent.send(req, fd)?;
+        lent.recv()
+    }
+
+    /// A free channel, for a call of several frames (a request, then a stream through a pipe,
+    /// then one or two replies); it goes back to the pool when dropped. Blocking.
+    pub fn lend(&self) -> Result<Lent<&Channels>, HelperError> {
+        let sock = self.take()?;
+        Ok(Lent {
+            channels: self,
+            sock: Some(sock),
+            owed: 0,
+            broken: false,
+        })
+    }
+
+    /// [`Self::lend`], for a call that outlives the borrow (a stream handed to another
+    /// thread).
+    pub fn lend_owned(self: Arc<Self>) -> Result<Lent<Arc<Channels>>, HelperError> {
+        let sock = self.take()?;
+        Ok(Lent {
+            channels: self,
+            sock: Some(sock),
+            owed: 0,
+            broken: false,
+        })
+    }
+
+    fn take(&self) -> Result<OwnedFd, HelperError> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if pool.closed {
+                return Err(HelperError::Gone(self.name));
             }
-        };
-        let result = self.exchange(&sock, req, fd);
-        // A channel whose exchange broke (the helper gone, a reply that did not decode) is
-        // out of step: it is dropped, not lent again.
+            if let Some(sock) = pool.free.pop() {
+                pool.lent += 1;
+                return Ok(sock);
+            }
+            if pool.lent == 0 {
+                // Every channel broke: none will come back.
+                return Err(HelperError::Gone(self.name));
+            }
+            pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn give_back(&self, sock: OwnedFd, keep: bool) {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         pool.lent -= 1;
-        if !pool.closed
-            && !matches!(
-                result,
-                Err(HelperError::Gone(_)) | Err(HelperError::Protocol { .. })
-            )
-        {
+        if keep && !pool.closed {
             pool.free.push(sock);
         }
         drop(pool);
         self.returned.notify_all();
-        result
     }
 
     /// Closes every channel (those lent now when their call ends): the helper sees the end of
@@ -356,26 +410,100 @@ impl Channels {
         drop(pool);
         self.returned.notify_all();
     }
+}
 
-    fn exchange<Req: Serialize, Rep: DeserializeOwned>(
-        &self,
-        sock: &OwnedFd,
+/// A channel lent for one call ([`Channels::lend`]). Each [`Self::send`] owes a reply; a
+/// channel dropped while replies are still owed reads them first (the helper finishes what it
+/// was asked, e.g. an export whose pipe the caller closed), so the next call finds it in step.
+/// A channel whose exchange broke (the helper gone, a reply that did not decode) is dropped,
+/// never lent again.
+pub struct Lent<C: Deref<Target = Channels>> {
+    channels: C,
+    sock: Option<OwnedFd>,
+    /// Replies the helper still owes on this channel.
+    owed: usize,
+    broken: bool,
+}
+
+impl<C: Deref<Target = Channels>> Lent<C> {
+    /// Sends `req` (with `fd`): the helper owes one reply for it, and may send others before
+    /// it (each read with [`Self::recv_more`]).
+    pub fn send<Req: Serialize>(
+        &mut self,
         req: &Req,
         fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), HelperError> {
+        let sock = self
+            .sock
+            .as_ref()
+            .ok_or(HelperError::Gone(self.channels.name))?;
+        match send(sock.as_fd(), req, fd) {
+            Ok(()) => {
+                self.owed += 1;
+                Ok(())
+            }
+            Err(e) => Err(self.broke(e)),
+        }
+    }
+
+    /// The reply a request owes (the last frame of its call).
+    pub fn recv<Rep: DeserializeOwned>(&mut self) -> Result<(Rep, Option<OwnedFd>), HelperError> {
+        let reply = self.recv_more()?;
+        self.owed = self.owed.saturating_sub(1);
+        Ok(reply)
+    }
+
+    /// A frame the helper sends before the reply it owes (e.g. "the export starts").
+    pub fn recv_more<Rep: DeserializeOwned>(
+        &mut self,
     ) -> Result<(Rep, Option<OwnedFd>), HelperError> {
-        let gone = |e: io::Error| match e.raw_os_error() {
-            Some(libc::EPIPE) | Some(libc::ECONNRESET) => HelperError::Gone(self.name),
-            _ => HelperError::Protocol {
-                helper: self.name,
-                message: e.to_string(),
-            },
-        };
-        send(sock.as_fd(), req, fd).map_err(gone)?;
+        let sock = self
+            .sock
+            .as_ref()
+            .ok_or(HelperError::Gone(self.channels.name))?;
         match recv(sock.as_fd()) {
             Ok(Some(reply)) => Ok(reply),
-            Ok(None) => Err(HelperError::Gone(self.name)),
-            Err(e) => Err(gone(e)),
+            Ok(None) => {
+                self.broken = true;
+                Err(HelperError::Gone(self.channels.name))
+            }
+            Err(e) => Err(self.broke(e)),
         }
+    }
+
+    /// The frame just read with [`Self::recv_more`] was the reply owed after all (a failure
+    /// the helper answered before the stream began).
+    pub fn settled(&mut self) {
+        self.owed = self.owed.saturating_sub(1);
+    }
+
+    fn broke(&mut self, e: io::Error) -> HelperError {
+        self.broken = true;
+        match e.raw_os_error() {
+            Some(libc::EPIPE) | Some(libc::ECONNRESET) => HelperError::Gone(self.channels.name),
+            _ => HelperError::Protocol {
+                helper: self.channels.name,
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+impl<C: Deref<Target = Channels>> Drop for Lent<C> {
+    fn drop(&mut self) {
+        let Some(sock) = self.sock.take() else {
+            return;
+        };
+        // Frames still owed are read and dropped, whatever they are, until the last reply.
+        // The helper sends them without waiting for anything of ours but pipes the caller
+        // has closed by now.
+        while self.owed > 0 && !self.broken {
+            match skip(sock.as_fd()) {
+                Ok(true) => self.owed -= 1,
+                _ => self.broken = true,
+            }
+        }
+        self.channels.give_back(sock, !self.broken);
     }
 }
 
@@ -483,5 +611,148 @@ mod tests {
         // And every later call is told at once, not left waiting for a channel.
         let err = ch.call::<_, Rep>(&Req::Echo("x".into()), None).unwrap_err();
         assert!(matches!(err, HelperError::Gone("test")), "{err}");
+    }
+}
+
+/// Largest chunk of a [`ChunkWriter`] stream.
+pub const MAX_CHUNK: usize = 1 << 20;
+
+/// A byte stream for a helper, through a pipe passed with a request (an upload): chunks of a
+/// 4-byte little-endian length and that many bytes, ended by a length of 0
+/// ([`ChunkWriter::finish`]). A stream that stops without its end (the writer dropped after
+/// its own source failed) is broken for the [`ChunkReader`]: the helper throws away what it
+/// got, never keeps a shorter upload that looks whole.
+pub struct ChunkWriter<W: io::Write> {
+    inner: W,
+}
+
+impl<W: io::Write> ChunkWriter<W> {
+    pub fn new(inner: W) -> ChunkWriter<W> {
+        ChunkWriter { inner }
+    }
+
+    /// Writes the end of the stream.
+    pub fn finish(mut self) -> io::Result<()> {
+        self.inner.write_all(&0u32.to_le_bytes())?;
+        self.inner.flush()
+    }
+}
+
+impl<W: io::Write> io::Write for ChunkWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = buf.len().min(MAX_CHUNK);
+        self.inner.write_all(&(n as u32).to_le_bytes())?;
+        self.inner.write_all(&buf[..n])?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The helper's side of a [`ChunkWriter`] stream: the bytes, then end of file at the end
+/// mark; an `UnexpectedEof` error when the stream stops without it, `InvalidData` for a chunk
+/// longer than [`MAX_CHUNK`]. Nothing after the end mark is read.
+pub struct ChunkReader<R: io::Read> {
+    inner: R,
+    /// Bytes left of the current chunk.
+    left: usize,
+    ended: bool,
+}
+
+impl<R: io::Read> ChunkReader<R> {
+    pub fn new(inner: R) -> ChunkReader<R> {
+        ChunkReader {
+            inner,
+            left: 0,
+            ended: false,
+        }
+    }
+}
+
+impl<R: io::Read> io::Read for ChunkReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.ended || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut head = [0u8; 4];
+            self.inner.read_exact(&mut head).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "the stream broke off")
+                } else {
+                    e
+                }
+            })?;
+            let len = u32::from_le_bytes(head) as usize;
+            if len == 0 {
+                self.ended = true;
+                return Ok(0);
+            }
+            if len > MAX_CHUNK {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a chunk of {len} bytes (at most {MAX_CHUNK})"),
+                ));
+            }
+            self.left = len;
+        }
+        let want = buf.len().min(self.left);
+        match self.inner.read(&mut buf[..want])? {
+            0 => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the stream broke off",
+            )),
+            n => {
+                self.left -= n;
+                Ok(n)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn a_chunked_stream_reads_back_whole_and_a_cut_one_is_an_error() {
+        let data: Vec<u8> = (0..(3 * MAX_CHUNK + 17)).map(|i| i as u8).collect();
+        let mut framed = Vec::new();
+        let mut w = ChunkWriter::new(&mut framed);
+        w.write_all(&data).unwrap();
+        w.finish().unwrap();
+        // Bytes after the end mark are not part of the stream.
+        framed.extend_from_slice(b"trailing");
+        let mut got = Vec::new();
+        ChunkReader::new(&framed[..]).read_to_end(&mut got).unwrap();
+        assert_eq!(got, data);
+        // Without the end mark (the writer dropped): broken, wherever it stops.
+        let whole_len = framed.len() - b"trailing".len() - 4;
+        for cut in [0, 2, 4, 100, whole_len] {
+            let mut got = Vec::new();
+            let e = ChunkReader::new(&framed[..cut])
+                .read_to_end(&mut got)
+                .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "cut at {cut}");
+        }
+        // A length beyond the bound is refused before anything is read for it.
+        let mut bad = ((MAX_CHUNK + 1) as u32).to_le_bytes().to_vec();
+        bad.extend_from_slice(&[0; 16]);
+        let e = ChunkReader::new(&bad[..])
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // An empty stream is just the end mark.
+        let mut got = Vec::new();
+        ChunkReader::new(&0u32.to_le_bytes()[..])
+            .read_to_end(&mut got)
+            .unwrap();
+        assert!(got.is_empty());
     }
 }

@@ -56,6 +56,27 @@ enum Request {
     Create(Box<SandboxSpec>),
     Destroy(String),
     Shutdown,
+    /// Freeze the sandbox and pass its root directory: asked on the root channel only.
+    FrozenRoot(String),
+}
+
+/// Which channel a request came on, and so what it may ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The server's: creates, destroys, the shutdown.
+    Server,
+    /// The files helper's ([`RootChannel`]): frozen roots of sandboxes, by id, and nothing
+    /// else. A root is never handed to the server, which could not be trusted to name one.
+    Roots,
+}
+
+impl Role {
+    fn allows(self, req: &Request) -> bool {
+        match self {
+            Role::Server => !matches!(req, Request::FrozenRoot(_)),
+            Role::Roots => matches!(req, Request::FrozenRoot(_)),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -72,6 +93,8 @@ enum Reply {
         cgroup: String,
     },
     Destroyed,
+    /// The sandbox is frozen; its root directory (`O_PATH`) comes with this reply.
+    Root,
     Failed(Failure),
     ShutDown,
 }
@@ -97,6 +120,8 @@ pub struct Created {
 #[derive(Debug)]
 pub struct SpawnerService {
     sock: Mutex<OwnedFd>,
+    /// The client end of the spawner's root channel, until [`Self::take_root_channel`].
+    roots: Mutex<Option<OwnedFd>>,
     pid: libc::pid_t,
     /// Sandboxes whose leftovers of an earlier, crashed run were reaped at start.
     reaped: usize,
@@ -125,6 +150,7 @@ pub fn start_confined(
     confinement: Option<Confinement>,
 ) -> Result<SpawnerService, ServiceError> {
     let (ours, theirs) = sys::seqpacket_pair()?;
+    let (roots_client, roots_served) = sys::seqpacket_pair()?;
     match sys::thread_count()? {
         1 => {}
         n => {
@@ -139,11 +165,21 @@ pub fn start_confined(
     let pid = unsafe { sys::fork() }?;
     if pid == 0 {
         drop(ours);
-        serve(theirs, parent, agent, &cgroups, confinement.as_ref())
+        drop(roots_client);
+        serve(
+            theirs,
+            roots_served,
+            parent,
+            agent,
+            &cgroups,
+            confinement.as_ref(),
+        )
     }
     drop(theirs);
+    drop(roots_served);
     let service = SpawnerService {
         sock: Mutex::new(ours),
+        roots: Mutex::new(Some(roots_client)),
         pid,
         reaped: 0,
         cgroups: String::new(),
@@ -179,6 +215,13 @@ impl SpawnerService {
     /// Where sandboxes' cgroups go and how the spawner got them (one line, for the log).
     pub fn cgroup_summary(&self) -> &str {
         &self.cgroups
+    }
+
+    /// The client end of the spawner's root channel, once: for the process that copies
+    /// files out of sandboxes ([`RootChannel`]). The server gives it away at start and cannot
+    /// ask for roots itself.
+    pub fn take_root_channel(&self) -> Option<OwnedFd> {
+        self.roots.lock().ok()?.take()
     }
 
     /// Creates a sandbox (`spec.agent` must be set). Blocks for the few milliseconds that takes.
@@ -263,6 +306,46 @@ impl SpawnerService {
     }
 }
 
+/// The files helper's channel to the spawner ([`SpawnerService::take_root_channel`]): it
+/// asks for a sandbox's root by the sandbox's id, so that what it copies out is a sandbox's
+/// files, never a directory the server named (which could be the host's own `/`).
+#[derive(Debug)]
+pub struct RootChannel {
+    sock: Mutex<OwnedFd>,
+}
+
+impl RootChannel {
+    pub fn new(sock: OwnedFd) -> RootChannel {
+        RootChannel {
+            sock: Mutex::new(sock),
+        }
+    }
+
+    /// Freezes every process of sandbox `id` and opens its root directory (`O_PATH`): paths
+    /// below it must be resolved inside it (`crate::transfer`). The sandbox stays frozen
+    /// until it is destroyed.
+    pub fn frozen_root(&self, id: &str) -> Result<OwnedFd, ServiceError> {
+        let bytes = postcard::to_stdvec(&Request::FrozenRoot(id.into()))
+            .map_err(|e| ServiceError::Protocol(e.to_string()))?;
+        if bytes.len() > MAX_MESSAGE {
+            return Err(ServiceError::TooLarge(bytes.len()));
+        }
+        let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
+        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
+        let (reply, mut fds) = recv(sock.as_fd())?;
+        match reply {
+            Reply::Root => match (fds.pop(), fds.is_empty()) {
+                (Some(root), true) => Ok(root),
+                _ => Err(ServiceError::Protocol(
+                    "expected the sandbox's root directory".into(),
+                )),
+            },
+            Reply::Failed(f) => Err(ServiceError::Failed(f)),
+            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+}
+
 fn gone(e: io::Error) -> ServiceError {
     match e.raw_os_error() {
         Some(libc::EPIPE) | Some(libc::ECONNRESET) => ServiceError::Gone,
@@ -308,7 +391,9 @@ pub mod fuzzing {
             super::Request::Create(spec) => {
                 crate::spawner::validate(spec).map_err(|e| e.to_string())
             }
-            super::Request::Destroy(_) | super::Request::Shutdown => Ok(()),
+            super::Request::Destroy(_)
+            | super::Request::Shutdown
+            | super::Request::FrozenRoot(_) => Ok(()),
         };
         let encoded = postcard::to_stdvec(&req).map_err(|e| e.to_string());
         Some(Read { encoded, verdict })
@@ -329,6 +414,7 @@ fn open_netns(pid: libc::pid_t) -> io::Result<OwnedFd> {
 /// The spawner process's main loop. Never returns.
 fn serve(
     sock: OwnedFd,
+    roots: OwnedFd,
     parent: libc::pid_t,
     agent: AgentEntry,
     cgroups: &CgroupOptions,
@@ -377,103 +463,207 @@ fn serve(
     if send_reply(&sock, &Reply::Ready { reaped, cgroups }, &[]).is_err() {
         sys::exit_now(1);
     }
-    let mut sandboxes: HashMap<String, Sandbox> = HashMap::new();
+    let mut state = State {
+        spawner,
+        sandboxes: HashMap::new(),
+        null,
+        confinement,
+    };
+    // The server's channel first: its end is the spawner's end. The root channel may close
+    // (its helper gone) without stopping anything else.
+    let mut channels: Vec<(OwnedFd, Role)> = vec![(sock, Role::Server), (roots, Role::Roots)];
     let mut buf = vec![0u8; MAX_MESSAGE];
-    loop {
-        let req = match sys::recv_with_fds(sock.as_fd(), &mut buf) {
-            Ok((0, _)) => break,
-            Ok((n, fds)) => match decode_request(&buf[..n]) {
-                Ok(r) => (r, fds),
-                Err(e) => {
-                    let failure =
-                        Failure::new(FailureKind::InvalidSpec, format!("bad request: {e}"));
-                    let _ = send_reply(&sock, &Reply::Failed(failure), &[]);
-                    continue;
-                }
-            },
+    'serve: loop {
+        let mut fds: Vec<libc::pollfd> = channels
+            .iter()
+            .map(|(s, _)| libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        match sys::poll(&mut fds, -1) {
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
-        };
-        let sent = match req {
-            (Request::Create(spec), mut fds) => {
-                let stdio = [null.as_fd(), null.as_fd(), null.as_fd()];
+        }
+        let ready: Vec<usize> = (0..fds.len()).filter(|&i| fds[i].revents != 0).collect();
+        let mut closed = Vec::new();
+        for i in ready {
+            let (sock, role) = (&channels[i].0, channels[i].1);
+            let (reply, reply_fds) = match sys::recv_with_fds(sock.as_fd(), &mut buf) {
+                Ok((0, _)) => {
+                    if role == Role::Server {
+                        break 'serve;
+                    }
+                    closed.push(i);
+                    continue;
+                }
+                Ok((n, fds)) => match decode_request(&buf[..n]) {
+                    Ok(req) if !role.allows(&req) => (
+                        Reply::Failed(Failure::new(
+                            FailureKind::InvalidSpec,
+                            "request not allowed on this channel",
+                        )),
+                        Vec::new(),
+                    ),
+                    Ok(Request::Shutdown) => {
+                        state.shutdown();
+                        let _ = send_reply(sock, &Reply::ShutDown, &[]);
+                        sys::exit_now(0)
+                    }
+                    Ok(req) => state.handle(req, fds),
+                    Err(e) => (
+                        Reply::Failed(Failure::new(
+                            FailureKind::InvalidSpec,
+                            format!("bad request: {e}"),
+                        )),
+                        Vec::new(),
+                    ),
+                },
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    if role == Role::Server {
+                        break 'serve;
+                    }
+                    closed.push(i);
+                    continue;
+                }
+            };
+            let raw: Vec<std::os::fd::RawFd> = reply_fds.iter().map(|f| f.as_raw_fd()).collect();
+            if send_reply(sock, &reply, &raw).is_err() {
+                if role == Role::Server {
+                    break 'serve;
+                }
+                closed.push(i);
+            }
+        }
+        for i in closed.into_iter().rev() {
+            channels.remove(i);
+        }
+    }
+    // The server is gone: nothing it created may outlive it.
+    state.shutdown();
+    sys::exit_now(0)
+}
+
+/// What the spawner process holds while it serves.
+struct State<'a> {
+    spawner: Spawner,
+    sandboxes: HashMap<String, Sandbox>,
+    /// Sandbox processes get it as stdio.
+    null: OwnedFd,
+    confinement: Option<&'a Confinement>,
+}
+
+impl State<'_> {
+    /// Answers one request (not the shutdown), with the descriptors that go with the reply.
+    fn handle(&mut self, req: Request, mut fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
+        let failed = |f: Failure| (Reply::Failed(f), Vec::new());
+        match req {
+            Request::Create(spec) => {
+                let stdio = [self.null.as_fd(), self.null.as_fd(), self.null.as_fd()];
                 // At most one descriptor comes with a create: the network namespace to join.
                 let netns = fds.pop();
-                let confined = confinement.map_or(Ok(()), |c| c.check(&spec));
+                let confined = self.confinement.map_or(Ok(()), |c| c.check(&spec));
                 let created = if let Err(e) = confined {
                     Err(crate::spawner::SpawnError::InvalidSpec(e))
                 } else if fds.is_empty() {
-                    spawner.create_in(&spec, Some(stdio), netns)
+                    self.spawner.create_in(&spec, Some(stdio), netns)
                 } else {
                     Err(crate::spawner::SpawnError::InvalidSpec(
                         "more than one descriptor with a create request".into(),
                     ))
                 };
-                match created {
-                    Ok(mut sb) => match (sb.take_agent_conn(), open_netns(sb.init_pid())) {
-                        (Some(conn), Ok(netns)) => {
-                            let reply = Reply::Created {
-                                id: sb.id().to_string(),
-                                init_pid: sb.init_pid(),
-                                cgroup: sb.cgroup().to_registry(),
-                            };
-                            let fds = [conn.as_raw_fd(), netns.as_raw_fd()];
-                            let sent = send_reply(&sock, &reply, &fds);
-                            sandboxes.insert(sb.id().to_string(), sb);
-                            sent
-                        }
-                        (Some(_), Err(e)) => {
-                            let _ = sb.destroy();
-                            let failure = Failure::new(
-                                FailureKind::Internal,
-                                format!("opening the sandbox's network namespace: {e}"),
-                            );
-                            send_reply(&sock, &Reply::Failed(failure), &[])
-                        }
-                        (None, _) => send_reply(
-                            &sock,
-                            &Reply::Failed(Failure::new(
-                                FailureKind::InvalidSpec,
-                                "not an agent sandbox (spec.agent is false)",
-                            )),
-                            &[],
-                        ),
-                    },
-                    Err(e) => send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]),
-                }
-            }
-            (Request::Destroy(id), _) => match sandboxes.remove(&id) {
-                Some(mut sb) => match sb.destroy() {
-                    Ok(()) => send_reply(&sock, &Reply::Destroyed, &[]),
-                    Err(e) => send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]),
-                },
-                None => send_reply(
-                    &sock,
-                    &Reply::Failed(Failure::new(
-                        FailureKind::NotFound,
-                        format!("no sandbox {id}"),
+                let mut sb = match created {
+                    Ok(sb) => sb,
+                    Err(e) => return failed(Failure::from(&e)),
+                };
+                match (sb.take_agent_conn(), open_netns(sb.init_pid())) {
+                    (Some(conn), Ok(netns)) => {
+                        let reply = Reply::Created {
+                            id: sb.id().to_string(),
+                            init_pid: sb.init_pid(),
+                            cgroup: sb.cgroup().to_registry(),
+                        };
+                        self.sandboxes.insert(sb.id().to_string(), sb);
+                        (reply, vec![conn, netns])
+                    }
+                    (Some(_), Err(e)) => {
+                        let _ = sb.destroy();
+                        failed(Failure::new(
+                            FailureKind::Internal,
+                            format!("opening the sandbox's network namespace: {e}"),
+                        ))
+                    }
+                    (None, _) => failed(Failure::new(
+                        FailureKind::InvalidSpec,
+                        "not an agent sandbox (spec.agent is false)",
                     )),
-                    &[],
-                ),
-            },
-            (Request::Shutdown, _) => {
-                for (_, mut sb) in sandboxes.drain() {
-                    let _ = sb.destroy();
                 }
-                // Its image mounts go with the last husk process using them (Drop).
-                drop(spawner);
-                let _ = send_reply(&sock, &Reply::ShutDown, &[]);
-                sys::exit_now(0)
             }
-        };
-        if sent.is_err() {
-            break;
+            Request::Destroy(id) => match self.sandboxes.remove(&id) {
+                Some(mut sb) => match sb.destroy() {
+                    Ok(()) => (Reply::Destroyed, Vec::new()),
+                    Err(e) => failed(Failure::from(&e)),
+                },
+                None => failed(no_sandbox(&id)),
+            },
+            Request::FrozenRoot(id) => {
+                let Some(sb) = self.sandboxes.get(&id) else {
+                    return failed(no_sandbox(&id));
+                };
+                // PID 1 is this process's child until the sandbox is destroyed: its pid
+                // cannot have been reused, so its root is the sandbox's.
+                match sb.freeze().map_err(|e| Failure::from(&e)).and_then(|()| {
+                    sb.root_dir().map_err(|e| {
+                        Failure::new(
+                            FailureKind::Internal,
+                            format!("opening the root of sandbox {id}: {e}"),
+                        )
+                    })
+                }) {
+                    Ok(root) => (Reply::Root, vec![root]),
+                    Err(f) => failed(f),
+                }
+            }
+            Request::Shutdown => failed(Failure::new(
+                FailureKind::Internal,
+                "the shutdown is answered by the loop",
+            )),
         }
     }
-    // The server is gone: nothing it created may outlive it.
-    for (_, mut sb) in sandboxes.drain() {
-        let _ = sb.destroy();
+
+    /// Destroys every sandbox and drops the spawner (its image mounts go with the last husk
+    /// process using them).
+    fn shutdown(mut self) {
+        for (_, mut sb) in self.sandboxes.drain() {
+            let _ = sb.destroy();
+        }
+        drop(self.spawner);
     }
-    drop(spawner);
-    sys::exit_now(0)
+}
+
+fn no_sandbox(id: &str) -> Failure {
+    Failure::new(FailureKind::NotFound, format!("no sandbox {id}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_channel_asks_only_what_its_role_allows() {
+        let spec = Box::new(SandboxSpec::new(vec!["/bin/true".into()]));
+        // The server makes and destroys sandboxes, and never gets a root.
+        assert!(Role::Server.allows(&Request::Create(spec.clone())));
+        assert!(Role::Server.allows(&Request::Destroy("s1".into())));
+        assert!(Role::Server.allows(&Request::Shutdown));
+        assert!(!Role::Server.allows(&Request::FrozenRoot("s1".into())));
+        // The files helper gets roots, and nothing else.
+        assert!(Role::Roots.allows(&Request::FrozenRoot("s1".into())));
+        assert!(!Role::Roots.allows(&Request::Create(spec)));
+        assert!(!Role::Roots.allows(&Request::Destroy("s1".into())));
+        assert!(!Role::Roots.allows(&Request::Shutdown));
+    }
 }

@@ -289,7 +289,7 @@ impl RemoteStore {
     pub fn start(
         setup: impl FnOnce() -> Result<(Arc<Store>, Arc<Secrets>), String>,
     ) -> Result<RemoteStore, Failure> {
-        let forked = rt::fork("husk-state", CHANNELS, |channels| {
+        let forked = rt::fork("husk-state", CHANNELS, &[], |channels| {
             let (store, secrets) = match setup() {
                 Ok(x) => x,
                 Err(e) => {

@@ -25,7 +25,7 @@ pub use copy_out::{copy_out, sandbox_is_dir, HostDest};
 pub use mount_point::mount_point;
 
 /// Upper bounds for one [`copy_out`], so a sandbox cannot fill the host disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OutputLimits {
     /// Maximum total bytes of regular-file content copied.
     pub max_bytes: u64,
