@@ -586,6 +586,30 @@ fn helpers(c: &Corpus) {
     for (name, req) in state {
         c.write("state_helper", name, Input::default().bytes(&postcard::to_stdvec(&req).unwrap()));
     }
+    use husk_core::workspaces::remote::FilesRequest as F;
+    let t = || "t".to_string();
+    let w = || "w".to_string();
+    let files = [
+        ("list", F::List { team: t() }, &b""[..]),
+        ("read", F::ReadFile { team: t(), name: w(), path: "dir/f.txt".into() }, b""),
+        ("read-link", F::ReadFile { team: t(), name: w(), path: "out".into() }, b""),
+        ("entries", F::Entries { team: t(), name: w(), path: "".into(), depth: 3 }, b""),
+        (
+            "write",
+            F::WriteFile { team: t(), name: w(), path: "new/f".into(), max_bytes: 100 },
+            b"\x05\0\0\0hello\0\0\0\0",
+        ),
+        ("export", F::Export { team: t(), name: w(), path: "".into() }, b""),
+        ("remove", F::Remove { team: t(), name: w(), path: "dir".into() }, b""),
+        ("delete-other", F::Delete { team: "u".into(), name: w() }, b""),
+    ];
+    for (name, req, stream) in files {
+        let frame = postcard::to_stdvec(&req).unwrap();
+        let mut input = (frame.len() as u16).to_le_bytes().to_vec();
+        input.extend_from_slice(&frame);
+        input.extend_from_slice(stream);
+        c.write("files_helper", name, Input::default().bytes(&input));
+    }
 }
 
 fn zmtp_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {

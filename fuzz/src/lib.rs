@@ -255,7 +255,8 @@ pub struct Arena {
     pub dest: PathBuf,
 }
 
-const SENTINEL: &[u8] = b"nothing may write here";
+/// What the file outside an [`Arena`]'s destination holds.
+pub const SENTINEL: &[u8] = b"nothing may write here";
 
 impl Arena {
     pub fn new() -> Arena {

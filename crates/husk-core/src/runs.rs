@@ -13,7 +13,7 @@ pub mod batch;
 mod cancel;
 mod exec;
 mod kernel;
-mod outputs;
+pub(crate) mod outputs;
 pub mod spec;
 
 use std::sync::{Arc, Mutex};

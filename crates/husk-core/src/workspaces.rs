@@ -45,9 +45,11 @@
 //! with [`WorkspaceQuota::Off`]; team directories that hold workspaces from before quotas stay
 //! plain (see the notice for how to move them under the quota).
 
+mod backend;
 pub mod quota;
 #[cfg(test)]
 mod quota_tests;
+pub mod remote;
 mod tarball;
 mod teams;
 #[cfg(test)]
@@ -65,6 +67,8 @@ use husk_runtime::libc;
 use husk_runtime::sys::{fstatat_nofollow, mkdirat, read_dir_names, renameat, FileStat};
 use time::OffsetDateTime;
 
+pub use backend::{Export, Workspaces};
+pub use husk_runtime::helper::HelperError;
 pub use quota::{QuotaState, WorkspaceQuota, DEFAULT_QUOTA, IMAGES_DIR, MIN_QUOTA};
 pub use tarball::{export_local, import_local, ImportLimits, TarExport, TarReport};
 pub use tree::{Entry, EntryKind, Listing};
@@ -163,10 +167,14 @@ pub enum WorkspaceError {
     /// for its operator.
     #[error("the workspaces of team '{team}' are unavailable: {reason}")]
     TeamUnavailable { team: String, reason: String },
+    /// The files helper failed the call, or is gone.
+    #[error(transparent)]
+    Helper(#[from] HelperError),
     #[error("{place}: cannot {op} {path:?}: {source}")]
     Io {
         place: String,
-        op: &'static str,
+        /// What was being done ("create", "rename into place"...).
+        op: std::borrow::Cow<'static, str>,
         path: String,
         #[source]
         source: io::Error,
@@ -174,7 +182,7 @@ pub enum WorkspaceError {
 }
 
 /// A workspace as listed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkspaceInfo {
     pub name: String,
     pub created_at: OffsetDateTime,
@@ -185,7 +193,7 @@ pub struct WorkspaceInfo {
 }
 
 /// A team's quota and what its workspaces use of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuotaUsage {
     /// The size of the team's file system.
     pub quota_bytes: u64,
@@ -195,7 +203,7 @@ pub struct QuotaUsage {
 }
 
 /// What [`Workspaces::write_file`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WriteReport {
     pub bytes: u64,
     /// No entry existed at the path before (else a file or symlink was replaced).
@@ -204,7 +212,7 @@ pub struct WriteReport {
 
 /// The workspaces of every team, under one state directory.
 #[derive(Debug)]
-pub struct Workspaces {
+pub struct LocalWorkspaces {
     /// `STATE_DIR/workspaces`.
     dir: PathBuf,
     /// That directory, open: every lookup starts here.
@@ -219,11 +227,11 @@ pub struct Workspaces {
     notices: Vec<String>,
 }
 
-impl Workspaces {
+impl LocalWorkspaces {
     /// Opens (creating, 0700 root) `STATE_DIR/workspaces` with the quota the last server
     /// configured there ([`Self::open_with_quota`]; none recorded: [`WorkspaceQuota::Off`]):
     /// what the command-line tools use next to a server.
-    pub fn open(state_dir: &Path) -> Result<Workspaces, WorkspaceError> {
+    pub fn open(state_dir: &Path) -> Result<LocalWorkspaces, WorkspaceError> {
         Self::open_inner(state_dir, quota::recorded(state_dir), false)
     }
 
@@ -235,7 +243,7 @@ impl Workspaces {
     pub fn open_with_quota(
         state_dir: &Path,
         quota: WorkspaceQuota,
-    ) -> Result<Workspaces, WorkspaceError> {
+    ) -> Result<LocalWorkspaces, WorkspaceError> {
         Self::open_inner(state_dir, quota, true)
     }
 
@@ -243,11 +251,11 @@ impl Workspaces {
         state_dir: &Path,
         quota: WorkspaceQuota,
         record: bool,
-    ) -> Result<Workspaces, WorkspaceError> {
+    ) -> Result<LocalWorkspaces, WorkspaceError> {
         let dir = state_dir.join(WORKSPACES_DIR);
-        let io = |op, source| WorkspaceError::Io {
+        let io = |op: &'static str, source| WorkspaceError::Io {
             place: "the state directory".into(),
-            op,
+            op: op.into(),
             path: dir.display().to_string(),
             source,
         };
@@ -271,11 +279,11 @@ impl Workspaces {
         let (teams, notice) =
             quota::TeamFs::prepare(state_dir, quota, record).map_err(|e| WorkspaceError::Io {
                 place: "the state directory".into(),
-                op: "prepare",
+                op: "prepare".into(),
                 path: state_dir.join(IMAGES_DIR).display().to_string(),
                 source: e,
             })?;
-        let mut ws = Workspaces {
+        let mut ws = LocalWorkspaces {
             dir,
             dev: meta.dev(),
             fd,
@@ -292,7 +300,7 @@ impl Workspaces {
     }
 
     /// The same workspaces with other per-upload bounds (default: [`ImportLimits::default`]).
-    pub fn with_upload_limits(mut self, limits: ImportLimits) -> Workspaces {
+    pub fn with_upload_limits(mut self, limits: ImportLimits) -> LocalWorkspaces {
         self.upload = limits;
         self
     }
@@ -585,7 +593,7 @@ impl Workspaces {
     fn io(&self, team: &str, op: &'static str, name: &str, source: io::Error) -> WorkspaceError {
         WorkspaceError::Io {
             place: format!("workspace '{name}' of team '{team}'"),
-            op,
+            op: op.into(),
             path: self.dir.join(team).join(name).display().to_string(),
             source,
         }

@@ -149,7 +149,11 @@ impl From<WorkspaceError> for ApiError {
             | E::TooDeep { .. } => StatusCode::BAD_REQUEST,
             E::TooLarge { .. } | E::TooManyEntries { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             E::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
-            E::TeamUnavailable { .. } | E::Io { .. } => {
+            // The files helper is gone: nothing this server can do answers until it is back.
+            E::Helper(husk_core::workspaces::HelperError::Gone(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            E::TeamUnavailable { .. } | E::Io { .. } | E::Helper(_) => {
                 tracing::warn!(error = %husk_core::error_chain(&e), "workspace operation failed");
                 StatusCode::INTERNAL_SERVER_ERROR
             }

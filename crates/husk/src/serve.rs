@@ -237,6 +237,25 @@ pub fn main(args: ServeArgs) -> i32 {
         Err(e) => return fail(e),
     };
     let store = Arc::new(Store::remote(state.clone()));
+    // The workspaces (their files, the teams' loop-mounted file systems) and the copying of
+    // runs' outputs out of sandboxes live in the files helper, which gets sandboxes' roots
+    // from the spawner, by id (husk_core::workspaces::remote).
+    let quota = match husk_core::workspaces::WorkspaceQuota::from_bytes(args.workspace_quota) {
+        Ok(q) => q,
+        Err(e) => return fail(format_args!("--workspace-quota: {e}")),
+    };
+    let ws_dir = args.state_dir.clone();
+    let files = match husk_core::workspaces::remote::RemoteWorkspaces::start(
+        args.max_transfers.max(1),
+        spawner.take_root_channel(),
+        move || {
+            husk_core::workspaces::LocalWorkspaces::open_with_quota(&ws_dir, quota)
+                .map_err(|e| e.to_string())
+        },
+    ) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(e),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -248,20 +267,25 @@ pub fn main(args: ServeArgs) -> i32 {
         ("spawner", spawner.pid()),
         ("network", network.pid()),
         ("state", state.pid()),
+        ("files", files.pid()),
     ];
     let code = runtime.block_on(run(
         args,
         store,
-        spawner.clone(),
-        network.clone(),
+        Helpers {
+            spawner: spawner.clone(),
+            network: network.clone(),
+            files: files.clone(),
+            watched: helpers,
+        },
         default_policy,
         config,
-        helpers,
     ));
     drop(runtime);
     // Sandboxes are gone, their links with them; then the router and what it added to the
     // host.
     network.shutdown();
+    files.shutdown();
     state.shutdown();
     match Arc::try_unwrap(spawner) {
         Ok(s) => {
@@ -303,15 +327,27 @@ fn ensure_admin_key(store: &Store, dir: &std::path::Path) -> Result<(), String> 
     Ok(())
 }
 
+/// The server's privileged helpers, and the pids it watches.
+struct Helpers {
+    spawner: Arc<husk_runtime::service::SpawnerService>,
+    network: Arc<husk_net::helper::NetHelper>,
+    files: Arc<husk_core::workspaces::remote::RemoteWorkspaces>,
+    watched: Vec<(&'static str, i32)>,
+}
+
 async fn run(
     args: ServeArgs,
     store: Arc<Store>,
-    spawner: Arc<husk_runtime::service::SpawnerService>,
-    network: Arc<husk_net::helper::NetHelper>,
+    helpers: Helpers,
     default_policy: husk_net::NetPolicy,
     config: Config,
-    helpers: Vec<(&'static str, i32)>,
 ) -> i32 {
+    let Helpers {
+        spawner,
+        network,
+        files,
+        watched: helpers,
+    } = helpers;
     let size = SandboxSize {
         cpu_count: config.limits.cpu_millis.div_ceil(1000).max(1) as u32,
         memory_mb: config.limits.memory_bytes >> 20,
@@ -348,18 +384,14 @@ async fn run(
     );
     let secrets = Arc::new(husk_core::secrets::Secrets::remote(manager.store_arc()));
     manager.set_secrets(secrets.clone());
-    let workspaces = match husk_core::workspaces::WorkspaceQuota::from_bytes(args.workspace_quota)
-        .map_err(|e| format!("--workspace-quota: {e}"))
-        .and_then(|quota| {
-            husk_core::workspaces::Workspaces::open_with_quota(&args.state_dir, quota)
-                .map_err(|e| e.to_string())
-        }) {
-        Ok(w) => Arc::new(w.with_upload_limits(husk_core::workspaces::ImportLimits {
-            max_bytes: args.workspace_upload_limit,
-            ..Default::default()
-        })),
-        Err(e) => return fail(e),
-    };
+    let workspaces = Arc::new(
+        husk_core::workspaces::Workspaces::remote(files).with_upload_limits(
+            husk_core::workspaces::ImportLimits {
+                max_bytes: args.workspace_upload_limit,
+                ..Default::default()
+            },
+        ),
+    );
     // The open logged what is wrong, if anything; this says what is in force.
     match workspaces.quota_state() {
         husk_core::workspaces::QuotaState::PerTeam(q) => eprintln!(

@@ -614,7 +614,7 @@ fn piped<T>(
         let written = writer.join().unwrap_or_else(|_| {
             Err(WorkspaceError::Io {
                 place: "the copy".into(),
-                op: "run",
+                op: "run".into(),
                 path: String::new(),
                 source: io::Error::other("the writing thread panicked"),
             })
@@ -635,7 +635,7 @@ mod tests {
         let mut v = Vec::new();
         r.read_to_end(&mut v).map_err(|source| WorkspaceError::Io {
             place: "test".into(),
-            op: "read",
+            op: "read".into(),
             path: String::new(),
             source,
         })?;

@@ -185,14 +185,6 @@ fn secrets_api_stores_lists_and_removes_without_ever_returning_a_value() {
 /// rather than answering every request with an error.
 #[test]
 fn the_server_holds_no_state_files_and_stops_when_a_helper_dies() {
-    let state = TempDir::new("helpers");
-    let mut server = Server::start(state.path());
-    let key = server.key_for("helpers");
-    create(&server, &key);
-    let found = server_helpers(server.child().id());
-    let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
-    assert!(names.contains(&"husk-state"), "{found:?}");
-    assert!(names.contains(&"husk-net"), "{found:?}");
     let open_files = |pid: u32| -> Vec<String> {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
@@ -201,27 +193,44 @@ fn the_server_holds_no_state_files_and_stops_when_a_helper_dies() {
             .map(|p| p.display().to_string())
             .collect()
     };
-    let state_dir = state.path().display().to_string();
-    let server_files = open_files(server.child().id());
-    assert!(
-        !server_files
-            .iter()
-            .any(|f| f.ends_with("husk.db") || f.ends_with("master.key") || f.contains("husk.db-")),
-        "the server holds state files: {server_files:?}"
-    );
-    let (_, state_pid) = found.iter().find(|(n, _)| n == "husk-state").unwrap();
-    assert!(
-        open_files(*state_pid)
-            .iter()
-            .any(|f| f.starts_with(&state_dir) && f.ends_with("husk.db")),
-        "the state helper does not hold the database"
-    );
-    // The state helper dies: the server says so and stops, not zero.
-    signal_pid(*state_pid, "KILL");
-    server.wait_line("husk: the state helper");
-    let status = wait_for(Duration::from_secs(30), || {
-        server.child().try_wait().unwrap()
-    })
-    .expect("husk serve did not exit after its state helper died");
-    assert!(!status.success(), "{status}");
+    for (victim, label) in [("husk-state", "state"), ("husk-files", "files")] {
+        let state = TempDir::new("helpers");
+        let mut server = Server::start(state.path());
+        let key = server.key_for("helpers");
+        create(&server, &key);
+        let found = server_helpers(server.child().id());
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        for helper in ["husk-state", "husk-net", "husk-files"] {
+            assert!(names.contains(&helper), "{helper}: {found:?}");
+        }
+        let state_dir = state.path().display().to_string();
+        let workspaces = state.path().join("workspaces").display().to_string();
+        let server_files = open_files(server.child().id());
+        assert!(
+            !server_files.iter().any(|f| f.ends_with("husk.db")
+                || f.ends_with("master.key")
+                || f.contains("husk.db-")
+                || f.starts_with(&workspaces)),
+            "the server holds state files: {server_files:?}"
+        );
+        let pid_of = |name: &str| found.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(
+            open_files(pid_of("husk-state"))
+                .iter()
+                .any(|f| f.starts_with(&state_dir) && f.ends_with("husk.db")),
+            "the state helper does not hold the database"
+        );
+        assert!(
+            open_files(pid_of("husk-files")).contains(&workspaces),
+            "the files helper does not hold the workspaces"
+        );
+        // A helper dies: the server says which and stops, not zero.
+        signal_pid(pid_of(victim), "KILL");
+        server.wait_line(&format!("husk: the {label} helper"));
+        let status = wait_for(Duration::from_secs(30), || {
+            server.child().try_wait().unwrap()
+        })
+        .expect("husk serve did not exit after a helper died");
+        assert!(!status.success(), "{victim}: {status}");
+    }
 }

@@ -235,10 +235,16 @@ fn a_host_that_cannot_mount_falls_back_to_plain_directories_with_one_warning() {
     let mut wrapper: Vec<&str> = NO_LOOP.to_vec();
     wrapper.extend([NO_LOOP_SCRIPT, "sh"]);
 
-    // The server starts, warns once, and workspaces work (unbounded).
+    // The server starts, warns once (its files helper, while it starts), and workspaces work
+    // (unbounded).
     let server = Server::start_wrapped(&wrapper, state.path(), &["--workspace-quota", "64M"]);
-    let warning = server.wait_line("NOT enforced");
-    assert!(warning.contains("64 MiB"), "{warning}");
+    let warnings: Vec<&String> = server
+        .startup
+        .iter()
+        .filter(|l| l.contains("NOT enforced"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:#?}", server.startup);
+    assert!(warnings[0].contains("64 MiB"), "{}", warnings[0]);
     server.wait_line("workspace quota: 64 MiB per team NOT enforced");
     let key = server.admin_key.clone();
     create(&server, &key, "data");

@@ -464,28 +464,24 @@ async fn save_outputs(
         .workspaces()
         .ok_or("workspaces are not enabled on this server")?
         .clone();
-    let ws_dir = workspaces
-        .dir(&who.team, &ws_name)
-        .map_err(|e| e.to_string())?;
-    sb.freeze().map_err(|e| crate::error_chain(&e))?;
-    let root = sb
-        .root_dir()
-        .map_err(|e| format!("open the sandbox's root: {e}"))?;
     let (outputs, limits, run_id) = (plan.outputs.clone(), plan.output_limits, run_id.to_owned());
-    let saved = tokio::task::spawn_blocking(move || {
-        use std::os::fd::AsFd;
-        super::outputs::save(root.as_fd(), &ws_name, &ws_dir, &run_id, &outputs, &limits)
+    let (sb, team) = (sb.clone(), who.team.clone());
+    // Frozen first, then copied: through the files helper, which gets the sandbox's root from
+    // the spawner by the sandbox's id.
+    tokio::task::spawn_blocking(move || {
+        let saved = workspaces.save_outputs(&team, &ws_name, &run_id, &sb, &outputs, &limits);
+        saved.map_err(|e| match e {
+            // The team's quota: said as the workspace API says it (what was being written
+            // after).
+            super::outputs::SaveError::NoSpace(what) => match workspaces.quota_error(&team) {
+                Some(quota) => format!("{quota} ({what})"),
+                None => format!("{what}: no space left on the host's disk"),
+            },
+            other => other.to_string(),
+        })
     })
     .await
-    .map_err(|e| e.to_string())?;
-    saved.map_err(|e| match e {
-        // The team's quota: said as the workspace API says it (what was being written after).
-        super::outputs::SaveError::NoSpace(what) => match workspaces.quota_error(&who.team) {
-            Some(quota) => format!("{quota} ({what})"),
-            None => format!("{what}: no space left on the host's disk"),
-        },
-        other => other.to_string(),
-    })
+    .map_err(|e| e.to_string())?
 }
 
 /// Writes `bytes` to `path` in the sandbox as `user` (through the core's file door; the agent

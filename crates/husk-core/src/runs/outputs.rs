@@ -64,7 +64,7 @@ fn rel(prefix: &str, p: &Path) -> String {
 }
 
 /// Why a run's outputs were not (all) saved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SaveError {
     /// The workspace's file system is full (its team's quota is used up); what was being
     /// written.

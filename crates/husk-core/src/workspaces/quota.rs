@@ -103,7 +103,7 @@ impl WorkspaceQuota {
 }
 
 /// Whether quotas are in force.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum QuotaState {
     /// Configured off: new teams get plain directories.
     Off,

@@ -29,7 +29,7 @@ use super::{
 };
 
 /// Bounds of one import.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImportLimits {
     /// Bytes of file content (also the bound of one uploaded file).
     pub max_bytes: u64,
@@ -48,7 +48,7 @@ impl Default for ImportLimits {
 }
 
 /// What an import or export handled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TarReport {
     /// Regular files.
     pub files: u64,

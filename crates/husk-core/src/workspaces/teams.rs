@@ -10,9 +10,9 @@ use std::os::unix::fs::MetadataExt;
 use husk_runtime::libc;
 use husk_runtime::sys::{mkdirat, read_dir_names};
 
-use super::{cstring, quota, size_text, tree, WorkspaceError, Workspaces};
+use super::{cstring, quota, size_text, tree, LocalWorkspaces, WorkspaceError};
 
-impl Workspaces {
+impl LocalWorkspaces {
     /// The team's directory, open; created (0700) with `create`, else `None` when missing.
     /// Its file system is mounted first when the team has one, and made first when the
     /// team's first workspace is created under a quota.
@@ -295,7 +295,7 @@ impl Workspaces {
     ) -> WorkspaceError {
         WorkspaceError::Io {
             place: format!("team '{team}'"),
-            op,
+            op: op.into(),
             path: self.dir.join(team).display().to_string(),
             source,
         }

@@ -70,7 +70,7 @@ impl RelPath {
 }
 
 /// What an entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EntryKind {
     File,
     Dir,
@@ -100,7 +100,7 @@ impl EntryKind {
 }
 
 /// One listed entry. Names that are not UTF-8 are shown lossily.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Entry {
     pub name: String,
     /// Relative to the workspace root.
@@ -116,7 +116,7 @@ pub struct Entry {
 }
 
 /// A directory listing, cut short at [`MAX_LIST_ENTRIES`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Listing {
     pub entries: Vec<Entry>,
     /// More entries existed than were listed.
@@ -129,7 +129,7 @@ impl Tree {
         let place = format!("directory {}", dir.display());
         let root = File::open(dir).map_err(|source| WorkspaceError::Io {
             place: place.clone(),
-            op: "open",
+            op: "open".into(),
             path: String::new(),
             source,
         })?;
@@ -150,7 +150,7 @@ impl Tree {
     pub fn io(&self, op: &'static str, path: &str, source: io::Error) -> WorkspaceError {
         WorkspaceError::Io {
             place: self.place.clone(),
-            op,
+            op: op.into(),
             path: path.to_string(),
             source,
         }

@@ -28,6 +28,8 @@ pub struct Server {
     pub admin_key: String,
     pub state: PathBuf,
     lines: mpsc::Receiver<String>,
+    /// What it logged before it listened (its helpers' start-up warnings among them).
+    pub startup: Vec<String>,
 }
 
 impl Drop for Server {
@@ -187,8 +189,15 @@ impl Server {
             admin_key: String::new(),
             state: state.to_path_buf(),
             lines,
+            startup: Vec::new(),
         };
-        let line = server.wait_line("listening on http://127.0.0.1:");
+        let line = loop {
+            match server.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(l) if l.contains("listening on http://127.0.0.1:") => break l,
+                Ok(l) => server.startup.push(l),
+                Err(e) => panic!("the server did not start listening: {e}"),
+            }
+        };
         let port = line.rsplit(':').next().unwrap();
         server.port = port.split_whitespace().next().unwrap().parse().unwrap();
         server.admin_key = std::fs::read_to_string(state.join("admin.key"))
