@@ -1,4 +1,4 @@
-//! Template build contexts (`husk_server::templates::fuzzing::unpack`): a tenant's tar or
+//! Template build contexts (`husk_build::context::unpack`): a tenant's tar or
 //! tar.gz, unpacked into a directory that the build then reads as root.
 //!
 //! The input is either a raw archive (header checksums repaired) or one built from it with
@@ -15,7 +15,7 @@ use std::os::unix::fs::PermissionsExt;
 use husk_fuzz::{
     build_tar, byte, check_links_inside, is_erofs, raw_tar, walk, Arena, Unstructured,
 };
-use husk_server::templates::fuzzing::{unpack, ContextError};
+use husk_build::context::{unpack, ContextError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,14 +8,18 @@
 
 mod accounts;
 pub mod build;
+pub mod context;
 mod context_hash;
 pub mod debian;
 pub mod dockerfile;
+pub mod events;
 pub mod finalize;
+pub mod helper;
 pub mod image;
 pub mod layers;
 pub mod oci;
 pub mod plan;
+pub mod request;
 pub mod sandbox_step;
 pub mod spec;
 

@@ -68,13 +68,23 @@ enum Role {
     /// The files helper's ([`RootChannel`]): frozen roots of sandboxes, by id, and nothing
     /// else. A root is never handed to the server, which could not be trusted to name one.
     Roots,
+    /// The build helper's: creates (build steps: a layered root, the host's network) and
+    /// destroys of its own sandboxes.
+    Builder,
 }
 
 impl Role {
     fn allows(self, req: &Request) -> bool {
-        match self {
-            Role::Server => !matches!(req, Request::FrozenRoot(_)),
-            Role::Roots => matches!(req, Request::FrozenRoot(_)),
+        match (self, req) {
+            // The server's sandboxes never get a build's layered root or the host's network.
+            (Role::Server, Request::Create(spec)) => {
+                !matches!(spec.rootfs, crate::spec::RootSource::Layers { .. })
+                    && !matches!(spec.network, crate::spec::NetworkMode::Host)
+            }
+            (Role::Server, Request::Destroy(_) | Request::Shutdown) => true,
+            (Role::Roots, Request::FrozenRoot(_)) => true,
+            (Role::Builder, Request::Create(_) | Request::Destroy(_)) => true,
+            _ => false,
         }
     }
 }
@@ -122,6 +132,8 @@ pub struct SpawnerService {
     sock: Mutex<OwnedFd>,
     /// The client end of the spawner's root channel, until [`Self::take_root_channel`].
     roots: Mutex<Option<OwnedFd>>,
+    /// The client end of the spawner's build channel, until [`Self::take_build_channel`].
+    builds: Mutex<Option<OwnedFd>>,
     pid: libc::pid_t,
     /// Sandboxes whose leftovers of an earlier, crashed run were reaped at start.
     reaped: usize,
@@ -151,6 +163,7 @@ pub fn start_confined(
 ) -> Result<SpawnerService, ServiceError> {
     let (ours, theirs) = sys::seqpacket_pair()?;
     let (roots_client, roots_served) = sys::seqpacket_pair()?;
+    let (builds_client, builds_served) = sys::seqpacket_pair()?;
     match sys::thread_count()? {
         1 => {}
         n => {
@@ -166,9 +179,11 @@ pub fn start_confined(
     if pid == 0 {
         drop(ours);
         drop(roots_client);
+        drop(builds_client);
         serve(
             theirs,
             roots_served,
+            builds_served,
             parent,
             agent,
             &cgroups,
@@ -177,9 +192,11 @@ pub fn start_confined(
     }
     drop(theirs);
     drop(roots_served);
+    drop(builds_served);
     let service = SpawnerService {
         sock: Mutex::new(ours),
         roots: Mutex::new(Some(roots_client)),
+        builds: Mutex::new(Some(builds_client)),
         pid,
         reaped: 0,
         cgroups: String::new(),
@@ -222,6 +239,27 @@ impl SpawnerService {
     /// ask for roots itself.
     pub fn take_root_channel(&self) -> Option<OwnedFd> {
         self.roots.lock().ok()?.take()
+    }
+
+    /// The client end of the spawner's build channel, once: for the process that builds
+    /// templates, whose sandboxes (and only theirs) get a layered root and may get the host's
+    /// network. Wrapped there with [`SpawnerService::client`].
+    pub fn take_build_channel(&self) -> Option<OwnedFd> {
+        self.builds.lock().ok()?.take()
+    }
+
+    /// A handle on a channel taken from the service in another process (the build helper):
+    /// creates and destroys as [`Self::create`] and [`Self::destroy`], with what that channel
+    /// allows. It cannot shut the spawner down.
+    pub fn client(sock: OwnedFd, pid: libc::pid_t) -> SpawnerService {
+        SpawnerService {
+            sock: Mutex::new(sock),
+            roots: Mutex::new(None),
+            builds: Mutex::new(None),
+            pid,
+            reaped: 0,
+            cgroups: String::new(),
+        }
     }
 
     /// Creates a sandbox (`spec.agent` must be set). Blocks for the few milliseconds that takes.
@@ -415,6 +453,7 @@ fn open_netns(pid: libc::pid_t) -> io::Result<OwnedFd> {
 fn serve(
     sock: OwnedFd,
     roots: OwnedFd,
+    builds: OwnedFd,
     parent: libc::pid_t,
     agent: AgentEntry,
     cgroups: &CgroupOptions,
@@ -471,7 +510,11 @@ fn serve(
     };
     // The server's channel first: its end is the spawner's end. The root channel may close
     // (its helper gone) without stopping anything else.
-    let mut channels: Vec<(OwnedFd, Role)> = vec![(sock, Role::Server), (roots, Role::Roots)];
+    let mut channels: Vec<(OwnedFd, Role)> = vec![
+        (sock, Role::Server),
+        (roots, Role::Roots),
+        (builds, Role::Builder),
+    ];
     let mut buf = vec![0u8; MAX_MESSAGE];
     'serve: loop {
         let mut fds: Vec<libc::pollfd> = channels
@@ -512,7 +555,7 @@ fn serve(
                         let _ = send_reply(sock, &Reply::ShutDown, &[]);
                         sys::exit_now(0)
                     }
-                    Ok(req) => state.handle(req, fds),
+                    Ok(req) => state.handle(role, req, fds),
                     Err(e) => (
                         Reply::Failed(Failure::new(
                             FailureKind::InvalidSpec,
@@ -550,7 +593,8 @@ fn serve(
 /// What the spawner process holds while it serves.
 struct State<'a> {
     spawner: Spawner,
-    sandboxes: HashMap<String, Sandbox>,
+    /// Each with the channel that made it: only that one destroys it.
+    sandboxes: HashMap<String, (Sandbox, Role)>,
     /// Sandbox processes get it as stdio.
     null: OwnedFd,
     confinement: Option<&'a Confinement>,
@@ -558,7 +602,7 @@ struct State<'a> {
 
 impl State<'_> {
     /// Answers one request (not the shutdown), with the descriptors that go with the reply.
-    fn handle(&mut self, req: Request, mut fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
+    fn handle(&mut self, role: Role, req: Request, mut fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
         let failed = |f: Failure| (Reply::Failed(f), Vec::new());
         match req {
             Request::Create(spec) => {
@@ -586,7 +630,7 @@ impl State<'_> {
                             init_pid: sb.init_pid(),
                             cgroup: sb.cgroup().to_registry(),
                         };
-                        self.sandboxes.insert(sb.id().to_string(), sb);
+                        self.sandboxes.insert(sb.id().to_string(), (sb, role));
                         (reply, vec![conn, netns])
                     }
                     (Some(_), Err(e)) => {
@@ -603,14 +647,19 @@ impl State<'_> {
                 }
             }
             Request::Destroy(id) => match self.sandboxes.remove(&id) {
-                Some(mut sb) => match sb.destroy() {
+                Some((mut sb, owner)) if owner == role => match sb.destroy() {
                     Ok(()) => (Reply::Destroyed, Vec::new()),
                     Err(e) => failed(Failure::from(&e)),
                 },
+                // Another channel's sandbox is as good as missing.
+                Some(other) => {
+                    self.sandboxes.insert(id.clone(), other);
+                    failed(no_sandbox(&id))
+                }
                 None => failed(no_sandbox(&id)),
             },
             Request::FrozenRoot(id) => {
-                let Some(sb) = self.sandboxes.get(&id) else {
+                let Some((sb, _)) = self.sandboxes.get(&id) else {
                     return failed(no_sandbox(&id));
                 };
                 // PID 1 is this process's child until the sandbox is destroyed: its pid
@@ -637,7 +686,7 @@ impl State<'_> {
     /// Destroys every sandbox and drops the spawner (its image mounts go with the last husk
     /// process using them).
     fn shutdown(mut self) {
-        for (_, mut sb) in self.sandboxes.drain() {
+        for (_, (mut sb, _)) in self.sandboxes.drain() {
             let _ = sb.destroy();
         }
         drop(self.spawner);
@@ -655,8 +704,19 @@ mod tests {
     #[test]
     fn each_channel_asks_only_what_its_role_allows() {
         let spec = Box::new(SandboxSpec::new(vec!["/bin/true".into()]));
-        // The server makes and destroys sandboxes, and never gets a root.
+        let mut layered = spec.clone();
+        layered.rootfs = crate::spec::RootSource::Layers {
+            lower: vec!["/l".into()],
+            upper: "/u".into(),
+            work: "/w".into(),
+        };
+        let mut host_net = spec.clone();
+        host_net.network = crate::spec::NetworkMode::Host;
+        // The server makes and destroys sandboxes, never with a build's root or the host's
+        // network, and never gets a root.
         assert!(Role::Server.allows(&Request::Create(spec.clone())));
+        assert!(!Role::Server.allows(&Request::Create(layered.clone())));
+        assert!(!Role::Server.allows(&Request::Create(host_net.clone())));
         assert!(Role::Server.allows(&Request::Destroy("s1".into())));
         assert!(Role::Server.allows(&Request::Shutdown));
         assert!(!Role::Server.allows(&Request::FrozenRoot("s1".into())));
@@ -665,5 +725,11 @@ mod tests {
         assert!(!Role::Roots.allows(&Request::Create(spec)));
         assert!(!Role::Roots.allows(&Request::Destroy("s1".into())));
         assert!(!Role::Roots.allows(&Request::Shutdown));
+        // The builder makes build sandboxes, and cannot stop the spawner or take roots.
+        assert!(Role::Builder.allows(&Request::Create(layered)));
+        assert!(Role::Builder.allows(&Request::Create(host_net)));
+        assert!(Role::Builder.allows(&Request::Destroy("s1".into())));
+        assert!(!Role::Builder.allows(&Request::Shutdown));
+        assert!(!Role::Builder.allows(&Request::FrozenRoot("s1".into())));
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use husk_build::build::{BuildOptions, Builder};
+use husk_build::build::BuildOptions;
 use husk_core::manager::{Config, Manager};
 use husk_core::store::remote::RemoteStore;
 use husk_core::store::Store;
@@ -256,6 +256,17 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(e),
     };
+    // Template builds (contexts, build sandboxes, layers and images) live in the build helper,
+    // with the spawner's build channel and one channel to the state helper.
+    let builds = match husk_build::helper::BuildHelper::start(
+        spawner.take_build_channel(),
+        spawner.pid(),
+        state.take_spare_channel(),
+        BuildOptions::new(&args.state_dir),
+    ) {
+        Ok(b) => Arc::new(b),
+        Err(e) => return fail(e),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -268,6 +279,7 @@ pub fn main(args: ServeArgs) -> i32 {
         ("network", network.pid()),
         ("state", state.pid()),
         ("files", files.pid()),
+        ("build", builds.pid()),
     ];
     let code = runtime.block_on(run(
         args,
@@ -276,6 +288,7 @@ pub fn main(args: ServeArgs) -> i32 {
             spawner: spawner.clone(),
             network: network.clone(),
             files: files.clone(),
+            builds: builds.clone(),
             watched: helpers,
         },
         default_policy,
@@ -286,6 +299,8 @@ pub fn main(args: ServeArgs) -> i32 {
     // host.
     network.shutdown();
     files.shutdown();
+    // Before the state helper, which waits for every channel to it, the build helper's too.
+    builds.shutdown();
     state.shutdown();
     match Arc::try_unwrap(spawner) {
         Ok(s) => {
@@ -332,6 +347,7 @@ struct Helpers {
     spawner: Arc<husk_runtime::service::SpawnerService>,
     network: Arc<husk_net::helper::NetHelper>,
     files: Arc<husk_core::workspaces::remote::RemoteWorkspaces>,
+    builds: Arc<husk_build::helper::BuildHelper>,
     watched: Vec<(&'static str, i32)>,
 }
 
@@ -346,18 +362,13 @@ async fn run(
         spawner,
         network,
         files,
+        builds,
         watched: helpers,
     } = helpers;
     let size = SandboxSize {
         cpu_count: config.limits.cpu_millis.div_ceil(1000).max(1) as u32,
         memory_mb: config.limits.memory_bytes >> 20,
         disk_mb: config.limits.disk_bytes >> 20,
-    };
-    // Builds use the same spawner and store as sandboxes, and the CLI's defaults.
-    let builder = Builder {
-        spawner: spawner.clone(),
-        store: store.clone(),
-        opts: BuildOptions::new(&args.state_dir),
     };
     let manager = match Manager::new(store, spawner, config) {
         Ok(m) => m,
@@ -419,7 +430,7 @@ async fn run(
         Err(e) => return fail(crate::report::chain(&e)),
     };
     let state = AppState::new(manager.clone())
-        .with_templates(TemplateService::new(builder, size))
+        .with_templates(TemplateService::new(builds, size))
         .with_secrets(secrets)
         .with_workspaces(workspaces)
         .with_runs(runs)

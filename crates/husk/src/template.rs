@@ -210,8 +210,16 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
+    // Build sandboxes (a layered root, maybe the host's network) are made on the spawner's
+    // build channel: its main channel refuses them, as a server's does.
+    let Some(build_channel) = spawner.take_build_channel() else {
+        return fail("the spawner's build channel is gone");
+    };
     let builder = Builder {
-        spawner: spawner.clone(),
+        spawner: Arc::new(husk_runtime::service::SpawnerService::client(
+            build_channel,
+            spawner.pid(),
+        )),
         store,
         opts,
     };

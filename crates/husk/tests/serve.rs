@@ -193,14 +193,18 @@ fn the_server_holds_no_state_files_and_stops_when_a_helper_dies() {
             .map(|p| p.display().to_string())
             .collect()
     };
-    for (victim, label) in [("husk-state", "state"), ("husk-files", "files")] {
+    for (victim, label) in [
+        ("husk-state", "state"),
+        ("husk-files", "files"),
+        ("husk-build", "build"),
+    ] {
         let state = TempDir::new("helpers");
         let mut server = Server::start(state.path());
         let key = server.key_for("helpers");
         create(&server, &key);
         let found = server_helpers(server.child().id());
         let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
-        for helper in ["husk-state", "husk-net", "husk-files"] {
+        for helper in ["husk-state", "husk-net", "husk-files", "husk-build"] {
             assert!(names.contains(&helper), "{helper}: {found:?}");
         }
         let state_dir = state.path().display().to_string();

@@ -261,6 +261,8 @@ impl From<WireSecretError> for SecretError {
 pub struct RemoteStore {
     channels: Channels,
     pid: husk_runtime::libc::pid_t,
+    /// One more channel, for another helper ([`Self::take_spare_channel`]).
+    spare: std::sync::Mutex<Option<OwnedFd>>,
 }
 
 fn unexpected(reply: &StateReply) -> StoreError {
@@ -289,7 +291,7 @@ impl RemoteStore {
     pub fn start(
         setup: impl FnOnce() -> Result<(Arc<Store>, Arc<Secrets>), String>,
     ) -> Result<RemoteStore, Failure> {
-        let forked = rt::fork("husk-state", CHANNELS, &[], |channels| {
+        let forked = rt::fork("husk-state", CHANNELS + 1, &[], |channels| {
             let (store, secrets) = match setup() {
                 Ok(x) => x,
                 Err(e) => {
@@ -304,10 +306,28 @@ impl RemoteStore {
             0
         })?;
         rt::await_ready::<()>("state", &forked)?;
+        let mut channels = forked.channels;
+        let spare = channels.pop();
         Ok(RemoteStore {
-            channels: Channels::new("state", forked.channels),
+            channels: Channels::new("state", channels),
             pid: forked.pid,
+            spare: std::sync::Mutex::new(spare),
         })
+    }
+
+    /// One channel to the helper, once: for another helper (the build helper registers the
+    /// templates it builds), which wraps it with [`Self::client`].
+    pub fn take_spare_channel(&self) -> Option<OwnedFd> {
+        self.spare.lock().ok()?.take()
+    }
+
+    /// The store through one channel taken from the server's (in another helper).
+    pub fn client(channel: OwnedFd) -> RemoteStore {
+        RemoteStore {
+            channels: Channels::new("state", vec![channel]),
+            pid: 0,
+            spare: std::sync::Mutex::new(None),
+        }
     }
 
     /// The helper's pid.
@@ -318,7 +338,13 @@ impl RemoteStore {
     /// Stops the helper and waits for it. Blocking. Later calls fail.
     pub fn shutdown(&self) {
         self.channels.close();
-        let _ = husk_runtime::sys::waitpid(self.pid, 0);
+        if let Ok(mut spare) = self.spare.lock() {
+            spare.take();
+        }
+        // A client in another helper has no process of its own to wait for.
+        if self.pid > 0 {
+            let _ = husk_runtime::sys::waitpid(self.pid, 0);
+        }
     }
 
     fn call(&self, req: StateRequest) -> Result<StateReply, StoreError> {
@@ -765,6 +791,7 @@ mod tests {
             remote: Arc::new(RemoteStore {
                 channels: Channels::new("state", ours),
                 pid: 0,
+                spare: std::sync::Mutex::new(None),
             }),
             _dir: dir,
             threads,

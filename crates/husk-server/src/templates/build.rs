@@ -18,30 +18,30 @@
 //! per step, the whole image written at the end) and the layer cache is shared, so running
 //! them one after another costs little and keeps the host predictable.
 //!
-//! The build runs in a task of its own that owns the context directory: a client that goes
-//! away does not stop it; its events are dropped, the template is registered if it succeeds,
-//! and the context is removed either way.
+//! The build runs in the build helper (`super::helper`), which owns the context: a client
+//! that goes away does not stop it; its events are dropped, the template is registered if it
+//! succeeds, and the context is removed either way. The server checks the key and the query,
+//! streams the upload to the helper and the helper's events to the client.
 
-use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use husk_build::build::{BuildOptions, Builder};
-use husk_build::plan::BuildPlan;
-use husk_core::store::Principal;
-use husk_core::template::{summary_json, HOST_TEMPLATE};
-use serde_json::json;
+use tokio::sync::mpsc;
 
-use super::context::{self, ContextDir, ContextError};
-use super::events::Events;
 use super::{require_admin, service, Answer, TemplateService};
 use crate::rest::{error, Who};
 use crate::upload::{self as body, BodyEnd};
 use crate::AppState;
+use husk_build::context;
+use husk_build::helper::BuildError;
+use husk_build::request::parse_query;
+
+/// Chunks of a build's events in flight to a client.
+const EVENT_CHUNKS: usize = 64;
 
 /// The build slot of a server; free again when dropped.
 struct Slot(Arc<TemplateService>);
@@ -61,67 +61,8 @@ impl Drop for Slot {
     }
 }
 
-/// A build request's query, checked.
-struct BuildQuery {
-    name: String,
-    /// The spec inside the archive, relative; `None`: look for the usual names at its top.
-    file: Option<PathBuf>,
-    no_cache: bool,
-    build_args: Vec<(String, String)>,
-}
-
 fn bad(msg: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, msg)
-}
-
-fn parse_query(q: &[(String, String)]) -> Result<BuildQuery, Response> {
-    let mut out = BuildQuery {
-        name: String::new(),
-        file: None,
-        no_cache: false,
-        build_args: Vec::new(),
-    };
-    for (k, v) in q {
-        match k.as_str() {
-            "name" => out.name = v.clone(),
-            "file" => {
-                let p = Path::new(v);
-                let plain =
-                    !v.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)));
-                if !plain {
-                    return Err(bad(format!(
-                        "file must be a relative path inside the archive without '..' (got {v:?})"
-                    )));
-                }
-                out.file = Some(p.to_path_buf());
-            }
-            "no_cache" => {
-                out.no_cache = match v.as_str() {
-                    "true" | "1" | "" => true,
-                    "false" | "0" => false,
-                    _ => return Err(bad(format!("no_cache must be true or false (got {v:?})"))),
-                }
-            }
-            "build_arg" => match v.split_once('=') {
-                Some((k, v)) if !k.is_empty() => out.build_args.push((k.into(), v.into())),
-                _ => return Err(bad(format!("invalid build_arg {v:?}: expected KEY=VALUE"))),
-            },
-            other => return Err(bad(format!("unknown query parameter '{other}'"))),
-        }
-    }
-    if out.name.is_empty() {
-        return Err(bad("name is required: POST /husk/v1/templates?name=NAME"));
-    }
-    if !husk_build::spec::valid_template_name(&out.name) {
-        return Err(bad(format!(
-            "invalid template name {:?}: use 1-63 characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
-            out.name
-        )));
-    }
-    if out.name == HOST_TEMPLATE {
-        return Err(bad("the name `host` is reserved for the host template"));
-    }
-    Ok(out)
 }
 
 pub async fn create(
@@ -138,69 +79,30 @@ pub async fn create(
             form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
                 .into_owned()
                 .collect();
-        let query = parse_query(&pairs)?;
+        parse_query(&pairs).map_err(bad)?;
         let svc = service(&state)?.clone();
         let slot = Slot::take(&svc)
             .ok_or_else(|| error(StatusCode::CONFLICT, "a template build is already running"))?;
-        Ok::<_, Response>((who, query, svc, slot))
+        Ok::<_, Response>((who, pairs, svc, slot))
     })();
-    let (who, query, svc, slot) = match checked {
+    let (who, pairs, svc, slot) = match checked {
         Ok(c) => c,
         Err(resp) => {
             body::drain(&headers, body).await;
             return Err(resp);
         }
     };
-    let (ctx, plan) = receive(&svc, body, &query).await?;
-    let events = Arc::new(Events::new());
-    let rx = events.take_receiver();
-    tokio::spawn(run(svc, slot, ctx, plan, query, who, events));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|line| (Ok::<_, std::convert::Infallible>(line), rx))
-    });
-    let mut resp = Body::from_stream(stream).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    Ok(resp)
-}
-
-/// Unpacks the uploaded context and parses its spec. The context directory is owned by the
-/// blocking task until it returns it, so it is removed however the request ends.
-async fn receive(
-    svc: &TemplateService,
-    body: Body,
-    query: &BuildQuery,
-) -> Result<(ContextDir, (BuildPlan, PathBuf)), Response> {
+    // The context goes to the helper as it arrives; the helper unpacks it and parses the
+    // spec before the build starts (a bad one is a status code, not a stream).
     let (tx, reader) = body::body_channel();
-    let state_dir = svc.proto.opts.state_dir.clone();
-    let (file, build_args) = (query.file.clone(), query.build_args.clone());
-    let unpacking = tokio::task::spawn_blocking(move || {
-        let ctx = ContextDir::create(&state_dir).map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("creating a build context directory: {e}"),
-            )
-        })?;
-        context::unpack(reader, ctx.path()).map_err(|e| match e {
-            ContextError::Refused(m) => bad(m),
-            ContextError::TooLarge(m) => error(StatusCode::PAYLOAD_TOO_LARGE, m),
-            e @ ContextError::Io { .. } => error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("unpacking the build context: {e}"),
-            ),
-        })?;
-        let plan = load(&ctx, file.as_deref(), &build_args)?;
-        Ok::<_, Response>((ctx, plan))
-    });
-    let (end, unpacked) = tokio::join!(body::pump(body, tx, context::MAX_CONTEXT_BYTES), unpacking);
-    let unpacked = unpacked.map_err(|e| {
+    let helper = svc.helper.clone();
+    let starting =
+        tokio::task::spawn_blocking(move || helper.start_build(&pairs, &who.key_id, reader));
+    let (end, started) = tokio::join!(body::pump(body, tx, context::MAX_CONTEXT_BYTES), starting);
+    let started = started.map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unpacking the build context: {e}"),
+            format!("starting the build: {e}"),
         )
     })?;
     match end {
@@ -216,108 +118,44 @@ async fn receive(
         BodyEnd::Stalled(s) => return Err(error(StatusCode::REQUEST_TIMEOUT, s.to_string())),
         BodyEnd::Complete | BodyEnd::Failed => {}
     }
-    unpacked
-}
-
-/// The plan of the spec in `ctx` and its path in the archive: at `file`, else the first of
-/// `husk.toml`, `e2b.Dockerfile` and `Dockerfile` at the archive's top.
-fn load(
-    ctx: &ContextDir,
-    file: Option<&Path>,
-    build_args: &[(String, String)],
-) -> Result<(BuildPlan, PathBuf), Response> {
-    let rel = match file {
-        Some(f) => f.to_path_buf(),
-        None => ["husk.toml", "e2b.Dockerfile", "Dockerfile"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|n| ctx.path().join(n).is_file())
-            .ok_or_else(|| {
-                bad("the archive has no husk.toml, e2b.Dockerfile or Dockerfile at its top (name the spec with file=PATH)")
-            })?,
-    };
-    let path = ctx.path().join(&rel);
-    if !path.is_file() {
-        return Err(bad(format!("the archive has no file {}", rel.display())));
-    }
-    let plan = husk_build::spec::load(&path, build_args).map_err(|e| bad(e.to_string()))?;
-    Ok((plan, rel))
-}
-
-async fn run(
-    svc: Arc<TemplateService>,
-    slot: Slot,
-    ctx: ContextDir,
-    (plan, spec): (BuildPlan, PathBuf),
-    query: BuildQuery,
-    who: Principal,
-    events: Arc<Events>,
-) {
-    let builder = Builder {
-        spawner: svc.proto.spawner.clone(),
-        store: svc.proto.store.clone(),
-        opts: BuildOptions {
-            no_cache: query.no_cache,
-            ..svc.proto.opts.clone()
-        },
-    };
-    let source = format!("upload:{}", spec.display());
-    tracing::info!(template = %query.name, key = %who.key_id, %source, "template build started");
-    let last = match builder.build(&plan, &query.name, &source, &*events).await {
-        Ok(rec) => {
-            tracing::info!(template = %rec.name, digest = %rec.digest, "template built");
-            json!({"type": "done", "template": summary_json(&rec)})
+    let running = started.map_err(refusal)?;
+    let (events_tx, mut events_rx) = mpsc::channel::<Bytes>(EVENT_CHUNKS);
+    // The helper's events to the client, as they come; a client that goes away stops
+    // nothing but this forwarding (the rest is read and dropped). The slot is free once the
+    // build is over.
+    tokio::task::spawn_blocking(move || {
+        let done = running.forward(|chunk| events_tx.blocking_send(Bytes::from(chunk)).is_ok());
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "the build helper's answer");
         }
-        Err(e) => {
-            tracing::info!(template = %query.name, error = %e, "template build failed");
-            json!({"type": "error", "message": e.to_string()})
-        }
-    };
-    events.finish(last).await;
-    // The context may be large: removed off the async threads.
-    let _ = tokio::task::spawn_blocking(move || drop(ctx)).await;
-    drop(slot);
+        drop(slot);
+    });
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        events_rx
+            .poll_recv(cx)
+            .map(|c| c.map(Ok::<_, std::convert::Infallible>))
+    });
+    let mut resp = Body::from_stream(stream).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(resp)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn queries_are_checked() {
-        let q = |s: &[(&str, &str)]| {
-            parse_query(
-                &s.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let ok = q(&[
-            ("name", "py"),
-            ("file", "sub/Dockerfile"),
-            ("build_arg", "A=1=2"),
-            ("no_cache", "true"),
-        ])
-        .ok()
-        .unwrap();
-        assert_eq!(ok.build_args, vec![("A".into(), "1=2".into())]);
-        assert!(ok.no_cache);
-        for bad in [
-            &[("file", "x")][..],
-            &[("name", "host")],
-            &[("name", "Bad")],
-            &[("name", "a"), ("file", "../x")],
-            &[("name", "a"), ("file", "/x")],
-            &[("name", "a"), ("build_arg", "=x")],
-            &[("name", "a"), ("no_cache", "maybe")],
-            &[("name", "a"), ("nme", "b")],
-        ] {
-            let r = q(bad);
-            assert_eq!(
-                r.err().map(|r| r.status()),
-                Some(StatusCode::BAD_REQUEST),
-                "{bad:?}"
-            );
+/// The client's answer to a build the helper did not start.
+pub(super) fn refusal(e: BuildError) -> Response {
+    match e {
+        BuildError::Refused { status, message } => error(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            message,
+        ),
+        BuildError::Helper(h) => {
+            let status = match h {
+                husk_core::store::HelperError::Gone(_) => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(status, h.to_string())
         }
     }
 }

@@ -10,8 +10,6 @@
 #![allow(clippy::result_large_err)]
 
 mod build;
-mod context;
-mod events;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -21,7 +19,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use husk_build::build::Builder;
 use husk_core::manager::ENVD_VERSION;
 use husk_core::store::{Principal, Store, TemplateRecord};
 use husk_core::template::{summary_json, BASE_TEMPLATE, HOST_TEMPLATE};
@@ -32,14 +29,7 @@ use crate::error::answer;
 use crate::rest::{error, Who};
 use crate::AppState;
 
-pub use context::{MAX_CONTEXT_BYTES, MAX_CONTEXT_ENTRIES};
-
-/// The unpacker of uploaded build contexts (hostile tar archives), for husk's fuzz targets
-/// (`fuzz/`). Not an API.
-#[doc(hidden)]
-pub mod fuzzing {
-    pub use super::context::{unpack, ContextError};
-}
+pub use husk_build::context::{MAX_CONTEXT_BYTES, MAX_CONTEXT_ENTRIES};
 
 type Answer = Result<Response, Response>;
 
@@ -61,11 +51,10 @@ impl Default for SandboxSize {
     }
 }
 
-/// What template management needs beyond the manager: a builder (the spawner, the store and
-/// the build options every build starts from) and the sandboxes' size.
+/// What template management needs beyond the manager: the build helper (builds and
+/// removals) and the sandboxes' size.
 pub struct TemplateService {
-    /// Cloned per build (its own `no_cache`); never run itself.
-    proto: Builder,
+    helper: Arc<husk_build::helper::BuildHelper>,
     size: SandboxSize,
     /// Set while a build runs: one at a time per server (see [`build`]).
     building: AtomicBool,
@@ -74,12 +63,9 @@ pub struct TemplateService {
 }
 
 impl TemplateService {
-    /// Removes build contexts a previous run of the server left behind (it was killed
-    /// mid-build): one server per state directory, so none of them is in use.
-    pub fn new(proto: Builder, size: SandboxSize) -> TemplateService {
-        let _ = std::fs::remove_dir_all(context::contexts_dir(&proto.opts.state_dir));
+    pub fn new(helper: Arc<husk_build::helper::BuildHelper>, size: SandboxSize) -> TemplateService {
         TemplateService {
-            proto,
+            helper,
             size,
             building: AtomicBool::new(false),
             started_at: OffsetDateTime::now_utc(),
@@ -185,11 +171,19 @@ async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<S
             "the host template is built in and cannot be removed",
         ));
     }
-    let svc = service(&state)?;
-    let store = state.manager.store();
-    match store.delete_template(&name).map_err(answer)? {
-        Some(old) => {
-            husk_build::image::release(store, &svc.proto.opts.run_dir, &old);
+    let helper = service(&state)?.helper.clone();
+    let removing = name.clone();
+    let removed = tokio::task::spawn_blocking(move || helper.remove(&removing))
+        .await
+        .map_err(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("removing the template: {e}"),
+            )
+        })?
+        .map_err(build::refusal)?;
+    match removed {
+        Some(_) => {
             tracing::info!(template = %name, key = %who.key_id, "template removed");
             Ok(StatusCode::NO_CONTENT.into_response())
         }

@@ -1,12 +1,13 @@
 //! A build's progress as NDJSON lines for the response body (the event shapes are listed in
-//! [`super::build`]).
+//! `husk-server`'s `templates/build.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use axum::body::Bytes;
-use husk_build::oci::PullProgress;
-use husk_build::{Progress, StepOutcome};
+use bytes::Bytes;
+
+use crate::oci::PullProgress;
+use crate::{Progress, StepOutcome};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -47,6 +48,12 @@ fn dropped_note(n: u64) -> Bytes {
         "type": "log",
         "data": format!("\n[husk: {n} bytes of build output dropped: the client reads too slowly]\n"),
     }))
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events::new()
+    }
 }
 
 impl Events {

@@ -1,0 +1,644 @@
+//! The build helper: the process that builds templates (unpacks uploaded contexts, parses
+//! their specs, runs build steps in sandboxes with a layered root and, where a step asks, the
+//! host's network, writes layers and images under `STATE_DIR/templates`) and removes them;
+//! and the server's side of it ([`BuildHelper`]).
+//!
+//! `husk serve` forks it before any thread (`husk_runtime::helper`) with two channels of other
+//! processes: the spawner's build channel (the only one whose sandboxes may get a build's
+//! root or the host's network; the server's channel is refused both) and one channel to the
+//! state helper (to register what it built). It runs its own async runtime.
+//!
+//! A build is one call of several frames: [`BuildRequest::Build`] with the read end of a pipe
+//! that carries the context archive as chunks (`husk_runtime::helper::ChunkWriter`: a context
+//! whose upload broke off is refused, never built short); the helper unpacks it and parses
+//! the spec, then answers [`BuildReply::Started`] with the read end of a pipe of the build's
+//! NDJSON events (or [`BuildReply::Refused`] with the status the client gets), and, once the
+//! build is over and its last event written, [`BuildReply::Finished`]. The query is parsed
+//! again in the helper with the server's own check: it is hostile there.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use crate::build::{BuildOptions, Builder};
+use husk_core::store::remote::RemoteStore;
+use husk_core::store::{Store, TemplateRecord};
+use husk_core::template::{summary_json, HOST_TEMPLATE};
+use husk_runtime::failure::{Failure, FailureKind};
+use husk_runtime::helper::{self as rt, Channels, ChunkReader, ChunkWriter, HelperError, Lent};
+use husk_runtime::service::SpawnerService;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::context::{self, ContextDir, ContextError};
+use crate::events::Events;
+use crate::request::{load, parse_query};
+
+/// Channels to the build helper: a build (one at a time per server) and removals beside it.
+const CHANNELS: usize = 3;
+
+/// Bytes moved per chunk of a context upload, and per read of the events.
+const CHUNK: usize = 128 << 10;
+
+/// What the server asks the build helper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BuildRequest {
+    /// A build from the context that comes through the pipe passed with it; `query` is the
+    /// request's query as pairs, `key` the id of the key that asked (for the log).
+    Build {
+        query: Vec<(String, String)>,
+        key: String,
+    },
+    /// Unregister template `name` and release its image.
+    Remove { name: String },
+}
+
+/// The build helper's answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BuildReply {
+    /// The build runs; its events come through the pipe passed with this reply.
+    Started,
+    /// The build's last event is written.
+    Finished,
+    /// Refused before it started: the HTTP status and the message.
+    Refused {
+        status: u16,
+        message: String,
+    },
+    /// What was removed (`None`: no such template).
+    Removed(Option<Box<TemplateRecord>>),
+    Failed(Failure),
+}
+
+/// Why the build helper did not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The answer the client gets (a bad archive or spec, a reserved name).
+    #[error("{message}")]
+    Refused { status: u16, message: String },
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}
+
+/// The server's side of the build helper.
+#[derive(Debug)]
+pub struct BuildHelper {
+    channels: Arc<Channels>,
+    pid: husk_runtime::libc::pid_t,
+}
+
+/// A build that runs in the helper: its events, then the helper's last word.
+pub struct RunningBuild {
+    // Dropped first: the helper's writes then fail, and its answer is read when the channel
+    // goes back.
+    events: File,
+    lent: Lent<Arc<Channels>>,
+}
+
+impl RunningBuild {
+    /// Gives every chunk of the build's events to `each` until the build is over; `each`
+    /// answers false once nobody reads them (the rest is read and dropped: the build goes on
+    /// without its client). Blocking.
+    pub fn forward(mut self, mut each: impl FnMut(Vec<u8>) -> bool) -> Result<(), BuildError> {
+        let mut listening = true;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match self.events.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if listening {
+                        listening = each(buf[..n].to_vec());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        match self.lent.recv::<BuildReply>()?.0 {
+            BuildReply::Finished => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(reply: &BuildReply) -> BuildError {
+    BuildError::Helper(HelperError::Protocol {
+        helper: "build",
+        message: format!("unexpected answer {reply:?}"),
+    })
+}
+
+impl BuildHelper {
+    /// Forks the build helper with the spawner's build channel and a channel to the state
+    /// helper; builds start from `opts`. The process must be single-threaded.
+    pub fn start(
+        spawner: Option<OwnedFd>,
+        spawner_pid: husk_runtime::libc::pid_t,
+        state: Option<OwnedFd>,
+        opts: BuildOptions,
+    ) -> Result<BuildHelper, Failure> {
+        let (Some(spawner), Some(state)) = (spawner, state) else {
+            return Err(Failure::new(
+                FailureKind::Internal,
+                "the build helper needs the spawner's build channel and a state channel",
+            ));
+        };
+        let keep = [spawner.as_raw_fd(), state.as_raw_fd()];
+        let forked = rt::fork("husk-build", CHANNELS, &keep, move |channels| {
+            run(channels, spawner, spawner_pid, state, opts)
+        })?;
+        rt::await_ready::<()>("build", &forked)?;
+        Ok(BuildHelper {
+            channels: Arc::new(Channels::new("build", forked.channels)),
+            pid: forked.pid,
+        })
+    }
+
+    pub fn pid(&self) -> husk_runtime::libc::pid_t {
+        self.pid
+    }
+
+    /// Stops the helper (a build in progress first ends) and waits for it. Blocking.
+    pub fn shutdown(&self) {
+        self.channels.close();
+        if self.pid > 0 {
+            let _ = husk_runtime::sys::waitpid(self.pid, 0);
+        }
+    }
+
+    /// Starts a build from the context `reader` gives (read to its end, or until the helper
+    /// refuses it). Blocking. A `reader` that fails leaves the upload without its end: the
+    /// helper refuses the context.
+    pub fn start_build(
+        &self,
+        query: &[(String, String)],
+        key: &str,
+        mut reader: impl Read,
+    ) -> Result<RunningBuild, BuildError> {
+        let req = BuildRequest::Build {
+            query: query.to_vec(),
+            key: key.to_owned(),
+        };
+        let (theirs, ours) = husk_runtime::sys::pipe().map_err(pipe_failed)?;
+        let mut lent = self.channels.clone().lend_owned()?;
+        lent.send(&req, Some(theirs.as_fd()))?;
+        drop(theirs);
+        let mut out = ChunkWriter::new(File::from(ours));
+        let mut buf = vec![0u8; CHUNK];
+        let mut whole = true;
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break,
+                // A broken pipe: the helper stopped reading; its answer says why.
+                Ok(n) => {
+                    if out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if whole {
+            let _ = out.finish();
+        } else {
+            drop(out);
+        }
+        let (reply, fd) = lent.recv_more::<BuildReply>()?;
+        match (reply, fd) {
+            (BuildReply::Started, Some(events)) => Ok(RunningBuild {
+                events: File::from(events),
+                lent,
+            }),
+            (other, _) => {
+                lent.settled();
+                match other {
+                    BuildReply::Refused { status, message } => {
+                        Err(BuildError::Refused { status, message })
+                    }
+                    BuildReply::Failed(f) => Err(BuildError::Helper(HelperError::Failed(f))),
+                    other => Err(unexpected(&other)),
+                }
+            }
+        }
+    }
+
+    /// Unregisters template `name` and releases its image (sandboxes running from it keep
+    /// their mount); `None` when there is no such template. Blocking.
+    pub fn remove(&self, name: &str) -> Result<Option<TemplateRecord>, BuildError> {
+        let req = BuildRequest::Remove { name: name.into() };
+        match self.channels.call::<_, BuildReply>(&req, None)?.0 {
+            BuildReply::Removed(r) => Ok(r.map(|b| *b)),
+            BuildReply::Refused { status, message } => Err(BuildError::Refused { status, message }),
+            BuildReply::Failed(f) => Err(BuildError::Helper(HelperError::Failed(f))),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn pipe_failed(e: io::Error) -> BuildError {
+    BuildError::Helper(HelperError::Failed(Failure::new(
+        FailureKind::Internal,
+        format!("a pipe to the build helper: {e}"),
+    )))
+}
+
+/// What the helper builds with.
+struct Served {
+    runtime: tokio::runtime::Runtime,
+    /// Cloned per build (its own `no_cache`).
+    proto: Builder,
+}
+
+/// The helper's body: its runtime, its builder, then the channels until the server closes
+/// them.
+fn run(
+    channels: Vec<OwnedFd>,
+    spawner: OwnedFd,
+    spawner_pid: husk_runtime::libc::pid_t,
+    state: OwnedFd,
+    opts: BuildOptions,
+) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("husk-build")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let f = Failure::new(
+                FailureKind::Host,
+                format!("the build helper's runtime: {e}"),
+            );
+            let _ = rt::ready::<()>(&channels, &Err(f));
+            return 1;
+        }
+    };
+    // Contexts a previous run left behind (it was killed mid-build): one server per state
+    // directory, so none of them is in use.
+    let _ = std::fs::remove_dir_all(context::contexts_dir(&opts.state_dir));
+    let proto = Builder {
+        spawner: Arc::new(SpawnerService::client(spawner, spawner_pid)),
+        store: Arc::new(Store::remote(Arc::new(RemoteStore::client(state)))),
+        opts,
+    };
+    if rt::ready(&channels, &Ok(())).is_err() {
+        return 1;
+    }
+    let served = Served { runtime, proto };
+    std::thread::scope(|s| {
+        for ch in channels {
+            let served = &served;
+            let _ = std::thread::Builder::new()
+                .name("husk-build".into())
+                .spawn_scoped(s, move || serve_channel(ch, served));
+        }
+    });
+    0
+}
+
+fn serve_channel(sock: OwnedFd, served: &Served) {
+    loop {
+        let (reply, fd) = match rt::recv::<BuildRequest>(sock.as_fd()) {
+            Ok(None) => return,
+            Ok(Some((req, fd))) => handle(served, req, fd, sock.as_fd()),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => (
+                BuildReply::Failed(Failure::new(
+                    FailureKind::InvalidSpec,
+                    format!("bad request: {e}"),
+                )),
+                None,
+            ),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        if rt::send(sock.as_fd(), &reply, fd.as_ref().map(|f| f.as_fd())).is_err() {
+            return;
+        }
+    }
+}
+
+fn refused(status: u16, message: impl Into<String>) -> (BuildReply, Option<OwnedFd>) {
+    (
+        BuildReply::Refused {
+            status,
+            message: message.into(),
+        },
+        None,
+    )
+}
+
+fn handle(
+    served: &Served,
+    req: BuildRequest,
+    fd: Option<OwnedFd>,
+    sock: BorrowedFd<'_>,
+) -> (BuildReply, Option<OwnedFd>) {
+    match (req, fd) {
+        (BuildRequest::Build { query, key }, Some(pipe)) => build(served, &query, &key, pipe, sock),
+        (BuildRequest::Remove { name }, None) => remove(served, &name),
+        (_, _) => (
+            BuildReply::Failed(Failure::new(
+                FailureKind::InvalidSpec,
+                "a build comes with its context's pipe, a removal with no descriptor",
+            )),
+            None,
+        ),
+    }
+}
+
+fn remove(served: &Served, name: &str) -> (BuildReply, Option<OwnedFd>) {
+    if name == HOST_TEMPLATE {
+        return refused(400, "the host template is built in and cannot be removed");
+    }
+    let store = &served.proto.store;
+    match store.delete_template(name) {
+        Ok(Some(old)) => {
+            crate::image::release(store, &served.proto.opts.run_dir, &old);
+            (BuildReply::Removed(Some(Box::new(old))), None)
+        }
+        Ok(None) => (BuildReply::Removed(None), None),
+        Err(e) => (
+            BuildReply::Failed(Failure::new(
+                FailureKind::Internal,
+                husk_core::error_chain(&e),
+            )),
+            None,
+        ),
+    }
+}
+
+/// Unpacks the context, parses the spec, says the build started (with the events' pipe),
+/// runs it to its end whatever becomes of the client, and removes the context.
+fn build(
+    served: &Served,
+    query: &[(String, String)],
+    key: &str,
+    pipe: OwnedFd,
+    sock: BorrowedFd<'_>,
+) -> (BuildReply, Option<OwnedFd>) {
+    let q = match parse_query(query) {
+        Ok(q) => q,
+        Err(m) => return refused(400, m),
+    };
+    let state_dir = served.proto.opts.state_dir.clone();
+    let ctx = match ContextDir::create(&state_dir) {
+        Ok(c) => c,
+        Err(e) => return refused(500, format!("creating a build context directory: {e}")),
+    };
+    if let Err(e) = context::unpack(ChunkReader::new(File::from(pipe)), ctx.path()) {
+        return match e {
+            ContextError::Refused(m) => refused(400, m),
+            ContextError::TooLarge(m) => refused(413, m),
+            e @ ContextError::Io { .. } => {
+                refused(500, format!("unpacking the build context: {e}"))
+            }
+        };
+    }
+    let (plan, spec) = match load(&ctx, q.file.as_deref(), &q.build_args) {
+        Ok(p) => p,
+        Err(m) => return refused(400, m),
+    };
+    let (events_r, events_w) = match husk_runtime::sys::pipe() {
+        Ok(p) => p,
+        Err(e) => return refused(500, format!("a pipe for the build's events: {e}")),
+    };
+    if rt::send(sock, &BuildReply::Started, Some(events_r.as_fd())).is_err() {
+        // The server is gone; nothing would read the events.
+        return (
+            BuildReply::Failed(Failure::new(FailureKind::Internal, "channel closed")),
+            None,
+        );
+    }
+    drop(events_r);
+    let events = Arc::new(Events::new());
+    let mut rx = events.take_receiver();
+    // The events go out through the pipe as the server reads them; a server that stops
+    // reading breaks the pipe, and the rest is dropped (the build goes on).
+    let writer = std::thread::Builder::new()
+        .name("husk-build-events".into())
+        .spawn(move || {
+            let mut out = File::from(events_w);
+            let mut open = true;
+            while let Some(line) = rx.blocking_recv() {
+                if open && out.write_all(&line).is_err() {
+                    open = false;
+                }
+            }
+        });
+    let builder = Builder {
+        spawner: served.proto.spawner.clone(),
+        store: served.proto.store.clone(),
+        opts: BuildOptions {
+            no_cache: q.no_cache,
+            ..served.proto.opts.clone()
+        },
+    };
+    let source = format!("upload:{}", spec.display());
+    tracing::info!(template = %q.name, key = %key, %source, "template build started");
+    served.runtime.block_on(async {
+        let last = match builder.build(&plan, &q.name, &source, &*events).await {
+            Ok(rec) => {
+                tracing::info!(template = %rec.name, digest = %rec.digest, "template built");
+                json!({"type": "done", "template": summary_json(&rec)})
+            }
+            Err(e) => {
+                tracing::info!(template = %q.name, error = %e, "template build failed");
+                json!({"type": "error", "message": e.to_string()})
+            }
+        };
+        events.finish(last).await;
+    });
+    // The last sender goes: the writer ends once it wrote everything.
+    drop(events);
+    if let Ok(w) = writer {
+        let _ = w.join();
+    }
+    drop(ctx);
+    (BuildReply::Finished, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build helper served on threads of this process over a store in memory and a spawner
+    /// channel nobody answers (these tests never reach a build step); and the server's side.
+    struct Pair {
+        helper: BuildHelper,
+        state_dir: std::path::PathBuf,
+        threads: Vec<std::thread::JoinHandle<()>>,
+        _spawner: OwnedFd,
+    }
+
+    impl Drop for Pair {
+        fn drop(&mut self) {
+            self.helper.channels.close();
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
+    }
+
+    fn pair(tag: &str) -> Pair {
+        let state_dir =
+            std::env::temp_dir().join(format!("husk-build-helper-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let (ours, theirs) = husk_runtime::sys::seqpacket_pair().unwrap();
+        let served = Arc::new(Served {
+            runtime: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap(),
+            proto: Builder {
+                spawner: Arc::new(SpawnerService::client(theirs, 0)),
+                store: Arc::new(Store::open_in_memory().unwrap()),
+                opts: BuildOptions::new(&state_dir),
+            },
+        });
+        let mut channels = Vec::new();
+        let mut threads = Vec::new();
+        for _ in 0..2 {
+            let (a, b) = husk_runtime::sys::stream_pair().unwrap();
+            channels.push(a);
+            let served = served.clone();
+            threads.push(std::thread::spawn(move || serve_channel(b, &served)));
+        }
+        Pair {
+            helper: BuildHelper {
+                channels: Arc::new(Channels::new("build", channels)),
+                pid: 0,
+            },
+            state_dir,
+            threads,
+            _spawner: ours,
+        }
+    }
+
+    fn tar(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn query(name: &str) -> Vec<(String, String)> {
+        vec![("name".to_string(), name.to_string())]
+    }
+
+    /// A reader that gives some bytes of an archive and then fails, as a client that broke off.
+    struct Breaks(Vec<u8>, usize);
+
+    impl Read for Breaks {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.1 >= self.0.len() / 2 {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "client gone",
+                ));
+            }
+            let n = buf.len().min(self.0.len() / 2 - self.1);
+            buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+            self.1 += n;
+            Ok(n)
+        }
+    }
+
+    fn refused(r: Result<RunningBuild, BuildError>) -> (u16, String) {
+        match r {
+            Err(BuildError::Refused { status, message }) => (status, message),
+            Err(e) => panic!("not refused: {e}"),
+            Ok(_) => panic!("the build started"),
+        }
+    }
+
+    fn contexts_left(p: &Pair) -> usize {
+        std::fs::read_dir(context::contexts_dir(&p.state_dir)).map_or(0, |d| d.count())
+    }
+
+    #[test]
+    fn what_is_not_a_build_is_refused_with_the_clients_status_and_leaves_nothing() {
+        let p = pair("refused");
+        let good = tar(&[("husk.toml", b"[template]\nfrom = \"debian:bookworm\"\n")]);
+        // The query is checked again in the helper.
+        for q in [
+            vec![],
+            query("Bad Name"),
+            query("host"),
+            vec![
+                ("name".to_string(), "ok".to_string()),
+                ("file".to_string(), "../x".to_string()),
+            ],
+        ] {
+            let (status, m) = refused(p.helper.start_build(&q, "k1", &good[..]));
+            assert_eq!(status, 400, "{q:?}: {m}");
+        }
+        // Not an archive; no spec in it; a spec that does not parse.
+        let (status, m) = refused(p.helper.start_build(&query("t"), "k1", &b"not a tar"[..]));
+        assert_eq!(status, 400, "{m}");
+        let none = tar(&[("README", b"hi")]);
+        let (status, m) = refused(p.helper.start_build(&query("t"), "k1", &none[..]));
+        assert_eq!(status, 400, "{m}");
+        assert!(m.contains("no husk.toml"), "{m}");
+        let broken = tar(&[("Dockerfile", b"FROM\nWHAT IS THIS\n")]);
+        let (status, m) = refused(p.helper.start_build(&query("t"), "k1", &broken[..]));
+        assert_eq!(status, 400, "{m}");
+        // An upload that broke off is not unpacked short: refused, and gone.
+        let (status, m) = refused(
+            p.helper
+                .start_build(&query("t"), "k1", Breaks(good.clone(), 0)),
+        );
+        assert_eq!(status, 400, "{m}");
+        assert!(m.contains("broke off"), "{m}");
+        assert_eq!(contexts_left(&p), 0);
+        // Removals: the host template is not removable; an unknown one is not found.
+        let e = p.helper.remove("host").unwrap_err();
+        assert!(matches!(e, BuildError::Refused { status: 400, .. }), "{e}");
+        assert!(p.helper.remove("nothing").unwrap().is_none());
+    }
+
+    #[test]
+    fn hostile_requests_are_answered_and_the_channel_goes_on() {
+        let p = pair("hostile");
+        // A build without its context's pipe, a removal with a descriptor.
+        let req = BuildRequest::Build {
+            query: query("t"),
+            key: "k".into(),
+        };
+        let (reply, _) = p.helper.channels.call::<_, BuildReply>(&req, None).unwrap();
+        assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
+        let (r, _w) = husk_runtime::sys::pipe().unwrap();
+        let req = BuildRequest::Remove { name: "x".into() };
+        let (reply, _) = p
+            .helper
+            .channels
+            .call::<_, BuildReply>(&req, Some(r.as_fd()))
+            .unwrap();
+        assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
+        // Bytes that are no request.
+        let (reply, _) = p
+            .helper
+            .channels
+            .call::<_, BuildReply>(&[0xffu8; 7], None)
+            .unwrap();
+        assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
+        assert!(p.helper.remove("nothing").unwrap().is_none());
+        p.helper.channels.close();
+        let e = p.helper.remove("nothing").unwrap_err();
+        assert!(
+            matches!(e, BuildError::Helper(HelperError::Gone("build"))),
+            "{e}"
+        );
+    }
+}
