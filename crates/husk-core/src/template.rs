@@ -5,20 +5,18 @@
 //! means the built template of that name once there is one, and the host template until then
 //! (so the E2B SDKs' default works on a fresh install).
 //!
-//! An image is checked before use: its size at every creation (by the runtime), and its
-//! content (SHA-256 against the registered digest) once per file identity (device, inode,
-//! size, change time): the check is remembered in memory and in a root-only marker in husk's
-//! runtime directory, and done again whenever the file changes. A damaged or missing image
-//! is a clear error, never a sandbox with half a root file system.
+//! An image is checked before use by the spawner that mounts it
+//! (`husk_runtime::images::Verifier`): its size at every creation, and its content (SHA-256
+//! against the registered digest) once per file identity (device, inode, size, change time):
+//! the check is remembered in memory and in a root-only marker in husk's runtime directory,
+//! and done again whenever the file changes. A damaged or missing image is a clear error,
+//! never a sandbox with half a root file system.
 
-use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use husk_runtime::RootSource;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::store::{Store, StoreError, TemplateRecord};
 
@@ -40,16 +38,6 @@ pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter";
 pub enum TemplateError {
     #[error("template '{0}' not found")]
     NotFound(String),
-    #[error(
-        "template '{name}' is damaged: its image {path} does not match its digest \
-         (expected {expected}, found {found}); rebuild the template"
-    )]
-    Corrupt {
-        name: String,
-        path: PathBuf,
-        expected: String,
-        found: String,
-    },
     #[error("template '{name}': {source}")]
     Image {
         name: String,
@@ -58,13 +46,6 @@ pub enum TemplateError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("template '{name}': reading {path}: {source}")]
-    Io {
-        name: String,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Defaults a template gives its sandboxes (a create request's own values win).
@@ -150,81 +131,27 @@ pub fn summary_json(t: &TemplateRecord) -> serde_json::Value {
 
 /// `sha256:<hex>` of a file's content.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match f.read(&mut buf)? {
-            0 => break,
-            n => h.update(&buf[..n]),
-        }
-    }
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+    husk_runtime::images::sha256_file(path)
 }
 
-/// The file identity an image's verification is remembered for: device, inode, size, and the
-/// change time, which every write updates and no caller can set back.
-type FileId = (u64, u64, u64, i64, i64);
-
-fn file_id(path: &Path) -> std::io::Result<FileId> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
-}
-
-/// Where a successful check of the image with `digest` is recorded for other processes (a
-/// one-shot `husk run` should not hash hundreds of megabytes each time). In husk's runtime
-/// directory, which only root can write.
-fn marker_path(digest: &str) -> Option<PathBuf> {
-    let run_dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR);
-    let mp = husk_runtime::images::mount_point(run_dir, digest).ok()?;
-    Some(mp.with_extension("verified"))
-}
-
-fn marker_text(id: &FileId, path: &Path, digest: &str) -> String {
-    format!("{id:?} {} {digest}\n", path.display())
-}
-
-fn marker_matches(id: &FileId, path: &Path, digest: &str) -> bool {
-    marker_path(digest)
-        .and_then(|m| std::fs::read_to_string(m).ok())
-        .is_some_and(|t| t == marker_text(id, path, digest))
-}
-
-/// Records a successful check (best effort: without it the next process hashes again).
-fn write_marker(id: &FileId, path: &Path, digest: &str) {
-    let Some(m) = marker_path(digest) else {
-        return;
-    };
-    let Some(dir) = m.parent() else {
-        return;
-    };
-    let tmp = m.with_extension(format!("verified.{}", std::process::id()));
-    let ok = std::fs::create_dir_all(dir).is_ok()
-        && std::fs::write(&tmp, marker_text(id, path, digest)).is_ok()
-        && std::fs::rename(&tmp, &m).is_ok();
-    if !ok {
-        let _ = std::fs::remove_file(&tmp);
-    }
-}
-
-/// Resolves template names for new sandboxes.
+/// Resolves template names for new sandboxes. Their images' content is checked by the
+/// spawner that mounts them (`husk_runtime::images::Verifier`), not here: the process that
+/// resolves names (a server) need not be able to read them.
 pub struct Templates {
     store: Arc<Store>,
-    /// Images whose content was checked, by path: the file identity and the digest checked.
-    verified: Mutex<HashMap<PathBuf, (FileId, String)>>,
+    /// For [`Self::verify`].
+    verifier: husk_runtime::images::Verifier,
 }
 
 impl Templates {
     pub fn new(store: Arc<Store>) -> Templates {
         Templates {
             store,
-            verified: Mutex::new(HashMap::new()),
+            verifier: husk_runtime::images::Verifier::default(),
         }
     }
 
-    /// What `name` means for a new sandbox. May read a whole image (first use): call from a
-    /// blocking context.
+    /// What `name` means for a new sandbox (a store lookup: call from a blocking context).
     pub fn resolve(&self, name: &str) -> Result<Resolved, TemplateError> {
         let host = || Resolved {
             name: HOST_TEMPLATE.to_string(),
@@ -244,7 +171,6 @@ impl Templates {
             }
             return Err(TemplateError::NotFound(name.to_string()));
         };
-        self.verify(&rec)?;
         Ok(Resolved {
             name: rec.name.clone(),
             rootfs: RootSource::Image {
@@ -256,48 +182,15 @@ impl Templates {
         })
     }
 
-    /// Checks the image's size and, unless this file was checked before, its content.
+    /// Checks the image's size and, unless this file was checked before, its content (what
+    /// the spawner checks before it mounts one; for commands that read an image themselves).
     pub fn verify(&self, rec: &TemplateRecord) -> Result<(), TemplateError> {
-        husk_runtime::images::check_file(&rec.image, rec.size).map_err(|source| {
-            TemplateError::Image {
+        let run_dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR);
+        self.verifier
+            .verify(run_dir, &rec.image, rec.size, &rec.digest)
+            .map_err(|source| TemplateError::Image {
                 name: rec.name.clone(),
                 source,
-            }
-        })?;
-        let io = |source| TemplateError::Io {
-            name: rec.name.clone(),
-            path: rec.image.clone(),
-            source,
-        };
-        let id = file_id(&rec.image).map_err(io)?;
-        let known = self
-            .verified
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&rec.image)
-            .is_some_and(|(i, d)| *i == id && *d == rec.digest);
-        if known || marker_matches(&id, &rec.image, &rec.digest) {
-            self.remember(rec, id);
-            return Ok(());
-        }
-        let found = sha256_file(&rec.image).map_err(io)?;
-        if found != rec.digest {
-            return Err(TemplateError::Corrupt {
-                name: rec.name.clone(),
-                path: rec.image.clone(),
-                expected: rec.digest.clone(),
-                found,
-            });
-        }
-        write_marker(&id, &rec.image, &rec.digest);
-        self.remember(rec, id);
-        Ok(())
-    }
-
-    fn remember(&self, rec: &TemplateRecord, id: FileId) {
-        self.verified
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(rec.image.clone(), (id, rec.digest.clone()));
+            })
     }
 }

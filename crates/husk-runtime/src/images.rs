@@ -46,6 +46,15 @@ pub enum ImageError {
         expected: u64,
         actual: u64,
     },
+    #[error(
+        "template image {path} is damaged: its content does not match its digest \
+         (expected {expected}, found {found}); rebuild the template"
+    )]
+    Corrupt {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
     #[error("invalid image digest {0:?}")]
     BadDigest(String),
     #[error("template image {path} cannot be mounted (not a valid erofs image?): {source}")]
@@ -357,6 +366,41 @@ pub(crate) fn mount_via_loop(path: &Path, target: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_verifier_takes_only_the_registered_content_and_sees_a_file_change() {
+        let dir = std::env::temp_dir().join(format!("husk-verify-{}", std::process::id()));
+        let run_dir = dir.join("run");
+        fs::create_dir_all(&run_dir).unwrap();
+        let image = dir.join("i.erofs");
+        fs::write(&image, b"an image").unwrap();
+        let digest = sha256_file(&image).unwrap();
+        let v = Verifier::default();
+        v.verify(&run_dir, &image, 8, &digest).unwrap();
+        // The marker lets another process skip the hash.
+        assert!(Verifier::default()
+            .verify(&run_dir, &image, 8, &digest)
+            .is_ok());
+        let other = format!("sha256:{}", "0".repeat(64));
+        let e = Verifier::default()
+            .verify(&run_dir, &image, 8, &other)
+            .unwrap_err();
+        assert!(matches!(e, ImageError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("rebuild the template"), "{e}");
+        // Written in place, same size: hashed again, and refused. (Written until its change
+        // time moves: on coarse clocks two writes can share one.)
+        let before = file_id(&image).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while file_id(&image).unwrap() == before && std::time::Instant::now() < deadline {
+            fs::write(&image, b"AN IMAGE").unwrap();
+        }
+        let e = v.verify(&run_dir, &image, 8, &digest).unwrap_err();
+        assert!(matches!(e, ImageError::Corrupt { .. }), "{e}");
+        let e = v.verify(&run_dir, &image, 9, &digest).unwrap_err();
+        assert!(matches!(e, ImageError::SizeMismatch { .. }), "{e}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     use super::*;
 
     /// A temporary directory with a small erofs image; removed (and unmounted) on drop.
@@ -541,5 +585,129 @@ mod tests {
         ] {
             assert!(digest_hex(bad).is_err(), "{bad}");
         }
+    }
+}
+
+/// The file identity an image's check is remembered for: device, inode, size, and the change
+/// time, which every write updates and no caller can set back.
+type FileId = (u64, u64, u64, i64, i64);
+
+fn file_id(path: &Path) -> io::Result<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path)?;
+    Ok((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
+}
+
+/// `sha256:<hex>` of a file's content.
+pub fn sha256_file(path: &Path) -> io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(format!("sha256:{}", hex_lower(&h.finalize())))
+}
+
+fn hex_lower(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Content checks of template images, before one is mounted for a sandbox: the file must have
+/// the size and the SHA-256 its template was registered with. A file is hashed once; its
+/// identity (device, inode, size, change time) is remembered, here and in a marker in
+/// husk's runtime directory (only root writes there) so that other processes (a one-shot
+/// `husk run`) need not hash hundreds of megabytes again. A file written since (its change
+/// time moved) is hashed again.
+#[derive(Debug, Default)]
+pub struct Verifier {
+    verified: std::sync::Mutex<std::collections::HashMap<PathBuf, (FileId, String)>>,
+}
+
+impl Verifier {
+    /// Checks the image at `path` against `size` and `digest`.
+    pub fn verify(
+        &self,
+        run_dir: &Path,
+        path: &Path,
+        size: u64,
+        digest: &str,
+    ) -> Result<(), ImageError> {
+        check_file(path, size)?;
+        digest_hex(digest)?;
+        let id = file_id(path).map_err(io_ctx(format!("stat {}", path.display())))?;
+        let known = self
+            .verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .is_some_and(|(i, d)| *i == id && d == digest);
+        if known || marker_matches(run_dir, &id, path, digest) {
+            self.remember(path, id, digest);
+            return Ok(());
+        }
+        let found = sha256_file(path).map_err(io_ctx(format!("read {}", path.display())))?;
+        if found != digest {
+            return Err(ImageError::Corrupt {
+                path: path.to_path_buf(),
+                expected: digest.to_string(),
+                found,
+            });
+        }
+        write_marker(run_dir, &id, path, digest);
+        self.remember(path, id, digest);
+        Ok(())
+    }
+
+    fn remember(&self, path: &Path, id: FileId, digest: &str) {
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.to_path_buf(), (id, digest.to_string()));
+    }
+}
+
+/// Where a successful check of the image with `digest` is recorded for other processes.
+fn marker_path(run_dir: &Path, digest: &str) -> Option<PathBuf> {
+    let mp = mount_point(run_dir, digest).ok()?;
+    Some(mp.with_extension("verified"))
+}
+
+fn marker_text(id: &FileId, path: &Path, digest: &str) -> String {
+    format!("{id:?} {} {digest}\n", path.display())
+}
+
+fn marker_matches(run_dir: &Path, id: &FileId, path: &Path, digest: &str) -> bool {
+    marker_path(run_dir, digest)
+        .and_then(|m| fs::read_to_string(m).ok())
+        .is_some_and(|t| t == marker_text(id, path, digest))
+}
+
+/// Records a successful check (best effort: without it the next process hashes again).
+fn write_marker(run_dir: &Path, id: &FileId, path: &Path, digest: &str) {
+    let Some(m) = marker_path(run_dir, digest) else {
+        return;
+    };
+    let Some(dir) = m.parent() else {
+        return;
+    };
+    let tmp = m.with_extension(format!("verified.{}", std::process::id()));
+    let ok = fs::create_dir_all(dir).is_ok()
+        && fs::write(&tmp, marker_text(id, path, digest)).is_ok()
+        && fs::rename(&tmp, &m).is_ok();
+    if !ok {
+        let _ = fs::remove_file(&tmp);
     }
 }

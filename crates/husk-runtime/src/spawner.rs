@@ -90,6 +90,8 @@ pub struct Spawner {
     /// Held from the first sandbox of a built template on: keeps image mounts in place (see
     /// [`crate::images`]); released as the spawner ends.
     images_in_use: RefCell<Option<crate::images::InUse>>,
+    /// Images whose content was checked (each is, before it is mounted for a sandbox).
+    verifier: crate::images::Verifier,
 }
 
 impl Drop for Spawner {
@@ -175,6 +177,7 @@ impl Spawner {
             agent: None,
             idmaps: RefCell::new(std::collections::HashMap::new()),
             images_in_use: RefCell::new(None),
+            verifier: crate::images::Verifier::default(),
         })
     }
 
@@ -409,6 +412,11 @@ impl Spawner {
         let (image, mounted) = match &spec.rootfs {
             RootSource::Image { path, size, digest } => {
                 let template = |e: crate::images::ImageError| SpawnError::Template(e.to_string());
+                // The spawner trusts no one's word for an image: its content must be the
+                // digest the spec names (a server names images only by what the store says).
+                self.verifier
+                    .verify(&self.run_dir, path, *size, digest)
+                    .map_err(template)?;
                 match &*self.images_in_use.borrow() {
                     Some(held) => (
                         Some(
