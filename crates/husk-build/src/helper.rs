@@ -462,6 +462,31 @@ fn build(
     (BuildReply::Finished, None)
 }
 
+/// The helper's reading of one request frame, for husk's fuzz targets (`fuzz/`). Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// A request as the helper read it.
+    pub struct Read {
+        /// The request encoded again.
+        pub encoded: Vec<u8>,
+        /// A build's query, as the helper's check takes it.
+        pub query: Option<Result<crate::request::BuildQuery, String>>,
+    }
+
+    /// Decodes `frame` as the helper does; `None` when it is not a request.
+    pub fn request(frame: &[u8]) -> Option<Read> {
+        let req: BuildRequest = postcard::from_bytes(frame).ok()?;
+        let encoded = postcard::to_stdvec(&req).expect("a decoded request encodes");
+        let query = match &req {
+            BuildRequest::Build { query, .. } => Some(parse_query(query)),
+            BuildRequest::Remove { .. } => None,
+        };
+        Some(Read { encoded, query })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ mod run;
 mod sandbox;
 mod secret;
 mod serve;
+mod server_user;
 mod sudo;
 mod template;
 mod template_progress;

@@ -75,6 +75,11 @@ pub struct ServeArgs {
     /// 0: no reserve.
     #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub memory_reserve: u64,
+    /// The unprivileged user the server becomes once its helpers run and its listener is
+    /// bound (a name from /etc/passwd, or UID[:GID]); it holds no capability and may open
+    /// nothing but /proc and the cgroup tree. Root is refused.
+    #[arg(long, default_value = crate::server_user::DEFAULT, value_name = "USER")]
+    pub server_user: String,
     #[command(flatten)]
     pub egress: crate::egress::EgressArgs,
     #[command(flatten)]
@@ -162,6 +167,12 @@ pub fn main(args: ServeArgs) -> i32 {
             return 125;
         }
     }
+    // Checked before anything is started: a user the server cannot become stops it here.
+    let server_user =
+        match crate::server_user::resolve(&args.server_user, std::path::Path::new("/etc/passwd")) {
+            Ok(u) => u,
+            Err(e) => return fail(e),
+        };
     // husk's own memory is charged to no sandbox, and if the kernel killed the server, every
     // team's sandboxes would end with it: in an OOM, sandbox processes go first, then their
     // agents, husk last (see husk_runtime::oom). Before the spawner is forked, which inherits
@@ -267,6 +278,31 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok(b) => Arc::new(b),
         Err(e) => return fail(e),
     };
+    // Everything that needs root is done once the listener is bound (a port below 1024 needs
+    // it) and the helpers are watched: the server drops to an unprivileged user now, while it
+    // is still single-threaded (Landlock binds the calling thread and those it starts).
+    let listener = match std::net::TcpListener::bind(args.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            return fail(format_args!(
+                "listen on {}: {}",
+                args.listen,
+                crate::report::chain(&e)
+            ))
+        }
+    };
+    let watched = watch(vec![
+        ("spawner", spawner.pid()),
+        ("network", network.pid()),
+        ("state", state.pid()),
+        ("files", files.pid()),
+        ("build", builds.pid()),
+    ]);
+    if let Err(e) = drop_privileges(&server_user) {
+        return fail(e);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -274,13 +310,6 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
     };
-    let helpers = vec![
-        ("spawner", spawner.pid()),
-        ("network", network.pid()),
-        ("state", state.pid()),
-        ("files", files.pid()),
-        ("build", builds.pid()),
-    ];
     let code = runtime.block_on(run(
         args,
         store,
@@ -289,8 +318,9 @@ pub fn main(args: ServeArgs) -> i32 {
             network: network.clone(),
             files: files.clone(),
             builds: builds.clone(),
-            watched: helpers,
+            watched,
         },
+        listener,
         default_policy,
         config,
     ));
@@ -348,13 +378,14 @@ struct Helpers {
     network: Arc<husk_net::helper::NetHelper>,
     files: Arc<husk_core::workspaces::remote::RemoteWorkspaces>,
     builds: Arc<husk_build::helper::BuildHelper>,
-    watched: Vec<(&'static str, i32)>,
+    watched: Vec<Watched>,
 }
 
 async fn run(
     args: ServeArgs,
     store: Arc<Store>,
     helpers: Helpers,
+    listener: std::net::TcpListener,
     default_policy: husk_net::NetPolicy,
     config: Config,
 ) -> i32 {
@@ -375,7 +406,7 @@ async fn run(
         Err(e) => return fail(crate::report::chain(&e)),
     };
     manager.set_network(network, default_policy);
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
             return fail(format_args!(
@@ -466,11 +497,11 @@ async fn run(
     i32::from(failed.load(std::sync::atomic::Ordering::Relaxed))
 }
 
-/// Waits until one of the helper processes exits, and says which. A thread of its own polls
-/// their pidfds (readable once a process has exited); it outlives nothing but this process.
-async fn helper_exited(helpers: Vec<(&'static str, i32)>) -> String {
-    use husk_runtime::libc;
-    use std::os::fd::AsRawFd;
+/// A helper the server watches: its name, pid and pidfd.
+type Watched = (&'static str, i32, std::os::fd::OwnedFd);
+
+/// Opens the helpers' pidfds (before the server drops its privileges).
+fn watch(helpers: Vec<(&'static str, i32)>) -> Vec<Watched> {
     let mut watched = Vec::new();
     for (name, pid) in helpers {
         match husk_runtime::sys::pidfd_open(pid) {
@@ -478,6 +509,67 @@ async fn helper_exited(helpers: Vec<(&'static str, i32)>) -> String {
             Err(e) => eprintln!("husk: warning: cannot watch the {name} helper: {e}"),
         }
     }
+    watched
+}
+
+/// What the server may still read once it is unprivileged: its sandboxes' usage (cgroups),
+/// the host's memory (/proc/meminfo), the CPUs the runtime sizes itself by, and the kernel's
+/// random devices (a static binary's `getrandom` crate reads /dev/urandom: it cannot look the
+/// libc function up).
+pub const READABLE: &[&str] = &[
+    "/proc",
+    "/sys/fs/cgroup",
+    "/sys/devices/system/cpu",
+    "/dev/urandom",
+    "/dev/random",
+];
+
+/// Becomes `user` with no capability, under no_new_privs, Landlock and seccomp
+/// (`husk_runtime::fences::server`), and says so.
+fn drop_privileges(user: &crate::server_user::ServerUser) -> Result<(), String> {
+    let fences = husk_runtime::fences::server::ServerFences::prepare(READABLE).map_err(|e| {
+        format!(
+            "preparing the server's fences: {}",
+            crate::report::chain(&e)
+        )
+    })?;
+    let applied = fences.apply(user.uid, user.gid).map_err(|e| {
+        format!(
+            "dropping to user {} ({}:{}): {} (name another with --server-user)",
+            user.name,
+            user.uid,
+            user.gid,
+            crate::report::chain(&e)
+        )
+    })?;
+    let landlock = match applied.landlock {
+        husk_runtime::fences::LandlockState::Enforced { abi } if applied.landlock_complete => {
+            format!("Landlock (ABI {abi})")
+        }
+        husk_runtime::fences::LandlockState::Enforced { abi } => {
+            format!("Landlock (ABI {abi}, partly: the kernel lacks newer rights)")
+        }
+        husk_runtime::fences::LandlockState::Unsupported => {
+            eprintln!(
+                "husk: warning: this kernel has no Landlock: the server's file access is \
+                 bounded by its user's permissions only"
+            );
+            "no Landlock".into()
+        }
+    };
+    eprintln!(
+        "husk: the server runs as {} (uid {}, gid {}) with no capabilities, under seccomp \
+         and {landlock}",
+        user.name, user.uid, user.gid
+    );
+    Ok(())
+}
+
+/// Waits until one of the helper processes exits, and says which. A thread of its own polls
+/// their pidfds (readable once a process has exited); it outlives nothing but this process.
+async fn helper_exited(watched: Vec<Watched>) -> String {
+    use husk_runtime::libc;
+    use std::os::fd::AsRawFd;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let watcher = std::thread::Builder::new()
         .name("husk-helpers".into())

@@ -238,3 +238,87 @@ fn the_server_holds_no_state_files_and_stops_when_a_helper_dies() {
         assert!(!status.success(), "{victim}: {status}");
     }
 }
+
+/// A field of /proc/<pid>/status.
+fn status_field(pid: u32, name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_server_runs_unprivileged_under_its_fences() {
+    let state = TempDir::new("unprivileged");
+    let mut server = Server::start(state.path());
+    let said = server
+        .startup
+        .iter()
+        .find(|l| l.contains("the server runs as"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no line about the drop in {:#?}", server.startup));
+    assert!(
+        said.contains("nobody (uid 65534") && said.contains("no capabilities"),
+        "{said}"
+    );
+    let pid = server.child().id();
+    assert_eq!(status_field(pid, "Uid"), "65534\t65534\t65534\t65534");
+    assert_eq!(status_field(pid, "Gid"), "65534\t65534\t65534\t65534");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(pid, set), "0000000000000000", "{set}");
+    }
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    // Every thread (the runtime's, started after the drop) is the same.
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap();
+        assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
+        assert!(status.contains("Seccomp:\t2"), "{status}");
+    }
+    // Its helpers keep root, and do the work: a sandbox, a command in it, a workspace file.
+    for (name, helper) in server_helpers(pid) {
+        assert_eq!(status_field(helper, "Uid"), "0\t0\t0\t0", "{name}");
+    }
+    let key = server.admin_key.clone();
+    let r = server.request("POST", "/v2/sandboxes", &key, r#"{"templateID":"base"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = server.request("POST", "/husk/v1/workspaces", &key, r#"{"name":"w"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = server.request("PUT", "/husk/v1/workspaces/w/files/a.txt", &key, "hello");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = server.request("GET", "/husk/v1/workspaces/w/files/a.txt", &key, "");
+    assert_eq!((r.status, r.text().as_str()), (200, "hello"));
+    drop(server);
+
+    // Root is not a user to drop to, and a user that does not exist is said to be missing:
+    // the server does not start.
+    for (user, says) in [
+        ("root", "unprivileged user"),
+        ("0:5", "unprivileged user"),
+        ("ghost-user", "no user"),
+    ] {
+        let out = Command::new(HUSK)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--egress",
+                "off",
+                "--state-dir",
+            ])
+            .arg(state.path())
+            .args(["--server-user", user])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{user}: {stderr}");
+        assert!(stderr.contains(says), "{user}: {stderr}");
+    }
+}

@@ -28,6 +28,7 @@ mod landlock;
 mod rlimits;
 mod seccomp;
 mod seccomp_rules;
+pub mod server;
 
 use std::io;
 

@@ -76,18 +76,23 @@ pub struct DenyRule {
 }
 
 /// `-1` as a file descriptor argument.
-const BAD_FD: u64 = u64::MAX;
+pub(super) const BAD_FD: u64 = u64::MAX;
 /// Flags with every bit set: rejected with `EINVAL` by every syscall taking flags.
-const BAD_FLAGS: u64 = 0xffff_ffff;
-const NULL: u64 = 0;
+pub(super) const BAD_FLAGS: u64 = 0xffff_ffff;
+pub(super) const NULL: u64 = 0;
 const EPERM: i32 = libc::EPERM;
 
-const fn probe(nr: i64, args: [u64; 6]) -> Probe {
+pub(super) const fn probe(nr: i64, args: [u64; 6]) -> Probe {
     Probe { nr, args }
 }
 
 /// Shorthand for a rule denying every call of `syscall` with EPERM.
-const fn deny(name: &'static str, why: &'static str, syscall: i64, args: [u64; 6]) -> DenyRule {
+pub(super) const fn deny(
+    name: &'static str,
+    why: &'static str,
+    syscall: i64,
+    args: [u64; 6],
+) -> DenyRule {
     DenyRule {
         name,
         why,
