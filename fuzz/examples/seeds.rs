@@ -610,6 +610,25 @@ fn helpers(c: &Corpus) {
         input.extend_from_slice(stream);
         c.write("files_helper", name, Input::default().bytes(&input));
     }
+    use husk_build::helper::BuildRequest as B;
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    let builds = [
+        ("build", B::Build { query: pairs(&[("name", "py"), ("no_cache", "true")]), key: "k".into() }),
+        (
+            "build-file",
+            B::Build {
+                query: pairs(&[("name", "py"), ("file", "sub/Dockerfile"), ("build_arg", "A=1")]),
+                key: "k".into(),
+            },
+        ),
+        ("build-escape", B::Build { query: pairs(&[("name", "py"), ("file", "../x")]), key: "k".into() }),
+        ("remove", B::Remove { name: "py".into() }),
+    ];
+    for (name, req) in builds {
+        c.write("build_helper", name, Input::default().bytes(&postcard::to_stdvec(&req).unwrap()));
+    }
 }
 
 fn zmtp_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {
