@@ -280,51 +280,47 @@ pub fn main(args: ServeArgs) -> i32 {
     };
     // Everything that needs root is done once the listener is bound (a port below 1024 needs
     // it) and the helpers are watched: the server drops to an unprivileged user now, while it
-    // is still single-threaded (Landlock binds the calling thread and those it starts).
-    let listener = match std::net::TcpListener::bind(args.listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-    {
-        Ok(l) => l,
-        Err(e) => {
-            return fail(format_args!(
-                "listen on {}: {}",
-                args.listen,
-                crate::report::chain(&e)
-            ))
+    // is still single-threaded (Landlock binds the calling thread and those it starts). A
+    // failure here still stops the helpers in order, below.
+    let ready = (|| {
+        let listener = std::net::TcpListener::bind(args.listen)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| format!("listen on {}: {}", args.listen, crate::report::chain(&e)))?;
+        let watched = watch(vec![
+            ("spawner", spawner.pid()),
+            ("network", network.pid()),
+            ("state", state.pid()),
+            ("files", files.pid()),
+            ("build", builds.pid()),
+        ]);
+        drop_privileges(&server_user)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("async runtime: {}", crate::report::chain(&e)))?;
+        Ok::<_, String>((listener, watched, runtime))
+    })();
+    let code = match ready {
+        Ok((listener, watched, runtime)) => {
+            let code = runtime.block_on(run(
+                args,
+                store,
+                Helpers {
+                    spawner: spawner.clone(),
+                    network: network.clone(),
+                    files: files.clone(),
+                    builds: builds.clone(),
+                    watched,
+                },
+                listener,
+                default_policy,
+                config,
+            ));
+            drop(runtime);
+            code
         }
+        Err(e) => fail(e),
     };
-    let watched = watch(vec![
-        ("spawner", spawner.pid()),
-        ("network", network.pid()),
-        ("state", state.pid()),
-        ("files", files.pid()),
-        ("build", builds.pid()),
-    ]);
-    if let Err(e) = drop_privileges(&server_user) {
-        return fail(e);
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => return fail(format_args!("async runtime: {}", crate::report::chain(&e))),
-    };
-    let code = runtime.block_on(run(
-        args,
-        store,
-        Helpers {
-            spawner: spawner.clone(),
-            network: network.clone(),
-            files: files.clone(),
-            builds: builds.clone(),
-            watched,
-        },
-        listener,
-        default_policy,
-        config,
-    ));
-    drop(runtime);
     // Sandboxes are gone, their links with them; then the router and what it added to the
     // host.
     network.shutdown();

@@ -297,6 +297,30 @@ fn the_server_runs_unprivileged_under_its_fences() {
     assert_eq!((r.status, r.text().as_str()), (200, "hello"));
     drop(server);
 
+    // A port taken by another listener: said, and the helpers already started are stopped in
+    // order (none is left behind).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(HUSK)
+        .args(["serve", "--egress", "off", "--listen", &addr, "--state-dir"])
+        .arg(state.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("listen on {addr}")), "{stderr}");
+    // (Helpers whose channels closed end on their own: polled, bounded.)
+    let left = || {
+        let out = Command::new("pgrep")
+            .args(["-f", &state.path().display().to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let gone = wait_for(Duration::from_secs(10), || left().is_empty().then_some(()));
+    assert!(gone.is_some(), "processes left: {}", left());
+    drop(taken);
+
     // Root is not a user to drop to, and a user that does not exist is said to be missing:
     // the server does not start.
     for (user, says) in [
