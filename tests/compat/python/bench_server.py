@@ -9,6 +9,8 @@ Prints, from one run against one server it starts itself:
   /bin/true from this process (the peer);
 - upload and download MB/s of one file over plain HTTP and through the SDK (the SDK's own
   transport is CPU-bound on the client side for downloads: compare both);
+- a file into and out of a workspace (husk's workspace API: through the files helper), and
+  a listing;
 - a one-shot run's round trip through husk's run API (submit -> output saved in a workspace)
   beside `husk run` of the same script with `--output` (no server), interleaved;
 - a batch of 20 items: wall time at parallelism 1, 2 and 4;
@@ -246,6 +248,50 @@ def transfer(opts: dict, port: int, key: str, size_mb: int) -> None:
         print(f"  download {size_mb} MB through the SDK                   {size_mb / down:7.0f} MB/s")
     finally:
         sbx.kill()
+
+
+def workspace_transfer(port: int, key: str, size_mb: int, n: int) -> None:
+    """A file into a workspace and back out, and its listing, over husk's workspace API (what
+    crosses the files helper)."""
+    data = os.urandom(1 << 20) * size_mb
+    status, _ = native(port, key, "POST", "/husk/v1/workspaces", {"name": "bench-transfer"})
+    if status != 201:
+        raise RuntimeError(f"create workspace: {status}")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        headers = {"X-API-Key": key}
+
+        def up() -> None:
+            conn.request("PUT", "/husk/v1/workspaces/bench-transfer/files/f.bin", data, headers)
+            r = conn.getresponse()
+            r.read()
+            if r.status not in (201, 204):
+                raise RuntimeError(f"workspace upload: {r.status}")
+
+        got: List[bytes] = []
+
+        def down() -> None:
+            conn.request("GET", "/husk/v1/workspaces/bench-transfer/files/f.bin", headers=headers)
+            got.append(conn.getresponse().read())
+
+        ups = [timed(up) for _ in range(3)]
+        downs = [timed(down) for _ in range(3)]
+        if got[0] != data:
+            raise RuntimeError("the workspace download differs from the upload")
+        print(f"  workspace upload {size_mb} MB (best of 3)                {size_mb / (min(ups) / 1000):7.0f} MB/s")
+        print(f"  workspace download {size_mb} MB (best of 3)              {size_mb / (min(downs) / 1000):7.0f} MB/s")
+
+        def stat() -> None:
+            conn.request("GET", "/husk/v1/workspaces/bench-transfer/files?path=&depth=1", headers=headers)
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"workspace listing: {r.status}")
+
+        line("workspace listing (one file)", [timed(stat) for _ in range(n)])
+        conn.close()
+    finally:
+        native(port, key, "DELETE", "/husk/v1/workspaces/bench-transfer")
 
 
 def native(port: int, key: str, method: str, path: str, body: object = None):
@@ -672,7 +718,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["abuse", "main", "hops"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
-                         "checks, commands, creates with a network)")
+                         "checks, commands, creates with a network, workspace files, runs' outputs)")
     args = ap.parse_args()
     if args.only == "abuse":
         abuse(args.iterations, args.abuse_connections)
@@ -690,10 +736,14 @@ def main() -> None:
         creates_per_second(server.port, key, args.concurrency, args.seconds)
         command_latency(opts, server.port, key, args.iterations)
         if args.only == "hops":
-            # A create with a network attaches a link through the network helper.
+            # A create with a network attaches a link through the network helper; workspace
+            # files and runs' outputs go through the files helper.
             network_vs_none(server, args.iterations)
+            workspace_transfer(server.port, key, args.size_mb, args.iterations)
+            run_round_trip(server, max(5, args.iterations // 4))
             return
         transfer(opts, server.port, key, args.size_mb)
+        workspace_transfer(server.port, key, args.size_mb, args.iterations)
         run_round_trip(server, max(5, args.iterations // 4))
         batch_walls(server, args.batch_items)
         network_vs_none(server, args.iterations)
