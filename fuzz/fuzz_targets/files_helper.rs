@@ -17,6 +17,10 @@ use husk_fuzz::{Arena, SENTINEL};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // As in every husk process (the helpers, and Rust's own main, which libFuzzer's replaces):
+    // a write to a pipe the helper stopped reading is an error, not a signal.
+    static IGNORED: std::sync::Once = std::sync::Once::new();
+    IGNORED.call_once(|| husk_runtime::sys::ignore_signal(husk_runtime::libc::SIGPIPE));
     if data.len() < 2 {
         return;
     }

@@ -1345,6 +1345,28 @@ mod tests {
             .unwrap();
         assert!(matches!(reply, FilesReply::Failed(_)), "{reply:?}");
         assert_eq!(p.ws.list("acme").unwrap().len(), 1);
+        // Team names no team can have (found by the files_helper fuzz target: a NUL byte
+        // panicked the helper): nothing, for every request that takes a team.
+        for team in ["bad\0team", "../..", "", "/etc"] {
+            let (reply, _) = p
+                .remote
+                .quick
+                .call::<_, FilesReply>(&FilesRequest::QuotaError { team: team.into() }, None)
+                .unwrap();
+            assert_eq!(reply, FilesReply::QuotaError(None), "{team:?}");
+            let (reply, _) = p
+                .remote
+                .channels
+                .call::<_, FilesReply>(&FilesRequest::Usage { team: team.into() }, None)
+                .unwrap();
+            assert!(
+                matches!(
+                    reply,
+                    FilesReply::Workspace(WireWorkspaceError::InvalidTeam(_))
+                ),
+                "{team:?}: {reply:?}"
+            );
+        }
         // Outputs without the spawner's root channel are refused, not taken from elsewhere.
         let e = p
             .remote

@@ -267,8 +267,10 @@ impl LocalWorkspaces {
         }
     }
 
-    /// The size of the team's file system, when its directory is one.
+    /// The size of the team's file system, when its directory is one (`None` for a name no
+    /// team can have: it may come from the files helper's hostile channel).
     pub(super) fn team_quota(&self, team: &str) -> Option<u64> {
+        crate::store::validate_team(team).ok()?;
         let dir = tree::open_dir(self.fd.as_fd(), &cstring(team)).ok()?;
         if !self.is_mount(&dir) {
             return None;
