@@ -26,7 +26,7 @@ use husk_core::store::remote::RemoteStore;
 use husk_core::store::{Store, TemplateRecord};
 use husk_core::template::{summary_json, HOST_TEMPLATE};
 use husk_runtime::failure::{Failure, FailureKind};
-use husk_runtime::helper::{self as rt, Channels, ChunkReader, ChunkWriter, HelperError, Lent};
+use husk_runtime::helper::{self as rt, Channels, HelperError, Lent};
 use husk_runtime::service::SpawnerService;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -174,40 +174,18 @@ impl BuildHelper {
         &self,
         query: &[(String, String)],
         key: &str,
-        mut reader: impl Read,
+        reader: impl Read,
     ) -> Result<RunningBuild, BuildError> {
         let req = BuildRequest::Build {
             query: query.to_vec(),
             key: key.to_owned(),
         };
-        let (theirs, ours) = husk_runtime::sys::pipe().map_err(pipe_failed)?;
+        let (theirs, ours) = rt::stream_pipe().map_err(pipe_failed)?;
         let mut lent = self.channels.clone().lend_owned()?;
         lent.send(&req, Some(theirs.as_fd()))?;
         drop(theirs);
-        let mut out = ChunkWriter::new(File::from(ours));
-        let mut buf = vec![0u8; CHUNK];
-        let mut whole = true;
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) => break,
-                // A broken pipe: the helper stopped reading; its answer says why.
-                Ok(n) => {
-                    if out.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    whole = false;
-                    break;
-                }
-            }
-        }
-        if whole {
-            let _ = out.finish();
-        } else {
-            drop(out);
-        }
+        // However the upload ends, the helper answers: a refusal says why.
+        let _ = rt::send_stream(reader, ours);
         let (reply, fd) = lent.recv_more::<BuildReply>()?;
         match (reply, fd) {
             (BuildReply::Started, Some(events)) => Ok(RunningBuild {
@@ -390,7 +368,7 @@ fn build(
         Ok(c) => c,
         Err(e) => return refused(500, format!("creating a build context directory: {e}")),
     };
-    if let Err(e) = context::unpack(ChunkReader::new(File::from(pipe)), ctx.path()) {
+    if let Err(e) = context::unpack(rt::chunk_reader(pipe), ctx.path()) {
         return match e {
             ContextError::Refused(m) => refused(400, m),
             ContextError::TooLarge(m) => refused(413, m),
@@ -403,7 +381,7 @@ fn build(
         Ok(p) => p,
         Err(m) => return refused(400, m),
     };
-    let (events_r, events_w) = match husk_runtime::sys::pipe() {
+    let (events_r, events_w) = match rt::stream_pipe() {
         Ok(p) => p,
         Err(e) => return refused(500, format!("a pipe for the build's events: {e}")),
     };

@@ -617,6 +617,73 @@ mod tests {
 /// Largest chunk of a [`ChunkWriter`] stream.
 pub const MAX_CHUNK: usize = 1 << 20;
 
+/// The pipe buffer a stream to or from a helper asks for: fewer wake-ups per megabyte than
+/// the default 64 KiB.
+const STREAM_PIPE: usize = 1 << 20;
+
+/// A pipe for a stream to or from a helper (read end, write end), its buffer made larger where
+/// the kernel allows (best effort: a user past its pipe allowance keeps the default).
+pub fn stream_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = sys::pipe()?;
+    let _ = sys::set_pipe_size(w.as_fd(), STREAM_PIPE);
+    Ok((r, w))
+}
+
+/// What [`send_stream`] did.
+#[derive(Debug)]
+pub enum Sent {
+    /// All of it, and the end mark.
+    Whole,
+    /// The helper stopped reading (a broken pipe): its answer says why.
+    Refused,
+    /// The reader failed: the stream was left without its end, which the helper takes as
+    /// broken.
+    ReaderFailed(io::Error),
+}
+
+/// The caller's side of a stream into a helper: copies `reader` into the pipe's write end as
+/// [`ChunkWriter`] chunks of up to 128 KiB (filled before they are written, whatever sizes
+/// the reader gives), then the end mark.
+pub fn send_stream(mut reader: impl io::Read, pipe: OwnedFd) -> Sent {
+    use io::Write;
+    let mut out = ChunkWriter::new(std::fs::File::from(pipe));
+    let mut buf = vec![0u8; 128 << 10];
+    loop {
+        let mut filled = 0;
+        let mut ended = false;
+        while filled < buf.len() {
+            match reader.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    ended = true;
+                    break;
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Sent::ReaderFailed(e),
+            }
+        }
+        if filled > 0 && out.write_all(&buf[..filled]).is_err() {
+            return Sent::Refused;
+        }
+        if ended {
+            return match out.finish() {
+                Ok(()) => Sent::Whole,
+                Err(_) => Sent::Refused,
+            };
+        }
+    }
+}
+
+/// How a helper reads a [`ChunkWriter`] stream from a pipe: through a buffer, so that the
+/// small reads of a consumer (a tar reader's headers, `io::copy`'s 8 KiB) are not each a
+/// system call.
+pub fn chunk_reader(pipe: OwnedFd) -> ChunkReader<io::BufReader<std::fs::File>> {
+    ChunkReader::new(io::BufReader::with_capacity(
+        256 << 10,
+        std::fs::File::from(pipe),
+    ))
+}
+
 /// A byte stream for a helper, through a pipe passed with a request (an upload): chunks of a
 /// 4-byte little-endian length and that many bytes, ended by a length of 0
 /// ([`ChunkWriter::finish`]). A stream that stops without its end (the writer dropped after

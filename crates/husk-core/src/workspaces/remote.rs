@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use husk_runtime::failure::{Failure, FailureKind};
-use husk_runtime::helper::{self as rt, Channels, ChunkReader, ChunkWriter, HelperError};
+use husk_runtime::helper::{self as rt, Channels, HelperError};
 use husk_runtime::service::RootChannel;
 use husk_runtime::transfer::OutputLimits;
 use serde::{Deserialize, Serialize};
@@ -38,9 +38,6 @@ pub const MAX_CHANNELS: usize = 256;
 /// Channels kept for the calls the core makes from its own tasks (a workspace's directory
 /// for a mount, a team's quota): never held up behind transfers.
 const QUICK_CHANNELS: usize = 4;
-
-/// Bytes moved per chunk of an upload.
-const CHUNK: usize = 128 << 10;
 
 /// What the server asks the files helper.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -675,48 +672,22 @@ impl RemoteWorkspaces {
     /// reply. The helper stops reading when it has had enough (an error, a limit): the pipe
     /// breaks, and its answer says why. A `reader` that fails leaves the stream without its
     /// end: the helper throws the upload away, and the reader's error is the answer.
-    fn upload(
-        &self,
-        req: &FilesRequest,
-        mut reader: impl Read,
-    ) -> Result<FilesReply, WorkspaceError> {
-        let (theirs, ours) = husk_runtime::sys::pipe().map_err(|e| pipe_error("pipe", e))?;
+    fn upload(&self, req: &FilesRequest, reader: impl Read) -> Result<FilesReply, WorkspaceError> {
+        let (theirs, ours) = rt::stream_pipe().map_err(|e| pipe_error("pipe", e))?;
         let mut lent = self.channels.lend()?;
         lent.send(req, Some(theirs.as_fd()))?;
         drop(theirs);
-        let mut out = ChunkWriter::new(File::from(ours));
-        let mut buf = vec![0u8; CHUNK];
-        let mut read_error = None;
-        loop {
-            let n = match reader.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    read_error = Some(e);
-                    break;
-                }
-            };
-            // A broken pipe: the helper has stopped reading, and its reply says why.
-            if out.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        match read_error {
-            Some(e) => {
-                drop(out);
+        match rt::send_stream(reader, ours) {
+            rt::Sent::ReaderFailed(e) => {
                 // The helper answers the cut stream; the reader's error is what happened.
                 let _ = lent.recv::<FilesReply>();
                 Err(pipe_error("read the upload for", e))
             }
-            None => {
-                let _ = out.finish();
-                match lent.recv::<FilesReply>()?.0 {
-                    FilesReply::Workspace(e) => Err(e.into()),
-                    FilesReply::Failed(f) => Err(WorkspaceError::Helper(HelperError::Failed(f))),
-                    other => Ok(other),
-                }
-            }
+            rt::Sent::Whole | rt::Sent::Refused => match lent.recv::<FilesReply>()?.0 {
+                FilesReply::Workspace(e) => Err(e.into()),
+                FilesReply::Failed(f) => Err(WorkspaceError::Helper(HelperError::Failed(f))),
+                other => Ok(other),
+            },
         }
     }
 
@@ -731,7 +702,7 @@ impl RemoteWorkspaces {
             name: name.into(),
             path: path.into(),
         };
-        let (ours, theirs) = husk_runtime::sys::pipe().map_err(|e| pipe_error("pipe", e))?;
+        let (ours, theirs) = rt::stream_pipe().map_err(|e| pipe_error("pipe", e))?;
         let mut lent = self.channels.clone().lend_owned()?;
         lent.send(&req, Some(theirs.as_fd()))?;
         drop(theirs);
@@ -950,7 +921,7 @@ fn handle(
             path,
             max_bytes,
         } => {
-            let pipe = ChunkReader::new(File::from(fd.expect("checked above")));
+            let pipe = rt::chunk_reader(fd.expect("checked above"));
             reply(
                 ws.write_file(&team, &name, &path, pipe, max_bytes)
                     .map(R::Written),
@@ -962,7 +933,7 @@ fn handle(
             path,
             limits,
         } => {
-            let pipe = ChunkReader::new(File::from(fd.expect("checked above")));
+            let pipe = rt::chunk_reader(fd.expect("checked above"));
             reply(ws.import_tar(&team, &name, &path, pipe, limits).map(R::Tar))
         }
         Q::Export { team, name, path } => {

@@ -16,6 +16,16 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Asks for a pipe buffer of `bytes` (`F_SETPIPE_SZ`); returns the size the kernel gave. An
+/// unprivileged caller gets at most `/proc/sys/fs/pipe-max-size`, and nothing more once its
+/// user holds `pipe-user-pages-soft` pages of pipes (`EPERM`).
+pub fn set_pipe_size(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: F_SETPIPE_SZ takes an integer and touches no memory.
+    let got = cvt_i(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, want) })?;
+    Ok(usize::try_from(got).unwrap_or(0))
+}
+
 /// A connected pair of close-on-exec SOCK_SEQPACKET unix sockets.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
