@@ -6,6 +6,12 @@
 //! over a SOCK_SEQPACKET socket and gets back, for each sandbox, its id, its cgroups and the
 //! stream socket to its agent (passed with SCM_RIGHTS).
 //!
+//! The spawner serves three channels, each with what it may ask ([`Role`]): the server's
+//! (creates without a build's layered root or the host's network, destroys, the shutdown),
+//! the root channel the files helper gets ([`RootChannel`]: a frozen sandbox's root, by id)
+//! and the build channel the build helper gets (build sandboxes). Each channel destroys only
+//! the sandboxes it made.
+//!
 //! The spawner protects itself from the OOM killer as the server does (see [`crate::oom`]).
 //!
 //! Lifetimes are chained so nothing outlives its owner: the spawner gets SIGKILL when the
