@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use husk_runtime::fences::server::{ServerFences, SERVER_DENY_RULES};
+use husk_runtime::fences::server::{drop_all_capabilities, ServerFences, SERVER_DENY_RULES};
 use husk_runtime::fences::LandlockState;
 
 const NOBODY: u32 = 65534;
@@ -215,5 +215,57 @@ fn main() {
         drop((a, b));
         Ok(())
     });
+    // A helper that keeps uid 0 (the state helper) but drops every capability: it still
+    // opens what root owns, and nothing of another user's.
+    let foreign = scratch.0.join("foreign.key");
+    std::fs::write(&foreign, b"another user's").unwrap();
+    std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(1234), Some(1234)).unwrap();
+    let (secret3, foreign2) = (secret.clone(), foreign.clone());
+    // SAFETY: this process is single-threaded (no test harness): the child may do anything.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let result = drop_all_capabilities()
+            .map_err(|e| format!("drop: {e}"))
+            .and_then(|()| {
+                for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+                    let v = status_field(set);
+                    check(u64::from_str_radix(&v, 16) == Ok(0), || {
+                        format!("{set} is {v}")
+                    })?;
+                }
+                check(status_field("Uid") == "0\t0\t0\t0", || "not uid 0".into())?;
+                check(status_field("Seccomp") == "2", || {
+                    "no seccomp filter".into()
+                })?;
+                let e = open_errno(&secret3, libc::O_RDONLY);
+                check(e == 0, || format!("its own file: errno {e}"))?;
+                let e = open_errno(&foreign2, libc::O_RDONLY);
+                check(e == libc::EACCES, || {
+                    format!("another user's file: errno {e}")
+                })?;
+                // SAFETY: unshare takes flags.
+                let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+                check(r != 0, || "unshare(CLONE_NEWNS) worked".into())
+            });
+        let code = match result {
+            Ok(()) => 0,
+            Err(m) => {
+                eprintln!("a helper that keeps uid 0: {m}");
+                1
+            }
+        };
+        // SAFETY: ending the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "a helper that keeps uid 0: the child failed (status {status:#x})"
+    );
+    println!("ok: a helper that keeps uid 0");
     drop(scratch);
 }

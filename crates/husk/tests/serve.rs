@@ -285,6 +285,12 @@ fn the_server_runs_unprivileged_under_its_fences() {
     // Its helpers keep root, and do the work: a sandbox, a command in it, a workspace file.
     for (name, helper) in server_helpers(pid) {
         assert_eq!(status_field(helper, "Uid"), "0\t0\t0\t0", "{name}");
+        // The state helper needs no privilege once the database and the key are open.
+        if name == "husk-state" {
+            assert_eq!(status_field(helper, "CapEff"), "0000000000000000", "{name}");
+            assert_eq!(status_field(helper, "CapBnd"), "0000000000000000", "{name}");
+            assert_eq!(status_field(helper, "Seccomp"), "2", "{name}");
+        }
     }
     let key = server.admin_key.clone();
     let r = server.request("POST", "/v2/sandboxes", &key, r#"{"templateID":"base"}"#);

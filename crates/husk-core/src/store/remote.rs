@@ -299,6 +299,16 @@ impl RemoteStore {
                     return 1;
                 }
             };
+            // Open now, they are all it needs: no capability from here on (it stays uid 0,
+            // which owns the state directory's files).
+            if let Err(e) = husk_runtime::fences::server::drop_all_capabilities() {
+                let f = Failure::new(
+                    FailureKind::Host,
+                    format!("the state helper could not drop its capabilities: {e}"),
+                );
+                let _ = rt::ready::<()>(&channels, &Err(f));
+                return 1;
+            }
             if rt::ready(&channels, &Ok(())).is_err() {
                 return 1;
             }

@@ -419,3 +419,23 @@ impl ServerFences {
         })
     }
 }
+
+/// For a helper that keeps root's uid but needs no privilege once it is set up (the state
+/// helper, once the database and the master key are open): every capability set emptied,
+/// non-dumpable, `no_new_privs`, and the server's seccomp filter. As uid 0 it still opens the
+/// files it owns (the state directory's), and nothing of another user's.
+pub fn drop_all_capabilities() -> Result<(), FenceError> {
+    let programs = seccomp::compile(SERVER_DENY_RULES)?;
+    caps::drop_bounding_except(0, caps::last_cap())?;
+    caps::restrict_process_caps(0)?;
+    // SAFETY: PR_SET_DUMPABLE and PR_SET_NO_NEW_PRIVS take integers and touch no memory.
+    unsafe {
+        if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+            return Err(FenceError::last_os("prctl(PR_SET_DUMPABLE)"));
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(FenceError::last_os("prctl(PR_SET_NO_NEW_PRIVS)"));
+        }
+    }
+    seccomp::install(&programs, true)
+}
