@@ -268,36 +268,20 @@ fn run(
         return 1;
     }
     let served = Served { runtime, proto };
-    std::thread::scope(|s| {
-        for ch in channels {
-            let served = &served;
-            let _ = std::thread::Builder::new()
-                .name("husk-build".into())
-                .spawn_scoped(s, move || serve_channel(ch, served));
-        }
-    });
+    rt::serve_channels(
+        channels,
+        "husk-build",
+        |req, fd, sock| handle(&served, req, fd, sock),
+        bad_request,
+    );
     0
 }
 
-fn serve_channel(sock: OwnedFd, served: &Served) {
-    loop {
-        let (reply, fd) = match rt::recv::<BuildRequest>(sock.as_fd()) {
-            Ok(None) => return,
-            Ok(Some((req, fd))) => handle(served, req, fd, sock.as_fd()),
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => (
-                BuildReply::Failed(Failure::new(
-                    FailureKind::InvalidSpec,
-                    format!("bad request: {e}"),
-                )),
-                None,
-            ),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
-        };
-        if rt::send(sock.as_fd(), &reply, fd.as_ref().map(|f| f.as_fd())).is_err() {
-            return;
-        }
-    }
+fn bad_request(m: String) -> BuildReply {
+    BuildReply::Failed(Failure::new(
+        FailureKind::InvalidSpec,
+        format!("bad request: {m}"),
+    ))
 }
 
 fn refused(status: u16, message: impl Into<String>) -> (BuildReply, Option<OwnedFd>) {
@@ -511,7 +495,13 @@ mod tests {
             let (a, b) = husk_runtime::sys::stream_pair().unwrap();
             channels.push(a);
             let served = served.clone();
-            threads.push(std::thread::spawn(move || serve_channel(b, &served)));
+            threads.push(std::thread::spawn(move || {
+                rt::serve_channel(
+                    b,
+                    |req, fd, sock| handle(&served, req, fd, sock),
+                    bad_request,
+                )
+            }));
         }
         Pair {
             helper: BuildHelper {

@@ -333,7 +333,7 @@ fn run(channels: Vec<OwnedFd>, setup: impl FnOnce() -> Result<Option<NetService>
     rt::serve_channels(
         channels,
         "husk-net-chan",
-        |req, fd| helper.handle(req, fd),
+        |req, fd, _| helper.handle(req, fd),
         |m| {
             Reply::Failed(Failure::new(
                 FailureKind::InvalidSpec,

@@ -227,11 +227,12 @@ fn skip(sock: BorrowedFd<'_>) -> io::Result<bool> {
 }
 
 /// Serves one channel on the calling thread until the server closes it: each request is
-/// decoded and given to `handle`, whose reply (and descriptor) is sent back. A request that
+/// decoded and given to `handle` (with the channel, for a call that sends frames of its own
+/// before its reply), whose reply (and descriptor) is sent back. A request that
 /// does not decode is answered `bad(message)`, and the channel goes on.
 pub fn serve_channel<Req, Rep>(
     sock: OwnedFd,
-    mut handle: impl FnMut(Req, Option<OwnedFd>) -> (Rep, Option<OwnedFd>),
+    mut handle: impl FnMut(Req, Option<OwnedFd>, BorrowedFd<'_>) -> (Rep, Option<OwnedFd>),
     bad: impl Fn(String) -> Rep,
 ) where
     Req: DeserializeOwned,
@@ -240,7 +241,7 @@ pub fn serve_channel<Req, Rep>(
     loop {
         let (reply, fd) = match recv::<Req>(sock.as_fd()) {
             Ok(None) => return,
-            Ok(Some((req, fd))) => handle(req, fd),
+            Ok(Some((req, fd))) => handle(req, fd, sock.as_fd()),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => (bad(e.to_string()), None),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => return,
@@ -292,7 +293,7 @@ pub fn await_ready<T: DeserializeOwned>(name: &str, forked: &Forked) -> Result<T
 pub fn serve_channels<Req, Rep>(
     channels: Vec<OwnedFd>,
     thread: &str,
-    handle: impl Fn(Req, Option<OwnedFd>) -> (Rep, Option<OwnedFd>) + Sync,
+    handle: impl Fn(Req, Option<OwnedFd>, BorrowedFd<'_>) -> (Rep, Option<OwnedFd>) + Sync,
     bad: impl Fn(String) -> Rep + Sync,
 ) where
     Req: DeserializeOwned,
@@ -353,24 +354,14 @@ impl Channels {
     /// then one or two replies); it goes back to the pool when dropped. Blocking.
     pub fn lend(&self) -> Result<Lent<&Channels>, HelperError> {
         let sock = self.take()?;
-        Ok(Lent {
-            channels: self,
-            sock: Some(sock),
-            owed: 0,
-            broken: false,
-        })
+        Ok(Lent::new(self, sock))
     }
 
     /// [`Self::lend`], for a call that outlives the borrow (a stream handed to another
     /// thread).
     pub fn lend_owned(self: Arc<Self>) -> Result<Lent<Arc<Channels>>, HelperError> {
         let sock = self.take()?;
-        Ok(Lent {
-            channels: self,
-            sock: Some(sock),
-            owed: 0,
-            broken: false,
-        })
+        Ok(Lent::new(self, sock))
     }
 
     fn take(&self) -> Result<OwnedFd, HelperError> {
@@ -426,6 +417,15 @@ pub struct Lent<C: Deref<Target = Channels>> {
 }
 
 impl<C: Deref<Target = Channels>> Lent<C> {
+    fn new(channels: C, sock: OwnedFd) -> Lent<C> {
+        Lent {
+            channels,
+            sock: Some(sock),
+            owed: 0,
+            broken: false,
+        }
+    }
+
     /// Sends `req` (with `fd`): the helper owes one reply for it, and may send others before
     /// it (each read with [`Self::recv_more`]).
     pub fn send<Req: Serialize>(
@@ -530,7 +530,7 @@ mod tests {
         let t = std::thread::spawn(move || {
             serve_channel::<Req, Rep>(
                 b,
-                |req, fd| match req {
+                |req, fd, _| match req {
                     Req::Echo(s) => (Rep::Echo(s), None),
                     Req::WithFd => (Rep::Fd, fd),
                 },
@@ -563,7 +563,7 @@ mod tests {
     fn hostile_frames_are_answered_and_the_channel_goes_on() {
         let (a, b) = sys::stream_pair().unwrap();
         let t = std::thread::spawn(move || {
-            serve_channel::<Req, Rep>(b, |_, _| (Rep::Fd, None), Rep::Bad)
+            serve_channel::<Req, Rep>(b, |_, _, _| (Rep::Fd, None), Rep::Bad)
         });
         // Not a request.
         raw_frame(a.as_fd(), &[0xff, 0xff, 0xff], &[]);

@@ -612,7 +612,7 @@ fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets) {
     rt::serve_channels(
         channels,
         "husk-state",
-        |req, fd: Option<OwnedFd>| {
+        |req, fd: Option<OwnedFd>, _| {
             if fd.is_some() {
                 let f = Failure::new(
                     FailureKind::InvalidSpec,

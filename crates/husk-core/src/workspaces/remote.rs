@@ -807,41 +807,30 @@ struct Served {
 
 /// Serves every channel on a thread of its own until the server closes them all.
 fn serve(channels: Vec<OwnedFd>, served: &Served) {
-    std::thread::scope(|s| {
-        for ch in channels {
-            // A thread that cannot start leaves its channel closed: the server drops it.
-            let _ = std::thread::Builder::new()
-                .name("husk-files".into())
-                .spawn_scoped(s, move || serve_channel(ch, served));
-        }
-    });
+    rt::serve_channels(
+        channels,
+        "husk-files",
+        |req, fd, sock| answer(served, req, fd, sock),
+        bad_request,
+    );
 }
 
-fn serve_channel(sock: OwnedFd, served: &Served) {
-    loop {
-        let reply = match rt::recv::<FilesRequest>(sock.as_fd()) {
-            Ok(None) => return,
-            Ok(Some((req, fd))) => handle(&served.ws, served.roots.as_ref(), req, fd, sock.as_fd()),
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => (
-                FilesReply::Failed(Failure::new(
-                    FailureKind::InvalidSpec,
-                    format!("bad request: {e}"),
-                )),
-                None,
-            ),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
-        };
-        if rt::send(
-            sock.as_fd(),
-            &bounded(reply.0),
-            reply.1.as_ref().map(|f| f.as_fd()),
-        )
-        .is_err()
-        {
-            return;
-        }
-    }
+/// One request of a channel, its reply bounded to a frame.
+fn answer(
+    served: &Served,
+    req: FilesRequest,
+    fd: Option<OwnedFd>,
+    sock: BorrowedFd<'_>,
+) -> (FilesReply, Option<OwnedFd>) {
+    let (reply, fd) = handle(&served.ws, served.roots.as_ref(), req, fd, sock);
+    (bounded(reply), fd)
+}
+
+fn bad_request(m: String) -> FilesReply {
+    FilesReply::Failed(Failure::new(
+        FailureKind::InvalidSpec,
+        format!("bad request: {m}"),
+    ))
 }
 
 /// A reply that would not fit a frame becomes an error that does.
@@ -1098,7 +1087,13 @@ mod tests {
             let (a, b) = husk_runtime::sys::stream_pair().unwrap();
             ours.push(a);
             let served = served.clone();
-            threads.push(std::thread::spawn(move || serve_channel(b, &served)));
+            threads.push(std::thread::spawn(move || {
+                rt::serve_channel(
+                    b,
+                    |req, fd, sock| answer(&served, req, fd, sock),
+                    bad_request,
+                )
+            }));
         }
         let quick = ours.split_off(transfers);
         let remote = Arc::new(RemoteWorkspaces {

@@ -391,15 +391,7 @@ impl ServerFences {
         // Leaving uid 0 cleared the permitted and effective sets (no SECBIT_KEEP_CAPS); this
         // also empties the inheritable and ambient ones, and checks.
         caps::restrict_process_caps(0)?;
-        // SAFETY: PR_SET_DUMPABLE and PR_SET_NO_NEW_PRIVS take integers and touch no memory.
-        unsafe {
-            if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
-                return Err(FenceError::last_os("prctl(PR_SET_DUMPABLE)"));
-            }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(FenceError::last_os("prctl(PR_SET_NO_NEW_PRIVS)"));
-            }
-        }
+        undumpable_without_new_privs()?;
         let (landlock, landlock_complete) = match self.ruleset {
             Some(r) => {
                 let status = r.restrict_self()?;
@@ -428,6 +420,13 @@ pub fn drop_all_capabilities() -> Result<(), FenceError> {
     let programs = seccomp::compile(SERVER_DENY_RULES)?;
     caps::drop_bounding_except(0, caps::last_cap())?;
     caps::restrict_process_caps(0)?;
+    undumpable_without_new_privs()?;
+    seccomp::install(&programs, true)
+}
+
+/// Non-dumpable (no ptrace or /proc access by processes of the same uid), and
+/// `no_new_privs` (which seccomp needs, and which no exec could undo).
+fn undumpable_without_new_privs() -> Result<(), FenceError> {
     // SAFETY: PR_SET_DUMPABLE and PR_SET_NO_NEW_PRIVS take integers and touch no memory.
     unsafe {
         if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
@@ -437,5 +436,5 @@ pub fn drop_all_capabilities() -> Result<(), FenceError> {
             return Err(FenceError::last_os("prctl(PR_SET_NO_NEW_PRIVS)"));
         }
     }
-    seccomp::install(&programs, true)
+    Ok(())
 }
