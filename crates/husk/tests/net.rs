@@ -86,6 +86,7 @@ fn start(internet: &Internet, state: &TempDir, extra: &[&str]) -> Server {
 
 #[test]
 fn the_default_policy_reaches_the_internet_and_nothing_else() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let internet = Internet::new();
     let state = TempDir::new("net-default");
     let server = start(&internet, &state, &[]);
@@ -232,6 +233,7 @@ fn the_default_policy_reaches_the_internet_and_nothing_else() {
 
 #[test]
 fn cidr_lists_allow_over_deny_and_changes_at_run_time() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let internet = Internet::new();
     let state = TempDir::new("net-cidr");
     let server = start(&internet, &state, &[]);
@@ -310,6 +312,7 @@ fn cidr_lists_allow_over_deny_and_changes_at_run_time() {
 
 #[test]
 fn domains_go_through_the_proxy_which_resolves_them_itself() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let internet = Internet::new();
     let state = TempDir::new("net-domains");
     let server = start(&internet, &state, &[]);
@@ -423,6 +426,7 @@ fn domains_go_through_the_proxy_which_resolves_them_itself() {
 
 #[test]
 fn asking_a_server_without_egress_for_a_network_is_a_clear_error() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let state = TempDir::new("net-off");
     let server = Server::start(state.path()); // --egress off
     let key = server.key_for("net-g");
@@ -508,8 +512,9 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// The tests that compare the host's nftables tables before and after, and the one that
-/// adds a table to the host, run one at a time: each would see the other's table.
+/// The tests of this file run one at a time: some compare the host's nftables tables before
+/// and after, one adds a table to the host, and every server's start removes the tables of
+/// crashed ones (a test's own crashed server's among them, while it is checking it).
 static HOST_TABLES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
@@ -682,6 +687,7 @@ fn the_host_uplink_changes_only_what_it_says_and_takes_it_back() {
 /// `husk run --net`, locally: the same router, for one command.
 #[test]
 fn husk_run_net_goes_out_under_its_policy_and_reports_denials() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let internet = Internet::new();
     let egress = internet.serve_args();
     let run = |net: &[&str], code: &str| {
@@ -734,6 +740,7 @@ fn husk_run_net_goes_out_under_its_policy_and_reports_denials() {
 /// The operator's settings: a default policy, and ranges added to the always-denied ones.
 #[test]
 fn the_servers_default_policy_and_extra_denied_ranges_apply() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
     let internet = Internet::new();
     let web = format!("tcp:{PUBLIC}:80");
     {
