@@ -1,10 +1,11 @@
 //! Connect-JSON requests of the in-sandbox API as the handlers take them: headers checked
 //! (`Content-Type`, protocol version, encodings, `Connect-Timeout-Ms`, Basic auth), the body
 //! decoded as one of the `process.Process` or `filesystem.Filesystem` messages (unary or as
-//! one envelope of a server-streaming call), then converted to the agent request it becomes.
+//! one envelope of a server-streaming call), then converted to the core's call (or process
+//! spec) it becomes, and that to the agent request the core would send.
 //!
 //! Checks: a decoded message encodes to JSON that decodes to the same message; an accepted
-//! agent request holds no NUL byte, no empty command, no bad environment name, no zero
+//! call's agent request holds no NUL byte, no empty command, no bad environment name, no zero
 //! terminal size and no signal but SIGTERM and SIGKILL, and crosses the agent protocol intact.
 #![no_main]
 
@@ -12,7 +13,8 @@ use std::fmt::Debug;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use husk_fuzz::{byte, field, Unstructured};
-use husk_proto::{Request, Selector, ToAgent, User};
+use husk_core::calls::{fuzzing, Call, Selector, User};
+use husk_proto::{Request, ToAgent};
 use husk_server::connect::request::{
     decode_message, parse_stream_request, parse_timeout_ms, parse_unary, STREAM_CONTENT_TYPE,
     UNARY_CONTENT_TYPE,
@@ -27,7 +29,7 @@ use husk_server::envd::process::{
     CloseStdinRequest, ConnectRequest, ListRequest, SendInputRequest, SendSignalRequest,
     StartRequest, StreamInputEvent, StreamInputRequest, UpdateRequest,
 };
-use husk_server::envd::ToAgentRequest;
+use husk_server::envd::ToCall;
 use libfuzzer_sys::fuzz_target;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -128,8 +130,9 @@ fn check_request(req: Request) {
     }
 }
 
-fn one(r: Result<Request, ConnectError>) -> Result<Vec<Request>, ConnectError> {
-    r.map(|r| vec![r])
+/// The agent request a call becomes.
+fn one(r: Result<Call, ConnectError>) -> Result<Vec<Request>, ConnectError> {
+    r.map(|c| vec![fuzzing::request(c)])
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -199,43 +202,50 @@ fuzz_target!(|data: &[u8]| {
     let timeout = timeout.ok().flatten();
     match kind % 16 {
         0 => parse(&h, body, stream, |m: StartRequest| {
-            one(m.into_start_proc(user, timeout).map(Request::Start))
+            m.into_spec(user, timeout)
+                .map(|s| vec![Request::Start(fuzzing::start(s))])
         }),
         1 => parse(&h, body, stream, |m: ConnectRequest| {
-            one(m.into_request(user))
+            one(m.selector().map(Call::FindProcess))
         }),
-        2 => parse(&h, body, stream, |m: ListRequest| one(m.into_request(user))),
+        2 => parse(&h, body, stream, |m: ListRequest| one(m.into_call(user))),
         3 => parse(&h, body, stream, |m: UpdateRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
         4 => parse(&h, body, stream, |m: SendInputRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
         5 => parse(&h, body, stream, |m: SendSignalRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
         6 => parse(&h, body, stream, |m: CloseStdinRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
-        7 => parse(&h, body, stream, |m: StatRequest| one(m.into_request(user))),
+        7 => parse(&h, body, stream, |m: StatRequest| one(m.into_call(user))),
         8 => parse(&h, body, stream, |m: MakeDirRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
         9 => parse(&h, body, stream, |m: RemoveRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
-        10 => parse(&h, body, stream, |m: MoveRequest| one(m.into_request(user))),
+        10 => parse(&h, body, stream, |m: MoveRequest| one(m.into_call(user))),
         11 => parse(&h, body, stream, |m: ListDirRequest| {
-            one(m.into_request(user))
+            one(m.into_call(user))
         }),
         12 => parse(&h, body, stream, |m: WatchDirRequest| {
-            one(m.into_request(user))
+            m.watched().map(|(path, recursive)| {
+                vec![Request::WatchStart {
+                    path: path.as_str().to_owned(),
+                    recursive,
+                    user,
+                }]
+            })
         }),
         13 => parse(&h, body, stream, |_: WatcherId| Ok(Vec::new())),
         // One message of `Process/StreamInput`'s client stream.
         _ => parse(&h, body, stream, |m: StreamInputRequest| match m.event {
-            Some(StreamInputEvent::Start(s)) => s.selector().map(|s| vec![Request::Find(s)]),
-            Some(StreamInputEvent::Data(d)) => one(d.into_request(Selector::Pid(1))),
+            Some(StreamInputEvent::Start(s)) => one(s.selector().map(Call::FindProcess)),
+            Some(StreamInputEvent::Data(d)) => one(d.into_call(Selector::Pid(1))),
             Some(StreamInputEvent::Keepalive) | None => Ok(Vec::new()),
         }),
     }

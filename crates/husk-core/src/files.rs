@@ -13,6 +13,7 @@ use husk_proto::{Entry, Reply, Request, User, CHUNK};
 use tokio::sync::mpsc;
 
 use crate::agent::{AgentClient, CallError, PendingReply};
+use crate::calls::SandboxPath;
 use crate::manager::LiveSandbox;
 
 /// Chunks a read holds ready ahead of its consumer.
@@ -163,16 +164,16 @@ impl FileWrite {
         let handle = self.handle;
         match handle.close().await? {
             Reply::Entry(entry) => Ok(entry),
-            _ => Err(CallError::Gone),
+            _ => Err(crate::calls::unexpected_reply()),
         }
     }
 }
 
 impl LiveSandbox {
     /// Opens `path` for reading as `user` (the agent resolves it inside the sandbox).
-    pub async fn read_file(&self, path: &str, user: User) -> Result<FileRead, CallError> {
+    pub async fn read_file(&self, path: &SandboxPath, user: User) -> Result<FileRead, CallError> {
         let req = Request::OpenRead {
-            path: path.to_owned(),
+            path: path.as_str().to_owned(),
             user,
         };
         match self.agent.call(req).await? {
@@ -183,19 +184,19 @@ impl LiveSandbox {
                     handle: Some(handle),
                 },
             }),
-            _ => Err(CallError::Gone),
+            _ => Err(crate::calls::unexpected_reply()),
         }
     }
 
     /// Creates or truncates `path` for writing as `user`, with E2B's file `metadata`.
     pub async fn write_file(
         &self,
-        path: &str,
+        path: &SandboxPath,
         user: User,
         metadata: Vec<(String, String)>,
     ) -> Result<FileWrite, CallError> {
         let req = Request::OpenWrite {
-            path: path.to_owned(),
+            path: path.as_str().to_owned(),
             user,
             metadata,
         };
@@ -207,7 +208,7 @@ impl LiveSandbox {
                 },
                 in_flight: None,
             }),
-            _ => Err(CallError::Gone),
+            _ => Err(crate::calls::unexpected_reply()),
         }
     }
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod calls;
 pub mod contexts;
 pub mod files;
 pub mod host;

@@ -5,9 +5,8 @@
 
 use zeroize::Zeroizing;
 
-use husk_proto::{Selector, StartProc};
-
 use crate::agent::{CallError, ProcStream};
+use crate::calls::{ProcessSpec, Selector};
 use crate::manager::{LiveSandbox, Manager};
 use crate::secrets::{Injection, SecretError, REDACT_ENV, SECRET_PREFIX};
 
@@ -32,7 +31,8 @@ const MAX_AUDIT_COMMAND: usize = 512;
 /// names for the audit.
 #[derive(Default)]
 pub struct ProcessSecrets {
-    /// (variable, value): for [`StartProc::secret_envs`] only, never the request's `envs`.
+    /// (variable, value): for the agent's `StartProc::secret_envs` only, never the request's
+    /// `envs`.
     pub env: Vec<(String, String)>,
     /// Values to mask in the output (empty: nothing to mask, or masking turned off).
     pub redact: Vec<Zeroizing<Vec<u8>>>,
@@ -97,15 +97,14 @@ impl Manager {
     pub async fn start_process(
         &self,
         sb: &LiveSandbox,
-        mut p: StartProc,
+        mut p: ProcessSpec,
     ) -> Result<(u32, ProcStream), ProcessError> {
-        let secrets = self.process_secrets(sb, &mut p.envs)?;
+        let secrets = self.process_secrets(sb, p.envs_mut())?;
         // The audit keeps the command line, never a value it was given (a command may name
         // one literally), whether or not the output is masked. Built only when there is
         // something to audit: most starts (every `commands.run` without secrets) have none.
         let command = (!secrets.names.is_empty()).then(|| masked(&command_line(&p), &secrets.env));
-        p.secret_envs = secrets.env;
-        let (pid, events) = sb.agent.start(p).await?;
+        let (pid, events) = sb.agent.start(p.into_start(secrets.env)).await?;
         if let Some(command) = command {
             self.audit_secrets(&sb.team, &sb.id, &command, &secrets.names);
         }
@@ -127,9 +126,9 @@ impl Manager {
 }
 
 /// The command and its arguments, as the audit shows them.
-fn command_line(p: &StartProc) -> String {
-    std::iter::once(p.cmd.as_str())
-        .chain(p.args.iter().map(String::as_str))
+fn command_line(p: &ProcessSpec) -> String {
+    std::iter::once(p.command())
+        .chain(p.args().iter().map(String::as_str))
         .collect::<Vec<_>>()
         .join(" ")
 }

@@ -28,12 +28,16 @@ use crate::host::SandboxHost;
 pub enum AgentMode {
     /// Answers the hello, then every call: disk usage with [`FAKE_DISK`]; a started process
     /// prints `NAME=value` for each variable it got (its secrets first) and ends; attaching to
-    /// it prints that again; files live in memory (open, read, write, close, stat, remove);
-    /// other calls get an error.
+    /// it prints that again, listing lists it, signalling it succeeds; files live in memory
+    /// (open, read, write, close, stat, remove); stat of [`WRONG_KIND`] answers `Done`; other
+    /// calls get an error.
     Serve,
     /// Hangs up at the hello (a sandbox whose agent did not start).
     HangUp,
 }
+
+/// A path the fake agent stats with a reply of the wrong kind, as a broken agent could.
+pub const WRONG_KIND: &str = "/wrong-kind";
 
 /// (used, total) disk bytes the fake agent reports.
 pub const FAKE_DISK: (u64, u64) = (4096, 1 << 30);
@@ -236,6 +240,25 @@ fn serve(
                 after = proc_output(pid, outputs[&pid].clone());
                 Ok(Reply::Started { pid })
             }
+            Request::List => Ok(Reply::Processes(
+                outputs
+                    .keys()
+                    .map(|&pid| husk_proto::ProcInfo {
+                        pid,
+                        tag: None,
+                        cmd: "/bin/bash".into(),
+                        args: Vec::new(),
+                        envs: Vec::new(),
+                        cwd: None,
+                    })
+                    .collect(),
+            )),
+            Request::Signal {
+                sel: Selector::Pid(pid),
+                ..
+            } if outputs.contains_key(&pid) => Ok(Reply::Done),
+            // A broken agent: a reply of the wrong kind.
+            Request::Stat { path, .. } if path == WRONG_KIND => Ok(Reply::Done),
             req @ (Request::OpenRead { .. }
             | Request::OpenWrite { .. }
             | Request::Read { .. }

@@ -1,16 +1,21 @@
 //! The file door against a fake agent with in-memory files: whole files and ranges round-trip
-//! in chunks, a file read stops at a shrunk end, handles are closed however a transfer ends,
-//! and other calls cannot open handles behind the door's back.
+//! in chunks, a file read stops at a shrunk end, and handles are closed however a transfer
+//! ends. (No other call can open a handle: [`crate::calls::Call`] has no such call.)
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use husk_proto::{Request, User, CHUNK};
+use husk_proto::{User, CHUNK};
 
 use crate::agent::CallError;
+use crate::calls::SandboxPath;
 use crate::manager::{Config, CreateRequest, LiveSandbox, Manager};
 use crate::store::{Principal, Store};
 use crate::testing::FakeHost;
+
+fn p(path: &str) -> SandboxPath {
+    SandboxPath::new(path).unwrap()
+}
 
 async fn sandbox() -> (Arc<Manager>, Arc<FakeHost>, Arc<LiveSandbox>) {
     let store = Arc::new(Store::open_in_memory().unwrap());
@@ -40,7 +45,10 @@ fn content() -> Vec<u8> {
 }
 
 async fn write(sb: &LiveSandbox, path: &str, data: &[u8]) {
-    let mut w = sb.write_file(path, User::User, Vec::new()).await.unwrap();
+    let mut w = sb
+        .write_file(&p(path), User::User, Vec::new())
+        .await
+        .unwrap();
     for chunk in data.chunks(CHUNK) {
         w.write(chunk.to_vec()).await.unwrap();
     }
@@ -49,7 +57,7 @@ async fn write(sb: &LiveSandbox, path: &str, data: &[u8]) {
 }
 
 async fn read(sb: &LiveSandbox, path: &str, start: u64, end: u64) -> Vec<u8> {
-    let file = sb.read_file(path, User::User).await.unwrap();
+    let file = sb.read_file(&p(path), User::User).await.unwrap();
     let mut rx = file.bytes(start, end);
     let mut out = Vec::new();
     while let Some(chunk) = rx.recv().await {
@@ -88,12 +96,15 @@ async fn a_transfer_abandoned_midway_closes_its_handle() {
     write(&sb, "/f", &content()).await;
     let runtime_id = sb.runtime_id.clone();
     // A reader that takes one chunk and goes away.
-    let file = sb.read_file("/f", User::User).await.unwrap();
+    let file = sb.read_file(&p("/f"), User::User).await.unwrap();
     let mut rx = file.bytes(0, content().len() as u64);
     rx.recv().await.unwrap().unwrap();
     drop(rx);
     // A writer dropped before it finished.
-    let mut w = sb.write_file("/g", User::User, Vec::new()).await.unwrap();
+    let mut w = sb
+        .write_file(&p("/g"), User::User, Vec::new())
+        .await
+        .unwrap();
     w.write(vec![1; 10]).await.unwrap();
     drop(w);
     assert!(
@@ -108,7 +119,7 @@ async fn a_transfer_abandoned_midway_closes_its_handle() {
 async fn a_failed_write_has_closed_its_file_when_it_returns() {
     let (_m, host, sb) = sandbox().await;
     let mut w = sb
-        .write_file("/full/big", User::User, Vec::new())
+        .write_file(&p("/full/big"), User::User, Vec::new())
         .await
         .unwrap();
     let mut failed = None;
@@ -129,52 +140,8 @@ async fn a_failed_write_has_closed_its_file_when_it_returns() {
 #[tokio::test]
 async fn a_missing_file_is_the_agents_not_found() {
     let (_m, _host, sb) = sandbox().await;
-    match sb.read_file("/nope", User::User).await {
+    match sb.read_file(&p("/nope"), User::User).await {
         Err(CallError::Agent(e)) => assert_eq!(e.kind, husk_proto::ErrorKind::NotFound),
         other => panic!("expected not found, got {:?}", other.map(|f| f.entry)),
     }
-}
-
-#[tokio::test]
-async fn the_unary_door_refuses_what_has_a_door_of_its_own() {
-    let (_m, host, sb) = sandbox().await;
-    write(&sb, "/f", b"x").await;
-    let own_doors = [
-        Request::OpenRead {
-            path: "/f".into(),
-            user: User::Root,
-        },
-        Request::Read {
-            handle: 1,
-            offset: 0,
-            len: 1,
-        },
-        Request::Close { handle: 1 },
-        Request::WatchStop { watch: 1 },
-        Request::KernelSpecs,
-    ];
-    for req in own_doors {
-        let what = format!("{req:?}");
-        match sb.call(req).await {
-            Err(CallError::Agent(e)) => {
-                assert_eq!(e.kind, husk_proto::ErrorKind::InvalidArgument, "{what}");
-                assert!(
-                    e.message.contains("door of its own"),
-                    "{what}: {}",
-                    e.message
-                );
-            }
-            other => panic!("{what}: {other:?}"),
-        }
-    }
-    assert_eq!(host.open_handles(&sb.runtime_id), 0);
-    // A unary call goes through.
-    let stat = sb
-        .call(Request::Stat {
-            path: "/f".into(),
-            user: User::User,
-        })
-        .await
-        .unwrap();
-    assert!(matches!(stat, husk_proto::Reply::Entry(e) if e.size == 1));
 }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use husk_proto::{AgentError, ErrorKind, Reply, Request, User};
+use husk_proto::User;
 use husk_runtime::cgroup::SandboxCgroup;
 use husk_runtime::Limits;
 use time::OffsetDateTime;
@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 
 use super::{CoreError, WorkspaceMount};
 use crate::agent::{AgentClient, CallError, WatchStream};
+use crate::calls::{Answer, Call, SandboxPath};
 
 /// A running sandbox.
 pub struct LiveSandbox {
@@ -136,42 +137,23 @@ impl LiveSandbox {
         self.public_traffic
     }
 
-    /// A call answered by one reply: the file system's and the processes' unary calls.
-    /// What starts something with a stream or a handle of its own has its own door and is
-    /// refused here: processes ([`Manager::start_process`](super::Manager::start_process)),
-    /// watches ([`LiveSandbox::watch`]), file transfers ([`LiveSandbox::read_file`],
-    /// [`LiveSandbox::write_file`]) and kernels ([`LiveSandbox::contexts`]).
-    pub async fn call(&self, req: Request) -> Result<Reply, CallError> {
-        match req {
-            Request::Find(_)
-            | Request::List
-            | Request::Input { .. }
-            | Request::CloseStdin(_)
-            | Request::Signal { .. }
-            | Request::Resize { .. }
-            | Request::Stat { .. }
-            | Request::MakeDir { .. }
-            | Request::Move { .. }
-            | Request::ListDir { .. }
-            | Request::Remove { .. }
-            | Request::Env
-            | Request::Disk => self.agent.call(req).await,
-            other => Err(CallError::Agent(AgentError::new(
-                ErrorKind::InvalidArgument,
-                format!("{} has a door of its own", request_name(&other)),
-            ))),
-        }
+    /// A call answered at once (see [`Call`]); the agent's reply must be of the call's kind.
+    pub async fn call(&self, call: Call) -> Result<Answer, CallError> {
+        let (req, answer) = call.into_parts();
+        answer(self.agent.call(req).await?).ok_or_else(crate::calls::unexpected_reply)
     }
 
     /// Watches `path` (and below it, if `recursive`) as `user`; the watch ends when the
     /// stream is dropped.
     pub async fn watch(
         &self,
-        path: String,
+        path: &SandboxPath,
         recursive: bool,
         user: User,
     ) -> Result<WatchStream, CallError> {
-        self.agent.watch(path, recursive, user).await
+        self.agent
+            .watch(path.as_str().to_owned(), recursive, user)
+            .await
     }
 
     /// Whether the sandbox is gone (its agent connection ended).
@@ -295,18 +277,4 @@ pub struct Metrics {
 /// `O_PATH | O_DIRECTORY`: opens a directory to resolve paths below it, without reading it.
 fn libc_o_path_directory() -> i32 {
     husk_runtime::libc::O_PATH | husk_runtime::libc::O_DIRECTORY
-}
-
-/// A request's name, for an error that says which door it should have taken.
-fn request_name(req: &Request) -> &'static str {
-    match req {
-        Request::Start(_) => "starting a process",
-        Request::WatchStart { .. } | Request::WatchStop { .. } => "a watch",
-        Request::OpenRead { .. }
-        | Request::OpenWrite { .. }
-        | Request::Read { .. }
-        | Request::Write { .. }
-        | Request::Close { .. } => "a file transfer",
-        _ => "a kernel call",
-    }
 }

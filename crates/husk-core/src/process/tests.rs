@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use husk_proto::{ProcEvent, Selector, StartProc};
+use crate::calls::{ProcEvent, ProcessSpec, Selector};
 
 use super::*;
 use crate::manager::{Config, CreateRequest};
@@ -68,17 +68,18 @@ async fn sandbox(m: &Arc<Manager>, env: &[(&str, &str)]) -> Arc<LiveSandbox> {
     m.create(&who(), req).await.unwrap()
 }
 
-fn start(envs: &[(&str, &str)]) -> StartProc {
-    StartProc {
-        envs: envs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..StartProc::new(
-            "/bin/bash",
-            vec!["-l".into(), "-c".into(), "printenv".into()],
-        )
-    }
+fn start(envs: &[(&str, &str)]) -> ProcessSpec {
+    spec(&["-l", "-c", "printenv"], envs)
+}
+
+fn spec(args: &[&str], envs: &[(&str, &str)]) -> ProcessSpec {
+    let envs = envs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    ProcessSpec::new("/bin/bash", args.iter().map(|a| a.to_string()).collect())
+        .unwrap()
+        .env(crate::manager::EnvVars::new(envs).unwrap())
 }
 
 /// Everything the process printed, up to its end.
@@ -192,11 +193,11 @@ async fn unknown_secrets_and_a_server_without_secrets_are_refused_before_the_age
 async fn the_audit_never_keeps_a_value_the_command_names_even_unmasked() {
     let (m, _host, _dir) = manager(true);
     let sb = sandbox(&m, &[]).await;
-    let mut p = start(&[("K", "husk-secret://API"), ("HUSK_REDACT", "0")]);
-    p.args = vec![
-        "-c".into(),
-        format!("test \"$K\" = \"{VALUE}\" && echo match"),
-    ];
+    let test = format!("test \"$K\" = \"{VALUE}\" && echo match");
+    let p = spec(
+        &["-c", &test],
+        &[("K", "husk-secret://API"), ("HUSK_REDACT", "0")],
+    );
     m.start_process(&sb, p).await.unwrap();
     let uses = m.secrets().unwrap().uses("a", 10).unwrap();
     assert_eq!(

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use husk_proto::{ProcEnd, ProcEvent, StartProc, PROCESS_TIMED_OUT};
+use crate::calls::{ProcEnd, ProcEvent, ProcessSpec, SandboxPath, PROCESS_TIMED_OUT};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
@@ -297,19 +297,21 @@ async fn run_command(
     tx: &mpsc::Sender<RunEvent>,
     cancel: &Cancel,
 ) -> Result<(RunStatus, Option<i32>, String), String> {
-    let mut p = StartProc {
-        cmd: plan.argv[0].clone(),
-        args: plan.argv[1..].to_vec(),
-        envs: plan.env.clone(),
-        cwd: plan.workdir.clone(),
-        user,
-        pty: None,
-        tag: None,
-        stdin: false,
-        timeout_ms: Some(plan.timeout.as_millis() as u64),
-        secret_envs: Vec::new(),
-    };
-    with_masking(plan, &mut p.envs);
+    // The plan's values were checked when the run was asked for; the spec checks them again
+    // as it checks every caller's.
+    let invalid = |e: crate::calls::InvalidValue| format!("starting the command failed: {e}");
+    let env =
+        EnvVars::new(plan.env.clone()).map_err(|e| format!("starting the command failed: {e}"))?;
+    let mut p = ProcessSpec::new(plan.argv[0].clone(), plan.argv[1..].to_vec())
+        .map_err(invalid)?
+        .env(env)
+        .user(user)
+        .stdin(false)
+        .timeout_ms(Some(plan.timeout.as_millis() as u64));
+    if let Some(dir) = &plan.workdir {
+        p = p.cwd(SandboxPath::named("workdir", dir.clone()).map_err(invalid)?);
+    }
+    with_masking(plan, p.envs_mut());
     // Secrets, masking and audit: as for any process started in a sandbox.
     let (_pid, mut events) = manager
         .start_process(sb, p)
@@ -492,8 +494,9 @@ async fn write_file(
     bytes: &[u8],
     user: husk_proto::User,
 ) -> Result<(), String> {
+    let path = SandboxPath::new(path).map_err(|e| e.to_string())?;
     let mut file = sb
-        .write_file(path, user, Vec::new())
+        .write_file(&path, user, Vec::new())
         .await
         .map_err(|e| e.to_string())?;
     for chunk in bytes.chunks(husk_proto::CHUNK) {

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use axum::http::StatusCode;
-use husk_proto::{AgentError, ErrorKind};
+use husk_core::calls::{AgentError, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 /// The Connect error codes, serialized as their snake_case names.

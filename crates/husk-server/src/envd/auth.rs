@@ -7,7 +7,7 @@
 use axum::http::{header, HeaderMap};
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
-use husk_proto::User;
+use husk_core::calls::User;
 
 use crate::connect::ConnectError;
 use crate::files::auth::constant_time_eq;

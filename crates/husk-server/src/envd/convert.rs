@@ -1,18 +1,20 @@
-//! Conversions between the envd wire messages and the agent protocol.
+//! Conversions between the envd wire messages and the core's calls.
 //!
-//! Requests are validated here, before they reach the agent: a missing process selector, an
-//! empty command, a terminal size that does not fit the kernel's `u16`, an unknown signal or a
-//! NUL byte in a string the agent would pass to the kernel all become `invalid_argument`.
-//! Replies come from the agent (inside the sandbox) and are converted totally: values the wire
-//! cannot express are clamped or dropped, never trusted to be in range.
+//! Requests become [`Call`]s and [`ProcessSpec`]s here, before they reach the core: a missing
+//! process selector, a missing terminal size or an unknown signal is a malformed message, and
+//! whatever the core's checked values refuse (an empty command, a NUL byte in a path, argument
+//! or environment entry, a terminal size that does not fit the kernel) becomes
+//! `invalid_argument` too. Replies come from the agent (inside the sandbox) and are converted
+//! totally: values the wire cannot express are clamped or dropped, never trusted to be in
+//! range.
 
-use husk_proto::{
-    Entry, FileType as AgentFileType, FsEvent, FsOp, ProcEnd, ProcEvent, ProcInfo, Request,
-    Selector, StartProc, User,
+use husk_core::calls::{
+    Call, Entry, FileType as CoreFileType, FsEvent, FsOp, InvalidValue, ProcEnd, ProcEvent,
+    ProcInfo, ProcessSpec, SandboxPath, Selector, Signal as CoreSignal, TerminalSize, User,
 };
+use husk_core::manager::EnvVars;
 
 use crate::connect::ConnectError;
-use husk_core::manager::EnvVars;
 
 use super::filesystem::{
     EntryInfo, EventType, FileType, FilesystemEvent, ListDirRequest, MakeDirRequest, MoveRequest,
@@ -26,26 +28,22 @@ use super::process::{
 };
 use super::wire::Timestamp;
 
-/// A unary request that maps onto exactly one agent request.
-pub trait ToAgentRequest {
-    /// Validates the request and builds the agent request, on behalf of `user` (from the
-    /// call's Basic auth, or the sandbox's default user).
-    fn into_request(self, user: User) -> Result<Request, ConnectError>;
+/// A unary request that is exactly one call of the core.
+pub trait ToCall {
+    /// Validates the request and builds the call, on behalf of `user` (from the call's Basic
+    /// auth, or the sandbox's default user).
+    fn into_call(self, user: User) -> Result<Call, ConnectError>;
+}
+
+impl From<InvalidValue> for ConnectError {
+    fn from(e: InvalidValue) -> Self {
+        ConnectError::invalid_argument(e.to_string())
+    }
 }
 
 fn selector(sel: Option<ProcessSelector>) -> Result<Selector, ConnectError> {
     sel.map(Selector::from)
         .ok_or_else(|| ConnectError::invalid_argument("missing process selector (pid or tag)"))
-}
-
-/// Refuses NUL bytes, which no path, argument or environment entry can carry to the kernel.
-fn no_nul(what: &str, text: &str) -> Result<(), ConnectError> {
-    if text.contains('\0') {
-        return Err(ConnectError::invalid_argument(format!(
-            "{what} contains a NUL byte"
-        )));
-    }
-    Ok(())
 }
 
 impl From<ProcessSelector> for Selector {
@@ -58,59 +56,41 @@ impl From<ProcessSelector> for Selector {
 }
 
 impl Pty {
-    /// The terminal size as `(cols, rows)`: both are required, at least 1 and at most 65535.
-    pub fn cols_rows(&self) -> Result<(u16, u16), ConnectError> {
+    /// The terminal size: both sides are required (see [`TerminalSize`]).
+    pub fn size(&self) -> Result<TerminalSize, ConnectError> {
         let size = self
             .size
             .ok_or_else(|| ConnectError::invalid_argument("pty without a size"))?;
-        let dim = |name: &str, v: u32| {
-            u16::try_from(v).ok().filter(|&v| v >= 1).ok_or_else(|| {
-                ConnectError::invalid_argument(format!(
-                    "pty {name} must be between 1 and 65535, got {v}"
-                ))
-            })
-        };
-        Ok((dim("cols", size.cols)?, dim("rows", size.rows)?))
+        Ok(TerminalSize::new(size.cols, size.rows)?)
     }
 }
 
 impl StartRequest {
     /// The process to start. `timeout_ms` is the call's `Connect-Timeout-Ms`, which envd uses
     /// as the process's lifetime. An empty `cwd` or `tag` counts as unset.
-    pub fn into_start_proc(
+    pub fn into_spec(
         self,
         user: User,
         timeout_ms: Option<u64>,
-    ) -> Result<StartProc, ConnectError> {
+    ) -> Result<ProcessSpec, ConnectError> {
         let config = self
             .process
             .ok_or_else(|| ConnectError::invalid_argument("missing process config"))?;
-        if config.cmd.is_empty() {
-            return Err(ConnectError::invalid_argument("empty command"));
-        }
-        no_nul("command", &config.cmd)?;
-        for arg in &config.args {
-            no_nul("argument", arg)?;
-        }
         let envs = EnvVars::new(config.envs.into_iter().collect())
             .map_err(|e| ConnectError::invalid_argument(e.to_string()))?;
-        let cwd = config.cwd.filter(|c| !c.is_empty());
-        if let Some(cwd) = &cwd {
-            no_nul("cwd", cwd)?;
+        let mut spec = ProcessSpec::new(config.cmd, config.args)?
+            .env(envs)
+            .user(user)
+            .tag(self.tag.unwrap_or_default())
+            .stdin(self.stdin.unwrap_or(true))
+            .timeout_ms(timeout_ms);
+        if let Some(cwd) = config.cwd.filter(|c| !c.is_empty()) {
+            spec = spec.cwd(SandboxPath::named("cwd", cwd)?);
         }
-        let pty = self.pty.as_ref().map(Pty::cols_rows).transpose()?;
-        Ok(StartProc {
-            cmd: config.cmd,
-            args: config.args,
-            envs: envs.into_vec(),
-            cwd,
-            user,
-            pty,
-            tag: self.tag.filter(|t| !t.is_empty()),
-            stdin: self.stdin.unwrap_or(true),
-            timeout_ms,
-            secret_envs: Vec::new(),
-        })
+        if let Some(pty) = &self.pty {
+            spec = spec.pty(pty.size()?);
+        }
+        Ok(spec)
     }
 }
 
@@ -132,149 +112,133 @@ impl StreamInputStart {
 }
 
 impl StreamInputData {
-    /// The agent request writing this chunk to the process chosen by the stream's start.
-    pub fn into_request(self, sel: Selector) -> Result<Request, ConnectError> {
+    /// The call writing this chunk to the process chosen by the stream's start.
+    pub fn into_call(self, process: Selector) -> Result<Call, ConnectError> {
         let (data, pty) = self
             .input
             .ok_or_else(|| ConnectError::invalid_argument("data event without input"))?
             .into_parts();
-        Ok(Request::Input { sel, data, pty })
+        Ok(Call::SendInput { process, data, pty })
     }
 }
 
-impl ToAgentRequest for ConnectRequest {
-    /// `Find`: re-attaching needs the process to exist.
-    fn into_request(self, _user: User) -> Result<Request, ConnectError> {
-        Ok(Request::Find(selector(self.process)?))
+impl ConnectRequest {
+    /// The process to re-attach to.
+    pub fn selector(self) -> Result<Selector, ConnectError> {
+        selector(self.process)
     }
 }
 
-impl ToAgentRequest for ListRequest {
-    fn into_request(self, _user: User) -> Result<Request, ConnectError> {
-        Ok(Request::List)
+impl ToCall for ListRequest {
+    fn into_call(self, _user: User) -> Result<Call, ConnectError> {
+        Ok(Call::ListProcesses)
     }
 }
 
-impl ToAgentRequest for UpdateRequest {
-    /// `Resize`; without a pty the update changes nothing, and becomes `Find`, so the call
-    /// still fails with `not_found` for a process that does not exist.
-    fn into_request(self, _user: User) -> Result<Request, ConnectError> {
-        let sel = selector(self.process)?;
+impl ToCall for UpdateRequest {
+    /// `Resize`; without a pty the update changes nothing, and only finds the process, so the
+    /// call still fails with `not_found` for a process that does not exist.
+    fn into_call(self, _user: User) -> Result<Call, ConnectError> {
+        let process = selector(self.process)?;
         match self.pty {
-            Some(pty) => {
-                let (cols, rows) = pty.cols_rows()?;
-                Ok(Request::Resize { sel, cols, rows })
-            }
-            None => Ok(Request::Find(sel)),
+            Some(pty) => Ok(Call::Resize {
+                process,
+                size: pty.size()?,
+            }),
+            None => Ok(Call::FindProcess(process)),
         }
     }
 }
 
-impl ToAgentRequest for SendInputRequest {
-    fn into_request(self, _user: User) -> Result<Request, ConnectError> {
-        let sel = selector(self.process)?;
-        StreamInputData { input: self.input }.into_request(sel)
+impl ToCall for SendInputRequest {
+    fn into_call(self, _user: User) -> Result<Call, ConnectError> {
+        let process = selector(self.process)?;
+        StreamInputData { input: self.input }.into_call(process)
     }
 }
 
-impl ToAgentRequest for SendSignalRequest {
+impl ToCall for SendSignalRequest {
     /// Only the two signals the protocol defines are sent.
-    fn into_request(self, _user: User) -> Result<Request, ConnectError> {
-        let sel = selector(self.process)?;
+    fn into_call(self, _user: User) -> Result<Call, ConnectError> {
+        let process = selector(self.process)?;
         let signal = match self.signal {
-            Signal::Sigterm => 15,
-            Signal::Sigkill => 9,
+            Signal::Sigterm => CoreSignal::Terminate,
+            Signal::Sigkill => CoreSignal::Kill,
             Signal::Unspecified => {
                 return Err(ConnectError::invalid_argument(
                     "signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL",
                 ))
             }
         };
-        Ok(Request::Signal { sel, signal })
+        Ok(Call::Signal { process, signal })
     }
 }
 
-impl ToAgentRequest for CloseStdinRequest {
-    fn into_request(self, _user: User) -> Result<Request, ConnectError> {
-        Ok(Request::CloseStdin(selector(self.process)?))
+impl ToCall for CloseStdinRequest {
+    fn into_call(self, _user: User) -> Result<Call, ConnectError> {
+        Ok(Call::CloseStdin(selector(self.process)?))
     }
 }
 
-impl ToAgentRequest for StatRequest {
-    fn into_request(self, user: User) -> Result<Request, ConnectError> {
-        no_nul("path", &self.path)?;
-        Ok(Request::Stat {
-            path: self.path,
+impl ToCall for StatRequest {
+    fn into_call(self, user: User) -> Result<Call, ConnectError> {
+        let path = SandboxPath::new(self.path)?;
+        Ok(Call::Stat { path, user })
+    }
+}
+
+impl ToCall for MakeDirRequest {
+    fn into_call(self, user: User) -> Result<Call, ConnectError> {
+        let path = SandboxPath::new(self.path)?;
+        Ok(Call::MakeDir { path, user })
+    }
+}
+
+impl ToCall for RemoveRequest {
+    fn into_call(self, user: User) -> Result<Call, ConnectError> {
+        let path = SandboxPath::new(self.path)?;
+        Ok(Call::Remove { path, user })
+    }
+}
+
+impl ToCall for MoveRequest {
+    fn into_call(self, user: User) -> Result<Call, ConnectError> {
+        Ok(Call::Move {
+            from: SandboxPath::named("source", self.source)?,
+            to: SandboxPath::named("destination", self.destination)?,
             user,
         })
     }
 }
 
-impl ToAgentRequest for MakeDirRequest {
-    fn into_request(self, user: User) -> Result<Request, ConnectError> {
-        no_nul("path", &self.path)?;
-        Ok(Request::MakeDir {
-            path: self.path,
-            user,
-        })
-    }
-}
-
-impl ToAgentRequest for RemoveRequest {
-    fn into_request(self, user: User) -> Result<Request, ConnectError> {
-        no_nul("path", &self.path)?;
-        Ok(Request::Remove {
-            path: self.path,
-            user,
-        })
-    }
-}
-
-impl ToAgentRequest for MoveRequest {
-    fn into_request(self, user: User) -> Result<Request, ConnectError> {
-        no_nul("source", &self.source)?;
-        no_nul("destination", &self.destination)?;
-        Ok(Request::Move {
-            from: self.source,
-            to: self.destination,
-            user,
-        })
-    }
-}
-
-impl ToAgentRequest for ListDirRequest {
+impl ToCall for ListDirRequest {
     /// Depth 0 (unset) lists the directory's own entries, like depth 1.
-    fn into_request(self, user: User) -> Result<Request, ConnectError> {
-        no_nul("path", &self.path)?;
-        Ok(Request::ListDir {
-            path: self.path,
+    fn into_call(self, user: User) -> Result<Call, ConnectError> {
+        let path = SandboxPath::new(self.path)?;
+        Ok(Call::ListDir {
+            path,
             depth: self.depth.max(1),
             user,
         })
     }
 }
 
-impl ToAgentRequest for WatchDirRequest {
-    /// `WatchStart`. `include_entry` and `allow_network_mounts` stay with the caller: the
-    /// former asks it to stat each event's path, the latter has no meaning inside a husk
-    /// sandbox (it has no network mounts).
-    fn into_request(self, user: User) -> Result<Request, ConnectError> {
-        no_nul("path", &self.path)?;
-        Ok(Request::WatchStart {
-            path: self.path,
-            recursive: self.recursive,
-            user,
-        })
+impl WatchDirRequest {
+    /// The directory to watch and whether below it too. `include_entry` and
+    /// `allow_network_mounts` stay with the caller: the former asks it to stat each event's
+    /// path, the latter has no meaning inside a husk sandbox (it has no network mounts).
+    pub fn watched(&self) -> Result<(SandboxPath, bool), ConnectError> {
+        Ok((SandboxPath::new(self.path.clone())?, self.recursive))
     }
 }
 
 impl From<Entry> for EntryInfo {
     fn from(entry: Entry) -> Self {
         let file_type = match entry.file_type {
-            AgentFileType::File => FileType::File,
-            AgentFileType::Dir => FileType::Directory,
-            AgentFileType::Symlink => FileType::Symlink,
-            AgentFileType::Other => FileType::Unspecified,
+            CoreFileType::File => FileType::File,
+            CoreFileType::Dir => FileType::Directory,
+            CoreFileType::Symlink => FileType::Symlink,
+            CoreFileType::Other => FileType::Unspecified,
         };
         EntryInfo {
             name: entry.name,
@@ -288,7 +252,7 @@ impl From<Entry> for EntryInfo {
             modified_time: Timestamp::new(entry.mtime_secs, entry.mtime_nanos),
             symlink_target: entry.symlink_target,
             metadata: entry.metadata.into_iter().collect(),
-            is_symlink: entry.file_type == AgentFileType::Symlink,
+            is_symlink: entry.file_type == CoreFileType::Symlink,
         }
     }
 }
@@ -368,10 +332,14 @@ mod tests {
     use crate::envd::process::{PtySize, StreamInputEvent, StreamInputRequest};
     use serde_json::json;
 
-    fn start(v: serde_json::Value) -> Result<StartProc, ConnectError> {
+    fn start(v: serde_json::Value) -> Result<ProcessSpec, ConnectError> {
         serde_json::from_value::<StartRequest>(v)
             .unwrap()
-            .into_start_proc(User::User, Some(5000))
+            .into_spec(User::User, Some(5000))
+    }
+
+    fn path(p: &str) -> SandboxPath {
+        SandboxPath::new(p).unwrap()
     }
 
     #[test]
@@ -382,34 +350,30 @@ mod tests {
             "stdin": false
         }))
         .unwrap();
-        assert_eq!(
-            p,
-            StartProc {
-                cmd: "/bin/bash".into(),
-                args: vec!["-l".into(), "-c".into(), "ls".into()],
-                envs: vec![("A".into(), "1".into()), ("B".into(), "2".into())],
-                cwd: Some("~/x".into()),
-                user: User::User,
-                pty: None,
-                tag: None,
-                stdin: false,
-                timeout_ms: Some(5000),
-                secret_envs: Vec::new(),
-            }
-        );
+        let env = EnvVars::new(vec![("A".into(), "1".into()), ("B".into(), "2".into())]).unwrap();
+        let expected = ProcessSpec::new("/bin/bash", vec!["-l".into(), "-c".into(), "ls".into()])
+            .unwrap()
+            .env(env)
+            .cwd(path("~/x"))
+            .user(User::User)
+            .stdin(false)
+            .timeout_ms(Some(5000));
+        assert_eq!(p, expected);
         let p = start(json!({
             "process": {"cmd": "/bin/bash", "cwd": ""},
             "pty": {"size": {"cols": 80, "rows": 24}},
             "tag": ""
         }))
         .unwrap();
-        assert_eq!(p.pty, Some((80, 24)));
-        assert_eq!(p.cwd, None);
-        assert_eq!(p.tag, None);
-        assert!(p.stdin, "unset stdin means open");
+        assert_eq!(p.terminal(), Some((80, 24)));
+        assert_eq!(p.working_dir(), None);
+        assert_eq!(p.process_tag(), None);
+        assert!(p.stdin_open(), "unset stdin means open");
         let p =
             start(json!({"process": {"cmd": "x"}, "pty": {"size": {"cols": 65535, "rows": 1}}}));
-        assert_eq!(p.unwrap().pty, Some((65535, 1)));
+        assert_eq!(p.unwrap().terminal(), Some((65535, 1)));
+        let p = start(json!({"process": {"cmd": "x"}, "tag": "t"})).unwrap();
+        assert_eq!(p.process_tag(), Some("t"));
     }
 
     #[test]
@@ -436,39 +400,40 @@ mod tests {
         }
     }
 
-    fn req<T: ToAgentRequest + for<'de> serde::Deserialize<'de>>(
+    fn req<T: ToCall + for<'de> serde::Deserialize<'de>>(
         v: serde_json::Value,
-    ) -> Result<Request, ConnectError> {
+    ) -> Result<Call, ConnectError> {
         serde_json::from_value::<T>(v)
             .unwrap()
-            .into_request(User::Root)
+            .into_call(User::Root)
     }
 
     #[test]
     fn process_requests_convert() {
+        let connect = |v| {
+            serde_json::from_value::<ConnectRequest>(v)
+                .unwrap()
+                .selector()
+        };
         assert_eq!(
-            req::<ConnectRequest>(json!({"process":{"pid":4}})).unwrap(),
-            Request::Find(Selector::Pid(4))
+            connect(json!({"process":{"pid":4}})).unwrap(),
+            Selector::Pid(4)
         );
-        assert_eq!(
-            req::<ConnectRequest>(json!({})).unwrap_err().code,
-            Code::InvalidArgument
-        );
-        assert_eq!(req::<ListRequest>(json!({})).unwrap(), Request::List);
+        assert_eq!(connect(json!({})).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(req::<ListRequest>(json!({})).unwrap(), Call::ListProcesses);
         assert_eq!(
             req::<UpdateRequest>(
                 json!({"process":{"tag":"t"},"pty":{"size":{"cols":100,"rows":30}}})
             )
             .unwrap(),
-            Request::Resize {
-                sel: Selector::Tag("t".into()),
-                cols: 100,
-                rows: 30
+            Call::Resize {
+                process: Selector::Tag("t".into()),
+                size: TerminalSize::new(100, 30).unwrap(),
             }
         );
         assert_eq!(
             req::<UpdateRequest>(json!({"process":{"pid":1}})).unwrap(),
-            Request::Find(Selector::Pid(1))
+            Call::FindProcess(Selector::Pid(1))
         );
         assert!(req::<UpdateRequest>(
             json!({"process":{"pid":1},"pty":{"size":{"cols":0,"rows":1}}})
@@ -476,8 +441,8 @@ mod tests {
         .is_err());
         assert_eq!(
             req::<SendInputRequest>(json!({"process":{"pid":2},"input":{"pty":"aGk="}})).unwrap(),
-            Request::Input {
-                sel: Selector::Pid(2),
+            Call::SendInput {
+                process: Selector::Pid(2),
                 data: b"hi".to_vec(),
                 pty: true
             }
@@ -486,23 +451,23 @@ mod tests {
         assert_eq!(
             req::<SendSignalRequest>(json!({"process":{"pid":2},"signal":"SIGNAL_SIGKILL"}))
                 .unwrap(),
-            Request::Signal {
-                sel: Selector::Pid(2),
-                signal: 9
+            Call::Signal {
+                process: Selector::Pid(2),
+                signal: CoreSignal::Kill
             }
         );
         assert_eq!(
             req::<SendSignalRequest>(json!({"process":{"pid":2},"signal":15})).unwrap(),
-            Request::Signal {
-                sel: Selector::Pid(2),
-                signal: 15
+            Call::Signal {
+                process: Selector::Pid(2),
+                signal: CoreSignal::Terminate
             }
         );
         let err = req::<SendSignalRequest>(json!({"process":{"pid":2}})).unwrap_err();
         assert_eq!(err.code, Code::InvalidArgument);
         assert_eq!(
             req::<CloseStdinRequest>(json!({"process":{"pid":8}})).unwrap(),
-            Request::CloseStdin(Selector::Pid(8))
+            Call::CloseStdin(Selector::Pid(8))
         );
     }
 
@@ -521,79 +486,86 @@ mod tests {
             panic!("not data")
         };
         assert_eq!(
-            data.into_request(sel.clone()).unwrap(),
-            Request::Input {
-                sel,
+            data.into_call(sel.clone()).unwrap(),
+            Call::SendInput {
+                process: sel,
                 data: b"x".to_vec(),
                 pty: false
             }
         );
         assert!(StreamInputStart::default().selector().is_err());
         assert!(StreamInputData::default()
-            .into_request(Selector::Pid(1))
+            .into_call(Selector::Pid(1))
             .is_err());
     }
 
     #[test]
     fn filesystem_requests_convert() {
+        let root = User::Root;
         assert_eq!(
             req::<StatRequest>(json!({"path":"~/a"})).unwrap(),
-            Request::Stat {
-                path: "~/a".into(),
-                user: User::Root
+            Call::Stat {
+                path: path("~/a"),
+                user: root
             }
         );
         assert_eq!(
             req::<MakeDirRequest>(json!({"path":"d"})).unwrap(),
-            Request::MakeDir {
-                path: "d".into(),
-                user: User::Root
+            Call::MakeDir {
+                path: path("d"),
+                user: root
             }
         );
         assert_eq!(
             req::<RemoveRequest>(json!({"path":"d"})).unwrap(),
-            Request::Remove {
-                path: "d".into(),
-                user: User::Root
+            Call::Remove {
+                path: path("d"),
+                user: root
             }
         );
         assert!(req::<RemoveRequest>(json!({"path":"a\u{0}"})).is_err());
         assert!(req::<StatRequest>(json!({"path":"a\u{0}"})).is_err());
+        let long = "x".repeat(husk_core::calls::MAX_PATH + 1);
         assert_eq!(
-            req::<MoveRequest>(json!({"source":"a","destination":"b"})).unwrap(),
-            Request::Move {
-                from: "a".into(),
-                to: "b".into(),
-                user: User::Root
-            }
+            req::<StatRequest>(json!({ "path": long }))
+                .unwrap_err()
+                .code,
+            Code::InvalidArgument
         );
         assert_eq!(
+            req::<MoveRequest>(json!({"source":"a","destination":"b"})).unwrap(),
+            Call::Move {
+                from: path("a"),
+                to: path("b"),
+                user: root
+            }
+        );
+        let err = req::<MoveRequest>(json!({"source":"a","destination":"\u{0}"})).unwrap_err();
+        assert_eq!(err.message, "destination contains a NUL byte");
+        assert_eq!(
             req::<ListDirRequest>(json!({"path":"/"})).unwrap(),
-            Request::ListDir {
-                path: "/".into(),
+            Call::ListDir {
+                path: path("/"),
                 depth: 1,
-                user: User::Root
+                user: root
             }
         );
         assert_eq!(
             req::<ListDirRequest>(json!({"path":"/","depth":3})).unwrap(),
-            Request::ListDir {
-                path: "/".into(),
+            Call::ListDir {
+                path: path("/"),
                 depth: 3,
-                user: User::Root
+                user: root
             }
         );
-        assert_eq!(
-            req::<WatchDirRequest>(json!({"path":"/w","recursive":true})).unwrap(),
-            Request::WatchStart {
-                path: "/w".into(),
-                recursive: true,
-                user: User::Root
-            }
-        );
+        let watch: WatchDirRequest =
+            serde_json::from_value(json!({"path":"/w","recursive":true})).unwrap();
+        assert_eq!(watch.watched().unwrap(), (path("/w"), true));
+        let watch: WatchDirRequest = serde_json::from_value(json!({"path":"\u{0}"})).unwrap();
+        assert!(watch.watched().is_err());
     }
 
-    fn entry(file_type: AgentFileType) -> Entry {
+    fn entry(file_type: CoreFileType) -> Entry {
         Entry {
             name: "n".into(),
             path: "/n".into(),
@@ -612,7 +584,7 @@ mod tests {
 
     #[test]
     fn entries_convert() {
-        let e = EntryInfo::from(entry(AgentFileType::File));
+        let e = EntryInfo::from(entry(CoreFileType::File));
         assert_eq!(e.file_type, FileType::File);
         assert!(!e.is_symlink);
         assert_eq!(
@@ -624,13 +596,13 @@ mod tests {
             BTreeMap::from([("a".into(), "1".into()), ("b".into(), "2".into())])
         );
         assert_eq!(
-            EntryInfo::from(entry(AgentFileType::Dir)).file_type,
+            EntryInfo::from(entry(CoreFileType::Dir)).file_type,
             FileType::Directory
         );
-        let other = EntryInfo::from(entry(AgentFileType::Other));
+        let other = EntryInfo::from(entry(CoreFileType::Other));
         assert_eq!(other.file_type, FileType::Unspecified);
         assert!(serde_json::to_value(&other).unwrap().get("type").is_none());
-        let mut link = entry(AgentFileType::Symlink);
+        let mut link = entry(CoreFileType::Symlink);
         link.symlink_target = Some("/t".into());
         let link = EntryInfo::from(link);
         assert_eq!(link.file_type, FileType::Symlink);
@@ -638,7 +610,7 @@ mod tests {
         assert_eq!(link.symlink_target.as_deref(), Some("/t"));
 
         // Hostile values from the agent are clamped or dropped, never an encoding failure.
-        let mut wild = entry(AgentFileType::File);
+        let mut wild = entry(CoreFileType::File);
         wild.size = u64::MAX;
         wild.mtime_secs = i64::MAX;
         wild.mtime_nanos = u32::MAX;

@@ -112,7 +112,7 @@ pub struct EntryInfo {
 }
 
 /// Defines a request naming one path. Stat, MakeDir and Remove share this shape but are
-/// distinct types, so a request cannot be converted into another call's agent request.
+/// distinct types, so a request cannot be converted into another call.
 macro_rules! path_request {
     ($($(#[$meta:meta])* $name:ident;)+) => {$(
         $(#[$meta])*

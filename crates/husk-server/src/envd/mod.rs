@@ -13,4 +13,4 @@ pub mod filesystem;
 pub mod process;
 pub mod wire;
 
-pub use convert::ToAgentRequest;
+pub use convert::ToCall;

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use base64::Engine;
-use husk_proto::User;
+use husk_core::calls::User;
 use sha2::{Digest, Sha256};
 
 use super::error::FilesError;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use husk_proto::Entry;
+use husk_core::calls::Entry;
 use serde::Serialize;
 
 /// One written file.
@@ -33,7 +33,7 @@ impl From<Entry> for UploadedEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use husk_proto::FileType;
+    use husk_core::calls::FileType;
     use serde_json::json;
 
     #[test]

@@ -13,8 +13,8 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use futures_util::{stream, StreamExt};
 use husk_core::agent::CallError;
+use husk_core::calls::{ErrorKind, SandboxPath, User, CHUNK};
 use husk_core::files::FileWrite;
-use husk_proto::{ErrorKind, User, CHUNK};
 
 use super::Sandbox;
 use crate::files::encoding::{negotiate_encoding, request_encoding, Coding};
@@ -97,8 +97,10 @@ async fn download(
         .filter(|p| !p.is_empty())
         .ok_or_else(|| FilesError::bad_request("the path query parameter is required"))?;
     let coding = negotiate_encoding(headers)?;
+    let checked =
+        SandboxPath::new(path.as_str()).map_err(|e| FilesError::bad_request(e.to_string()))?;
     let file = sb
-        .read_file(&path, user)
+        .read_file(&checked, user)
         .await
         .map_err(|e| agent_error(e, &path))?;
     let entry = file.entry.clone();
@@ -192,8 +194,10 @@ impl FileWriter {
         metadata: Vec<(String, String)>,
         gzip: bool,
     ) -> Result<FileWriter, FilesError> {
+        let checked =
+            SandboxPath::new(path.as_str()).map_err(|e| FilesError::bad_request(e.to_string()))?;
         let file = sb
-            .write_file(&path, user, metadata)
+            .write_file(&checked, user, metadata)
             .await
             .map_err(|e| agent_error(e, &path))?;
         Ok(FileWriter {

@@ -13,7 +13,7 @@ use axum::extract::Request;
 use axum::response::Response;
 use futures_util::stream;
 use husk_core::agent::WatchStream;
-use husk_proto::{FsEvent, Reply, User};
+use husk_core::calls::{Answer, Call, FsEvent, SandboxPath, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
 use super::watch_buffer::{Buffers, WatcherKey};
@@ -28,7 +28,6 @@ use crate::envd::filesystem::{
     ListDirResponse, MakeDirRequest, MoveRequest, RemoveRequest, StatRequest, WatchDirRequest,
     WatchDirResponse, WatcherId,
 };
-use crate::envd::ToAgentRequest;
 
 /// Polling watchers per sandbox.
 const MAX_WATCHERS: usize = 64;
@@ -64,8 +63,9 @@ async fn events_json(sb: &Sandbox, base: &EntryBase, events: Vec<FsEvent>) -> Ve
             .as_ref()
             .map(|(dir, user)| (format!("{}/{}", dir.trim_end_matches('/'), ev.name), *user));
         let mut wire = FilesystemEvent::from(ev);
-        if let Some((path, user)) = path {
-            if let Ok(Reply::Entry(e)) = sb.call(husk_proto::Request::Stat { path, user }).await {
+        // A path the core would refuse (too long) has no entry, like a path that is gone.
+        if let Some((Ok(path), user)) = path.map(|(p, u)| (SandboxPath::new(p), u)) {
+            if let Ok(Answer::Entry(e)) = sb.call(Call::Stat { path, user }).await {
                 wire.entry = Some(EntryInfo::from(e));
             }
         }
@@ -98,7 +98,7 @@ pub async fn handle(
         "Remove" => unary_call::<RemoveRequest, _>(&sb, h, b, user, empty).await,
         "ListDir" => {
             unary_call::<ListDirRequest, _>(&sb, h, b, user, |r| match r {
-                Reply::Entries(entries) => Some(ListDirResponse {
+                Answer::Entries(entries) => Some(ListDirResponse {
                     entries: entries.into_iter().map(EntryInfo::from).collect(),
                 }),
                 _ => None,
@@ -168,9 +168,9 @@ pub async fn handle(
 }
 
 /// For calls answered by one entry.
-fn entry(r: Reply) -> Option<EntryResponse> {
+fn entry(r: Answer) -> Option<EntryResponse> {
     match r {
-        Reply::Entry(e) => Some(EntryResponse::from(EntryInfo::from(e))),
+        Answer::Entry(e) => Some(EntryResponse::from(EntryInfo::from(e))),
         _ => None,
     }
 }
@@ -180,14 +180,8 @@ async fn start_watch(
     req: WatchDirRequest,
     user: User,
 ) -> Result<WatchStream, ConnectError> {
-    match req.into_request(user)? {
-        husk_proto::Request::WatchStart {
-            path,
-            recursive,
-            user,
-        } => sb.watch(path, recursive, user).await.map_err(call_error),
-        _ => Err(ConnectError::internal("unexpected request")),
-    }
+    let (path, recursive) = req.watched()?;
+    sb.watch(&path, recursive, user).await.map_err(call_error)
 }
 
 fn watch_stream(sb: Sandbox, base: EntryBase, w: WatchStream) -> Response {

@@ -25,8 +25,8 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use husk_core::calls::User;
 use husk_core::manager::LiveSandbox;
-use husk_proto::User;
 use serde_json::json;
 
 use crate::app::{AppState, SandboxTarget};

@@ -14,10 +14,10 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::stream;
 use husk_core::agent::ProcStream;
+use husk_core::calls::{Answer, Call, ProcEvent, Selector, User, PROCESS_TIMED_OUT};
 use husk_core::manager::Manager;
 use husk_core::process::ProcessError;
 use husk_core::secrets::SecretError;
-use husk_proto::{ProcEvent, Reply, Selector, User};
 
 use super::rpc::{call_error, empty, read_request, unary_call};
 use super::Sandbox;
@@ -31,10 +31,6 @@ use crate::envd::process::{
     SendSignalRequest, StartRequest, StartResponse, StreamInputEvent, StreamInputRequest,
     UpdateRequest,
 };
-use crate::envd::ToAgentRequest;
-
-/// The `error` of an `End` the agent sends for a process it killed at its deadline.
-const TIMED_OUT: &str = husk_proto::PROCESS_TIMED_OUT;
 
 /// Keepalive interval when the client names none (envd's default).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
@@ -73,7 +69,7 @@ pub async fn handle(
         "Connect" => connect(&manager, sb, h, b).await,
         "List" => {
             unary_call::<ListRequest, _>(sb, h, b, user, |r| match r {
-                Reply::Processes(list) => Some(ListResponse {
+                Answer::Processes(list) => Some(ListResponse {
                     processes: list.into_iter().map(ProcessInfo::from).collect(),
                 }),
                 _ => None,
@@ -100,7 +96,7 @@ async fn start(
 ) -> Response {
     let parsed = parse_stream_request::<StartRequest>(headers, body).and_then(|r| {
         let timeout = parse_timeout_ms(headers)?;
-        r.into_start_proc(user, timeout)
+        r.into_spec(user, timeout)
     });
     let p = match parsed {
         Ok(p) => p,
@@ -127,11 +123,9 @@ fn process_error(e: ProcessError) -> ConnectError {
 }
 
 async fn connect(manager: &Manager, sb: &Sandbox, headers: &HeaderMap, body: &[u8]) -> Response {
-    let sel = parse_stream_request::<ConnectRequest>(headers, body)
-        .and_then(|r| r.into_request(User::User));
-    let sel = match sel {
-        Ok(husk_proto::Request::Find(sel)) => sel,
-        Ok(_) => return stream_error(ConnectError::internal("unexpected request")),
+    let sel = match parse_stream_request::<ConnectRequest>(headers, body).and_then(|r| r.selector())
+    {
+        Ok(sel) => sel,
         Err(e) => return stream_error(e),
     };
     match manager.attach_process(sb, sel).await {
@@ -158,7 +152,7 @@ fn event_stream(pid: u32, events: ProcStream, keepalive: Duration) -> Response {
                     ev = events.next() => match ev {
                         // The agent ended it at the call's deadline: the call timed out (the
                         // SDKs raise their timeout error for this code).
-                        Some(ProcEvent::End(end)) if end.error.as_deref() == Some(TIMED_OUT) => {
+                        Some(ProcEvent::End(end)) if end.error.as_deref() == Some(PROCESS_TIMED_OUT) => {
                             Some((
                                 Err(ConnectError::new(
                                     Code::DeadlineExceeded,
@@ -195,7 +189,7 @@ async fn stream_input(sb: Sandbox, headers: &HeaderMap, body: Body) -> Response 
             match msg.event {
                 Some(StreamInputEvent::Start(start)) => {
                     let s = start.selector()?;
-                    sb.call(husk_proto::Request::Find(s.clone()))
+                    sb.call(Call::FindProcess(s.clone()))
                         .await
                         .map_err(call_error)?;
                     sel = Some(s);
@@ -204,7 +198,7 @@ async fn stream_input(sb: Sandbox, headers: &HeaderMap, body: Body) -> Response 
                     let s = sel.clone().ok_or_else(|| {
                         ConnectError::invalid_argument("data before the stream's start event")
                     })?;
-                    sb.call(data.into_request(s)?).await.map_err(call_error)?;
+                    sb.call(data.into_call(s)?).await.map_err(call_error)?;
                 }
                 Some(StreamInputEvent::Keepalive) | None => {}
             }

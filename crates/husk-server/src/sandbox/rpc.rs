@@ -1,11 +1,11 @@
 //! What the Connect services share: reading a request body within its bound, and the unary
-//! call that maps onto one agent request.
+//! call that is one call of the core.
 
 use axum::body::{Body, Bytes};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use husk_core::agent::CallError;
-use husk_proto::{Reply, User};
+use husk_core::calls::{Answer, User};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -14,7 +14,7 @@ use crate::budget::Reservation;
 use crate::connect::request::{MAX_STREAM_REQUEST_BODY, MAX_UNARY_BODY};
 use crate::connect::{parse_unary, read_body, stream_error, unary_err, unary_ok, ConnectError};
 use crate::envd::process::Empty;
-use crate::envd::ToAgentRequest;
+use crate::envd::ToCall;
 
 /// The Connect error for a failed agent call.
 pub fn call_error(e: CallError) -> ConnectError {
@@ -47,33 +47,35 @@ pub async fn read_request(
     })
 }
 
-/// A unary call: parse `T`, convert it to its agent request on behalf of `user`, call, and
-/// turn the agent's reply into the response message (`None`: a reply of the wrong kind).
+/// A unary call: parse `T`, convert it to its call on behalf of `user`, call, and turn the
+/// answer into the response message (the core has checked that the answer is of the call's
+/// kind; `None` only if a handler pairs a call with the wrong conversion).
 pub async fn unary_call<T, R>(
     sb: &Sandbox,
     headers: &HeaderMap,
     body: &[u8],
     user: User,
-    reply: fn(Reply) -> Option<R>,
+    answer: fn(Answer) -> Option<R>,
 ) -> Response
 where
-    T: DeserializeOwned + ToAgentRequest,
+    T: DeserializeOwned + ToCall,
     R: Serialize,
 {
-    let req = match parse_unary::<T>(headers, body).and_then(|r| r.into_request(user)) {
-        Ok(r) => r,
+    let call = match parse_unary::<T>(headers, body).and_then(|r| r.into_call(user)) {
+        Ok(c) => c,
         Err(e) => return unary_err(e),
     };
-    match sb.call(req).await {
-        Ok(r) => match reply(r) {
+    match sb.call(call).await {
+        Ok(a) => match answer(a) {
             Some(msg) => unary_ok(&msg),
-            None => unary_err(ConnectError::internal("unexpected reply from the agent")),
+            None => unary_err(ConnectError::internal("unexpected answer to the call")),
         },
         Err(e) => unary_err(call_error(e)),
     }
 }
 
-/// For calls answered by `Done`: the empty message.
-pub fn empty(_: Reply) -> Option<Empty> {
+/// For calls answered by `Done` (or, for an update without a terminal, by finding the
+/// process): the empty message.
+pub fn empty(_: Answer) -> Option<Empty> {
     Some(Empty {})
 }

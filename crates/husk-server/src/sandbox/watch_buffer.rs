@@ -11,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use husk_proto::FsEvent;
+use husk_core::calls::FsEvent;
 
 /// Events one watcher keeps; older ones are dropped beyond it.
 pub const MAX_EVENTS: usize = 10_000;
@@ -176,7 +176,7 @@ impl Buffers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use husk_proto::FsOp;
+    use husk_core::calls::FsOp;
 
     fn ev(name: String) -> FsEvent {
         FsEvent {
