@@ -461,6 +461,11 @@ async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
             FromAgent::Hello { .. } => break,
         }
     }
+    // Closed first, then every route dropped: whoever sees its stream end can then tell
+    // by `is_closed` that the sandbox went (rather than its process, watch or kernel).
+    // send_replace, not send: `send` leaves the value unchanged when nobody is waiting at this
+    // moment, and `is_closed` must still see it.
+    inner.closed.send_replace(true);
     let mut routes = lock(&inner.routes);
     routes.closed = true;
     for (_, p) in routes.pending.drain() {
@@ -469,10 +474,6 @@ async fn reader(mut r: OwnedReadHalf, inner: Arc<Inner>) {
     routes.procs.clear();
     routes.watches.clear();
     routes.kernels.clear();
-    drop(routes);
-    // send_replace, not send: `send` leaves the value unchanged when nobody is waiting at this
-    // moment, and `is_closed` must still see it.
-    inner.closed.send_replace(true);
 }
 
 #[cfg(test)]

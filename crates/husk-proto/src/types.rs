@@ -168,13 +168,13 @@ pub struct ProcEnd {
     pub error: Option<String>,
 }
 
-/// Kinds of file-system entries.
+/// Kinds of file-system entries. A symlink has the kind of what it leads to (and its target
+/// in [`Entry::symlink_target`]), as envd reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileType {
     File,
     Dir,
-    Symlink,
-    /// Anything else (FIFO, socket, device).
+    /// Anything else (FIFO, socket, device, a symlink that leads nowhere).
     Other,
 }
 
@@ -195,7 +195,9 @@ pub struct Entry {
     /// Modification time: seconds and nanoseconds since the epoch.
     pub mtime_secs: i64,
     pub mtime_nanos: u32,
-    /// Where a symlink points (as stored in the link; never followed by the agent on the host).
+    /// For a symlink: the absolute path it finally leads to inside the sandbox (all links
+    /// followed, inside the sandbox's root), or its own path when it leads nowhere. `None` for
+    /// anything else.
     pub symlink_target: Option<String>,
     /// `user.e2b.*` extended attributes, prefix stripped.
     pub metadata: Vec<(String, String)>,

@@ -286,6 +286,25 @@ test('bash', PER_TEST, async (t) => {
   assert.equal(stdoutOf(await sbx.runCode('echo "[$HUSK_BASH]"', { context: ctx })), '[]\n')
 })
 
+test('killing the sandbox during runCode rejects with the SDK\'s "killed" TimeoutError', PER_TEST, async (t) => {
+  // E2B: the /execute stream breaks off, the SDK finds the sandbox gone.
+  const sbx = await ciSandbox(t)
+  let started
+  const go = new Promise((resolve) => (started = resolve))
+  const running = sbx.runCode("print('go', flush=True)\nimport time\ntime.sleep(60)", {
+    onStdout: () => started(),
+    timeoutMs: 90_000,
+  })
+  running.catch(() => {})
+  await go
+  assert.equal(await Sandbox.kill(sbx.sandboxId, husk.opts()), true)
+  await assert.rejects(running, (e) => {
+    assert.ok(e instanceof TimeoutError, `${e?.name}: ${e?.message}`)
+    assert.match(e.message, /killed while the request was in progress/)
+    return true
+  })
+})
+
 test('a killed sandbox', PER_TEST, async (t) => {
   const sbx = await ciSandbox(t)
   assert.equal((await sbx.runCode('1')).text, '1')

@@ -3,7 +3,7 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 
-import { CommandExitError, SandboxError, TimeoutError } from 'e2b'
+import { CommandExitError, Sandbox, SandboxError, TimeoutError } from 'e2b'
 
 import { startServer, unique, waitFor } from './server.mjs'
 
@@ -196,4 +196,18 @@ test('concurrent commands', async (t) => {
     rs.map((r) => r.stdout),
     Array.from({ length: 5 }, (_, i) => `c${i}\n`),
   )
+})
+
+test('killing the sandbox during a command rejects with the SDK\'s "killed" TimeoutError', async (t) => {
+  // E2B: the stream breaks off, the SDK's health probe finds the sandbox gone.
+  sbx = await sandbox(t)
+  let out = ''
+  const h = await sbx.commands.run('echo started; sleep 60', { background: true, onStdout: (d) => (out += d) })
+  await waitFor(() => out.includes('started'), 10_000, 'the command to start')
+  assert.equal(await Sandbox.kill(sbx.sandboxId, husk.opts()), true)
+  await assert.rejects(h.wait(), (e) => {
+    assert.ok(e instanceof TimeoutError, `${e?.name}: ${e?.message}`)
+    assert.match(e.message, /was killed or reached its end of life/)
+    return true
+  })
 })

@@ -104,10 +104,10 @@ test('list with depth; entry details', async (t) => {
   assert.equal(byName.f1.type, FileType.FILE)
   assert.equal(byName.f1.size, 2)
   assert.equal(byName.sub.type, FileType.DIR)
-  // e2b@2.51.0 predates `is_symlink`: it shows whatever `type` says, SYMLINK from a server that
-  // reports the link itself, the target's type (FILE) from one that reports the target's.
-  assert.ok([FileType.SYMLINK, FileType.FILE].includes(byName.link.type), JSON.stringify(byName.link))
-  assert.ok(byName.link.symlinkTarget?.endsWith('f1'), JSON.stringify(byName.link))
+  // As E2B's envd lists a symlink: the type of what it leads to, and the absolute path it
+  // resolves to.
+  assert.equal(byName.link.type, FileType.FILE, JSON.stringify(byName.link))
+  assert.equal(byName.link.symlinkTarget, '/tmp/tree/f1', JSON.stringify(byName.link))
   const two = await sbx.files.list('/tmp/tree', { depth: 2 })
   assert.deepEqual(two.map((e) => e.path).sort(), [
     '/tmp/tree/f1',
@@ -150,6 +150,16 @@ test('exists, getInfo, makeDir, rename, remove', async (t) => {
   await sbx.files.write('/tmp/rm/a/b.txt', 'b')
   await sbx.files.remove('/tmp/rm')
   assert.equal(await sbx.files.exists('/tmp/rm'), false)
+  // As E2B's envd (`os.RemoveAll`): what is not there is removed already.
+  await sbx.files.remove('/tmp/rm')
+  await sbx.files.remove('/tmp/never/there')
+
+  // A symlink's info is its target's type, with the path it resolves to.
+  await sbx.commands.run('ln -s /home/user/moved.txt /tmp/to-file && ln -s /home/user /tmp/to-dir')
+  const link = await sbx.files.getInfo('/tmp/to-file')
+  assert.equal(link.type, FileType.FILE, JSON.stringify(link))
+  assert.equal(link.symlinkTarget, '/home/user/moved.txt')
+  assert.equal((await sbx.files.getInfo('/tmp/to-dir')).type, FileType.DIR)
 })
 
 test('files as root', async (t) => {

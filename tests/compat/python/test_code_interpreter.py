@@ -302,6 +302,36 @@ def test_killed_sandbox(ci_sandbox_factory):
         sbx.create_code_context()
 
 
+def test_killing_the_sandbox_during_run_code_raises_timeout(ci_husk, ci_sandbox_factory):
+    # E2B: the `/execute` stream breaks off, the SDK finds the sandbox gone and raises
+    # TimeoutException "The sandbox was killed while the request was in progress".
+    import threading
+
+    sbx = ci_sandbox_factory()
+    started = threading.Event()
+    outcome = {}
+
+    def run():
+        try:
+            outcome["ok"] = sbx.run_code(
+                "print('go', flush=True)\nimport time\ntime.sleep(60)",
+                on_stdout=lambda _m: started.set(),
+                timeout=90,
+            )
+        except Exception as e:  # noqa: BLE001 - the test inspects whatever it was
+            outcome["err"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(30), "the cell did not start"
+    assert Sandbox.kill(sbx.sandbox_id, **ci_husk.opts()) is True
+    t.join(30)
+    assert not t.is_alive(), "run_code still waits after the kill"
+    err = outcome.get("err")
+    assert isinstance(err, TimeoutException), outcome
+    assert "killed while the request was in progress" in str(err), str(err)
+
+
 def test_bad_language_context_id_and_both(ci_husk, ci_sandbox_factory):
     sbx = ci_sandbox_factory()
     with pytest.raises(SandboxException) as e:

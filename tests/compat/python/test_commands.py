@@ -7,7 +7,13 @@ import time
 
 import pytest
 
-from e2b import CommandExitException, SandboxException, TimeoutException
+from e2b import (
+    CommandExitException,
+    Sandbox,
+    SandboxException,
+    SandboxNotRunningException,
+    TimeoutException,
+)
 
 from husk_compat import unique, wait_for
 
@@ -338,3 +344,17 @@ def test_python3_available(sandbox):
 def test_usr_is_read_only(sandbox):
     with pytest.raises(CommandExitException):
         sandbox.commands.run("touch /usr/husk-compat-should-fail", user="root")
+
+
+def test_killing_the_sandbox_during_a_command_reports_it_killed(sandbox, husk):
+    # E2B: the stream breaks off, the SDK's health probe finds the sandbox gone, and the
+    # waiting caller gets SandboxNotRunningException "... was killed or reached its end of
+    # life while the request was in flight".
+    h = sandbox.commands.run("sleep 60", background=True)
+    wait_for(
+        lambda: h.pid in [p.pid for p in sandbox.commands.list()], 10, "the command to start"
+    )
+    assert Sandbox.kill(sandbox.sandbox_id, **husk.opts()) is True
+    with pytest.raises(SandboxNotRunningException) as e:
+        h.wait()
+    assert "was killed or reached its end of life" in str(e.value), str(e.value)

@@ -161,9 +161,11 @@ def test_list_entry_details(sandbox):
     assert entries["one.txt"].size == 5
     assert entries["one.txt"].owner == "user"
     assert entries["dir"].type == FileType.DIR
-    assert entries["link"].type == FileType.SYMLINK
-    assert entries["link"].symlink_target is not None
-    assert entries["link"].symlink_target.endswith("one.txt")
+    # As E2B's envd lists a symlink: the type of what it leads to, the link's target (the
+    # absolute path it resolves to) in `symlink_target`.
+    assert entries["link"].type == FileType.FILE
+    assert entries["link"].symlink_target == "/tmp/ls/one.txt"
+    assert entries["one.txt"].symlink_target is None
 
 
 def test_list_missing_and_empty(sandbox):
@@ -255,6 +257,45 @@ def test_remove_file_and_tree(sandbox):
     sandbox.files.remove("/tmp/rm")
     assert not sandbox.files.exists("/tmp/rm")
     assert sandbox.commands.run("test -e /tmp/rm || echo gone").stdout == "gone\n"
+
+
+def test_remove_missing_succeeds_so_clean_up_first_code_works(sandbox):
+    # E2B's envd removes with `os.RemoveAll`: a path that is not there is removed already.
+    sandbox.files.remove("/tmp/never-there")
+    sandbox.files.remove("/tmp/never/there/either")
+    # The clean-up-first pattern: remove, make, watch.
+    work = "/tmp/clean-first"
+    for _ in range(2):
+        sandbox.files.remove(work)
+        assert sandbox.files.make_dir(work) is True
+        h = sandbox.files.watch_dir(work, recursive=True)
+        sandbox.files.write(f"{work}/x.txt", "x")
+        h.stop()
+    assert [e.name for e in sandbox.files.list(work)] == ["x.txt"]
+
+
+def test_get_info_of_symlinks_is_their_targets(sandbox):
+    sandbox.files.write("/tmp/links/target.txt", "12345")
+    sandbox.commands.run(
+        "cd /tmp/links && ln -s target.txt to-file && ln -s /tmp/links to-dir && "
+        "ln -s to-file chain && ln -s nowhere dangling"
+    )
+    info = sandbox.files.get_info("/tmp/links/to-file")
+    assert info.type == FileType.FILE
+    assert info.symlink_target == "/tmp/links/target.txt"
+    assert info.name == "to-file" and info.path == "/tmp/links/to-file"
+    assert info.permissions.startswith("l")
+    info = sandbox.files.get_info("/tmp/links/to-dir")
+    assert info.type == FileType.DIR
+    assert info.symlink_target == "/tmp/links"
+    info = sandbox.files.get_info("/tmp/links/chain")
+    assert (info.type, info.symlink_target) == (FileType.FILE, "/tmp/links/target.txt")
+    # A link that leads nowhere: no type, itself as its target.
+    info = sandbox.files.get_info("/tmp/links/dangling")
+    assert info.type is None, info
+    assert info.symlink_target == "/tmp/links/dangling"
+    # A plain file has no target.
+    assert sandbox.files.get_info("/tmp/links/target.txt").symlink_target is None
 
 
 def test_files_as_root(sandbox):

@@ -19,24 +19,36 @@ const MAX_ATTR_VALUE: usize = 4096;
 /// thousands of odd attributes costs a bounded number of syscalls.
 const MAX_ATTR_READS: usize = 2 * MAX_ATTRS;
 
-/// The entry of `path` itself: a symlink is described as the link (its own `lstat`, its
-/// target text), never followed.
+/// The entry of `path`. A symlink is described as envd describes one: its own name, size,
+/// permissions string and times, with the type and mode of what it points to (its final
+/// target, all links followed) and that target's absolute path in `symlink_target`. A link
+/// that leads nowhere (dangling, a loop) has no type (`Other`), mode 0, and itself as its
+/// target. The agent runs inside the sandbox's root, so following links never leaves it.
 pub(crate) fn entry_of(path: &Path) -> io::Result<Entry> {
     let meta = std::fs::symlink_metadata(path)?;
     let ft = meta.file_type();
-    let target = if ft.is_symlink() {
-        Some(std::fs::read_link(path)?.to_string_lossy().into_owned())
-    } else {
-        None
-    };
+    if ft.is_symlink() {
+        let (target, target_meta) = match std::fs::canonicalize(path) {
+            Ok(t) => {
+                let m = std::fs::metadata(&t).ok();
+                (t, m)
+            }
+            Err(_) => (path.to_owned(), None),
+        };
+        let mut entry = entry_from(path, &meta, None, Vec::new());
+        entry.file_type = target_meta.as_ref().map_or(FileType::Other, file_type);
+        entry.mode = target_meta.as_ref().map_or(0, |m| m.mode() & 0o7777);
+        entry.symlink_target = Some(target.to_string_lossy().into_owned());
+        return Ok(entry);
+    }
     // Only files and directories carry client metadata; `user.*` attributes cannot be set
-    // on symlinks or special files, and asking a device node for them is pointless.
+    // on special files, and asking a device node for them is pointless.
     let metadata = if ft.is_file() || ft.is_dir() {
         path_metadata(path)
     } else {
         Vec::new()
     };
-    Ok(entry_from(path, &meta, target, metadata))
+    Ok(entry_from(path, &meta, None, metadata))
 }
 
 /// The entry of an open file, named `path` (for handles: the file may have been renamed or
@@ -56,16 +68,6 @@ pub(crate) fn entry_from(
     symlink_target: Option<String>,
     metadata: Vec<(String, String)>,
 ) -> Entry {
-    let ft = meta.file_type();
-    let file_type = if ft.is_symlink() {
-        FileType::Symlink
-    } else if ft.is_dir() {
-        FileType::Dir
-    } else if ft.is_file() {
-        FileType::File
-    } else {
-        FileType::Other
-    };
     let name = match path.file_name() {
         Some(n) => n.to_string_lossy().into_owned(),
         None => "/".to_owned(),
@@ -73,7 +75,7 @@ pub(crate) fn entry_from(
     Entry {
         name,
         path: path.to_string_lossy().into_owned(),
-        file_type,
+        file_type: file_type(meta),
         size: meta.len(),
         mode: meta.mode() & 0o7777,
         permissions: permissions(meta.mode()),
@@ -83,6 +85,18 @@ pub(crate) fn entry_from(
         mtime_nanos: u32::try_from(meta.mtime_nsec().clamp(0, 999_999_999)).unwrap_or(0),
         symlink_target,
         metadata,
+    }
+}
+
+/// A directory, a regular file, or anything else (a symlink's own metadata included).
+fn file_type(meta: &Metadata) -> FileType {
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        FileType::Dir
+    } else if ft.is_file() {
+        FileType::File
+    } else {
+        FileType::Other
     }
 }
 

@@ -84,7 +84,7 @@ impl Files {
     }
 }
 
-/// The entry of `path` (a symlink as the link itself).
+/// The entry of `path` (a symlink with its target's type, see [`entry_of`]).
 fn stat(path: &Path) -> Result<Entry, AgentError> {
     entry_of(path).map_err(|e| io_error("stat", path, &e))
 }
@@ -177,20 +177,30 @@ fn move_entry(from: &Path, to: &Path, user: User) -> Result<Reply, AgentError> {
 }
 
 /// Removes a file, a symlink (the link, not its target) or a whole directory tree
-/// (`remove_dir_all` never follows symlinks). `/` is refused: removing the sandbox's root
-/// is never what a file-API call means.
+/// (`remove_dir_all` never follows symlinks); a path that does not exist is no error. `/` is
+/// refused: removing the sandbox's root is never what a file-API call means.
 fn remove(path: &Path) -> Result<Reply, AgentError> {
     if path == Path::new("/") {
         return Err(invalid("refusing to remove '/'"));
     }
-    let meta = std::fs::symlink_metadata(path).map_err(|e| io_error("remove", path, &e))?;
+    // What is not there is removed already (envd's `os.RemoveAll`): code that cleans up
+    // before it starts must not fail on a first run.
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Reply::Done),
+        Err(e) => return Err(io_error("remove", path, &e)),
+    };
     let result = if meta.is_dir() {
         std::fs::remove_dir_all(path)
     } else {
         std::fs::remove_file(path)
     };
-    result.map_err(|e| io_error("remove", path, &e))?;
-    Ok(Reply::Done)
+    match result {
+        Ok(()) => Ok(Reply::Done),
+        // Removed by someone else meanwhile.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Reply::Done),
+        Err(e) => Err(io_error("remove", path, &e)),
+    }
 }
 
 /// The entries below `path` down to `depth` levels (0 and 1: the direct children), sorted by
@@ -231,7 +241,8 @@ fn list_dir(path: &Path, depth: u32) -> Result<Vec<Entry>, AgentError> {
             let child = dir.join(dirent.file_name());
             // Vanished between readdir and lstat: skip it.
             let Ok(e) = entry_of(&child) else { continue };
-            if e.file_type == FileType::Dir && level < depth {
+            // Symlinks are listed, never followed (a link to a directory shows its type).
+            if e.file_type == FileType::Dir && e.symlink_target.is_none() && level < depth {
                 pending.push((child, level + 1));
             }
             bytes += encoded_size_bound(&e);

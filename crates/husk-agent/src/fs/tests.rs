@@ -239,13 +239,36 @@ fn stat_file_dir_symlink() {
     assert_eq!(e.mode, 0o1777);
     assert_eq!(e.permissions, "drwxrwxrwt");
 
+    // A symlink, as envd describes one: the type and mode of what it leads to, its own
+    // permissions string and size, and the absolute path it finally leads to.
+    let real = fs::canonicalize(t.path()).unwrap();
     std::os::unix::fs::symlink("d", t.path().join("link")).unwrap();
     let e = stat(&mut files, &t.join("link"));
-    assert_eq!(e.file_type, FileType::Symlink);
-    assert_eq!(e.symlink_target.as_deref(), Some("d"));
+    assert_eq!(e.file_type, FileType::Dir);
+    assert_eq!(e.mode, 0o1777);
+    let target = real.join("d").display().to_string();
+    assert_eq!(e.symlink_target.as_deref(), Some(target.as_str()));
     assert_eq!(e.permissions, "lrwxrwxrwx");
     assert_eq!(e.size, 1, "the link's own size (its target's length)");
     assert!(e.metadata.is_empty());
+    // Through a chain of links to a file.
+    std::os::unix::fs::symlink("link/../f.txt", t.path().join("chain")).unwrap();
+    std::os::unix::fs::symlink("chain", t.path().join("chain2")).unwrap();
+    let e = stat(&mut files, &t.join("chain2"));
+    assert_eq!(e.file_type, FileType::File);
+    let target = real.join("f.txt").display().to_string();
+    assert_eq!(e.symlink_target.as_deref(), Some(target.as_str()));
+    // A link that leads nowhere: no type, mode 0, itself as its target.
+    for (name, to) in [("dangling", "nope"), ("loop", "loop")] {
+        std::os::unix::fs::symlink(to, t.path().join(name)).unwrap();
+        let e = stat(&mut files, &t.join(name));
+        assert_eq!((e.file_type, e.mode), (FileType::Other, 0), "{name}");
+        assert_eq!(
+            e.symlink_target.as_deref(),
+            Some(t.join(name).as_str()),
+            "{name}"
+        );
+    }
 
     let root = stat(&mut files, "/");
     assert_eq!((root.name.as_str(), root.path.as_str()), ("/", "/"));
@@ -515,10 +538,15 @@ fn remove_files_links_and_trees() {
         "links inside are not followed"
     );
     assert!(matches!(rm(&mut files, &t.join("keep/k")), Ok(Reply::Done)));
-    assert_eq!(
-        err_kind(rm(&mut files, &t.join("keep/k"))),
-        ErrorKind::NotFound
-    );
+    // What is not there is removed already, as envd's `os.RemoveAll` answers.
+    assert!(matches!(rm(&mut files, &t.join("keep/k")), Ok(Reply::Done)));
+    assert!(matches!(
+        rm(&mut files, &t.join("no/such/dir")),
+        Ok(Reply::Done)
+    ));
+    // A path through a file is not missing but wrong: still an error.
+    fs::write(t.path().join("keep/f"), b"").unwrap();
+    assert!(rm(&mut files, &t.join("keep/f/x")).is_err());
     assert_eq!(err_kind(rm(&mut files, "/")), ErrorKind::InvalidArgument);
 }
 

@@ -56,6 +56,9 @@ pub enum ExecOut {
     /// The kernel died during the execution (or was dead already); the context needs a
     /// restart.
     KernelDied(String),
+    /// The sandbox went away (killed, timed out) during the execution: nothing follows, not
+    /// even [`ExecOut::End`]. E2B's clients learn this from a connection that breaks off.
+    SandboxGone,
     End,
 }
 
@@ -67,23 +70,31 @@ pub fn start(ctx: Arc<Context>, code: String, env: Option<EnvCode>) -> mpsc::Rec
         let _one = ctx.exec_lock.clone().lock_owned().await;
         let kernel = ctx.kernel();
         let mut mask = Mask::new(ctx.env.redact.clone());
-        run(&kernel, &code, env.as_ref(), &tx, &mut mask).await;
-        let _ = tx.send(ExecOut::End).await;
+        if run(&kernel, &code, env.as_ref(), &tx, &mut mask).await {
+            let _ = tx.send(ExecOut::End).await;
+        }
     });
     rx
 }
 
+/// Runs the execution (with its environment set before and restored after); false when the
+/// sandbox went away meanwhile (the last event sent was [`ExecOut::SandboxGone`]).
 async fn run(
     kernel: &Kernel,
     code: &str,
     env: Option<&EnvCode>,
     tx: &mpsc::Sender<ExecOut>,
     mask: &mut Mask,
-) {
+) -> bool {
+    // Sends a failure's event; whether the execution can still end normally.
+    async fn failed(tx: &mpsc::Sender<ExecOut>, out: ExecOut) -> bool {
+        let gone = matches!(out, ExecOut::SandboxGone);
+        let _ = tx.send(out).await;
+        !gone
+    }
     if let Some(env) = env {
         if let Err(out) = silent(kernel, &env.set).await {
-            let _ = tx.send(mask.whole(out)).await;
-            return;
+            return failed(tx, mask.whole(out)).await;
         }
     }
     let ran = one(kernel, code, false, Some(tx), mask).await;
@@ -92,15 +103,15 @@ async fn run(
         let _ = tx.send(out).await;
     }
     if let Err(e) = ran {
-        let _ = tx.send(mask.whole(e.into_out())).await;
-        return;
+        return failed(tx, mask.whole(e.into_out())).await;
     }
     if let Some(env) = env {
         // A failed restore is reported: the variables would otherwise leak into later calls.
         if let Err(out) = silent(kernel, &env.restore).await {
-            let _ = tx.send(mask.whole(out)).await;
+            return failed(tx, mask.whole(out)).await;
         }
     }
+    true
 }
 
 /// Masks the values of the kernel's secrets in what an execution reports: output streams as
@@ -257,8 +268,10 @@ async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
 
 /// Why one execute request did not run to its end.
 enum Failed {
-    /// The kernel died (or was dead, or the sandbox went).
+    /// The kernel died (or was dead).
     Died(String),
+    /// The sandbox went away.
+    Gone,
     /// The agent refused the request (the kernel lives on).
     Refused(String),
 }
@@ -267,12 +280,22 @@ impl Failed {
     fn into_out(self) -> ExecOut {
         match self {
             Failed::Died(why) => ExecOut::KernelDied(why),
+            Failed::Gone => ExecOut::SandboxGone,
             Failed::Refused(why) => ExecOut::Error {
                 name: "ExecutionError".into(),
                 value: why,
                 traceback: Vec::new(),
             },
         }
+    }
+}
+
+/// A dead kernel's failure: the sandbox's going, when that is what killed it.
+fn died(kernel: &Kernel, why: String) -> Failed {
+    if kernel.agent().is_closed() {
+        Failed::Gone
+    } else {
+        Failed::Died(why)
     }
 }
 
@@ -298,7 +321,7 @@ async fn one(
     // After routing: a death from now on reaches `rx`; one before shows in the state.
     if let State::Dead(why) = kernel.state() {
         kernel.unroute(exec);
-        return Err(Failed::Died(why));
+        return Err(died(kernel, why));
     }
     let req = Request::Execute(Execute {
         kernel: kernel.id,
@@ -309,8 +332,8 @@ async fn one(
     if let Err(e) = kernel.agent().call(req).await {
         kernel.unroute(exec);
         return Err(match (kernel.state(), e) {
-            (State::Dead(why), _) => Failed::Died(why),
-            (_, crate::agent::CallError::Gone) => Failed::Died("the sandbox is gone".into()),
+            (State::Dead(why), _) => died(kernel, why),
+            (_, crate::agent::CallError::Gone) => Failed::Gone,
             (_, crate::agent::CallError::Agent(a)) => Failed::Refused(a.message),
         });
     }
@@ -345,10 +368,10 @@ async fn one(
             }
         };
         let Some(msg) = msg else {
-            break Err(Failed::Died("the sandbox is gone".to_string()));
+            break Err(Failed::Gone);
         };
         let out = match msg {
-            KernelOut::Dead(why) => break Err(Failed::Died(why)),
+            KernelOut::Dead(why) => break Err(died(kernel, why)),
             KernelOut::Event(ExecEvent::Done { .. }) => break Ok(()),
             KernelOut::Event(ev) => result.push(ev).and_then(|out| mask.stream(out)),
         };

@@ -116,6 +116,10 @@ pub(super) async fn run(
                 });
             }
             Some(ExecOut::KernelDied(why)) => died = Some(why),
+            Some(ExecOut::SandboxGone) => {
+                died = Some("the sandbox is gone".into());
+                break;
+            }
         }
     }
     // On a timeout or cancel, dropping the receiver interrupts the kernel (and the sandbox

@@ -122,6 +122,10 @@ pub struct ConnectError {
     pub code: Code,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// In a stream: break the response off instead of ending it with this error (see
+    /// [`ConnectError::sandbox_gone`]).
+    #[serde(skip)]
+    pub break_off: bool,
 }
 
 impl ConnectError {
@@ -129,6 +133,18 @@ impl ConnectError {
         ConnectError {
             code,
             message: message.into(),
+            break_off: false,
+        }
+    }
+
+    /// The sandbox went away (killed, timed out) while a stream was open. E2B's clients learn
+    /// this from the connection breaking off mid-stream (the sandbox's VM is gone), after which
+    /// they probe the sandbox and report it killed; a stream here breaks off the same way. As
+    /// a unary answer it is `unavailable`.
+    pub fn sandbox_gone() -> Self {
+        ConnectError {
+            break_off: true,
+            ..ConnectError::unavailable("the sandbox was killed")
         }
     }
 

@@ -5,7 +5,6 @@
 //! exactly one end-stream envelope at the end, carrying the error if the stream failed: the
 //! SDK's reader rejects a stream that ends without it.
 
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -47,8 +46,9 @@ impl IntoResponse for ConnectError {
 }
 
 /// A streaming response: each `Ok` message becomes an envelope; the first `Err`, or the end of
-/// `messages`, becomes the end-stream envelope, after which `messages` is dropped and never
-/// polled again. If the client goes away, the body (and with it `messages`) is dropped.
+/// `messages`, becomes the end-stream envelope (or, for an error that breaks off, the end of
+/// the connection), after which `messages` is dropped and never polled again. If the client
+/// goes away, the body (and with it `messages`) is dropped.
 pub fn stream_response<S, T>(messages: S) -> Response
 where
     S: Stream<Item = Result<T, ConnectError>> + Send + 'static,
@@ -96,7 +96,7 @@ impl<T> EnvelopeStream<T> {
 }
 
 impl<T: Serialize> Stream for EnvelopeStream<T> {
-    type Item = Result<Bytes, Infallible>;
+    type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -111,6 +111,15 @@ impl<T: Serialize> Stream for EnvelopeStream<T> {
                     "encoding a stream message: {err}"
                 ))),
             },
+            Poll::Ready(Some(Err(err))) if err.break_off => {
+                // An error item makes the server abort the response: HTTP/1.1 closes the
+                // connection before the body's end, HTTP/2 resets the stream.
+                this.inner = None;
+                return Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    err.message,
+                ))));
+            }
             Poll::Ready(Some(Err(err))) => Some(err),
             Poll::Ready(None) => None,
         };
@@ -200,6 +209,34 @@ mod tests {
                 (2, json!({"error":{"code":"not_found","message":"gone"}})),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_gone_sandbox_breaks_the_stream_off_without_its_end() {
+        use futures_util::StreamExt;
+        let mut s = EnvelopeStream::new(stream::iter([
+            Ok(json!({"n":1})),
+            Err(ConnectError::sandbox_gone()),
+            Ok(json!({"n":2})),
+        ]));
+        let first = s.next().await.unwrap().unwrap();
+        assert_eq!(first[0], 0, "a message envelope");
+        let err = s.next().await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionAborted);
+        assert!(
+            s.next().await.is_none(),
+            "no end-stream envelope, nothing after"
+        );
+        // Through a response body: the client sees the body fail, never its end.
+        let body = stream_response(stream::iter([
+            Ok(json!({"n":1})),
+            Err(ConnectError::sandbox_gone()),
+        ]))
+        .into_body();
+        assert!(body.collect().await.is_err());
+        // As a unary answer it is an ordinary `unavailable`.
+        let unary = unary_err(ConnectError::sandbox_gone());
+        assert_eq!(unary.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[tokio::test]

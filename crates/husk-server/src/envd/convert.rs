@@ -237,7 +237,6 @@ impl From<Entry> for EntryInfo {
         let file_type = match entry.file_type {
             CoreFileType::File => FileType::File,
             CoreFileType::Dir => FileType::Directory,
-            CoreFileType::Symlink => FileType::Symlink,
             CoreFileType::Other => FileType::Unspecified,
         };
         EntryInfo {
@@ -252,7 +251,10 @@ impl From<Entry> for EntryInfo {
             modified_time: Timestamp::new(entry.mtime_secs, entry.mtime_nanos),
             symlink_target: entry.symlink_target,
             metadata: entry.metadata.into_iter().collect(),
-            is_symlink: entry.file_type == CoreFileType::Symlink,
+            // envd as E2B runs it reports a symlink with its target's type and never marks
+            // the link itself: the SDKs then show the target's type, and the link in
+            // `symlink_target`.
+            is_symlink: false,
         }
     }
 }
@@ -602,11 +604,17 @@ mod tests {
         let other = EntryInfo::from(entry(CoreFileType::Other));
         assert_eq!(other.file_type, FileType::Unspecified);
         assert!(serde_json::to_value(&other).unwrap().get("type").is_none());
-        let mut link = entry(CoreFileType::Symlink);
+        // A link to a file: the file's type, the link in its target, never marked itself
+        // (as E2B's envd reports it; SDK 2.63 would show SYMLINK for `is_symlink`).
+        let mut link = entry(CoreFileType::File);
         link.symlink_target = Some("/t".into());
         let link = EntryInfo::from(link);
-        assert_eq!(link.file_type, FileType::Symlink);
-        assert!(link.is_symlink);
+        assert_eq!(link.file_type, FileType::File);
+        assert!(!link.is_symlink);
+        assert!(serde_json::to_value(&link)
+            .unwrap()
+            .get("isSymlink")
+            .is_none());
         assert_eq!(link.symlink_target.as_deref(), Some("/t"));
 
         // Hostile values from the agent are clamped or dropped, never an encoding failure.

@@ -209,6 +209,8 @@ fn watch_stream(sb: Sandbox, base: EntryBase, w: WatchStream) -> Response {
                                 None => Some((Ok(WatchDirResponse::Keepalive), (false, w, queue))),
                             }
                         }
+                        // The sandbox went away: break off, as a process stream does.
+                        None if sb.is_gone() => Some((Err(ConnectError::sandbox_gone()), (false, w, queue))),
                         None => None,
                     },
                     _ = tokio::time::sleep(KEEPALIVE) => {

@@ -6,7 +6,6 @@
 //! omitted, errors as plain text (`400 Only one of context_id or language can be provided`,
 //! `404 Context X not found`). Unknown query parameters (the JS SDK's `?source=`) are ignored.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -222,10 +221,13 @@ async fn execute(state: &AppState, sb: Sandbox, body: Body) -> Response {
 }
 
 /// The execution's events as NDJSON lines, with keepalives while it is quiet. Dropping the
-/// stream (the client went away) drops the receiver, which interrupts the execution.
+/// stream (the client went away) drops the receiver, which interrupts the execution. If the
+/// sandbox goes away meanwhile, the response breaks off (an error item aborts it), as E2B's
+/// does when a sandbox's VM goes: the SDKs then find the sandbox gone and raise their "the
+/// sandbox was killed while the request was in progress".
 fn ndjson(
     events: tokio::sync::mpsc::Receiver<ExecOut>,
-) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     futures_util::stream::unfold(Some(events), |state| async move {
         let mut events = state?;
         match tokio::time::timeout(KEEPALIVE, events.recv()).await {
@@ -233,12 +235,19 @@ fn ndjson(
             // The execution task always sends `End`; without it the server is shutting down.
             Ok(None) => None,
             Ok(Some(ExecOut::End)) => Some((line(&json!({"type": "end_of_execution"})), None)),
+            Ok(Some(ExecOut::SandboxGone)) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "the sandbox was killed",
+                )),
+                None,
+            )),
             Ok(Some(ev)) => Some((line(&event_json(ev)), Some(events))),
         }
     })
 }
 
-fn line(v: &Value) -> Result<Bytes, Infallible> {
+fn line(v: &Value) -> Result<Bytes, std::io::Error> {
     let mut b = serde_json::to_vec(v).unwrap_or_default();
     b.push(b'\n');
     Ok(Bytes::from(b))
@@ -266,7 +275,8 @@ fn event_json(ev: ExecOut) -> Value {
             "value": format!("the context's kernel died: {why}; restart the context"),
             "traceback": "",
         }),
-        ExecOut::End => json!({"type": "end_of_execution"}),
+        // Both end the stream in `ndjson` before they get here.
+        ExecOut::End | ExecOut::SandboxGone => json!({"type": "end_of_execution"}),
     }
 }
 

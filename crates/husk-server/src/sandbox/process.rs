@@ -2,8 +2,9 @@
 //!
 //! Start and Connect stream: `start{pid}` first, then output and keepalives (every
 //! `Keepalive-Ping-Interval` seconds), exactly one `end`, then the end-of-stream envelope. If
-//! the sandbox goes away mid-stream (killed, timed out), the stream ends with an `unavailable`
-//! error. A client that disconnects drops its stream only; the process keeps running.
+//! the sandbox goes away mid-stream (killed, timed out), the response breaks off, as E2B's
+//! does when a sandbox's VM goes (see [`ConnectError::sandbox_gone`]). A client that
+//! disconnects drops its stream only; the process keeps running.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,10 +166,7 @@ fn event_stream(pid: u32, events: ProcStream, keepalive: Duration) -> Response {
                             Some((Ok(StartResponse::from(ev)), (Phase::Done, events)))
                         }
                         Some(ev) => Some((Ok(StartResponse::from(ev)), (Phase::Running, events))),
-                        None => Some((
-                            Err(ConnectError::unavailable("the sandbox was killed")),
-                            (Phase::Done, events),
-                        )),
+                        None => Some((Err(ConnectError::sandbox_gone()), (Phase::Done, events))),
                     },
                     _ = tokio::time::sleep(keepalive) => {
                         Some((Ok(StartResponse::keepalive()), (Phase::Running, events)))
