@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::HeaderValue;
+use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use axum::Router;
 use husk_core::manager::Manager;
@@ -38,6 +38,10 @@ pub struct AppState {
     pub transfers: Arc<crate::transfers::Transfers>,
     /// Request bodies read whole (runs, code, Connect calls), per team.
     pub bodies: Arc<crate::budget::Budget>,
+    /// The domain sandboxes are reachable under (`None`: the SDKs get `domain: null`).
+    pub domain: Option<crate::domain::Domain>,
+    /// Signed file URLs that name no sandbox, and the sandboxes they were found for.
+    pub signed: Arc<crate::sandbox::signed::SignedRoutes>,
 }
 
 /// Bytes of request bodies that one team's requests may hold in the server at once.
@@ -55,7 +59,15 @@ impl AppState {
             body_policy: crate::body::BodyPolicy::default(),
             transfers: Arc::new(crate::transfers::Transfers::new(Default::default())),
             bodies: crate::budget::Budget::new("request bodies", TEAM_BODY_BYTES),
+            domain: None,
+            signed: Arc::default(),
         }
+    }
+
+    /// The domain given to the SDKs as each sandbox's `domain`.
+    pub fn with_domain(mut self, domain: Option<crate::domain::Domain>) -> AppState {
+        self.domain = domain;
+        self
     }
 
     /// How fast clients must send request bodies (and read transfers).
@@ -168,11 +180,28 @@ pub fn service(
         .merge(crate::workspaces::router(state.clone()))
         .merge(crate::runs::router(state.clone()));
     let policy = state.body_policy;
+    let (manager, signed) = (state.manager.clone(), state.signed.clone());
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());
+        let (manager, signed) = (manager.clone(), signed.clone());
         async move {
-            let target = sandbox_target(&req);
+            let mut target = sandbox_target(&req);
+            // A signed file URL opened by a client that names no sandbox (a browser, curl):
+            // its signature says which sandbox it is for (see `sandbox::signed`).
+            if target.is_none() && crate::sandbox::signed::is_signed_files(&req) {
+                match signed.target(&manager, &req) {
+                    Ok(t) => target = Some(t),
+                    Err(mut resp) => {
+                        // An upload's body stays unread: its connection cannot carry more.
+                        if req.method() == axum::http::Method::POST {
+                            resp.headers_mut()
+                                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                        }
+                        return Ok(resp);
+                    }
+                }
+            }
             // A request without a body (most GETs) has nothing to guard: no timer for it.
             if !http_body::Body::is_end_stream(req.body()) && guards_body(target.as_ref(), &req) {
                 req = req.map(|b| Body::new(crate::body::Guarded::new(b, policy)));

@@ -6,6 +6,7 @@
 pub mod app;
 pub mod body;
 pub mod budget;
+pub mod domain;
 pub mod listener;
 pub mod openapi;
 pub mod rest;

@@ -252,7 +252,15 @@ fn timeout_secs(t: Option<i64>) -> Result<Duration, Response> {
     }
 }
 
-fn sandbox_json(sb: &LiveSandbox) -> Value {
+/// A sandbox's `domain`: the server's, when the operator named one.
+fn domain(state: &AppState) -> Value {
+    state
+        .domain
+        .as_ref()
+        .map_or(Value::Null, |d| json!(d.as_str()))
+}
+
+fn sandbox_json(sb: &LiveSandbox, domain: Value) -> Value {
     json!({
         "templateID": sb.template(),
         "sandboxID": sb.id(),
@@ -260,11 +268,11 @@ fn sandbox_json(sb: &LiveSandbox) -> Value {
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": sb.access_token(),
         "trafficAccessToken": sb.traffic_access_token(),
-        "domain": null,
+        "domain": domain,
     })
 }
 
-fn detail_json(sb: &LiveSandbox) -> Value {
+fn detail_json(sb: &LiveSandbox, domain: Value) -> Value {
     let (internet, allow_out, deny_out) = sb.network_policy().to_e2b();
     json!({
         "templateID": sb.template(),
@@ -287,7 +295,7 @@ fn detail_json(sb: &LiveSandbox) -> Value {
             "allowOut": allow_out,
             "denyOut": deny_out,
         },
-        "domain": null,
+        "domain": domain,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
     })
 }
@@ -343,7 +351,11 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
     let sb = state.manager.create(&who, create).await.map_err(answer)?;
     // How long the server took from the request to a ready agent (the benchmark reads it).
     let timing = format!("create;dur={:.3}", started.elapsed().as_secs_f64() * 1000.0);
-    let mut resp = (StatusCode::CREATED, axum::Json(sandbox_json(&sb))).into_response();
+    let mut resp = (
+        StatusCode::CREATED,
+        axum::Json(sandbox_json(&sb, domain(&state))),
+    )
+        .into_response();
     if let Ok(v) = HeaderValue::from_str(&timing) {
         resp.headers_mut().insert("server-timing", v);
     }
@@ -367,7 +379,7 @@ async fn connect(
         .manager
         .connect(&who, &id, timeout_secs(req.timeout)?)
         .map_err(answer)?;
-    Ok(axum::Json(sandbox_json(&sb)).into_response())
+    Ok(axum::Json(sandbox_json(&sb, domain(&state))).into_response())
 }
 
 async fn set_timeout(
@@ -449,7 +461,7 @@ async fn logs(State(state): State<AppState>, Who(who): Who, Path(id): Path<Strin
 
 async fn info(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
     let sb = state.manager.get(&who, &id).map_err(answer)?;
-    Ok(axum::Json(detail_json(&sb)).into_response())
+    Ok(axum::Json(detail_json(&sb, domain(&state))).into_response())
 }
 
 async fn kill(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {

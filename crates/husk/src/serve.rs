@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// nothing but /proc and the cgroup tree. Root is refused.
     #[arg(long, default_value = crate::server_user::DEFAULT, value_name = "USER")]
     pub server_user: String,
+    /// The domain sandboxes are reachable under, given to the SDKs as each sandbox's
+    /// `domain`: they then reach port P of a sandbox at `https://P-<sandboxID>.<DOMAIN>`
+    /// (without `E2B_SANDBOX_URL`; it needs wildcard DNS and TLS in front of husk) and
+    /// `get_host(P)` names that host. Unset: `domain` is null.
+    #[arg(long, value_name = "DOMAIN", value_parser = parse_domain)]
+    pub domain: Option<husk_server::domain::Domain>,
     #[command(flatten)]
     pub egress: crate::egress::EgressArgs,
     #[command(flatten)]
@@ -464,6 +470,7 @@ async fn run(
         .with_body_policy(husk_server::body::BodyPolicy::with_window(
             args.body_timeout,
         ))
+        .with_domain(args.domain.clone())
         .with_transfer_limits(husk_server::transfers::TransferLimits {
             per_team: args.max_transfers_per_team.max(1),
             total: args.max_transfers.max(1),
@@ -685,4 +692,8 @@ mod tests {
         assert!(Cli::try_parse_from(["serve", "--max-connections", "0"]).is_err());
         assert!(Cli::try_parse_from(["serve", "--max-connections-per-ip", "-1"]).is_err());
     }
+}
+
+fn parse_domain(text: &str) -> Result<husk_server::domain::Domain, String> {
+    husk_server::domain::Domain::parse(text)
 }

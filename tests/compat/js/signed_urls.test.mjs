@@ -120,3 +120,39 @@ test('signed URL for root; dies with the sandbox', async (t) => {
   assert.equal(gone.status, 502)
   assert.match(gone.body.toString(), /was not found/)
 })
+
+/** Opens a URL as a browser or curl would: no routing header, no token. */
+async function fetchPlain(url, { method = 'GET', body, headers = {} } = {}) {
+  if (!url.startsWith('http://127.0.0.1:')) throw new Error(`refusing to fetch ${url}`)
+  const res = await fetch(url, { method, body, headers, signal: AbortSignal.timeout(20_000) })
+  return { status: res.status, body: Buffer.from(await res.arrayBuffer()) }
+}
+
+test('signed URLs work for a client that names no sandbox', async (t) => {
+  const a = await husk.sandbox(t)
+  const b = await husk.sandbox(t)
+  await a.files.write('/tmp/same.txt', 'from a')
+  await b.files.write('/tmp/same.txt', 'from b')
+  for (const [sbx, want] of [
+    [a, 'from a'],
+    [b, 'from b'],
+  ]) {
+    const r = await fetchPlain(await sbx.downloadUrl('/tmp/same.txt'))
+    assert.equal(r.status, 200)
+    assert.equal(r.body.toString(), want)
+  }
+  const up = await a.uploadUrl('/home/user/plain-up.txt')
+  const { body, headers } = multipart('/home/user/plain-up.txt', 'uploaded plainly')
+  assert.equal((await fetchPlain(up, { method: 'POST', body, headers })).status, 200)
+  assert.equal(await a.files.read('/home/user/plain-up.txt'), 'uploaded plainly')
+  assert.equal(await b.files.exists('/home/user/plain-up.txt'), false)
+
+  const expired = await a.downloadUrl('/tmp/same.txt', { useSignatureExpiration: -30 })
+  const r = await fetchPlain(expired)
+  assert.equal(r.status, 401)
+  assert.equal(r.body.toString().trim(), EXPIRED)
+  const url = await a.downloadUrl('/tmp/same.txt')
+  const bad = await fetchPlain(withQuery(url, { path: '/tmp/other.txt' }))
+  assert.equal(bad.status, 401)
+  assert.equal(JSON.parse(bad.body.toString()).message, 'invalid signature')
+})

@@ -21,6 +21,7 @@ from e2b import (
     PtySize,
     SandboxException,
     SandboxNotFoundException,
+    SandboxNotRunningException,
     SandboxQuery,
     SandboxState,
     TimeoutException,
@@ -357,6 +358,43 @@ async def test_async_signed_urls(asbx):
     status, body = await asyncio.to_thread(fetch_url, expired, asbx.sandbox_id)
     assert status == 401
     assert body.strip() == b'{"code":401,"message":"signature is already expired"}'
+
+
+@pytest.mark.asyncio
+async def test_async_signed_url_without_routing_headers(asbx):
+    import urllib.request
+
+    await asbx.files.write("/tmp/plain.txt", "plain")
+
+    def fetch_plain(url):
+        with urllib.request.urlopen(url, timeout=20) as r:
+            return r.status, r.read()
+
+    status, body = await asyncio.to_thread(fetch_plain, asbx.download_url("/tmp/plain.txt"))
+    assert (status, body) == (200, b"plain")
+
+
+@pytest.mark.asyncio
+async def test_async_remove_missing_and_symlink_info(asbx):
+    await asbx.files.remove("/tmp/never-there")
+    await asbx.files.write("/tmp/al/t.txt", "t")
+    await asbx.commands.run("ln -s t.txt /tmp/al/link")
+    info = await asbx.files.get_info("/tmp/al/link")
+    assert (info.type, info.symlink_target) == (FileType.FILE, "/tmp/al/t.txt")
+
+
+@pytest.mark.asyncio
+async def test_async_killing_the_sandbox_during_a_command(asbx, husk):
+    h = await asbx.commands.run("sleep 60", background=True)
+
+    async def listed():
+        return h.pid in [p.pid for p in await asbx.commands.list()]
+
+    await await_for(listed, 10, "the command to start")
+    assert await AsyncSandbox.kill(asbx.sandbox_id, **husk.opts()) is True
+    with pytest.raises(SandboxNotRunningException) as e:
+        await h.wait()
+    assert "was killed or reached its end of life" in str(e.value), str(e.value)
 
 
 @pytest.mark.asyncio

@@ -302,6 +302,24 @@ def test_killed_sandbox(ci_sandbox_factory):
         sbx.create_code_context()
 
 
+def test_the_base_template_has_the_commands_e2b_users_rely_on(ci_husk):
+    # E2B's base image has these on PATH; code written for it calls them by these names.
+    from e2b import Sandbox as BaseSandbox
+
+    sbx = BaseSandbox.create("base", timeout=60, **ci_husk.opts())
+    try:
+        names = ["python", "python3", "pip", "pip3", "node", "npm", "git", "curl", "sudo"]
+        r = sbx.commands.run(" && ".join(f"command -v {n}" for n in names))
+        assert len(r.stdout.split()) == len(names), r.stdout
+        assert sbx.commands.run("python --version").stdout.startswith("Python 3."), "python"
+        assert sbx.commands.run("pip --version").stdout.startswith("pip "), "pip"
+        assert sbx.commands.run("sudo whoami").stdout == "root\n"
+        sbx.files.write("/home/user/script.py", "print(6 * 7)")
+        assert sbx.commands.run("python script.py").stdout == "42\n"
+    finally:
+        sbx.kill()
+
+
 def test_killing_the_sandbox_during_run_code_raises_timeout(ci_husk, ci_sandbox_factory):
     # E2B: the `/execute` stream breaks off, the SDK finds the sandbox gone and raises
     # TimeoutException "The sandbox was killed while the request was in progress".

@@ -170,3 +170,21 @@ async def test_bash_bad_input_and_kill(make):
     assert await sbx.kill() is True
     with pytest.raises(SandboxException):
         await sbx.run_code("1", timeout=20)
+
+
+@pytest.mark.asyncio
+async def test_killing_the_sandbox_during_run_code_raises_timeout(make, ci_husk):
+    sbx = await make()
+    started = asyncio.Event()
+    running = asyncio.create_task(
+        sbx.run_code(
+            "print('go', flush=True)\nimport time\ntime.sleep(60)",
+            on_stdout=lambda _m: started.set(),
+            timeout=90,
+        )
+    )
+    await asyncio.wait_for(started.wait(), 30)
+    assert await AsyncSandbox.kill(sbx.sandbox_id, **ci_husk.opts()) is True
+    with pytest.raises(TimeoutException) as e:
+        await asyncio.wait_for(running, 30)
+    assert "killed while the request was in progress" in str(e.value), str(e.value)

@@ -17,7 +17,7 @@ from e2b import (
     SandboxState,
 )
 
-from husk_compat import http_request, unique, wait_for
+from husk_compat import http_request, start_server, unique, wait_for
 
 
 def now() -> dt.datetime:
@@ -308,3 +308,35 @@ def test_many_sandboxes_are_isolated(sandbox_factory):
     a.commands.run("sleep 30 >/dev/null 2>&1 &")
     pids_b = b.commands.run("ps -e -o comm=").stdout.split()
     assert "sleep" not in pids_b
+
+
+def test_sandboxes_have_the_domain_the_operator_names(sandbox, husk):
+    # Without `--domain` there is none (the SDK then falls back to its own default).
+    raw = http_request(
+        husk.port, "GET", f"/sandboxes/{sandbox.sandbox_id}", {"X-API-Key": husk.admin_key}
+    )
+    assert raw.json()["domain"] is None, raw.text
+    server = start_server(extra_args=("--domain", "Sandboxes.Husk.Test"))
+    try:
+        sbx = Sandbox.create(timeout=60, **server.opts())
+        try:
+            assert sbx.sandbox_domain == "sandboxes.husk.test"
+            assert sbx.get_host(8000) == f"8000-{sbx.sandbox_id}.sandboxes.husk.test"
+            connected = Sandbox.connect(sbx.sandbox_id, **server.opts())
+            assert connected.sandbox_domain == "sandboxes.husk.test"
+            # The host the SDK would use without E2B_SANDBOX_URL routes to the sandbox.
+            r = http_request(
+                server.port, "GET", "/health", {"Host": f"49983-{sbx.sandbox_id}.sandboxes.husk.test"}
+            )
+            assert r.status == 204, (r.status, r.text)
+            raw = http_request(
+                server.port,
+                "GET",
+                f"/sandboxes/{sbx.sandbox_id}",
+                {"X-API-Key": server.admin_key},
+            )
+            assert raw.json()["domain"] == "sandboxes.husk.test", raw.text
+        finally:
+            sbx.kill()
+    finally:
+        server.close()

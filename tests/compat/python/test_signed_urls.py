@@ -4,13 +4,16 @@ urllib: valid ones work without the access token, expired or tampered ones get 4
 With `sandbox_url` set, the SDK builds the URL on that one base URL, which carries no sandbox
 id; the request names the sandbox with the routing headers (`E2b-Sandbox-Id`,
 `E2b-Sandbox-Port`), as every other per-sandbox request does in single-base-URL mode. The
-signature, not the access token, is what authorizes it."""
+signature, not the access token, is what authorizes it. A client that sends no routing header
+(a browser, curl) reaches the sandbox too: husk finds it by the signature."""
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 
 from husk_compat import fetch_url as fetch
 from husk_compat import multipart, wait_for
@@ -184,3 +187,58 @@ def test_signed_url_dies_with_the_sandbox(sandbox):
     status, body = fetch(url, sandbox.sandbox_id)
     assert status == 502
     assert "was not found" in body.decode()
+
+
+def fetch_plain(url: str, method: str = "GET", body=None, headers=None):
+    """Opens a URL as a browser, curl or urllib would: no routing header, no token."""
+    assert url.startswith("http://127.0.0.1:"), url
+    req = urllib.request.Request(url, data=body, method=method)
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_signed_urls_work_for_a_client_that_names_no_sandbox(sandbox_factory):
+    # Two sandboxes with the same path: each URL reaches its own sandbox, by its signature.
+    a, b = sandbox_factory(), sandbox_factory()
+    a.files.write("/tmp/same.txt", "from a")
+    b.files.write("/tmp/same.txt", "from b")
+    for sbx, want in ((a, b"from a"), (b, b"from b")):
+        url = sbx.download_url("/tmp/same.txt")
+        assert fetch_plain(url) == (200, want)
+        assert fetch_plain(url) == (200, want), "a second time (remembered)"
+        timed = sbx.download_url("/tmp/same.txt", use_signature_expiration=60)
+        assert fetch_plain(timed) == (200, want)
+
+    up = a.upload_url("/home/user/plain-up.txt")
+    body, headers = multipart("/home/user/plain-up.txt", b"uploaded plainly")
+    status, resp = fetch_plain(up, "POST", body, headers)
+    assert status == 200, resp
+    assert a.files.read("/home/user/plain-up.txt") == "uploaded plainly"
+    assert not b.files.exists("/home/user/plain-up.txt")
+
+
+def test_signed_urls_without_a_sandbox_are_refused_as_envd_refuses_them(sandbox):
+    sandbox.files.write("/tmp/p.txt", "p")
+    expired = sandbox.download_url("/tmp/p.txt", use_signature_expiration=-30)
+    status, body = fetch_plain(expired)
+    assert (status, json.loads(body)) == (401, EXPIRED_BODY)
+    url = sandbox.download_url("/tmp/p.txt")
+    status, body = fetch_plain(with_query(url, signature=flip(query(url)["signature"])))
+    assert status == 401 and json.loads(body)["message"] == "invalid signature", body
+    # Bound to its path and operation, as with the routing headers.
+    status, _ = fetch_plain(with_query(url, path="/tmp/other.txt"))
+    assert status == 401
+    body, headers = multipart("/tmp/p.txt", b"overwrite")
+    status, _ = fetch_plain(url, "POST", body, headers)
+    assert status == 401
+    assert sandbox.files.read("/tmp/p.txt") == "p"
+    # Gone with its sandbox.
+    assert fetch_plain(url) == (200, b"p")
+    sandbox.kill()
+    status, body = fetch_plain(url)
+    assert status == 401 and json.loads(body)["message"] == "invalid signature", body

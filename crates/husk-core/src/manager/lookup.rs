@@ -35,6 +35,13 @@ impl Manager {
         read(&self.sandboxes).get(id).cloned()
     }
 
+    /// Every live sandbox, of every team: for a request that names no sandbox but proves
+    /// which one it is for by a secret of the sandbox's (a signed file URL). Taken under the
+    /// lock and returned, so that the caller's checks do not hold it.
+    pub fn all_sandboxes(&self) -> Vec<Arc<LiveSandbox>> {
+        read(&self.sandboxes).values().cloned().collect()
+    }
+
     /// The team's sandboxes matching `filter`, oldest first.
     pub fn list(&self, who: &Principal, filter: &ListFilter) -> Vec<Arc<LiveSandbox>> {
         let mut v: Vec<Arc<LiveSandbox>> = read(&self.sandboxes)

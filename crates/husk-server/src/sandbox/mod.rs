@@ -14,6 +14,7 @@ mod ingress;
 pub(crate) mod interpreter;
 mod process;
 mod rpc;
+pub mod signed;
 mod watch_buffer;
 
 pub use filesystem::Watchers;
