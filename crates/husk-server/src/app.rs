@@ -192,7 +192,8 @@ pub fn service(
             if target.is_none() && crate::sandbox::signed::is_signed_files(&req) {
                 match signed.target(&manager, &req) {
                     Ok(t) => target = Some(t),
-                    Err(mut resp) => {
+                    Err(resp) => {
+                        let mut resp = *resp;
                         // An upload's body stays unread: its connection cannot carry more.
                         if req.method() == axum::http::Method::POST {
                             resp.headers_mut()

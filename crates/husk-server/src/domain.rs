@@ -90,7 +90,7 @@ mod tests {
             "x.com:08",
             "x.com:",
             &"a".repeat(64),
-            &format!("{}.com", ["a".repeat(60); 5].join(".")),
+            &format!("{}.com", vec!["a".repeat(60); 5].join(".")),
         ] {
             let err = Domain::parse(input).unwrap_err();
             assert!(err.contains("is not a domain name"), "{input}: {err}");

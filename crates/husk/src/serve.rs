@@ -654,6 +654,10 @@ async fn wait_for_stop() {
     }
 }
 
+fn parse_domain(text: &str) -> Result<husk_server::domain::Domain, String> {
+    husk_server::domain::Domain::parse(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -692,8 +696,4 @@ mod tests {
         assert!(Cli::try_parse_from(["serve", "--max-connections", "0"]).is_err());
         assert!(Cli::try_parse_from(["serve", "--max-connections-per-ip", "-1"]).is_err());
     }
-}
-
-fn parse_domain(text: &str) -> Result<husk_server::domain::Domain, String> {
-    husk_server::domain::Domain::parse(text)
 }

@@ -65,10 +65,14 @@ impl SignedRoutes {
         &self,
         manager: &Manager,
         req: &Request<Body>,
-    ) -> Result<SandboxTarget, Response> {
-        let query = FilesQuery::parse(req.uri().query()).map_err(IntoResponse::into_response)?;
+    ) -> Result<SandboxTarget, Box<Response>> {
+        let answer = |e: FilesError| Box::new(e.into_response());
+        let query = FilesQuery::parse(req.uri().query()).map_err(answer)?;
         let op = Operation::for_method(req.method()).ok_or_else(|| {
-            FilesError::new(StatusCode::METHOD_NOT_ALLOWED, "only GET and POST").into_response()
+            answer(FilesError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "only GET and POST",
+            ))
         })?;
         let signature = query.signature.clone().unwrap_or_default();
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -102,13 +106,13 @@ impl SignedRoutes {
             .into_response();
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Err(resp);
+            return Err(Box::new(resp));
         }
         let sandbox = manager
             .all_sandboxes()
             .into_iter()
             .find(|sb| !sb.is_gone() && signed_by(sb.access_token()))
-            .ok_or_else(|| FilesError::from(FilesAuthError::Invalid).into_response())?;
+            .ok_or_else(|| answer(FilesAuthError::Invalid.into()))?;
         let id = sandbox.id().to_owned();
         let mut found = lock(&self.found);
         if found.len() >= REMEMBERED {
