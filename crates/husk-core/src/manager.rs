@@ -21,6 +21,7 @@ mod create;
 mod limits;
 mod live;
 mod lookup;
+mod metrics;
 mod request;
 mod supervise;
 #[cfg(test)]
@@ -30,6 +31,7 @@ pub use create::new_sandbox_id;
 pub use limits::host_memory_available;
 pub use live::{LiveSandbox, Metrics};
 pub use lookup::ListFilter;
+pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};
 pub use request::{
     check_mount_path, CreateRequest, EnvVars, WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
 };

@@ -19,7 +19,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
-use husk_core::manager::{CreateRequest, EnvVars, ListFilter, LiveSandbox, ENVD_VERSION};
+use husk_core::manager::{
+    CreateRequest, EnvVars, ListFilter, LiveSandbox, TimeRange, ENVD_VERSION,
+};
 use husk_core::store::Principal;
 
 use crate::error::{answer, ApiError};
@@ -469,20 +471,59 @@ async fn kill(State(state): State<AppState>, Who(who): Who, Path(id): Path<Strin
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn metrics(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    let m = state.manager.metrics(&who, &id).await.map_err(answer)?;
-    Ok(axum::Json(json!([{
-        "timestamp": rfc3339(m.timestamp),
-        "timestampUnix": m.timestamp.unix_timestamp(),
-        "cpuCount": m.cpu_count,
-        "cpuUsedPct": m.cpu_used_pct,
-        "memUsed": m.mem_used,
-        "memTotal": m.mem_total,
-        "memCache": m.mem_cache,
-        "diskUsed": m.disk_used,
-        "diskTotal": m.disk_total,
-    }]))
-    .into_response())
+/// `start` and `end` of a metrics query: unix seconds, as the SDKs send them.
+fn time_range(q: &[(String, String)]) -> Result<TimeRange, Response> {
+    let at = |name: &str| -> Result<Option<OffsetDateTime>, Response> {
+        let Some((_, v)) = q.iter().rev().find(|(k, _)| k == name) else {
+            return Ok(None);
+        };
+        v.trim()
+            .parse::<i64>()
+            .ok()
+            .and_then(|s| OffsetDateTime::from_unix_timestamp(s).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    format!("{name} must be a time in unix seconds, got '{v}'"),
+                )
+            })
+    };
+    Ok(TimeRange {
+        start: at("start")?,
+        end: at("end")?,
+    })
+}
+
+async fn metrics(
+    State(state): State<AppState>,
+    Who(who): Who,
+    Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Answer {
+    let range = time_range(&q)?;
+    let samples = state
+        .manager
+        .metrics(&who, &id, range)
+        .await
+        .map_err(answer)?;
+    let json: Vec<Value> = samples
+        .iter()
+        .map(|m| {
+            json!({
+                "timestamp": rfc3339(m.timestamp),
+                "timestampUnix": m.timestamp.unix_timestamp(),
+                "cpuCount": m.cpu_count,
+                "cpuUsedPct": m.cpu_used_pct,
+                "memUsed": m.mem_used,
+                "memTotal": m.mem_total,
+                "memCache": m.mem_cache,
+                "diskUsed": m.disk_used,
+                "diskTotal": m.disk_total,
+            })
+        })
+        .collect();
+    Ok(axum::Json(json).into_response())
 }
 
 /// Decodes the SDKs' layered metadata filter: the framework-decoded value is itself a

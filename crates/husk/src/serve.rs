@@ -476,6 +476,7 @@ async fn run(
             total: args.max_transfers.max(1),
         });
     tokio::spawn(prune_records(manager.store_arc(), args.record_retention));
+    manager.spawn_metrics_sampler();
     let shutdown_manager = manager.clone();
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failed_in_stop = failed.clone();

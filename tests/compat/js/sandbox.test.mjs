@@ -173,6 +173,13 @@ test('metrics', async (t) => {
   assert.ok(m.timestamp instanceof Date)
   const stat = await Sandbox.getMetrics(sbx.sandboxId, { ...husk.opts(), start: new Date(Date.now() - 300_000), end: new Date(Date.now() + 60_000) })
   assert.ok(stat.some((x) => x.memTotal > 0))
+  // A range before the sandbox existed has no samples.
+  const before = await Sandbox.getMetrics(sbx.sandboxId, {
+    ...husk.opts(),
+    start: new Date(Date.now() - 7_200_000),
+    end: new Date(Date.now() - 3_600_000),
+  })
+  assert.deepEqual(before, [])
   await assert.rejects(Sandbox.getMetrics('nosuchsandbox0000000', husk.opts()), SandboxNotFoundError)
 })
 

@@ -150,6 +150,13 @@ async def test_async_metrics(asbx):
     found = await await_for(metrics, 30, "a metric with memTotal > 0", 0.5)
     assert found[-1].cpu_count > 0
     assert 0 < found[-1].mem_used <= found[-1].mem_total
+    # A range before the sandbox existed has no samples.
+    hour = dt.timedelta(hours=1)
+    before = await asbx.get_metrics(
+        start=dt.datetime.now(dt.timezone.utc) - 2 * hour,
+        end=dt.datetime.now(dt.timezone.utc) - hour,
+    )
+    assert before == []
 
 
 # --- commands ---------------------------------------------------------------------------------

@@ -268,6 +268,38 @@ def test_metrics(sandbox, opts):
     assert any(x.mem_total > 0 for x in window)
 
 
+def test_metrics_honour_the_time_range(sandbox, opts, husk):
+    created = now()
+    # Before the sandbox existed: nothing (E2B answers an empty list).
+    before = Sandbox.get_metrics(
+        sandbox.sandbox_id,
+        start=created - dt.timedelta(hours=2),
+        end=created - dt.timedelta(hours=1),
+        **opts,
+    )
+    assert before == []
+    # Sampled every 5 s by the server, asked or not: a range that ended a moment ago (no
+    # fresh sample is taken for it) fills up with them.
+    def closed_range():
+        end = now() - dt.timedelta(seconds=1)
+        ms = Sandbox.get_metrics(sandbox.sandbox_id, end=end, **opts)
+        assert all(m.timestamp <= end for m in ms), (end, ms)
+        return ms if len(ms) >= 2 else None
+
+    found = wait_for(closed_range, 30, "two periodic samples", 1)
+    stamps = [m.timestamp for m in found]
+    assert stamps == sorted(stamps)
+    assert all(m.mem_total > 0 and m.cpu_count > 0 for m in found)
+    # A bad time is a clear 400.
+    r = http_request(
+        husk.port,
+        "GET",
+        f"/sandboxes/{sandbox.sandbox_id}/metrics?start=yesterday",
+        {"X-API-Key": husk.admin_key},
+    )
+    assert r.status == 400 and "start" in r.text, r.text
+
+
 def test_metrics_of_unknown_sandbox(opts):
     with pytest.raises(SandboxNotFoundException):
         Sandbox.get_metrics("nosuchsandbox0000000", **opts)

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use husk_proto::{Hello, User, VERSION};
 use husk_runtime::service::Created;
@@ -235,7 +234,7 @@ impl Manager {
             end_at: Mutex::new(now + timeout),
             timeout_changed: Notify::new(),
             cgroup: created.cgroup,
-            cpu_sample: Mutex::new((Instant::now(), 0)),
+            metrics: Mutex::new(super::metrics::MetricsLog::new()),
             redactions: Mutex::new(HashMap::new()),
         });
         let record = SandboxRecord {

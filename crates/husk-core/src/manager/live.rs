@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use husk_proto::User;
 use husk_runtime::cgroup::SandboxCgroup;
@@ -58,8 +57,8 @@ pub struct LiveSandbox {
     pub(super) end_at: Mutex<OffsetDateTime>,
     pub(super) timeout_changed: Notify,
     pub(super) cgroup: SandboxCgroup,
-    /// (when, cpu ns) of the previous metrics sample, for the CPU percentage.
-    pub(super) cpu_sample: Mutex<(Instant, u64)>,
+    /// Its usage samples (see `metrics.rs`).
+    pub(super) metrics: Mutex<super::metrics::MetricsLog>,
     /// Secret values to mask in the output of processes that got them, by pid (so that a
     /// client reconnecting to such a process gets its output masked too). Bounded.
     pub(super) redactions: Mutex<HashMap<u32, Vec<zeroize::Zeroizing<Vec<u8>>>>>,

@@ -2,13 +2,11 @@
 //! the timeout or the egress policy, read usage.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use husk_proto::{Reply, Request};
 use time::OffsetDateTime;
 
-use super::{read, CoreError, LiveSandbox, Manager, Metrics};
-use crate::agent::CallError;
+use super::{read, CoreError, LiveSandbox, Manager};
 use crate::store::Principal;
 
 /// Filters of a list call.
@@ -99,35 +97,6 @@ impl Manager {
             let _ = self.store.update_sandbox_end(id, end);
         }
         Ok(sb)
-    }
-
-    /// A usage sample: memory and CPU from the cgroups, disk from the agent.
-    pub async fn metrics(&self, who: &Principal, id: &str) -> Result<Metrics, CoreError> {
-        let sb = self.get(who, id)?;
-        let st = sb.cgroup.stats();
-        let now = Instant::now();
-        let cpu_used_pct = {
-            let mut prev = sb.cpu_sample.lock().unwrap_or_else(|p| p.into_inner());
-            let wall = now.duration_since(prev.0).as_nanos().max(1) as f64;
-            let used = st.cpu_usage_ns.saturating_sub(prev.1) as f64;
-            *prev = (now, st.cpu_usage_ns);
-            (used / wall / sb.cpu_count() as f64 * 100.0).clamp(0.0, 100.0)
-        };
-        let (disk_used, disk_total) = match sb.agent.call(Request::Disk).await {
-            Ok(Reply::Disk { used, total }) => (used, total),
-            Ok(_) | Err(CallError::Agent(_)) => (0, sb.limits.disk_bytes),
-            Err(CallError::Gone) => return Err(CoreError::NotFound(id.to_string())),
-        };
-        Ok(Metrics {
-            timestamp: OffsetDateTime::now_utc(),
-            cpu_count: sb.cpu_count(),
-            cpu_used_pct,
-            mem_used: st.memory_bytes,
-            mem_total: sb.limits.memory_bytes,
-            mem_cache: st.memory_cache,
-            disk_used,
-            disk_total,
-        })
     }
 
     /// How many sandboxes are alive.

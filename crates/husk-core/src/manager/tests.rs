@@ -9,7 +9,7 @@ use std::time::Duration;
 use husk_runtime::failure::{Failure, FailureKind};
 use husk_runtime::{Limits, RootSource};
 
-use super::{Config, CoreError, CreateRequest, ListFilter, Manager};
+use super::{Config, CoreError, CreateRequest, ListFilter, Manager, TimeRange, SAMPLES_KEPT};
 use crate::store::{Principal, Store};
 use crate::testing::{AgentMode, FakeHost, FAKE_DISK};
 
@@ -171,7 +171,9 @@ async fn another_team_cannot_see_or_touch_a_sandbox() {
     assert!(not_found(
         m.connect(&b, id, Duration::from_secs(3600)).map(|_| ())
     ));
-    assert!(not_found(m.metrics(&b, id).await.map(|_| ())));
+    assert!(not_found(
+        m.metrics(&b, id, TimeRange::default()).await.map(|_| ())
+    ));
     assert!(not_found(
         m.set_network_policy(&b, id, husk_net::NetPolicy::None)
             .await
@@ -336,10 +338,72 @@ async fn metrics_take_the_disk_from_the_agent() {
     let (m, _) = manager(10);
     let a = team("a");
     let sb = m.create(&a, req()).await.unwrap();
-    let metrics = m.metrics(&a, &sb.id).await.unwrap();
+    let samples = m.metrics(&a, &sb.id, TimeRange::default()).await.unwrap();
+    let [metrics] = samples[..] else {
+        panic!("one fresh sample: {samples:?}")
+    };
     assert_eq!((metrics.disk_used, metrics.disk_total), FAKE_DISK);
     assert_eq!(metrics.mem_total, sb.limits.memory_bytes);
     assert_eq!(metrics.cpu_count, sb.cpu_count());
+}
+
+#[tokio::test]
+async fn metrics_are_sampled_kept_bounded_and_asked_for_by_time() {
+    use time::OffsetDateTime;
+    let (m, _) = manager(10);
+    let a = team("a");
+    let sb = m.create(&a, req()).await.unwrap();
+    let born = sb.started_at();
+    // Periodic samples (the sampler's sweeps), each with the disk figure once the agent gave it.
+    for _ in 0..3 {
+        m.sample_all();
+    }
+    let all = |r| m.metrics(&a, &sb.id, r);
+    let now_and_before = all(TimeRange::default()).await.unwrap();
+    assert_eq!(now_and_before.len(), 4, "three sweeps and a fresh sample");
+    assert!(now_and_before
+        .windows(2)
+        .all(|w| w[0].timestamp <= w[1].timestamp));
+    let last = now_and_before.last().unwrap();
+    assert_eq!(
+        (last.disk_used, last.disk_total),
+        FAKE_DISK,
+        "the fresh one asks the agent"
+    );
+
+    // A range that ended before the sandbox existed, or lies before now: no fresh sample.
+    let before = TimeRange {
+        start: Some(born - time::Duration::hours(2)),
+        end: Some(born - time::Duration::hours(1)),
+    };
+    assert!(all(before).await.unwrap().is_empty());
+    let past = TimeRange {
+        start: None,
+        end: Some(last.timestamp),
+    };
+    assert_eq!(
+        all(past).await.unwrap().len(),
+        4,
+        "no new sample for a closed range"
+    );
+    let later = TimeRange {
+        start: Some(OffsetDateTime::now_utc() + time::Duration::hours(1)),
+        end: None,
+    };
+    assert!(all(later).await.unwrap().is_empty());
+
+    // Bounded: only the last SAMPLES_KEPT stay.
+    for _ in 0..SAMPLES_KEPT + 10 {
+        m.sample_all();
+    }
+    let kept = all(TimeRange {
+        start: None,
+        // Ended a moment ago: the kept samples only, no fresh one.
+        end: Some(OffsetDateTime::now_utc()),
+    })
+    .await
+    .unwrap();
+    assert_eq!(kept.len(), SAMPLES_KEPT);
 }
 
 #[tokio::test]
