@@ -7,10 +7,12 @@
 #   e2b/chart  matplotlib figures described as data by the `e2b_charts` package (if it is
 #              installed and understands the figure), next to the inline backend's image/png.
 # It also makes matplotlib's inline backend the default, so `plt.show()` or a figure as a cell's
-# last expression yields image/png display data.
+# last expression yields image/png display data, and displays the PIL images a cell saves to a
+# path or shows, as E2B's interpreter does.
 #
 # Nothing is imported eagerly: the formatters match classes by module and class name and only
-# run once pandas or matplotlib is in use, so kernel start-up stays fast. Everything lives inside
+# run once pandas or matplotlib is in use, and PIL is patched by an import hook when something
+# first imports it, so kernel start-up stays fast. Everything lives inside
 # one function that deletes itself, so the user's namespace gains no names.
 
 
@@ -126,6 +128,60 @@ def _husk_setup_display():
     for cls in (HuskDataFormatter, HuskChartFormatter):
         formatter = cls(parent=display)
         display.formatters[formatter.format_type] = formatter
+
+    # PIL images a cell saves to a path, or shows, are displayed too (as E2B's interpreter
+    # does): `Image.save("x.png")` writes the file and gives an image/png result; `show()`
+    # displays instead of looking for a desktop viewer. PIL is patched when a cell first
+    # imports it, by a one-shot import hook, so kernels that never use it never load it.
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    def patch_pil(image_module):
+        from IPython.display import display as show_in_cell
+
+        original_save = image_module.Image.save
+
+        def save(self, fp, format=None, **params):
+            result = original_save(self, fp, format, **params)
+            if isinstance(fp, (str, bytes, os.PathLike)):
+                try:
+                    show_in_cell(self)
+                except Exception:
+                    pass  # never a traceback in the user's output for an extra result
+            return result
+
+        def show(self, title=None):
+            show_in_cell(self)
+
+        save.__doc__ = original_save.__doc__
+        image_module.Image.save = save
+        image_module.Image.show = show
+
+    class PilHook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "PIL.Image":
+                return None
+            sys.meta_path.remove(self)  # once: find the real module, then step aside
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                try:
+                    patch_pil(module)
+                except Exception:
+                    pass
+
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    if "PIL.Image" in sys.modules:
+        patch_pil(sys.modules["PIL.Image"])
+    else:
+        sys.meta_path.insert(0, PilHook())
 
 
 try:

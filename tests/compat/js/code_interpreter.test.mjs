@@ -157,6 +157,35 @@ test('stdout, stderr, results and errors stream to the callbacks in order', PER_
   assert.equal((await sbx.runCode('6 * 7')).text, '42')
 })
 
+test('a box-and-whisker chart; a PIL image a cell saves is a PNG result', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  const r = await sbx.runCode(
+    [
+      'import matplotlib.pyplot as plt',
+      "data = {'A': [85, 90, 78, 92, 88], 'B': [95, 89, 76, 91, 84, 87]}",
+      'fig, ax = plt.subplots()',
+      'ax.boxplot(data.values(), tick_labels=data.keys(), patch_artist=True)',
+      "ax.set_title('scores')",
+      'plt.show()',
+    ].join('\n'),
+  )
+  assert.equal(r.error, undefined, JSON.stringify(r.error))
+  const charts = r.results.filter((x) => x.chart).map((x) => x.chart)
+  assert.equal(charts.length, 1)
+  assert.equal(charts[0].type, 'box_and_whisker')
+  assert.deepEqual(
+    charts[0].elements.map((b) => b.label),
+    ['A', 'B'],
+  )
+  const saved = await sbx.runCode(
+    "from PIL import Image\nImage.new('RGB', (8, 8), (0, 0, 255)).save('blue.png')",
+  )
+  assert.equal(saved.error, undefined, JSON.stringify(saved.error))
+  const pngs = saved.results.filter((x) => x.png)
+  assert.equal(pngs.length, 1)
+  assert.ok(Buffer.from(pngs[0].png, 'base64').subarray(0, 8).equals(PNG_MAGIC))
+})
+
 test('a matplotlib chart is a PNG (and chart data); a DataFrame is HTML and data', PER_TEST, async (t) => {
   const sbx = await ciSandbox(t)
   const r = await sbx.runCode(

@@ -197,6 +197,59 @@ def test_matplotlib_chart_is_a_png(ci_sandbox_factory):
     assert main[0].chart is not None and main[0].chart.type == ChartType.BAR
 
 
+def test_box_and_whisker_chart(ci_sandbox_factory):
+    # E2B's own example of a box-and-whisker chart (its charts package's test).
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "data = {'Class A': [85, 90, 78, 92, 88], 'Class B': [95, 89, 76, 91, 84, 87],\n"
+        "        'Class C': [75, 82, 88, 79, 86]}\n"
+        "fig, ax = plt.subplots(figsize=(10, 6))\n"
+        "ax.boxplot(data.values(), tick_labels=data.keys(), patch_artist=True)\n"
+        "ax.set_title('Exam Scores Distribution')\n"
+        "ax.set_xlabel('Class')\n"
+        "ax.set_ylabel('Score')\n"
+        "plt.show()"
+    )
+    assert r.error is None, r.error
+    charts = [res.chart for res in r.results if res.chart is not None]
+    assert len(charts) == 1, [res.formats() for res in r.results]
+    chart = charts[0]
+    assert chart.type == ChartType.BOX_AND_WHISKER, chart.type
+    assert chart.title == "Exam Scores Distribution"
+    assert (chart.x_label, chart.y_label) == ("Class", "Score")
+    boxes = chart.elements
+    assert [b.label for b in boxes] == ["Class A", "Class B", "Class C"]
+    a = boxes[0]
+    assert (a.min, a.median, a.max) == (78, 88, 92), a
+    assert a.first_quartile <= a.median <= a.third_quartile
+
+
+def test_an_image_a_cell_saves_or_shows_is_a_png_result(ci_sandbox_factory):
+    # As on E2B: PIL's Image.save(path) and Image.show() also display the image.
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code(
+        "from PIL import Image\n"
+        "img = Image.new('RGB', (40, 30), (200, 20, 20))\n"
+        "img.save('red.png')\n"
+        "print('saved')"
+    )
+    assert r.error is None, r.error
+    assert "".join(r.logs.stdout) == "saved\n"
+    pngs = [base64.b64decode(res.png) for res in r.results if res.png]
+    assert len(pngs) == 1 and pngs[0].startswith(PNG_MAGIC), r.results
+    # The file is written too, where the cell said.
+    assert sbx.files.read("/home/user/red.png", format="bytes").startswith(PNG_MAGIC)
+    # show() displays instead of looking for a viewer; saving to a file object does not.
+    r = sbx.run_code(
+        "import io\n"
+        "img.show()\n"
+        "img.save(io.BytesIO(), format='PNG')"
+    )
+    assert r.error is None, r.error
+    assert len([res for res in r.results if res.png]) == 1, r.results
+
+
 def test_dataframe_as_html_and_data(ci_sandbox_factory):
     sbx = ci_sandbox_factory()
     r = sbx.run_code(
