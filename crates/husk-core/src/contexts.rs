@@ -394,15 +394,11 @@ impl Contexts {
             .ok_or_else(|| ContextError::NotFound(shown(id)))
     }
 
-    /// The contexts clients created (not the per-language defaults), by id.
+    /// Every context, the per-language defaults running (the template's, or started by a
+    /// first use) included, as E2B lists its default contexts; by id.
     pub fn list(&self) -> Vec<ContextInfo> {
         let t = lock(&self.table);
-        let mut v: Vec<ContextInfo> = t
-            .contexts
-            .values()
-            .filter(|c| !t.defaults.values().any(|d| *d == c.id))
-            .map(|c| c.info())
-            .collect();
+        let mut v: Vec<ContextInfo> = t.contexts.values().map(|c| c.info()).collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
     }

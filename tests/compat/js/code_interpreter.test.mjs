@@ -99,8 +99,11 @@ test('contexts are isolated; list, remove', PER_TEST, async (t) => {
   assert.notEqual(other.id, ctx.id)
   assert.equal((await sbx.runCode('secret', { context: other })).error?.name, 'NameError')
 
-  const ids = (await sbx.listCodeContexts()).map((c) => c.id)
+  const listed = await sbx.listCodeContexts()
+  const ids = listed.map((c) => c.id)
   assert.ok(ids.includes(ctx.id) && ids.includes(other.id), JSON.stringify(ids))
+  // The default Python context is listed too, as on E2B.
+  assert.equal(listed.filter((c) => c.language === 'python').length, 3, JSON.stringify(listed))
 
   await sbx.removeCodeContext(other)
   assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === other.id))

@@ -102,6 +102,21 @@ def test_contexts_are_isolated(ci_sandbox_factory):
     assert sbx.run_code("2 * 21").text == "42"
 
 
+def test_default_contexts_are_listed(ci_sandbox_factory):
+    # As on E2B: a new sandbox lists its default Python context, the one `run_code` uses.
+    sbx = ci_sandbox_factory()
+    listed = sbx.list_code_contexts()
+    python = [c for c in listed if c.language == "python"]
+    assert len(python) == 1, listed
+    assert python[0].cwd == "/home/user"
+    assert sbx.run_code("in_default = 7").error is None
+    assert sbx.run_code("in_default", context=python[0]).text == "7"
+    # A default context used first (bash) is listed from then on.
+    assert not any(c.language == "bash" for c in listed)
+    sbx.run_code("echo hi", language="bash")
+    assert [c.language for c in sbx.list_code_contexts()].count("bash") == 1
+
+
 def test_streaming_callbacks_in_order(ci_sandbox_factory):
     sbx = ci_sandbox_factory()
     events = []
