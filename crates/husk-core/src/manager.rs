@@ -33,7 +33,8 @@ pub use live::{LiveSandbox, Metrics};
 pub use lookup::ListFilter;
 pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};
 pub use request::{
-    check_mount_path, CreateRequest, EnvVars, WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
+    check_mount_path, CreateRequest, EnvVars, MaskedHost, WorkspaceMount, MAX_ENV_BYTES,
+    MAX_WORKSPACE_MOUNTS,
 };
 
 /// The envd API version whose features husk implements (the SDKs gate features on it).

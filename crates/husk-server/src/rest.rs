@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
 use husk_core::manager::{
-    CreateRequest, EnvVars, ListFilter, LiveSandbox, TimeRange, ENVD_VERSION,
+    CreateRequest, EnvVars, ListFilter, LiveSandbox, MaskedHost, TimeRange, ENVD_VERSION,
 };
 use husk_core::store::Principal;
 
@@ -149,6 +149,50 @@ struct NewSandbox {
     #[serde(rename = "volumeMounts")]
     volume_mounts: Option<Vec<VolumeMount>>,
     network: Option<NetworkBody>,
+    /// What husk does not do (yet), refused when asked for rather than ignored (see
+    /// [`refuse_unsupported`]).
+    #[serde(rename = "autoResume")]
+    auto_resume: Option<Value>,
+    iam: Option<Value>,
+    mcp: Option<Value>,
+}
+
+/// Refuses what a create asks for that husk cannot give, with a message saying so: a setting
+/// silently dropped would leave the caller believing it holds.
+fn refuse_unsupported(req: &NewSandbox) -> Result<(), Response> {
+    // Asked for: anything but null, false, or objects and lists of nothing else (an
+    // `{"enabled": false}` or an empty token map asks for nothing).
+    fn asks(v: &Value) -> bool {
+        match v {
+            Value::Null | Value::Bool(false) => false,
+            Value::Object(o) => o.values().any(asks),
+            Value::Array(a) => a.iter().any(asks),
+            _ => true,
+        }
+    }
+    let enabled = |v: &Option<Value>| v.as_ref().is_some_and(asks);
+    let refusals = [
+        (
+            req.auto_pause == Some(true),
+            "autoPause is not supported by husk: sandboxes are killed at their timeout",
+        ),
+        (
+            enabled(&req.auto_resume),
+            "autoResume is not supported by husk: sandboxes are not paused",
+        ),
+        (
+            enabled(&req.iam),
+            "iam (workload identity tokens) is not supported by husk",
+        ),
+        (
+            enabled(&req.mcp),
+            "mcp (the MCP gateway) is not supported by husk",
+        ),
+    ];
+    match refusals.iter().find(|(asked, _)| *asked) {
+        Some((_, why)) => Err(error(StatusCode::BAD_REQUEST, *why)),
+        None => Ok(()),
+    }
 }
 
 /// E2B's `network` object of a create. Fields husk does not know are ignored, not rejected
@@ -174,7 +218,22 @@ struct NetworkBody {
     #[serde(rename = "egressProxy")]
     egress_proxy: Option<Value>,
     rules: Option<Value>,
+    /// DNS servers the sandbox may reach (IPv4, at most 10): added to the allow list, as
+    /// E2B opens its firewall to them. husk's sandboxes resolve names through husk's own
+    /// resolver, so none is needed for allowed domains.
+    #[serde(rename = "dnsServers")]
+    dns_servers: Option<Vec<String>>,
+    /// The `Host` the sandbox's servers get (`${PORT}` for the port).
+    #[serde(rename = "maskRequestHost")]
+    mask_request_host: Option<String>,
+    /// Ports whose servers speak TLS themselves: husk's ingress does not (yet) connect to a
+    /// sandbox's server over TLS, and says so.
+    #[serde(rename = "httpsPorts")]
+    https_ports: Option<Vec<u32>>,
 }
+
+/// Most `dnsServers` entries, as E2B allows.
+const MAX_DNS_SERVERS: usize = 10;
 
 impl NetworkBody {
     /// The policy this body asks for, given `allow_internet_access`; `None` when it asks for
@@ -192,8 +251,35 @@ impl NetworkBody {
                 "network.egressProxy and network.rules are not supported by husk",
             ));
         }
-        let allow = self.allow_out.clone().unwrap_or_default();
+        if self.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "network.httpsPorts is not supported by husk: its ingress speaks plain HTTP \
+                 to a sandbox's servers",
+            ));
+        }
+        let dns = self.dns_servers.clone().unwrap_or_default();
+        if dns.len() > MAX_DNS_SERVERS {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("network.dnsServers takes at most {MAX_DNS_SERVERS} addresses"),
+            ));
+        }
+        if let Some(bad) = dns
+            .iter()
+            .find(|d| d.parse::<std::net::Ipv4Addr>().is_err())
+        {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("network.dnsServers: '{bad}' is not an IPv4 address"),
+            ));
+        }
+        let mut allow = self.allow_out.clone().unwrap_or_default();
         let deny = self.deny_out.clone().unwrap_or_default();
+        // Only where a list limits the sandbox do the servers change anything.
+        if !allow.is_empty() || !deny.is_empty() {
+            allow.extend(dns);
+        }
         if !update && allow_internet_access != Some(false) && allow.is_empty() && deny.is_empty() {
             return Ok(None);
         }
@@ -296,6 +382,7 @@ fn detail_json(sb: &LiveSandbox, domain: Value) -> Value {
             "allowPublicTraffic": sb.public_traffic(),
             "allowOut": allow_out,
             "denyOut": deny_out,
+            "maskRequestHost": sb.mask_request_host().map(|m| m.as_str()),
         },
         "domain": domain,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
@@ -324,14 +411,15 @@ type Answer = Result<Response, Response>;
 
 async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> Answer {
     let req: NewSandbox = parse_body(&body)?;
-    if req.auto_pause == Some(true) {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "autoPause is not supported by husk: sandboxes are killed at their timeout",
-        ));
-    }
+    refuse_unsupported(&req)?;
     let network = req.network.unwrap_or_default();
     let policy = network.policy(req.allow_internet_access, false)?;
+    let mask_request_host = network
+        .mask_request_host
+        .as_deref()
+        .map(MaskedHost::new)
+        .transpose()
+        .map_err(|e| error(StatusCode::BAD_REQUEST, e))?;
     let create = CreateRequest {
         template: req.template_id.unwrap_or_else(|| "base".into()),
         timeout: timeout_secs(req.timeout)?,
@@ -348,6 +436,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         limits: None,
         network: policy,
         allow_public_traffic: network.allow_public_traffic,
+        mask_request_host,
     };
     let started = std::time::Instant::now();
     let sb = state.manager.create(&who, create).await.map_err(answer)?;
@@ -409,6 +498,12 @@ async fn update_network(
     body: Bytes,
 ) -> Answer {
     let req: NetworkBody = parse_body(&body)?;
+    if req.mask_request_host.is_some() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "network.maskRequestHost is set when a sandbox is created, not updated",
+        ));
+    }
     let policy = req
         .policy(req.allow_internet_access, true)?
         .unwrap_or_else(husk_net::NetPolicy::internet);
@@ -693,6 +788,28 @@ mod tests {
         let req: NetworkBody =
             parse_body(&Bytes::from_static(br#"{"egressProxy":{"address":"x:1"}}"#)).unwrap();
         assert!(req.policy(None, true).is_err());
+    }
+
+    #[test]
+    fn dns_servers_join_an_allow_list_and_are_checked() {
+        let parse =
+            |b: &'static str| parse_body::<NetworkBody>(&Bytes::from_static(b.as_bytes())).unwrap();
+        let req = parse(r#"{"allowOut":["10.9.9.9"],"dnsServers":["1.1.1.1"]}"#);
+        let with = req.policy(None, false).unwrap().unwrap();
+        let req = parse(r#"{"allowOut":["10.9.9.9","1.1.1.1"]}"#);
+        assert_eq!(with, req.policy(None, false).unwrap().unwrap());
+        // Without a list there is nothing to open: the default policy.
+        let req = parse(r#"{"dnsServers":["1.1.1.1"]}"#);
+        assert_eq!(req.policy(None, false).unwrap(), None);
+        for bad in [
+            r#"{"dnsServers":["::1"]}"#,
+            r#"{"dnsServers":["dns.example"]}"#,
+            r#"{"dnsServers":["1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1","1.1.1.1"]}"#,
+            r#"{"httpsPorts":[443]}"#,
+        ] {
+            assert!(parse(bad).policy(None, false).is_err(), "{bad}");
+        }
+        assert!(parse(r#"{"httpsPorts":[]}"#).policy(None, false).is_ok());
     }
 
     #[test]

@@ -87,3 +87,22 @@ test('a private sandbox opens to its traffic token only', async (t) => {
   }
   assert.equal((await viaHost(host, '/hello.txt', { 'X-API-Key': husk.adminKey })).text, BODY)
 })
+
+test('maskRequestHost is the Host the sandbox server sees', async (t) => {
+  const sbx = await husk.sandbox(t, { network: { maskRequestHost: '${PORT}-myapp.example.com' } })
+  await sbx.files.write(
+    '/tmp/echo_host.py',
+    [
+      'import http.server',
+      'class H(http.server.BaseHTTPRequestHandler):',
+      '    def do_GET(self):',
+      "        body = self.headers.get('Host', '').encode()",
+      "        self.send_response(200); self.send_header('Content-Length', str(len(body)))",
+      '        self.end_headers(); self.wfile.write(body)',
+      `http.server.HTTPServer(('0.0.0.0', ${PORT}), H).serve_forever()`,
+    ].join('\n'),
+  )
+  await sbx.commands.run('python3 /tmp/echo_host.py', { background: true })
+  const r = await waitServing(sbx.getHost(PORT))
+  assert.equal(r.text, `${PORT}-myapp.example.com`)
+})

@@ -7,6 +7,8 @@ does not."""
 
 from __future__ import annotations
 
+import json
+
 from e2b import Sandbox
 from e2b.exceptions import is_sandbox_port_not_open_message
 
@@ -80,3 +82,62 @@ def test_a_private_sandbox_needs_its_traffic_token(sandbox_factory, husk, other_
 
     # The SDK itself keeps working: the daemon's port has its own authentication.
     assert sbx.commands.run("echo still here").stdout == "still here\n"
+
+
+ECHO_HOST = (
+    "import http.server\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = self.headers.get('Host', '').encode()\n"
+    "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers(); self.wfile.write(body)\n"
+    f"http.server.HTTPServer(('0.0.0.0', {PORT}), H).serve_forever()\n"
+)
+
+
+def test_mask_request_host_is_the_host_the_sandboxs_server_sees(sandbox_factory, husk):
+    sbx = sandbox_factory(network={"mask_request_host": "${PORT}-myapp.example.com"})
+    sbx.files.write("/tmp/echo_host.py", ECHO_HOST)
+    sbx.commands.run("python3 /tmp/echo_host.py", background=True)
+    r = wait_serving(husk, sbx.get_host(PORT))
+    assert r.body == f"{PORT}-myapp.example.com".encode(), r.body
+    info = http_request(husk.port, "GET", f"/sandboxes/{sbx.sandbox_id}", {"X-API-Key": husk.admin_key})
+    assert info.json()["network"]["maskRequestHost"] == "${PORT}-myapp.example.com", info.text
+    # Without a mask, the client's Host.
+    plain = sandbox_factory()
+    plain.files.write("/tmp/echo_host.py", ECHO_HOST)
+    plain.commands.run("python3 /tmp/echo_host.py", background=True)
+    assert wait_serving(husk, plain.get_host(PORT)).body == plain.get_host(PORT).encode()
+
+
+def test_settings_husk_cannot_honour_are_refused_clearly(husk):
+    # Never silence: each of these asks for something husk does not do, and says which.
+    for body, words in [
+        ({"network": {"httpsPorts": [3000]}}, "httpsPorts"),
+        ({"network": {"dnsServers": ["not-an-ip"]}}, "dnsServers"),
+        ({"network": {"dnsServers": ["1.1.1.1"] * 11}}, "dnsServers"),
+        ({"network": {"maskRequestHost": "has space"}}, "maskRequestHost"),
+        ({"iam": {"tokens": {"aws": {"audience": "sts", "token_type": "JWT-SVID"}}}}, "iam"),
+        ({"mcp": {"github": {"token": "x"}}}, "mcp"),
+        ({"autoResume": {"enabled": True}}, "autoResume"),
+        ({"autoPause": True}, "autoPause"),
+    ]:
+        r = http_request(
+            husk.port,
+            "POST",
+            "/sandboxes",
+            {"X-API-Key": husk.admin_key, "Content-Type": "application/json"},
+            json.dumps({"templateID": "base", "timeout": 30, **body}).encode(),
+        )
+        assert r.status == 400 and words in r.text, (body, r.status, r.text)
+    # What asks for nothing passes: an empty token map, a disabled resume.
+    for body in [{"iam": {"tokens": {}}}, {"autoResume": {"enabled": False}}]:
+        r = http_request(
+            husk.port,
+            "POST",
+            "/sandboxes",
+            {"X-API-Key": husk.admin_key, "Content-Type": "application/json"},
+            json.dumps({"templateID": "base", "timeout": 30, **body}).encode(),
+        )
+        assert r.status == 201, (body, r.status, r.text)
+        Sandbox.kill(r.json()["sandboxID"], **husk.opts())

@@ -219,6 +219,7 @@ impl Manager {
             access_token: random_string(b"0123456789abcdef", 40)?,
             traffic_access_token: random_string(b"0123456789abcdef", 40)?,
             public_traffic: req.allow_public_traffic != Some(false),
+            mask_request_host: req.mask_request_host.clone(),
             env: req.env.into_vec(),
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,

@@ -49,6 +49,8 @@ pub struct LiveSandbox {
     /// Whether the sandbox's own servers admit anyone who names the sandbox (E2B's
     /// `allowPublicTraffic`, the default) rather than only its traffic token or team.
     pub(crate) public_traffic: bool,
+    /// The `Host` its own servers get (E2B `maskRequestHost`), if not the client's.
+    pub(crate) mask_request_host: Option<super::MaskedHost>,
     /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
     pub(super) init_pid: i32,
     /// The sandbox's network namespace, held open from creation: ingress connects to the
@@ -134,6 +136,11 @@ impl LiveSandbox {
     /// Whether its own servers admit anyone who names it.
     pub fn public_traffic(&self) -> bool {
         self.public_traffic
+    }
+
+    /// The `Host` its own servers are sent instead of the client's, if one was asked for.
+    pub fn mask_request_host(&self) -> Option<&super::MaskedHost> {
+        self.mask_request_host.as_ref()
     }
 
     /// A call answered at once (see [`Call`]); the agent's reply must be of the call's kind.

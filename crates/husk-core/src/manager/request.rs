@@ -23,6 +23,35 @@ pub struct CreateRequest {
     /// E2B `network.allowPublicTraffic`: `Some(false)` makes the sandbox's ports private (they
     /// need its traffic token or a key of its team); unset is public, as on E2B.
     pub allow_public_traffic: Option<bool>,
+    /// E2B `network.maskRequestHost`: the `Host` its own servers are sent, with `${PORT}` for
+    /// the port (see [`MaskedHost`]); `None`: the client's.
+    pub mask_request_host: Option<MaskedHost>,
+}
+
+/// A `Host` to send a sandbox's servers instead of the client's: printable ASCII without
+/// spaces, at most 253 bytes, `${PORT}` standing for the port asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaskedHost(String);
+
+impl MaskedHost {
+    pub fn new(mask: &str) -> Result<MaskedHost, String> {
+        if mask.is_empty() || mask.len() > 253 {
+            return Err("network.maskRequestHost must have 1 to 253 characters".into());
+        }
+        if !mask.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("network.maskRequestHost must be printable ASCII without spaces".into());
+        }
+        Ok(MaskedHost(mask.to_owned()))
+    }
+
+    /// The `Host` for a request to `port`.
+    pub fn for_port(&self, port: u16) -> String {
+        self.0.replace("${PORT}", &port.to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// A team's workspace mounted into a sandbox.

@@ -232,6 +232,7 @@ async fn create_sandbox(
             .map(|l| fill_limits(l, manager.limits())),
         network: plan.network.clone(),
         allow_public_traffic: None,
+        mask_request_host: None,
     };
     // Not raced against the cancel: a creation under way always finishes (see
     // Manager::create), and the caller destroys the sandbox if the run was cancelled.

@@ -107,7 +107,13 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
     let upgrade = upgrade_of(req.headers());
     // Taken before the request moves on: it resolves once our 101 has gone to the client.
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
-    let req = outbound(req);
+    let mut req = outbound(req);
+    // The sandbox asked for its servers to see another `Host` (E2B `maskRequestHost`).
+    if let Some(mask) = sb.mask_request_host() {
+        if let Ok(host) = HeaderValue::from_str(&mask.for_port(port)) {
+            req.headers_mut().insert(header::HOST, host);
+        }
+    }
 
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     {
