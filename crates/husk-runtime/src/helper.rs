@@ -84,7 +84,7 @@ pub fn fork(
             format!("starting the {name} helper: {what}: {e}"),
         )
     };
-    match sys::thread_count() {
+    match sys::settled_thread_count() {
         Ok(1) => {}
         Ok(n) => {
             return Err(Failure::new(

@@ -170,7 +170,7 @@ pub fn start_confined(
     let (ours, theirs) = sys::seqpacket_pair()?;
     let (roots_client, roots_served) = sys::seqpacket_pair()?;
     let (builds_client, builds_served) = sys::seqpacket_pair()?;
-    match sys::thread_count()? {
+    match sys::settled_thread_count()? {
         1 => {}
         n => {
             return Err(ServiceError::Failed(Failure::new(

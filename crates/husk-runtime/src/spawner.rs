@@ -438,7 +438,7 @@ impl Spawner {
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         // Forking is only sound single-threaded (see clone3_fork); checked on every create,
         // since the process could have started a thread after Spawner::new.
-        match sys::thread_count() {
+        match sys::settled_thread_count() {
             Ok(1) => {}
             Ok(n) => {
                 return Err(SpawnError::Setup(format!(

@@ -66,7 +66,7 @@ pub fn booted() -> bool {
 ///
 /// The caller must be single-threaded (it forks).
 pub fn ensure_delegated() -> Result<Delegation, SystemdError> {
-    match sys::thread_count() {
+    match sys::settled_thread_count() {
         Ok(1) => {}
         Ok(n) => {
             return Err(SystemdError::Helper(format!(

@@ -359,7 +359,7 @@ impl ServerFences {
                 error: std::io::Error::from_raw_os_error(libc::EINVAL),
             });
         }
-        match crate::sys::thread_count() {
+        match crate::sys::settled_thread_count() {
             Ok(1) => {}
             Ok(_) => {
                 return Err(FenceError::Sys {

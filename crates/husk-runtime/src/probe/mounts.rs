@@ -129,7 +129,7 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the child and collects its outcomes. Needs root and a single-threaded caller.
 pub(super) fn probe(state_dir: &Path) -> Result<Outcomes, String> {
-    if sys::thread_count().map_err(|e| format!("count threads: {e}"))? != 1 {
+    if sys::settled_thread_count().map_err(|e| format!("count threads: {e}"))? != 1 {
         return Err("needs a process with one thread".into());
     }
     // Load what is missing before forking (modprobe is a process of its own).

@@ -44,6 +44,23 @@ pub fn thread_count() -> io::Result<u64> {
         .saturating_sub(2))
 }
 
+/// [`thread_count`], once threads that are on their way out have gone: a thread that was
+/// joined has run its last user code, but the kernel counts it (its `/proc/self/task` entry
+/// stays) until it has finished exiting, a moment after the join returned. A helper thread
+/// just joined (a namespace worker, say) must not make a caller that is about to fork look
+/// multi-threaded, so a count above one is read again for up to 100 ms; a thread that is
+/// really alive is still counted then.
+pub fn settled_thread_count() -> io::Result<u64> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    loop {
+        let n = thread_count()?;
+        if n <= 1 || std::time::Instant::now() >= deadline {
+            return Ok(n);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// fork(2) into new namespaces with clone3(2), returning a pidfd in the parent.
 ///
 /// # Safety
