@@ -34,6 +34,8 @@ pub enum AgentMode {
     Serve,
     /// Hangs up at the hello (a sandbox whose agent did not start).
     HangUp,
+    /// As `Serve`, but never answers a disk-usage call (a slow or hostile agent).
+    NoDisk,
 }
 
 /// A path the fake agent stats with a reply of the wrong kind, as a broken agent could.
@@ -209,7 +211,7 @@ fn serve(
         };
         let (id, req) = match (msg, mode) {
             (ToAgent::Hello(_), AgentMode::HangUp) => return,
-            (ToAgent::Hello(_), AgentMode::Serve) => {
+            (ToAgent::Hello(_), AgentMode::Serve | AgentMode::NoDisk) => {
                 if husk_proto::write_msg(sock, &FromAgent::Hello { version: VERSION }).is_err() {
                     return;
                 }
@@ -219,6 +221,7 @@ fn serve(
         };
         let mut after = Vec::new();
         let result = match req {
+            Request::Disk if mode == AgentMode::NoDisk => continue,
             Request::Disk => Ok(Reply::Disk {
                 used: FAKE_DISK.0,
                 total: FAKE_DISK.1,

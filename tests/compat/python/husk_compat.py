@@ -393,14 +393,17 @@ def kill_raw_sandbox(port: int, api_key: str, sandbox_id: str) -> int:
         return -1
 
 
-def fetch_url(url: str, sandbox_id: str, method: str = "GET", body: Optional[bytes] = None, headers=None):
+def fetch_url(
+    url: str, sandbox_id: Optional[str], method: str = "GET", body: Optional[bytes] = None, headers=None
+):
     """Fetches a URL the SDK built (e.g. a signed file URL) with urllib, naming the sandbox with
-    the routing headers of single-base-URL mode and nothing else (no access token).
-    Returns (status, body)."""
+    the routing headers of single-base-URL mode and nothing else (no access token); with no
+    `sandbox_id`, not even those, as a browser or curl opens it. Returns (status, body)."""
     assert url.startswith("http://127.0.0.1:"), url
     req = urllib.request.Request(url, data=body, method=method)
-    req.add_header("E2b-Sandbox-Id", sandbox_id)
-    req.add_header("E2b-Sandbox-Port", str(ENVD_PORT))
+    if sandbox_id is not None:
+        req.add_header("E2b-Sandbox-Id", sandbox_id)
+        req.add_header("E2b-Sandbox-Port", str(ENVD_PORT))
     for k, v in (headers or {}).items():
         req.add_header(k, v)
     try:

@@ -110,6 +110,17 @@ def test_mask_request_host_is_the_host_the_sandboxs_server_sees(sandbox_factory,
     assert wait_serving(husk, plain.get_host(PORT)).body == plain.get_host(PORT).encode()
 
 
+def post_create(husk, settings: dict):
+    """A raw create (`POST /sandboxes`) of `base` with `settings` added to its body."""
+    return http_request(
+        husk.port,
+        "POST",
+        "/sandboxes",
+        {"X-API-Key": husk.admin_key, "Content-Type": "application/json"},
+        json.dumps({"templateID": "base", "timeout": 30, **settings}).encode(),
+    )
+
+
 def test_settings_husk_cannot_honour_are_refused_clearly(husk):
     # Never silence: each of these asks for something husk does not do, and says which.
     for body, words in [
@@ -122,22 +133,10 @@ def test_settings_husk_cannot_honour_are_refused_clearly(husk):
         ({"autoResume": {"enabled": True}}, "autoResume"),
         ({"autoPause": True}, "autoPause"),
     ]:
-        r = http_request(
-            husk.port,
-            "POST",
-            "/sandboxes",
-            {"X-API-Key": husk.admin_key, "Content-Type": "application/json"},
-            json.dumps({"templateID": "base", "timeout": 30, **body}).encode(),
-        )
+        r = post_create(husk, body)
         assert r.status == 400 and words in r.text, (body, r.status, r.text)
     # What asks for nothing passes: an empty token map, a disabled resume.
     for body in [{"iam": {"tokens": {}}}, {"autoResume": {"enabled": False}}]:
-        r = http_request(
-            husk.port,
-            "POST",
-            "/sandboxes",
-            {"X-API-Key": husk.admin_key, "Content-Type": "application/json"},
-            json.dumps({"templateID": "base", "timeout": 30, **body}).encode(),
-        )
+        r = post_create(husk, body)
         assert r.status == 201, (body, r.status, r.text)
         Sandbox.kill(r.json()["sandboxID"], **husk.opts())

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from husk_compat import fetch_url as fetch
 from husk_compat import multipart, wait_for
@@ -191,15 +189,7 @@ def test_signed_url_dies_with_the_sandbox(sandbox):
 
 def fetch_plain(url: str, method: str = "GET", body=None, headers=None):
     """Opens a URL as a browser, curl or urllib would: no routing header, no token."""
-    assert url.startswith("http://127.0.0.1:"), url
-    req = urllib.request.Request(url, data=body, method=method)
-    for k, v in (headers or {}).items():
-        req.add_header(k, v)
-    try:
-        with urllib.request.urlopen(req, timeout=20) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return fetch(url, None, method, body, headers)
 
 
 def test_signed_urls_work_for_a_client_that_names_no_sandbox(sandbox_factory):

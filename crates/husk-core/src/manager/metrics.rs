@@ -3,10 +3,11 @@
 //! [`SAMPLES_KEPT`] of them kept per sandbox, and asked for by time range, as E2B's
 //! `get_metrics(start, end)` does.
 //!
-//! One task samples every sandbox: reading a cgroup's three files costs microseconds and never
-//! waits for a sandbox. Disk usage needs the agent (it is a `statvfs` inside the sandbox), so
+//! One task samples every sandbox, on tokio's blocking pool (reading a cgroup's three files
+//! costs microseconds and never waits for a sandbox, but thousands of them add up). Disk usage needs the agent (it is a `statvfs` inside the sandbox), so
 //! it is asked by a task of its own per sandbox, bounded in time, and a sample carries the last
-//! figure it gave: a slow or hostile agent delays only its own disk figure.
+//! figure it gave: a slow or hostile agent delays only its own disk figure (a request that asks
+//! for a fresh sample waits for it at most [`DISK_TIMEOUT`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
@@ -147,10 +148,12 @@ impl Manager {
             return Ok(Vec::new());
         }
         if end >= now {
-            let disk = sb
-                .disk_now()
-                .await
-                .map_err(|_| CoreError::NotFound(id.to_string()))?;
+            // An agent that does not answer in time delays only its own figure: the last one.
+            let disk = match tokio::time::timeout(DISK_TIMEOUT, sb.disk_now()).await {
+                Ok(Ok(disk)) => disk,
+                Ok(Err(_)) => return Err(CoreError::NotFound(id.to_string())),
+                Err(_) => sb.last_disk(),
+            };
             // Taken a little after `now`: still within a range that reaches now.
             end = end.max(sb.sample(disk).timestamp);
         }
@@ -183,7 +186,13 @@ impl Manager {
             loop {
                 tick.tick().await;
                 let Some(m) = manager.upgrade() else { return };
-                m.sample_all();
+                // Blocking reads of every sandbox's cgroup files: off the async workers.
+                if tokio::task::spawn_blocking(move || m.sample_all())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
         });
     }

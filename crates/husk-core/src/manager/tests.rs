@@ -348,6 +348,30 @@ async fn metrics_take_the_disk_from_the_agent() {
 }
 
 #[tokio::test]
+async fn an_agent_that_never_reports_its_disk_delays_only_its_own_metrics() {
+    let (m, host) = manager(10);
+    host.set_agent_mode(AgentMode::NoDisk);
+    let a = team("a");
+    let sb = m.create(&a, req()).await.unwrap();
+    let asked = std::time::Instant::now();
+    let samples = m.metrics(&a, &sb.id, TimeRange::default()).await.unwrap();
+    // Answered after the disk call's bound, with the figure it had (none yet: the empty disk).
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    let [fresh] = samples[..] else {
+        panic!("one fresh sample: {samples:?}")
+    };
+    assert_eq!(
+        (fresh.disk_used, fresh.disk_total),
+        (0, sb.limits.disk_bytes)
+    );
+    assert_eq!(fresh.mem_total, sb.limits.memory_bytes);
+}
+
+#[tokio::test]
 async fn metrics_are_sampled_kept_bounded_and_asked_for_by_time() {
     use time::OffsetDateTime;
     let (m, _) = manager(10);
