@@ -35,7 +35,7 @@ pub(crate) fn entry_of(path: &Path) -> io::Result<Entry> {
             }
             Err(_) => (path.to_owned(), None),
         };
-        let mut entry = entry_from(path, &meta, None, Vec::new());
+        let mut entry = entry_from(path, &meta, Vec::new());
         entry.file_type = target_meta.as_ref().map_or(FileType::Other, file_type);
         entry.mode = target_meta.as_ref().map_or(0, |m| m.mode() & 0o7777);
         entry.symlink_target = Some(target.to_string_lossy().into_owned());
@@ -48,7 +48,7 @@ pub(crate) fn entry_of(path: &Path) -> io::Result<Entry> {
     } else {
         Vec::new()
     };
-    Ok(entry_from(path, &meta, None, metadata))
+    Ok(entry_from(path, &meta, metadata))
 }
 
 /// The entry of an open file, named `path` (for handles: the file may have been renamed or
@@ -58,16 +58,11 @@ pub(crate) fn entry_of_file(path: &Path, file: &File) -> io::Result<Entry> {
     let metadata = collect_metadata(xattr::FileExt::list_xattr(file).ok(), |name| {
         xattr::FileExt::get_xattr(file, name)
     });
-    Ok(entry_from(path, &meta, None, metadata))
+    Ok(entry_from(path, &meta, metadata))
 }
 
 /// Builds an entry from what was already read.
-pub(crate) fn entry_from(
-    path: &Path,
-    meta: &Metadata,
-    symlink_target: Option<String>,
-    metadata: Vec<(String, String)>,
-) -> Entry {
+pub(crate) fn entry_from(path: &Path, meta: &Metadata, metadata: Vec<(String, String)>) -> Entry {
     let name = match path.file_name() {
         Some(n) => n.to_string_lossy().into_owned(),
         None => "/".to_owned(),
@@ -83,7 +78,7 @@ pub(crate) fn entry_from(
         group: id_name(meta.gid(), true),
         mtime_secs: meta.mtime(),
         mtime_nanos: u32::try_from(meta.mtime_nsec().clamp(0, 999_999_999)).unwrap_or(0),
-        symlink_target,
+        symlink_target: None,
         metadata,
     }
 }
