@@ -582,6 +582,8 @@ fn helpers(c: &Corpus) {
             limit: 10,
         }),
         ("templates", StateRequest::Templates),
+        ("volume-token", StateRequest::VolumeToken { id: "vol_0123".into() }),
+        ("volumes", StateRequest::Volumes { team: "t".into() }),
     ];
     for (name, req) in state {
         c.write("state_helper", name, Input::default().bytes(&postcard::to_stdvec(&req).unwrap()));
@@ -596,8 +598,49 @@ fn helpers(c: &Corpus) {
         ("entries", F::Entries { team: t(), name: w(), path: "".into(), depth: 3 }, b""),
         (
             "write",
-            F::WriteFile { team: t(), name: w(), path: "new/f".into(), max_bytes: 100 },
+            F::WriteFile {
+                team: t(),
+                name: w(),
+                path: "new/f".into(),
+                max_bytes: 100,
+                options: husk_core::workspaces::WriteOptions::default(),
+            },
             b"\x05\0\0\0hello\0\0\0\0",
+        ),
+        (
+            "write-keep",
+            F::WriteFile {
+                team: t(),
+                name: w(),
+                path: "dir/f.txt".into(),
+                max_bytes: 100,
+                options: husk_core::workspaces::WriteOptions {
+                    replace: false,
+                    attrs: husk_core::workspaces::Attrs { uid: Some(0), gid: None, mode: Some(0o600) },
+                },
+            },
+            b"\x05\0\0\0hello\0\0\0\0",
+        ),
+        (
+            "mkdir",
+            F::MakeDir {
+                team: t(),
+                name: w(),
+                path: "a/b/c".into(),
+                parents: true,
+                attrs: husk_core::workspaces::Attrs { uid: Some(1000), gid: Some(1000), mode: Some(0o755) },
+            },
+            b"",
+        ),
+        (
+            "set-attrs-link",
+            F::SetAttrs {
+                team: t(),
+                name: w(),
+                path: "out".into(),
+                attrs: husk_core::workspaces::Attrs { uid: Some(1), gid: None, mode: Some(0o777) },
+            },
+            b"",
         ),
         ("export", F::Export { team: t(), name: w(), path: "".into() }, b""),
         ("remove", F::Remove { team: t(), name: w(), path: "dir".into() }, b""),

@@ -24,7 +24,7 @@ fi
 
 # Nothing from the caller's environment may point the SDKs anywhere else: the suites set the
 # server's URL themselves, and traffic must only ever reach 127.0.0.1.
-unset E2B_API_KEY E2B_ACCESS_TOKEN E2B_DOMAIN E2B_API_URL E2B_SANDBOX_URL E2B_DEBUG E2B_HTTP_VERSION
+unset E2B_API_KEY E2B_ACCESS_TOKEN E2B_DOMAIN E2B_API_URL E2B_SANDBOX_URL E2B_VOLUME_API_URL E2B_DEBUG E2B_HTTP_VERSION
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 

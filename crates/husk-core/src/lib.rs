@@ -19,6 +19,7 @@ pub mod tar_ext;
 pub mod template;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod volumes;
 pub mod workspaces;
 
 /// An error and its causes on one line, as clients and logs should see it.

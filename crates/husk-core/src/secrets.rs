@@ -87,7 +87,29 @@ impl MasterKey {
     fn cipher(&self) -> XChaCha20Poly1305 {
         XChaCha20Poly1305::new(self.key.as_ref().into())
     }
+
+    /// HMAC-SHA256 of volume `id` under a key of its own derived from this one (so that the
+    /// token never says anything about the key that seals secrets), base64url.
+    fn volume_token(&self, id: &str) -> String {
+        use base64::Engine;
+        use hmac::Mac;
+        let mut input = Zeroizing::new(b"husk-volume-token-key\0".to_vec());
+        input.extend_from_slice(self.key.as_ref());
+        let derived: Zeroizing<[u8; 32]> = Zeroizing::new(Sha256::digest(&*input).into());
+        let mut mac = <hmac::Hmac<Sha256> as Mac>::new_from_slice(derived.as_ref())
+            .expect("HMAC takes a key of any length");
+        mac.update(b"husk-volume-v1\0");
+        mac.update(id.as_bytes());
+        let tag = mac.finalize().into_bytes();
+        format!(
+            "{VOLUME_TOKEN_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag)
+        )
+    }
 }
+
+/// How volume content tokens start (telling them apart from API keys in logs and configs).
+pub const VOLUME_TOKEN_PREFIX: &str = "husk_vt_";
 
 /// The master keys: the current one (sealing), and a pending one from an interrupted rotation.
 pub struct MasterKeys {
@@ -355,6 +377,16 @@ impl Secrets {
         } else {
             Err(SecretError::NotFound(name.to_string()))
         }
+    }
+
+    /// The content token of volume `id` (E2B's volume API: `Authorization: Bearer <token>`
+    /// on `/volumecontent/{id}/...`). Derived from the id under the current master key, so it
+    /// is never stored; rotating the master key gives every volume a new token.
+    pub fn volume_token(&self, id: &str) -> Result<String, SecretError> {
+        if let Holder::Helper(r) = self.holder()? {
+            return r.volume_token(id);
+        }
+        Ok(self.keys()?.current.volume_token(id))
     }
 
     /// Replaces the master key: a new key, every secret resealed under it in one transaction,

@@ -27,11 +27,13 @@ mod sandboxes;
 mod schema;
 mod secrets;
 mod templates;
+mod volumes;
 pub use backend::Store;
 /// Why the state helper could not be asked (in [`StoreError::Helper`]).
 pub use husk_runtime::helper::HelperError;
 pub use runs::{RunRow, RunTable};
 pub use secrets::{SealedRow, SecretUse};
+pub use volumes::VolumeRecord;
 #[cfg(test)]
 mod tests;
 

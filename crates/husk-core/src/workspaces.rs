@@ -45,6 +45,7 @@
 //! with [`WorkspaceQuota::Off`]; team directories that hold workspaces from before quotas stay
 //! plain (see the notice for how to move them under the quota).
 
+mod attrs;
 mod backend;
 pub mod quota;
 #[cfg(test)]
@@ -67,6 +68,7 @@ use husk_runtime::libc;
 use husk_runtime::sys::{fstatat_nofollow, mkdirat, read_dir_names, renameat, FileStat};
 use time::OffsetDateTime;
 
+pub use attrs::{Attrs, WriteOptions, MAX_ID, MODE_BITS};
 pub use backend::{Export, Workspaces};
 pub use husk_runtime::helper::HelperError;
 pub use quota::{QuotaState, WorkspaceQuota, DEFAULT_QUOTA, IMAGES_DIR, MIN_QUOTA};
@@ -496,9 +498,56 @@ impl LocalWorkspaces {
         reader: impl Read,
         max_bytes: u64,
     ) -> Result<WriteReport, WorkspaceError> {
+        self.write_file_with(
+            team,
+            name,
+            path,
+            reader,
+            max_bytes,
+            &WriteOptions::default(),
+        )
+    }
+
+    /// [`Self::write_file`] with the caller's choice of replacing what is there and of the
+    /// new file's owner and mode (see [`Attrs`]).
+    pub fn write_file_with(
+        &self,
+        team: &str,
+        name: &str,
+        path: &str,
+        reader: impl Read,
+        max_bytes: u64,
+        options: &WriteOptions,
+    ) -> Result<WriteReport, WorkspaceError> {
         let tree = self.tree(team, name)?;
-        tree.write_file(&tree.parse(path)?, reader, max_bytes)
+        tree.write_file(&tree.parse(path)?, reader, max_bytes, options)
             .map_err(|e| self.no_space(team, e))
+    }
+
+    /// Makes the directory at `path` (see [`tree::Tree::make_dir`]: `parents` is `mkdir -p`).
+    pub fn make_dir(
+        &self,
+        team: &str,
+        name: &str,
+        path: &str,
+        parents: bool,
+        attrs: &Attrs,
+    ) -> Result<Entry, WorkspaceError> {
+        let tree = self.tree(team, name)?;
+        tree.make_dir(&tree.parse(path)?, parents, attrs)
+            .map_err(|e| self.no_space(team, e))
+    }
+
+    /// Changes the owner and mode of the entry at `path` (see [`tree::Tree::set_attrs`]).
+    pub fn set_attrs(
+        &self,
+        team: &str,
+        name: &str,
+        path: &str,
+        attrs: &Attrs,
+    ) -> Result<Entry, WorkspaceError> {
+        let tree = self.tree(team, name)?;
+        tree.set_attrs(&tree.parse(path)?, attrs)
     }
 
     /// Removes the file, symlink (not its target) or directory tree at `path`.

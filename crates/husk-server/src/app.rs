@@ -30,6 +30,9 @@ pub struct AppState {
     pub secrets: Option<Arc<husk_core::secrets::Secrets>>,
     /// Teams' workspaces (`None`: the workspaces API answers 501).
     pub workspaces: Option<Arc<husk_core::workspaces::Workspaces>>,
+    /// E2B's volumes: the workspaces with ids and tokens (`None` without secrets or
+    /// workspaces: the volume API answers 501).
+    pub volumes: Option<Arc<husk_core::volumes::Volumes>>,
     /// One-shot runs and batches (`None`: their API answers 501).
     pub runs: Option<Arc<husk_core::runs::Runs>>,
     /// How fast clients must send request bodies and read streamed transfers.
@@ -55,6 +58,7 @@ impl AppState {
             templates: None,
             secrets: None,
             workspaces: None,
+            volumes: None,
             runs: None,
             body_policy: crate::body::BodyPolicy::default(),
             transfers: Arc::new(crate::transfers::Transfers::new(Default::default())),
@@ -89,7 +93,7 @@ impl AppState {
 
     pub fn with_secrets(mut self, secrets: Arc<husk_core::secrets::Secrets>) -> AppState {
         self.secrets = Some(secrets);
-        self
+        self.link_volumes()
     }
 
     pub fn with_workspaces(
@@ -97,6 +101,19 @@ impl AppState {
         workspaces: Arc<husk_core::workspaces::Workspaces>,
     ) -> AppState {
         self.workspaces = Some(workspaces);
+        self.link_volumes()
+    }
+
+    /// Volumes once both of what they are made of are there: workspaces (the files) and
+    /// secrets (the key their tokens are derived under).
+    fn link_volumes(mut self) -> AppState {
+        if let (Some(secrets), Some(workspaces)) = (&self.secrets, &self.workspaces) {
+            self.volumes = Some(Arc::new(husk_core::volumes::Volumes::new(
+                self.manager.store_arc(),
+                secrets.clone(),
+                workspaces.clone(),
+            )));
+        }
         self
     }
 
@@ -178,6 +195,7 @@ pub fn service(
         .merge(crate::templates::router(state.clone()))
         .merge(crate::secrets::router(state.clone()))
         .merge(crate::workspaces::router(state.clone()))
+        .merge(crate::volumes::router(state.clone()))
         .merge(crate::runs::router(state.clone()));
     let policy = state.body_policy;
     let (manager, signed) = (state.manager.clone(), state.signed.clone());

@@ -11,6 +11,7 @@ use husk_core::manager::CoreError;
 use husk_core::runs::RunError;
 use husk_core::secrets::SecretError;
 use husk_core::store::StoreError;
+use husk_core::volumes::VolumeError;
 use husk_core::workspaces::WorkspaceError;
 use serde_json::json;
 
@@ -159,6 +160,19 @@ impl From<WorkspaceError> for ApiError {
             }
         };
         ApiError::of(status, &e)
+    }
+}
+
+impl From<VolumeError> for ApiError {
+    fn from(e: VolumeError) -> ApiError {
+        match e {
+            VolumeError::NotFound(_) => ApiError::of(StatusCode::NOT_FOUND, &e),
+            VolumeError::BadToken => ApiError::of(StatusCode::UNAUTHORIZED, &e),
+            VolumeError::Workspace(w) => w.into(),
+            VolumeError::Store(s) => s.into(),
+            VolumeError::Secret(s) => s.into(),
+            VolumeError::Id(_) => ApiError::of(StatusCode::SERVICE_UNAVAILABLE, &e).retry_after(1),
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub mod secrets;
 pub mod templates;
 pub mod transfers;
 mod upload;
+pub mod volumes;
 pub mod workspaces;
 
 pub use app::{serve, AppState};

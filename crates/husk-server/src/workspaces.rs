@@ -78,12 +78,12 @@ fn service(state: &AppState) -> Result<Arc<Workspaces>, Response> {
 
 /// A slot for one operation of `team` (429 with `Retry-After` when its team or the server has
 /// too many running).
-fn permit(state: &AppState, team: &str) -> Result<Permit, Response> {
+pub(crate) fn permit(state: &AppState, team: &str) -> Result<Permit, Response> {
     state.transfers.try_acquire(team).map_err(answer)
 }
 
 /// Runs a core call (every one touches the file system) on a thread that holds `permit`.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     permit: Permit,
     call: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
 ) -> Result<T, Response> {
@@ -96,7 +96,7 @@ async fn blocking<T: Send + 'static>(
 /// Runs `consume` on a thread that holds `permit`, with the request body as its reader, while
 /// the body is pumped in (the core bounds what it reads; the body's rate rule bounds how long
 /// it waits); its result as [`blocking`] gives it.
-async fn with_body<T: Send + 'static>(
+pub(crate) async fn with_body<T: Send + 'static>(
     permit: Permit,
     body: Body,
     consume: impl FnOnce(crate::upload::BodyReader) -> Result<T, WorkspaceError> + Send + 'static,
@@ -142,6 +142,14 @@ fn entry_json(e: &Entry) -> Value {
     v
 }
 
+/// A workspace made or deleted here is a new volume, or none: the id (and token) E2B's volume
+/// API knew it by is forgotten. Failing that only leaves a record the volume API finds stale.
+fn forget_volume(volumes: Option<&husk_core::volumes::Volumes>, team: &str, name: &str) {
+    if let Some(Err(e)) = volumes.map(|v| v.forget(team, name)) {
+        tracing::warn!(team, workspace = name, error = %husk_core::error_chain(&e), "forgetting a volume id");
+    }
+}
+
 #[derive(Deserialize)]
 struct CreateBody {
     name: String,
@@ -159,7 +167,13 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Body) -> Ans
         )
     })?;
     let p = permit(&state, &who.team)?;
-    let info = blocking(p, move || ws.create(&who.team, &req.name)).await?;
+    let volumes = state.volumes.clone();
+    let info = blocking(p, move || {
+        let info = ws.create(&who.team, &req.name)?;
+        forget_volume(volumes.as_deref(), &who.team, &req.name);
+        Ok(info)
+    })
+    .await?;
     Ok((StatusCode::CREATED, axum::Json(info_json(&info))).into_response())
 }
 
@@ -186,7 +200,13 @@ async fn info(State(state): State<AppState>, Who(who): Who, Path(name): Path<Str
 async fn delete(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
     let ws = service(&state)?;
     let p = permit(&state, &who.team)?;
-    blocking(p, move || ws.delete(&who.team, &name)).await?;
+    let volumes = state.volumes.clone();
+    blocking(p, move || {
+        ws.delete(&who.team, &name)?;
+        forget_volume(volumes.as_deref(), &who.team, &name);
+        Ok(())
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -377,7 +397,7 @@ async fn export(
 /// (the client sees a broken transfer, never a short one that looks complete); a client that
 /// goes away, or reads slower than the body rate rule allows, makes the writes fail, which
 /// stops `produce` and frees the thread.
-async fn streamed<M: Send + 'static, S: 'static>(
+pub(crate) async fn streamed<M: Send + 'static, S: 'static>(
     state: &AppState,
     permit: Permit,
     open: impl FnOnce() -> Result<(M, S), WorkspaceError> + Send + 'static,
@@ -419,7 +439,7 @@ async fn streamed<M: Send + 'static, S: 'static>(
 
 /// The writing end of [`streamed`]: buffers [`CHUNK`] bytes per message, and waits for the
 /// client to take each one no longer than the body rate rule allows.
-struct ChannelWriter {
+pub(crate) struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
     runtime: tokio::runtime::Handle,

@@ -149,6 +149,17 @@ impl From<WorkspaceError> for Failure {
     }
 }
 
+/// A workspace made or deleted is a new volume, or none: the id (and token) E2B's volume API
+/// knew it by is forgotten (see `husk_core::volumes`).
+fn forget_volume(state_dir: &Path, team: &str, name: &str) {
+    if let Err(e) = husk_core::volumes::forget_in(state_dir, team, name) {
+        eprintln!(
+            "husk: warning: the volume id of workspace {name} is kept: {}",
+            crate::report::chain(&e)
+        );
+    }
+}
+
 pub fn main(args: WorkspaceArgs) -> i32 {
     let state_dir = args
         .state_dir
@@ -174,13 +185,17 @@ pub fn main(args: WorkspaceArgs) -> i32 {
     let result = match args.command {
         WorkspaceCommand::Create { name, team } => {
             ws.create(&team, &name).map_err(Failure::from).map(|_| {
+                forget_volume(&state_dir, &team, &name);
                 eprintln!("created workspace {name} of team {team}");
             })
         }
         WorkspaceCommand::List { team, json } => list(&ws, &team, json),
         WorkspaceCommand::Rm { name, team } => ws
             .delete(&team, &name)
-            .map(|()| eprintln!("removed workspace {name} of team {team}"))
+            .map(|()| {
+                forget_volume(&state_dir, &team, &name);
+                eprintln!("removed workspace {name} of team {team}")
+            })
             .map_err(Failure::from),
         WorkspaceCommand::Ls {
             target,
@@ -652,7 +667,11 @@ mod tests {
             kind: EntryKind::Dir,
             size: 0,
             mode: 0o750,
+            uid: 1000,
+            gid: 1000,
             mtime: time::OffsetDateTime::UNIX_EPOCH,
+            atime: time::OffsetDateTime::UNIX_EPOCH,
+            ctime: time::OffsetDateTime::UNIX_EPOCH,
             target: None,
         };
         assert_eq!(mode_string(&e), "drwxr-x---");

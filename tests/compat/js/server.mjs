@@ -200,6 +200,8 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
   // else. No API key is set, so such a call fails loudly instead of passing.
   process.env.E2B_API_URL = url
   process.env.E2B_SANDBOX_URL = url
+  // The volume content API: the SDK does not look for it at E2B_API_URL.
+  process.env.E2B_VOLUME_API_URL = url
   delete process.env.E2B_API_KEY
   delete process.env.E2B_DOMAIN
   delete process.env.E2B_DEBUG

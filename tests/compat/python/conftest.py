@@ -35,9 +35,12 @@ def husk() -> HuskServer:
         pytest.exit(str(e), 2)
     # Safety net: an SDK call that forgot its per-call URLs still reaches this server and
     # nothing else. No API key is set here, so such a call fails loudly instead of passing.
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG")}
+    # E2B_VOLUME_API_URL: the volume content API, which the SDKs do not look for at
+    # E2B_API_URL (see the README, "E2B's volume API").
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG")}
     os.environ["E2B_API_URL"] = server.url
     os.environ["E2B_SANDBOX_URL"] = server.url
+    os.environ["E2B_VOLUME_API_URL"] = server.url
     for k in ("E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG"):
         os.environ.pop(k, None)
     try:

@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use super::remote::RemoteStore;
 use super::{
     KeyInfo, Principal, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Sqlite, StoreError,
-    TemplateRecord,
+    TemplateRecord, VolumeRecord,
 };
 
 /// The store: the SQLite database of this process, or the state helper's.
@@ -106,4 +106,8 @@ delegate! {
     fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;
     fn delete_template(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError>;
     fn image_in_use(&self, digest: &str) -> Result<bool, StoreError>;
+    fn ensure_volume(&self, rec: &VolumeRecord) -> Result<VolumeRecord, StoreError>;
+    fn volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError>;
+    fn volumes(&self, team: &str) -> Result<Vec<VolumeRecord>, StoreError>;
+    fn delete_volume(&self, team: &str, name: &str) -> Result<bool, StoreError>;
 }

@@ -23,7 +23,7 @@ use zeroize::Zeroizing;
 
 use super::{
     KeyInfo, Principal, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Store, StoreError,
-    TemplateRecord,
+    TemplateRecord, VolumeRecord,
 };
 use crate::secrets::{SecretError, Secrets};
 
@@ -117,6 +117,22 @@ pub enum StateRequest {
     ImageInUse {
         digest: String,
     },
+    EnsureVolume(VolumeRecord),
+    Volume {
+        id: String,
+    },
+    Volumes {
+        team: String,
+    },
+    DeleteVolume {
+        team: String,
+        name: String,
+    },
+    /// The content token of volume `id` (derived under the master key, see
+    /// [`Secrets::volume_token`]).
+    VolumeToken {
+        id: String,
+    },
     /// Seals `value` under the current master key and stores it as `team`'s secret `name`.
     SealSecret {
         team: String,
@@ -150,6 +166,9 @@ pub enum StateReply {
     Template(Option<Box<TemplateRecord>>),
     Templates(Vec<TemplateRecord>),
     Opened(Vec<u8>),
+    Volume(Option<VolumeRecord>),
+    Volumes(Vec<VolumeRecord>),
+    Token(String),
     Store(WireStoreError),
     Secret(WireSecretError),
     Failed(Failure),
@@ -574,6 +593,37 @@ impl RemoteStore {
         ask!(self, req, StateReply::Bool(b) => b)
     }
 
+    pub fn ensure_volume(&self, rec: &VolumeRecord) -> Result<VolumeRecord, StoreError> {
+        let req = StateRequest::EnsureVolume(rec.clone());
+        ask!(self, req, StateReply::Volume(Some(v)) => v)
+    }
+
+    pub fn volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+        ask!(self, StateRequest::Volume { id: id.into() }, StateReply::Volume(v) => v)
+    }
+
+    pub fn volumes(&self, team: &str) -> Result<Vec<VolumeRecord>, StoreError> {
+        ask!(self, StateRequest::Volumes { team: team.into() }, StateReply::Volumes(v) => v)
+    }
+
+    pub fn delete_volume(&self, team: &str, name: &str) -> Result<bool, StoreError> {
+        let req = StateRequest::DeleteVolume {
+            team: team.into(),
+            name: name.into(),
+        };
+        ask!(self, req, StateReply::Bool(b) => b)
+    }
+
+    /// Volume `id`'s content token, derived in the helper (which holds the key).
+    pub fn volume_token(&self, id: &str) -> Result<String, SecretError> {
+        match self.call(StateRequest::VolumeToken { id: id.into() })? {
+            StateReply::Token(t) => Ok(t),
+            StateReply::Secret(e) => Err(e.into()),
+            StateReply::Store(e) => Err(StoreError::from(e).into()),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
     /// Seals and stores `team`'s secret `name` (in the helper, which holds the key).
     pub fn seal_secret(&self, team: &str, name: &str, value: &[u8]) -> Result<(), SecretError> {
         let req = StateRequest::SealSecret {
@@ -721,6 +771,17 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::Templates => R::Templates(store.templates()?),
             Q::DeleteTemplate { name } => R::Template(store.delete_template(&name)?.map(Box::new)),
             Q::ImageInUse { digest } => R::Bool(store.image_in_use(&digest)?),
+            Q::EnsureVolume(rec) => {
+                super::validate_team(&rec.team)?;
+                R::Volume(Some(store.ensure_volume(&rec)?))
+            }
+            Q::Volume { id } => R::Volume(store.volume(&id)?),
+            Q::Volumes { team } => R::Volumes(store.volumes(&team)?),
+            Q::DeleteVolume { team, name } => R::Bool(store.delete_volume(&team, &name)?),
+            Q::VolumeToken { id } => match secrets.volume_token(&id) {
+                Ok(t) => R::Token(t),
+                Err(e) => R::Secret((&e).into()),
+            },
             Q::SealSecret { team, name, value } => match secrets.set(&team, &name, &value) {
                 Ok(()) => R::Unit,
                 Err(e) => R::Secret((&e).into()),
@@ -764,6 +825,8 @@ mod tests {
     /// in memory and a master key in a scratch directory; and the server's side of it.
     struct Pair {
         remote: Arc<RemoteStore>,
+        /// The helper's own secrets, with the key (what the server never holds).
+        secrets: Arc<Secrets>,
         _dir: std::path::PathBuf,
         threads: Vec<std::thread::JoinHandle<()>>,
     }
@@ -803,6 +866,7 @@ mod tests {
                 pid: 0,
                 spare: std::sync::Mutex::new(None),
             }),
+            secrets,
             _dir: dir,
             threads,
         }
@@ -905,6 +969,44 @@ mod tests {
         let mut env = vec![("K".to_string(), "husk-secret://OPENAI_KEY".to_string())];
         let inj = secrets.inject("team-a", &[], &mut env).unwrap();
         assert_eq!(inj.env, vec![("K".to_string(), "sk-123".to_string())]);
+    }
+
+    #[test]
+    fn volumes_are_recorded_and_their_tokens_derived_in_the_helper() {
+        let p = pair();
+        let store = Arc::new(Store::remote(p.remote.clone()));
+        let secrets = Secrets::remote(store.clone());
+        let rec = VolumeRecord {
+            id: "vol_a".into(),
+            team: "team-a".into(),
+            name: "data".into(),
+            created_at: OffsetDateTime::now_utc(),
+        };
+        assert_eq!(store.ensure_volume(&rec).unwrap().id, "vol_a");
+        // A second id for the same name is not recorded: the first is the volume's.
+        let again = VolumeRecord {
+            id: "vol_b".into(),
+            ..rec.clone()
+        };
+        assert_eq!(store.ensure_volume(&again).unwrap().id, "vol_a");
+        assert_eq!(store.volume("vol_a").unwrap().unwrap().name, "data");
+        assert_eq!(store.volume("vol_b").unwrap(), None);
+        assert_eq!(store.volumes("team-a").unwrap().len(), 1);
+        assert!(store.volumes("team-b").unwrap().is_empty());
+        // Tokens: the same through the helper as with the key in hand, one per id.
+        let token = secrets.volume_token("vol_a").unwrap();
+        assert_eq!(token, p.secrets.volume_token("vol_a").unwrap());
+        assert_ne!(token, secrets.volume_token("vol_b").unwrap());
+        assert!(token.starts_with(crate::secrets::VOLUME_TOKEN_PREFIX));
+        assert!(store.delete_volume("team-a", "data").unwrap());
+        assert!(!store.delete_volume("team-a", "data").unwrap());
+        // A team name no key could have is refused.
+        let bad = VolumeRecord {
+            team: "../etc".into(),
+            ..rec
+        };
+        let err = store.ensure_volume(&bad).unwrap_err();
+        assert!(matches!(err, StoreError::InvalidTeam(_)), "{err}");
     }
 
     #[test]

@@ -118,7 +118,19 @@ CREATE INDEX batches_by_end ON batches (ended_at) WHERE ended_at IS NOT NULL;
 CREATE INDEX secret_uses_by_time ON secret_uses (at);
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+/// Version 6: volumes, the ids E2B's volume API knows teams' workspaces by (one per
+/// workspace name; the files are the workspace's, the token is derived from the id).
+const V6: &str = "
+CREATE TABLE volumes (
+    id         TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
+    team       TEXT NOT NULL,
+    name       TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+    created_at INTEGER NOT NULL,
+    UNIQUE (team, name)
+) STRICT;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

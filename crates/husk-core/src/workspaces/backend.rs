@@ -13,8 +13,8 @@ use husk_runtime::transfer::OutputLimits;
 
 use super::remote::{RemoteExport, RemoteWorkspaces};
 use super::{
-    Entry, ImportLimits, Listing, LocalWorkspaces, QuotaState, QuotaUsage, TarExport, TarReport,
-    WorkspaceError, WorkspaceInfo, WorkspaceQuota, WriteReport,
+    Attrs, Entry, ImportLimits, Listing, LocalWorkspaces, QuotaState, QuotaUsage, TarExport,
+    TarReport, WorkspaceError, WorkspaceInfo, WorkspaceQuota, WriteOptions, WriteReport,
 };
 use crate::manager::LiveSandbox;
 use crate::runs::outputs::{self, OutputsReport, SaveError};
@@ -118,6 +118,8 @@ impl Workspaces {
         stat(team: &str, name: &str, path: &str) -> Result<Entry, WorkspaceError>;
         read_file(team: &str, name: &str, path: &str) -> Result<File, WorkspaceError>;
         remove(team: &str, name: &str, path: &str) -> Result<(), WorkspaceError>;
+        make_dir(team: &str, name: &str, path: &str, parents: bool, attrs: &Attrs) -> Result<Entry, WorkspaceError>;
+        set_attrs(team: &str, name: &str, path: &str, attrs: &Attrs) -> Result<Entry, WorkspaceError>;
     }
 
     /// [`LocalWorkspaces::write_file`].
@@ -129,9 +131,29 @@ impl Workspaces {
         reader: impl Read,
         max_bytes: u64,
     ) -> Result<WriteReport, WorkspaceError> {
+        self.write_file_with(
+            team,
+            name,
+            path,
+            reader,
+            max_bytes,
+            &WriteOptions::default(),
+        )
+    }
+
+    /// [`LocalWorkspaces::write_file_with`].
+    pub fn write_file_with(
+        &self,
+        team: &str,
+        name: &str,
+        path: &str,
+        reader: impl Read,
+        max_bytes: u64,
+        options: &WriteOptions,
+    ) -> Result<WriteReport, WorkspaceError> {
         match &self.0 {
-            Backend::Local(w) => w.write_file(team, name, path, reader, max_bytes),
-            Backend::Remote(w) => w.write_file(team, name, path, reader, max_bytes),
+            Backend::Local(w) => w.write_file_with(team, name, path, reader, max_bytes, options),
+            Backend::Remote(w) => w.write_file_with(team, name, path, reader, max_bytes, options),
         }
     }
 

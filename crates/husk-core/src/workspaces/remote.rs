@@ -27,8 +27,8 @@ use husk_runtime::transfer::OutputLimits;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Entry, ImportLimits, Listing, LocalWorkspaces, QuotaState, QuotaUsage, TarReport,
-    WorkspaceError, WorkspaceInfo, WriteReport,
+    Attrs, Entry, ImportLimits, Listing, LocalWorkspaces, QuotaState, QuotaUsage, TarReport,
+    WorkspaceError, WorkspaceInfo, WriteOptions, WriteReport,
 };
 use crate::runs::outputs::{self, OutputsReport, SaveError};
 
@@ -90,6 +90,20 @@ pub enum FilesRequest {
         name: String,
         path: String,
         max_bytes: u64,
+        options: WriteOptions,
+    },
+    MakeDir {
+        team: String,
+        name: String,
+        path: String,
+        parents: bool,
+        attrs: Attrs,
+    },
+    SetAttrs {
+        team: String,
+        name: String,
+        path: String,
+        attrs: Attrs,
     },
     Remove {
         team: String,
@@ -628,19 +642,61 @@ impl RemoteWorkspaces {
         }
     }
 
-    pub fn write_file(
+    pub fn make_dir(
+        &self,
+        team: &str,
+        name: &str,
+        path: &str,
+        parents: bool,
+        attrs: &Attrs,
+    ) -> Result<Entry, WorkspaceError> {
+        let req = FilesRequest::MakeDir {
+            team: team.into(),
+            name: name.into(),
+            path: path.into(),
+            parents,
+            attrs: *attrs,
+        };
+        match self.call(req)?.0 {
+            FilesReply::Entry(e) => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn set_attrs(
+        &self,
+        team: &str,
+        name: &str,
+        path: &str,
+        attrs: &Attrs,
+    ) -> Result<Entry, WorkspaceError> {
+        let req = FilesRequest::SetAttrs {
+            team: team.into(),
+            name: name.into(),
+            path: path.into(),
+            attrs: *attrs,
+        };
+        match self.call(req)?.0 {
+            FilesReply::Entry(e) => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn write_file_with(
         &self,
         team: &str,
         name: &str,
         path: &str,
         reader: impl Read,
         max_bytes: u64,
+        options: &WriteOptions,
     ) -> Result<WriteReport, WorkspaceError> {
         let req = FilesRequest::WriteFile {
             team: team.into(),
             name: name.into(),
             path: path.into(),
             max_bytes,
+            options: *options,
         };
         match self.upload(&req, reader)? {
             FilesReply::Written(r) => Ok(r),
@@ -909,13 +965,30 @@ fn handle(
             name,
             path,
             max_bytes,
+            options,
         } => {
             let pipe = rt::chunk_reader(fd.expect("checked above"));
             reply(
-                ws.write_file(&team, &name, &path, pipe, max_bytes)
+                ws.write_file_with(&team, &name, &path, pipe, max_bytes, &options)
                     .map(R::Written),
             )
         }
+        Q::MakeDir {
+            team,
+            name,
+            path,
+            parents,
+            attrs,
+        } => reply(
+            ws.make_dir(&team, &name, &path, parents, &attrs)
+                .map(R::Entry),
+        ),
+        Q::SetAttrs {
+            team,
+            name,
+            path,
+            attrs,
+        } => reply(ws.set_attrs(&team, &name, &path, &attrs).map(R::Entry)),
         Q::ImportTar {
             team,
             name,
@@ -1169,6 +1242,54 @@ mod tests {
         let listing = ws.entries("acme", "data", "", 2).unwrap();
         let names: Vec<&str> = listing.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(names, ["dir", "dir/a.bin"]);
+        // The volume API's operations: owners, modes, no replacing, `mkdir -p`.
+        let attrs = Attrs {
+            uid: Some(1001),
+            gid: Some(1002),
+            mode: Some(0o700),
+        };
+        let made = ws.make_dir("acme", "data", "m/n", true, &attrs).unwrap();
+        assert_eq!(
+            (made.path.as_str(), made.uid, made.gid, made.mode),
+            ("m/n", 1001, 1002, 0o700)
+        );
+        let e = ws
+            .make_dir("acme", "data", "m/n", false, &attrs)
+            .unwrap_err();
+        assert!(matches!(e, WorkspaceError::Conflict { .. }), "{e}");
+        let keep = WriteOptions {
+            replace: false,
+            attrs,
+        };
+        let e = ws
+            .write_file_with("acme", "data", "dir/a.bin", &b"x"[..], 10, &keep)
+            .unwrap_err();
+        assert!(matches!(e, WorkspaceError::Conflict { .. }), "{e}");
+        let changed = ws
+            .set_attrs(
+                "acme",
+                "data",
+                "dir/a.bin",
+                &Attrs {
+                    mode: Some(0o640),
+                    ..Attrs::default()
+                },
+            )
+            .unwrap();
+        assert_eq!((changed.mode, changed.uid), (0o640, 1000));
+        let e = ws
+            .set_attrs(
+                "acme",
+                "data",
+                "dir/a.bin",
+                &Attrs {
+                    mode: Some(0o6755),
+                    ..Attrs::default()
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(e, WorkspaceError::InvalidPath { .. }), "{e}");
+        ws.remove("acme", "data", "m").unwrap();
         let e = ws.read_file("acme", "data", "dir").unwrap_err();
         assert!(
             matches!(
@@ -1299,6 +1420,7 @@ mod tests {
             name: "data".into(),
             path: "x".into(),
             max_bytes: 10,
+            options: WriteOptions::default(),
         };
         let (reply, _) = p.remote.channels.call::<_, FilesReply>(&req, None).unwrap();
         assert!(matches!(reply, FilesReply::Failed(_)), "{reply:?}");
@@ -1387,7 +1509,11 @@ mod tests {
             kind: super::super::EntryKind::Symlink,
             size: 3,
             mode: 0o777,
+            uid: 1000,
+            gid: 1000,
             mtime: time::OffsetDateTime::UNIX_EPOCH,
+            atime: time::OffsetDateTime::UNIX_EPOCH,
+            ctime: time::OffsetDateTime::UNIX_EPOCH,
             target: None,
         };
         for reply in [

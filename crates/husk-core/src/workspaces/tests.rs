@@ -959,3 +959,225 @@ fn trash_of_an_interrupted_delete_is_removed_on_open() {
     host.intact();
     assert!(ws.list("acme").unwrap().is_empty());
 }
+
+#[test]
+fn directories_are_made_with_owners_and_modes() {
+    let (state, ws) = setup("mkdir");
+    let none = Attrs::default();
+    // Without parents: the parent must exist, and nothing may be there.
+    let e = ws
+        .make_dir("acme", "data", "a/b", false, &none)
+        .unwrap_err();
+    assert!(matches!(e, WorkspaceError::PathNotFound { .. }), "{e:?}");
+    let made = ws.make_dir("acme", "data", "a", false, &none).unwrap();
+    assert_eq!(
+        (made.kind, made.mode, made.uid, made.gid),
+        (EntryKind::Dir, 0o755, 1000, 1000)
+    );
+    let e = ws.make_dir("acme", "data", "a", false, &none).unwrap_err();
+    assert!(matches!(e, WorkspaceError::Conflict { .. }), "{e:?}");
+    // With parents: `mkdir -p`, the client's owner and mode on the last one.
+    let attrs = Attrs {
+        uid: Some(0),
+        gid: Some(1234),
+        mode: Some(0o1770),
+    };
+    let deep = ws.make_dir("acme", "data", "a/x/y", true, &attrs).unwrap();
+    assert_eq!(
+        (deep.path.as_str(), deep.mode, deep.uid, deep.gid),
+        ("a/x/y", 0o1770, 0, 1234)
+    );
+    let meta = fs::metadata(state.ws("acme", "data").join("a/x/y")).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (0, 1234, 0o1770)
+    );
+    let again = ws.make_dir("acme", "data", "a/x/y", true, &none).unwrap();
+    assert_eq!(again.mode, 0o1770, "an existing directory is left as it is");
+    // A file in the way.
+    ws.write_file("acme", "data", "f", &b"x"[..], 10).unwrap();
+    let e = ws.make_dir("acme", "data", "f", true, &none).unwrap_err();
+    assert!(matches!(e, WorkspaceError::NotADirectory { .. }), "{e:?}");
+    // Attributes husk never sets.
+    for bad in [
+        Attrs {
+            uid: Some(65_536),
+            ..none
+        },
+        Attrs {
+            gid: Some(u32::MAX),
+            ..none
+        },
+        Attrs {
+            mode: Some(0o4755),
+            ..none
+        },
+        Attrs {
+            mode: Some(0o2755),
+            ..none
+        },
+        Attrs {
+            mode: Some(0o10755),
+            ..none
+        },
+    ] {
+        let e = ws.make_dir("acme", "data", "bad", false, &bad).unwrap_err();
+        assert!(
+            matches!(e, WorkspaceError::InvalidPath { .. }),
+            "{bad:?}: {e:?}"
+        );
+    }
+    assert!(!state.ws("acme", "data").join("bad").exists());
+}
+
+#[test]
+fn writes_that_must_not_replace_and_their_attributes() {
+    let (state, ws) = setup("writeopts");
+    let keep = WriteOptions {
+        replace: false,
+        attrs: Attrs {
+            uid: Some(1001),
+            gid: Some(1002),
+            mode: Some(0o600),
+        },
+    };
+    ws.write_file_with("acme", "data", "n/f", &b"one"[..], 10, &keep)
+        .unwrap();
+    let e = ws
+        .write_file_with("acme", "data", "n/f", &b"two"[..], 10, &keep)
+        .unwrap_err();
+    assert!(matches!(e, WorkspaceError::Conflict { .. }), "{e:?}");
+    assert!(e.to_string().contains("force"), "{e}");
+    let entry = ws.stat("acme", "data", "n/f").unwrap();
+    assert_eq!(
+        (entry.size, entry.uid, entry.gid, entry.mode),
+        (3, 1001, 1002, 0o600)
+    );
+    // The parent husk made has husk's owner, not the file's.
+    let parent = ws.stat("acme", "data", "n").unwrap();
+    assert_eq!((parent.uid, parent.mode), (1000, 0o755));
+    // Replacing is the default; the default owner and mode come back.
+    ws.write_file("acme", "data", "n/f", &b"two"[..], 10)
+        .unwrap();
+    let entry = ws.stat("acme", "data", "n/f").unwrap();
+    assert_eq!((entry.size, entry.uid, entry.mode), (3, 1000, 0o644));
+    assert!(entry.ctime >= entry.mtime - time::Duration::seconds(1));
+    // Nothing of the refused write is left (no temporary file).
+    assert_eq!(root_names(&state), vec!["n".to_string()]);
+    let bad = WriteOptions {
+        replace: true,
+        attrs: Attrs {
+            mode: Some(0o4755),
+            ..Attrs::default()
+        },
+    };
+    let e = ws
+        .write_file_with("acme", "data", "suid", &b"x"[..], 10, &bad)
+        .unwrap_err();
+    assert!(matches!(e, WorkspaceError::InvalidPath { .. }), "{e:?}");
+    assert!(!state.ws("acme", "data").join("suid").exists());
+}
+
+#[test]
+fn attributes_change_through_no_symlink() {
+    let (state, ws) = setup("setattrs");
+    let host = HostDir::new();
+    let root = state.ws("acme", "data");
+    ws.write_file("acme", "data", "f", &b"x"[..], 10).unwrap();
+    let changed = ws
+        .set_attrs(
+            "acme",
+            "data",
+            "f",
+            &Attrs {
+                uid: Some(1001),
+                gid: None,
+                mode: Some(0o755),
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        (changed.uid, changed.gid, changed.mode),
+        (1001, 1000, 0o755)
+    );
+    // The root itself.
+    let r = ws
+        .set_attrs(
+            "acme",
+            "data",
+            "",
+            &Attrs {
+                mode: Some(0o700),
+                ..Attrs::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((r.kind, r.mode), (EntryKind::Dir, 0o700));
+    // A planted link: its own owner may change, never its target's; no mode; never through it.
+    symlink(host.0.join("secret"), root.join("link")).unwrap();
+    let l = ws
+        .set_attrs(
+            "acme",
+            "data",
+            "link",
+            &Attrs {
+                uid: Some(1001),
+                ..Attrs::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((l.kind, l.uid), (EntryKind::Symlink, 1001));
+    let e = ws
+        .set_attrs(
+            "acme",
+            "data",
+            "link",
+            &Attrs {
+                mode: Some(0o777),
+                ..Attrs::default()
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, WorkspaceError::InvalidPath { .. }), "{e:?}");
+    symlink(&host.0, root.join("dirlink")).unwrap();
+    let e = ws
+        .set_attrs(
+            "acme",
+            "data",
+            "dirlink/secret",
+            &Attrs {
+                mode: Some(0o777),
+                ..Attrs::default()
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, WorkspaceError::InvalidPath { .. }), "{e:?}");
+    let secret = fs::symlink_metadata(host.0.join("secret")).unwrap();
+    assert_eq!((secret.uid(), secret.mode() & 0o777), (0, 0o644));
+    host.intact();
+    // A fifo is never opened.
+    let status = std::process::Command::new("mkfifo")
+        .arg(root.join("fifo"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let e = ws
+        .set_attrs(
+            "acme",
+            "data",
+            "fifo",
+            &Attrs {
+                mode: Some(0o600),
+                ..Attrs::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, WorkspaceError::NotAFile { kind: "fifo", .. }),
+        "{e:?}"
+    );
+    let e = ws
+        .set_attrs("acme", "data", "missing", &Attrs::default())
+        .unwrap_err();
+    assert!(matches!(e, WorkspaceError::PathNotFound { .. }), "{e:?}");
+}

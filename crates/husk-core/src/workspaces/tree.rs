@@ -16,6 +16,7 @@ use husk_runtime::sys::{
 };
 use time::OffsetDateTime;
 
+use super::attrs::{set, WriteOptions};
 use super::{
     kind_name, lstat, random, WorkspaceError, WriteReport, MAX_COMPONENT_LEN, MAX_DEPTH,
     MAX_LIST_ENTRIES, MAX_PATH_LEN, MAX_TREE_ENTRIES,
@@ -110,7 +111,14 @@ pub struct Entry {
     pub size: u64,
     /// Permission bits (`mode & 0o7777`).
     pub mode: u32,
+    /// Owner ids on the host, which are the sandbox's (workspaces are mounted with the
+    /// sandbox's own id mapping).
+    pub uid: u32,
+    pub gid: u32,
     pub mtime: OffsetDateTime,
+    pub atime: OffsetDateTime,
+    /// Last status change.
+    pub ctime: OffsetDateTime,
     /// A symlink's target text, as stored (never resolved).
     pub target: Option<String>,
 }
@@ -328,7 +336,16 @@ impl Tree {
         rel: &RelPath,
         mut reader: impl Read,
         max_bytes: u64,
+        options: &WriteOptions,
     ) -> Result<WriteReport, WorkspaceError> {
+        self.check_attrs(rel, &options.attrs)?;
+        let exists = || WorkspaceError::Conflict {
+            place: self.place.clone(),
+            reason: format!(
+                "{:?} already exists (write with force to replace it)",
+                rel.text
+            ),
+        };
         let Some((parent, name)) = rel.split_last() else {
             return Err(WorkspaceError::NotAFile {
                 place: self.place.clone(),
@@ -346,6 +363,7 @@ impl Tree {
                     kind: "directory",
                 })
             }
+            Ok((_, _, Some(_))) if !options.replace => return Err(exists()),
             Ok(_) | Err(WorkspaceError::PathNotFound { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -372,11 +390,21 @@ impl Tree {
             file.write_all(&buf[..n])
                 .map_err(|e| self.io("write", &rel.text, e))?;
         }
-        set_owner_mode(file, self.owner, 0o644).map_err(|e| self.io("chown", &rel.text, e))?;
+        let mode = options.attrs.mode.unwrap_or(0o644);
+        set(file, self.owner_for(&options.attrs), mode)
+            .map_err(|e| self.io("chown", &rel.text, e))?;
         let dir = self.ensure_dirs(parent, rel)?;
         let existed = lstat(&dir, name).map_err(|e| self.io("stat", &rel.text, e))?;
-        match renameat(self.root.as_fd(), &tmp.name, dir.as_fd(), name, false) {
+        // Without `replace`, the rename itself refuses what appeared meanwhile.
+        match renameat(
+            self.root.as_fd(),
+            &tmp.name,
+            dir.as_fd(),
+            name,
+            !options.replace,
+        ) {
             Ok(()) => tmp.disarm(),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Err(exists()),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EISDIR | libc::ENOTEMPTY)) => {
                 return Err(WorkspaceError::NotAFile {
                     place: self.place.clone(),
@@ -548,7 +576,7 @@ fn temp_name(what: &str) -> CString {
 }
 
 /// The [`Entry`] of `name` in `dir` (`""`: `dir` itself).
-fn entry(dir: &File, name: &CStr, path: &str, st: FileStat) -> Entry {
+pub(super) fn entry(dir: &File, name: &CStr, path: &str, st: FileStat) -> Entry {
     let kind = EntryKind::of(&st);
     let target = (kind == EntryKind::Symlink)
         .then(|| readlinkat(dir.as_fd(), name).ok())
@@ -559,16 +587,22 @@ fn entry(dir: &File, name: &CStr, path: &str, st: FileStat) -> Entry {
     } else {
         String::from_utf8_lossy(name.to_bytes()).into_owned()
     };
-    let mtime = OffsetDateTime::from_unix_timestamp(st.mtime)
-        .map(|t| t + time::Duration::nanoseconds(st.mtime_nsec))
-        .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    let at = |secs: i64, nsec: i64| {
+        OffsetDateTime::from_unix_timestamp(secs)
+            .map(|t| t + time::Duration::nanoseconds(nsec))
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+    };
     Entry {
         name: name_text,
         path: path.to_string(),
         kind,
         size: st.size,
         mode: st.mode & 0o7777,
-        mtime,
+        uid: st.uid,
+        gid: st.gid,
+        mtime: at(st.mtime, st.mtime_nsec),
+        atime: at(st.atime, st.atime_nsec),
+        ctime: at(st.ctime, st.ctime_nsec),
         target,
     }
 }

@@ -22,6 +22,12 @@ pub struct FileStat {
     pub mtime: i64,
     /// Nanoseconds of `mtime`.
     pub mtime_nsec: i64,
+    /// Last access, seconds since the epoch, and its nanoseconds.
+    pub atime: i64,
+    pub atime_nsec: i64,
+    /// Last status change, seconds since the epoch, and its nanoseconds.
+    pub ctime: i64,
+    pub ctime_nsec: i64,
     pub uid: u32,
     pub gid: u32,
     pub nlink: u64,
@@ -65,6 +71,10 @@ pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<FileStat
         size: st.st_size as u64,
         mtime: st.st_mtime,
         mtime_nsec: st.st_mtime_nsec,
+        atime: st.st_atime,
+        atime_nsec: st.st_atime_nsec,
+        ctime: st.st_ctime,
+        ctime_nsec: st.st_ctime_nsec,
         uid: st.st_uid,
         gid: st.st_gid,
         nlink: st.st_nlink,
