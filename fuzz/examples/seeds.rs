@@ -573,7 +573,13 @@ fn helpers(c: &Corpus) {
         ("open-other", StateRequest::OpenSecret { team: "u".into(), name: "N".into() }),
         (
             "seal",
-            StateRequest::SealSecret { team: "t".into(), name: "M".into(), value: b"v".to_vec() },
+            StateRequest::SealSecret {
+                team: "t".into(),
+                name: "M".into(),
+                value: b"v".to_vec(),
+                mode: husk_core::store::PutMode::Create,
+                metadata: Some([("k".to_string(), "v".to_string())].into()),
+            },
         ),
         ("run-records", StateRequest::RunRecords {
             table: husk_core::store::RunTable::Runs,

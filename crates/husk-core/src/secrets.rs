@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
-use crate::store::{SealedRow, Store, StoreError};
+use crate::store::{PutMode, SealedRow, Store, StoreError};
 
 /// The master key file's name in the state directory.
 pub const MASTER_KEY_FILE: &str = "master.key";
@@ -44,8 +44,13 @@ pub const MAX_NAME_LEN: usize = 128;
 pub enum SecretError {
     #[error("secret '{0}' not found")]
     NotFound(String),
-    #[error("invalid secret name {0:?}: use 1-128 characters of A-Z, a-z, 0-9 and '_', not starting with a digit")]
+    #[error("invalid secret name {0:?}: use 1-128 characters of A-Z, a-z, 0-9, '_', '-' and '.', starting with a letter or '_'")]
     InvalidName(String),
+    #[error("secret '{0}' already exists")]
+    Exists(String),
+    /// The customer's metadata of E2B's secret API, out of its bounds.
+    #[error("secret '{name}': {reason}")]
+    BadMetadata { name: String, reason: String },
     #[error("secret '{name}' is too large ({size} bytes; at most {MAX_SECRET_BYTES})")]
     TooLarge { name: String, size: usize },
     #[error("secret '{0}' contains a NUL byte (values become environment variables)")]
@@ -65,8 +70,79 @@ pub enum SecretError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretInfo {
     pub name: String,
+    /// `sec_` and 24 hex digits, derived from the team and the name ([`secret_id`]).
+    pub id: String,
+    /// 1 when made, one more with each new value.
+    pub version: u64,
+    pub metadata: Metadata,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
+}
+
+/// The customer's metadata of a secret (E2B's secret API): strings by strings.
+pub type Metadata = std::collections::BTreeMap<String, String>;
+
+/// Bounds of a secret's metadata, as E2B's: entries, key bytes, value bytes, bytes in all.
+pub const METADATA_ENTRIES: usize = 32;
+pub const METADATA_KEY_BYTES: usize = 128;
+pub const METADATA_VALUE_BYTES: usize = 1024;
+pub const METADATA_BYTES: usize = 8192;
+
+/// How secret ids start (E2B reserves the prefix: no name starts with it).
+pub const ID_PREFIX: &str = "sec_";
+
+/// The id of `team`'s secret `name`: stable for the name, and saying nothing of the value.
+pub fn secret_id(team: &str, name: &str) -> String {
+    let digest =
+        Sha256::digest([b"husk-secret-id\0", team.as_bytes(), b"\0", name.as_bytes()].concat());
+    format!("{ID_PREFIX}{}", hex::encode(&digest[..12]))
+}
+
+/// Checks a secret's metadata against [`METADATA_ENTRIES`] and the byte bounds.
+pub fn check_metadata(name: &str, m: &Metadata) -> Result<(), SecretError> {
+    let bad = |reason: String| {
+        Err(SecretError::BadMetadata {
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if m.len() > METADATA_ENTRIES {
+        return bad(format!(
+            "metadata has {} entries (at most {METADATA_ENTRIES})",
+            m.len()
+        ));
+    }
+    let mut total = 0;
+    for (k, v) in m {
+        if k.is_empty() || k.len() > METADATA_KEY_BYTES {
+            return bad(format!(
+                "metadata keys have 1 to {METADATA_KEY_BYTES} bytes"
+            ));
+        }
+        if v.len() > METADATA_VALUE_BYTES {
+            return bad(format!(
+                "metadata value of {k:?} is longer than {METADATA_VALUE_BYTES} bytes"
+            ));
+        }
+        total += k.len() + v.len();
+    }
+    if total > METADATA_BYTES {
+        return bad(format!(
+            "metadata holds {total} bytes (at most {METADATA_BYTES})"
+        ));
+    }
+    Ok(())
+}
+
+fn info_of(r: SealedRow) -> SecretInfo {
+    SecretInfo {
+        id: secret_id(&r.team, &r.name),
+        version: r.version,
+        metadata: r.metadata.unwrap_or_default(),
+        name: r.name,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+    }
 }
 
 /// One master key and its id.
@@ -244,15 +320,32 @@ fn open(keys: &MasterKeys, row: &SealedRow) -> Result<Zeroizing<Vec<u8>>, Secret
         .map_err(|_| bad())
 }
 
-/// Checks a secret's name: an environment-variable-like identifier.
+/// Checks a secret's name: 1-128 of `[A-Za-z0-9_.-]`, starting with a letter or `_` (so
+/// never E2B's `sec_` ids, which start with a letter too but are refused by prefix).
 pub fn validate_name(name: &str) -> Result<(), SecretError> {
     let ok = (1..=MAX_NAME_LEN).contains(&name.len())
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && !name.starts_with(ID_PREFIX)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
     if ok {
         Ok(())
     } else {
         Err(SecretError::InvalidName(name.to_string()))
+    }
+}
+
+/// Checks that a secret's name can also be an environment variable's (runs put a secret in
+/// the variable of its own name): an identifier of `[A-Za-z0-9_]`, not starting with a digit.
+pub fn validate_env_name(name: &str) -> Result<(), SecretError> {
+    validate_name(name)?;
+    if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        Ok(())
+    } else {
+        Err(SecretError::InvalidName(format!(
+            "{name} (a secret a run names becomes the variable of that name: use A-Z, a-z, 0-9 and '_')"
+        )))
     }
 }
 
@@ -315,8 +408,22 @@ impl Secrets {
 
     /// Stores (or replaces) `team`'s secret `name`.
     pub fn set(&self, team: &str, name: &str, value: &[u8]) -> Result<(), SecretError> {
+        self.write(team, name, value, PutMode::Upsert, None)
+    }
+
+    /// Stores `team`'s secret `name` as `mode` says ([`SecretError::Exists`] for a `Create`
+    /// of a name taken, [`SecretError::NotFound`] for an `Update` of a missing one), replacing
+    /// its metadata when `metadata` is given. A new value is a new version.
+    pub fn write(
+        &self,
+        team: &str,
+        name: &str,
+        value: &[u8],
+        mode: PutMode,
+        metadata: Option<&Metadata>,
+    ) -> Result<(), SecretError> {
         if let Holder::Helper(r) = self.holder()? {
-            return r.seal_secret(team, name, value);
+            return r.seal_secret(team, name, value, mode, metadata);
         }
         validate_name(name)?;
         crate::store::validate_team(team)?;
@@ -329,19 +436,57 @@ impl Secrets {
         if value.contains(&0) {
             return Err(SecretError::Nul(name.to_string()));
         }
+        if let Some(m) = metadata {
+            check_metadata(name, m)?;
+        }
         let keys = self.keys()?;
         let (nonce, ciphertext) = seal(&keys.current, team, name, value)?;
         let now = OffsetDateTime::now_utc();
-        self.store.put_secret(&SealedRow {
-            team: team.to_string(),
-            name: name.to_string(),
-            key_id: keys.current.id.clone(),
-            nonce,
-            ciphertext,
-            created_at: now,
-            updated_at: now,
-        })?;
-        Ok(())
+        let written = self.store.write_secret(
+            &SealedRow {
+                team: team.to_string(),
+                name: name.to_string(),
+                key_id: keys.current.id.clone(),
+                nonce,
+                ciphertext,
+                created_at: now,
+                updated_at: now,
+                version: 1,
+                metadata: metadata.cloned(),
+            },
+            mode,
+        )?;
+        match (written, mode) {
+            (true, _) | (false, PutMode::Upsert) => Ok(()),
+            (false, PutMode::Create) => Err(SecretError::Exists(name.to_string())),
+            (false, PutMode::Update) => Err(SecretError::NotFound(name.to_string())),
+        }
+    }
+
+    /// `team`'s secret `name`: its id, version, metadata and dates, never its value.
+    pub fn info(&self, team: &str, name: &str) -> Result<SecretInfo, SecretError> {
+        self.store
+            .secret(team, name)?
+            .map(info_of)
+            .ok_or_else(|| SecretError::NotFound(name.to_string()))
+    }
+
+    /// `team`'s secret named by its id (`sec_...`) or its name (as given, else lower-cased:
+    /// E2B lower-cases names).
+    pub fn find(&self, team: &str, id_or_name: &str) -> Result<SecretInfo, SecretError> {
+        if id_or_name.starts_with(ID_PREFIX) {
+            return self
+                .list(team)?
+                .into_iter()
+                .find(|s| s.id == id_or_name)
+                .ok_or_else(|| SecretError::NotFound(id_or_name.to_string()));
+        }
+        match self.info(team, id_or_name) {
+            Err(SecretError::NotFound(_)) if id_or_name.bytes().any(|b| b.is_ascii_uppercase()) => {
+                self.info(team, &id_or_name.to_ascii_lowercase())
+            }
+            other => other,
+        }
     }
 
     /// `team`'s secret `name`, opened (only for injecting it into a process).
@@ -362,11 +507,7 @@ impl Secrets {
             .store
             .secrets(Some(team))?
             .into_iter()
-            .map(|r| SecretInfo {
-                name: r.name,
-                created_at: r.created_at,
-                updated_at: r.updated_at,
-            })
+            .map(info_of)
             .collect())
     }
 

@@ -32,7 +32,7 @@ pub use backend::Store;
 /// Why the state helper could not be asked (in [`StoreError::Helper`]).
 pub use husk_runtime::helper::HelperError;
 pub use runs::{RunRow, RunTable};
-pub use secrets::{SealedRow, SecretUse};
+pub use secrets::{PutMode, SealedRow, SecretUse};
 pub use volumes::VolumeRecord;
 #[cfg(test)]
 mod tests;

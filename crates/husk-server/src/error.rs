@@ -126,7 +126,10 @@ impl From<SecretError> for ApiError {
     fn from(e: SecretError) -> ApiError {
         let status = match &e {
             SecretError::NotFound(_) => StatusCode::NOT_FOUND,
-            SecretError::InvalidName(_) | SecretError::Nul(_) => StatusCode::BAD_REQUEST,
+            SecretError::Exists(_) => StatusCode::CONFLICT,
+            SecretError::InvalidName(_) | SecretError::Nul(_) | SecretError::BadMetadata { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             SecretError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             SecretError::Store(StoreError::InvalidTeam(_)) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

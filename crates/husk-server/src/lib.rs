@@ -7,6 +7,7 @@ pub mod app;
 pub mod body;
 pub mod budget;
 pub mod domain;
+pub mod e2b_secrets;
 pub mod listener;
 pub mod openapi;
 pub mod rest;

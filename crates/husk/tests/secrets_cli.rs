@@ -53,7 +53,7 @@ fn secrets_are_set_listed_rotated_and_removed_without_ever_showing_a_value() {
     assert_ne!(code, 0);
     assert!(err.contains("unexpected argument"), "{err}");
     // Bad input: clear errors.
-    let (code, _, err) = secret(&dir, &["set", "bad-name", "--team", "acme"], Some(b"v"));
+    let (code, _, err) = secret(&dir, &["set", "bad/name", "--team", "acme"], Some(b"v"));
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("invalid secret name"), "{err}");
     let (code, _, err) = secret(&dir, &["set", "EMPTY", "--team", "acme"], Some(b""));

@@ -119,7 +119,7 @@ fn secrets_api_stores_lists_and_removes_without_ever_returning_a_value() {
         404
     );
     // Bad input: clear errors, nothing stored.
-    let r = server.request("PUT", "/husk/v1/secrets/bad-name", &admin, "v");
+    let r = server.request("PUT", "/husk/v1/secrets/bad%20name", &admin, "v");
     let body = r.text();
     assert_eq!(r.status, 400, "{body}");
     assert!(body.contains("invalid secret name"), "{body}");

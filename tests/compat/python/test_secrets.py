@@ -102,3 +102,78 @@ def test_a_running_commands_secret_is_neither_listed_nor_readable_by_other_comma
         wait_for(lambda: h.pid not in [p.pid for p in sbx.commands.list()], 10, "killed pid to leave the list")
     finally:
         h.kill()
+
+
+# E2B's secret API (`Secret.create/update/get_info/list/exists/destroy`) on the same store.
+
+
+def test_e2b_secret_api(husk, sandbox_factory, other_key):
+    from e2b import Secret
+    from e2b.exceptions import AuthenticationException, SecretException, SecretNotFoundException
+
+    opts = dict(api_url=husk.url, api_key=husk.admin_key, request_timeout=30)
+    name = unique("OpenAI-Key")
+    made = Secret.create(name, VALUE, metadata={"owner": "ci"}, **opts)
+    # E2B lower-cases names; ids are `sec_`; values never come back.
+    assert made.name == name.lower() and made.secret_id.startswith("sec_")
+    assert (made.version, made.metadata) == (1, {"owner": "ci"})
+    assert made.created_at.tzinfo is not None
+    for ref in (made.secret_id, made.name, name):
+        info = Secret.get_info(ref, **opts)
+        assert (info.secret_id, info.name, info.version) == (made.secret_id, made.name, 1)
+    with pytest.raises(SecretException) as e:
+        Secret.create(name, "other", **opts)
+    assert "already exists" in str(e.value)
+    # A new value is a new version; metadata stays unless given.
+    updated = Secret.update(made.secret_id, VALUE + "-2", **opts)
+    assert (updated.version, updated.metadata) == (2, {"owner": "ci"})
+    updated = Secret.update(made.name, VALUE + "-3", metadata={}, **opts)
+    assert (updated.version, updated.metadata) == (3, {})
+    with pytest.raises(SecretNotFoundException):
+        Secret.update("no-such-secret", "x", **opts)
+    # Listed in pages, with husk's own secrets of the team.
+    seen, paginator = [], Secret.list(limit=1, **opts)
+    while paginator.has_next:
+        page = paginator.next_items()
+        assert len(page) <= 1
+        seen += page
+    assert made.secret_id in {s.secret_id for s in seen}
+    # The same store as husk's: a process gets it by `husk-secret://name`, masked.
+    sbx = sandbox_factory()
+    r = sbx.commands.run('echo "$K"; test "$K" = "' + VALUE + '-3" && echo match', envs={"K": f"husk-secret://{made.name}"})
+    assert r.stdout == "****\nmatch\n"
+    # Another team: not found, not listed, not destroyed; nobody: 401.
+    other = dict(opts, api_key=other_key)
+    assert not Secret.exists(made.secret_id, **other)
+    assert Secret.destroy(made.secret_id, **other) is False
+    assert made.secret_id not in {s.secret_id for s in Secret.list(**other).next_items()}
+    with pytest.raises(AuthenticationException):
+        Secret.get_info(made.secret_id, **dict(opts, api_key="e2b_" + "0" * 40))
+    # Bad input: clear errors, nothing stored.
+    for bad_name, what in (("sec_taken", "invalid secret name"), ("a{b}", "invalid secret name")):
+        with pytest.raises(SecretException) as e:
+            Secret.create(bad_name, "x", **opts)
+        assert what in str(e.value)
+    with pytest.raises(SecretException) as e:
+        Secret.create(unique("meta"), "x", metadata={f"k{i}": "v" for i in range(33)}, **opts)
+    assert "metadata" in str(e.value)
+    assert Secret.exists(made.name, **opts)
+    assert Secret.destroy(made.secret_id, **opts) is True
+    assert Secret.destroy(made.secret_id, **opts) is False
+    assert not Secret.exists(made.name, **opts)
+
+
+@pytest.mark.asyncio
+async def test_e2b_secret_api_async(husk):
+    from e2b import AsyncSecret
+    from e2b.exceptions import SecretNotFoundException
+
+    opts = dict(api_url=husk.url, api_key=husk.admin_key, request_timeout=30)
+    made = await AsyncSecret.create(unique("async-key"), VALUE, **opts)
+    assert (await AsyncSecret.get_info(made.secret_id, **opts)).name == made.name
+    assert (await AsyncSecret.update(made.secret_id, "v2", metadata={"a": "b"}, **opts)).version == 2
+    page = await AsyncSecret.list(**opts).next_items()
+    assert {"a": "b"} in [s.metadata for s in page if s.secret_id == made.secret_id]
+    assert await AsyncSecret.destroy(made.secret_id, **opts) is True
+    with pytest.raises(SecretNotFoundException):
+        await AsyncSecret.get_info(made.secret_id, **opts)

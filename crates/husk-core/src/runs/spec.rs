@@ -433,7 +433,7 @@ impl RunSpec {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for name in &self.secrets {
-            crate::secrets::validate_name(name).map_err(|e| invalid(e.to_string()))?;
+            crate::secrets::validate_env_name(name).map_err(|e| invalid(e.to_string()))?;
             if self.env.contains_key(name) {
                 return Err(invalid(format!(
                     "secret {name} would replace the env variable of the same name"

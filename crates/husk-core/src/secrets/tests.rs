@@ -139,7 +139,14 @@ fn an_interrupted_rotation_loses_nothing() {
 fn bad_names_and_values_are_refused_clearly() {
     let (_dir, _store, secrets) = setup();
     let long = "X".repeat(129);
-    for name in ["", "1ABC", "has-dash", "white space", long.as_str()] {
+    for name in [
+        "",
+        "1ABC",
+        "has/slash",
+        "{brace}",
+        "white space",
+        long.as_str(),
+    ] {
         assert!(
             matches!(
                 secrets.set("acme", name, b"v"),
@@ -238,4 +245,111 @@ fn references_are_resolved_apart_from_the_request_environment() {
     ));
     assert!(secrets.check_refs("acme", &sandbox_env).is_ok());
     assert!(secrets.check_refs("other", &sandbox_env).is_err());
+}
+
+#[test]
+fn e2b_writes_count_versions_keep_metadata_and_find_by_id_or_name() {
+    let (_dir, _store, secrets) = setup();
+    let meta: Metadata = [("owner".to_string(), "ci".to_string())].into();
+    secrets
+        .write(
+            "acme",
+            "openai-api-key",
+            b"v1",
+            PutMode::Create,
+            Some(&meta),
+        )
+        .unwrap();
+    let info = secrets.info("acme", "openai-api-key").unwrap();
+    assert_eq!((info.version, &info.metadata), (1, &meta));
+    assert!(info.id.starts_with(ID_PREFIX) && info.id.len() == ID_PREFIX.len() + 24);
+    // Made twice: refused, the value untouched.
+    let err = secrets
+        .write("acme", "openai-api-key", b"v2", PutMode::Create, None)
+        .unwrap_err();
+    assert!(matches!(err, SecretError::Exists(_)), "{err}");
+    assert_eq!(
+        secrets.get("acme", "openai-api-key").unwrap().as_slice(),
+        b"v1"
+    );
+    // A new value: a new version; metadata kept unless given.
+    secrets
+        .write("acme", "openai-api-key", b"v2", PutMode::Update, None)
+        .unwrap();
+    let info = secrets.info("acme", "openai-api-key").unwrap();
+    assert_eq!((info.version, &info.metadata), (2, &meta));
+    secrets
+        .write(
+            "acme",
+            "openai-api-key",
+            b"v3",
+            PutMode::Update,
+            Some(&Metadata::new()),
+        )
+        .unwrap();
+    let info = secrets.info("acme", "openai-api-key").unwrap();
+    assert_eq!((info.version, info.metadata.len()), (3, 0));
+    assert_eq!(
+        secrets.get("acme", "openai-api-key").unwrap().as_slice(),
+        b"v3"
+    );
+    secrets.set("acme", "openai-api-key", b"v4").unwrap();
+    assert_eq!(secrets.info("acme", "openai-api-key").unwrap().version, 4);
+    // An update of a missing one makes nothing.
+    let err = secrets
+        .write("acme", "missing", b"x", PutMode::Update, None)
+        .unwrap_err();
+    assert!(matches!(err, SecretError::NotFound(_)), "{err}");
+    assert!(secrets.info("acme", "missing").is_err());
+    // Found by id, by name, by a name in other case; never another team's.
+    let id = info.id.clone();
+    assert_eq!(secrets.find("acme", &id).unwrap().name, "openai-api-key");
+    assert_eq!(
+        secrets.find("acme", "OPENAI-API-KEY").unwrap().name,
+        "openai-api-key"
+    );
+    assert!(matches!(
+        secrets.find("other", &id),
+        Err(SecretError::NotFound(_))
+    ));
+    assert_ne!(secret_id("other", "openai-api-key"), id);
+    // Metadata bounds.
+    let too_many: Metadata = (0..33)
+        .map(|i| (format!("k{i}"), "v".to_string()))
+        .collect();
+    let long_value: Metadata = [("k".to_string(), "v".repeat(1025))].into();
+    let empty_key: Metadata = [(String::new(), "v".to_string())].into();
+    let total: Metadata = (0..9)
+        .map(|i| (format!("k{i}"), "v".repeat(1000)))
+        .collect();
+    for bad in [too_many, long_value, empty_key, total] {
+        let err = secrets
+            .write("acme", "meta", b"x", PutMode::Create, Some(&bad))
+            .unwrap_err();
+        assert!(matches!(err, SecretError::BadMetadata { .. }), "{err}");
+    }
+}
+
+#[test]
+fn names_and_env_names() {
+    for good in ["OPENAI_API_KEY", "openai-api-key", "a.b", "_x", "x1"] {
+        validate_name(good).unwrap();
+    }
+    for bad in [
+        "",
+        "1x",
+        "-x",
+        "a b",
+        "a{b}",
+        "sec_0123",
+        "a/b",
+        &"x".repeat(129),
+    ] {
+        assert!(validate_name(bad).is_err(), "{bad:?}");
+    }
+    validate_env_name("OPENAI_API_KEY").unwrap();
+    for bad in ["openai-api-key", "a.b"] {
+        let err = validate_env_name(bad).unwrap_err();
+        assert!(err.to_string().contains("variable"), "{err}");
+    }
 }

@@ -9,8 +9,8 @@ use time::OffsetDateTime;
 
 use super::remote::RemoteStore;
 use super::{
-    KeyInfo, Principal, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Sqlite, StoreError,
-    TemplateRecord, VolumeRecord,
+    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Sqlite,
+    StoreError, TemplateRecord, VolumeRecord,
 };
 
 /// The store: the SQLite database of this process, or the state helper's.
@@ -95,6 +95,7 @@ delegate! {
     fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError>;
     fn clear_sandboxes(&self) -> Result<usize, StoreError>;
     fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError>;
+    fn write_secret(&self, r: &SealedRow, mode: PutMode) -> Result<bool, StoreError>;
     fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError>;
     fn secrets(&self, team: Option<&str>) -> Result<Vec<SealedRow>, StoreError>;
     fn delete_secret(&self, team: &str, name: &str) -> Result<bool, StoreError>;

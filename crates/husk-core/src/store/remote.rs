@@ -22,10 +22,10 @@ use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
 use super::{
-    KeyInfo, Principal, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Store, StoreError,
-    TemplateRecord, VolumeRecord,
+    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Store,
+    StoreError, TemplateRecord, VolumeRecord,
 };
-use crate::secrets::{SecretError, Secrets};
+use crate::secrets::{Metadata, SecretError, Secrets};
 
 /// Channels to the state helper: this many store calls are served at once.
 pub const CHANNELS: usize = 8;
@@ -88,7 +88,7 @@ pub enum StateRequest {
     },
     ListSandboxes,
     ClearSandboxes,
-    PutSecret(SealedRow),
+    PutSecret(SealedRow, PutMode),
     Secret {
         team: String,
         name: String,
@@ -138,6 +138,8 @@ pub enum StateRequest {
         team: String,
         name: String,
         value: Vec<u8>,
+        mode: PutMode,
+        metadata: Option<Metadata>,
     },
     /// `team`'s secret `name`, opened.
     OpenSecret {
@@ -191,6 +193,8 @@ pub enum WireStoreError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WireSecretError {
     NotFound(String),
+    Exists(String),
+    BadMetadata { name: String, reason: String },
     InvalidName(String),
     TooLarge { name: String, size: u64 },
     Nul(String),
@@ -237,6 +241,11 @@ impl From<&SecretError> for WireSecretError {
     fn from(e: &SecretError) -> WireSecretError {
         match e {
             SecretError::NotFound(n) => WireSecretError::NotFound(n.clone()),
+            SecretError::Exists(n) => WireSecretError::Exists(n.clone()),
+            SecretError::BadMetadata { name, reason } => WireSecretError::BadMetadata {
+                name: name.clone(),
+                reason: reason.clone(),
+            },
             SecretError::InvalidName(n) => WireSecretError::InvalidName(n.clone()),
             SecretError::TooLarge { name, size } => WireSecretError::TooLarge {
                 name: name.clone(),
@@ -258,6 +267,10 @@ impl From<WireSecretError> for SecretError {
     fn from(e: WireSecretError) -> SecretError {
         match e {
             WireSecretError::NotFound(n) => SecretError::NotFound(n),
+            WireSecretError::Exists(n) => SecretError::Exists(n),
+            WireSecretError::BadMetadata { name, reason } => {
+                SecretError::BadMetadata { name, reason }
+            }
             WireSecretError::InvalidName(n) => SecretError::InvalidName(n),
             WireSecretError::TooLarge { name, size } => SecretError::TooLarge {
                 name,
@@ -527,7 +540,11 @@ impl RemoteStore {
     }
 
     pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
-        ask!(self, StateRequest::PutSecret(r.clone()), StateReply::Unit => ())
+        self.write_secret(r, PutMode::Upsert).map(|_| ())
+    }
+
+    pub fn write_secret(&self, r: &SealedRow, mode: PutMode) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::PutSecret(r.clone(), mode), StateReply::Bool(b) => b)
     }
 
     pub fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError> {
@@ -625,11 +642,20 @@ impl RemoteStore {
     }
 
     /// Seals and stores `team`'s secret `name` (in the helper, which holds the key).
-    pub fn seal_secret(&self, team: &str, name: &str, value: &[u8]) -> Result<(), SecretError> {
+    pub fn seal_secret(
+        &self,
+        team: &str,
+        name: &str,
+        value: &[u8],
+        mode: PutMode,
+        metadata: Option<&Metadata>,
+    ) -> Result<(), SecretError> {
         let req = StateRequest::SealSecret {
             team: team.into(),
             name: name.into(),
             value: value.to_vec(),
+            mode,
+            metadata: metadata.cloned(),
         };
         match self.call(req)? {
             StateReply::Unit => Ok(()),
@@ -749,10 +775,9 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::DeleteSandbox { id } => R::Bool(store.delete_sandbox(&id)?),
             Q::ListSandboxes => R::Sandboxes(store.list_sandboxes()?),
             Q::ClearSandboxes => R::Count(store.clear_sandboxes()? as u64),
-            Q::PutSecret(row) => {
+            Q::PutSecret(row, mode) => {
                 super::validate_team(&row.team)?;
-                store.put_secret(&row)?;
-                R::Unit
+                R::Bool(store.write_secret(&row, mode)?)
             }
             Q::Secret { team, name } => R::Sealed(store.secret(&team, &name)?),
             Q::Secrets { team } => R::SealedRows(store.secrets(team.as_deref())?),
@@ -782,7 +807,13 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
                 Ok(t) => R::Token(t),
                 Err(e) => R::Secret((&e).into()),
             },
-            Q::SealSecret { team, name, value } => match secrets.set(&team, &name, &value) {
+            Q::SealSecret {
+                team,
+                name,
+                value,
+                mode,
+                metadata,
+            } => match secrets.write(&team, &name, &value, mode, metadata.as_ref()) {
                 Ok(()) => R::Unit,
                 Err(e) => R::Secret((&e).into()),
             },

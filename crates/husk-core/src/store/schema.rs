@@ -130,7 +130,14 @@ CREATE TABLE volumes (
 ) STRICT;
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+/// Version 7: what E2B's secret API keeps beside a value: its version (1 when made, one more
+/// at each new value) and the customer's metadata (a JSON object of strings).
+const V7: &str = "
+ALTER TABLE secrets ADD COLUMN version INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1);
+ALTER TABLE secrets ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,5 +1,7 @@
 //! Rows of the `secrets` table: sealed values only (see `crate::secrets` for the sealing).
 
+use std::collections::BTreeMap;
+
 use rusqlite::{params, OptionalExtension};
 use time::OffsetDateTime;
 
@@ -15,9 +17,27 @@ pub struct SealedRow {
     pub ciphertext: Vec<u8>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
+    /// 1 when made, one more with each new value (E2B's `currentVersion`). Ignored on writes.
+    pub version: u64,
+    /// The customer's metadata (E2B's secret API). On a write, `None` keeps what is stored
+    /// (nothing, for a new secret); rows read always have it.
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SealedRow, i64, i64)> {
+/// What a write of a secret may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PutMode {
+    /// Make it, or give it a new value.
+    Upsert,
+    /// Make it; one of that name already there is left alone (and the write says so).
+    Create,
+    /// Give it a new value; a missing one is not made (and the write says so).
+    Update,
+}
+
+type Parts = (SealedRow, i64, i64, i64, String);
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Parts> {
     Ok((
         SealedRow {
             team: r.get(0)?,
@@ -27,43 +47,98 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SealedRow, i64, i64)> {
             ciphertext: r.get(4)?,
             created_at: OffsetDateTime::UNIX_EPOCH,
             updated_at: OffsetDateTime::UNIX_EPOCH,
+            version: 1,
+            metadata: None,
         },
         r.get(5)?,
         r.get(6)?,
+        r.get(7)?,
+        r.get(8)?,
     ))
 }
 
-fn finish(parts: (SealedRow, i64, i64)) -> Result<SealedRow, StoreError> {
-    let (mut r, c, u) = parts;
+fn finish(parts: Parts) -> Result<SealedRow, StoreError> {
+    let (mut r, c, u, version, metadata) = parts;
     r.created_at = from_db_time(c)?;
     r.updated_at = from_db_time(u)?;
+    r.version = u64::try_from(version)
+        .map_err(|_| StoreError::Corrupt(format!("secret {} version", r.name)))?;
+    r.metadata = Some(
+        serde_json::from_str(&metadata)
+            .map_err(|e| StoreError::Corrupt(format!("secret {} metadata: {e}", r.name)))?,
+    );
     Ok(r)
 }
 
-const COLUMNS: &str = "team, name, key_id, nonce, ciphertext, created_at, updated_at";
+const COLUMNS: &str =
+    "team, name, key_id, nonce, ciphertext, created_at, updated_at, version, metadata";
+
+fn metadata_json(r: &SealedRow) -> Result<Option<String>, StoreError> {
+    r.metadata
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("secret {} metadata: {e}", r.name)))
+}
 
 impl Sqlite {
     /// Inserts or replaces a sealed secret (its creation time is kept on replace).
     pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
+        self.write_secret(r, PutMode::Upsert).map(|_| ())
+    }
+
+    /// Writes a sealed secret as `mode` says: a new value counts a new version, and the
+    /// metadata is replaced when the row carries some. Whether anything was written (a
+    /// `Create` of a name taken, an `Update` of a missing one: nothing).
+    pub fn write_secret(&self, r: &SealedRow, mode: PutMode) -> Result<bool, StoreError> {
         let created = to_db_time(r.created_at)?;
         let updated = to_db_time(r.updated_at)?;
-        self.conn().execute(
-            "INSERT INTO secrets (team, name, key_id, nonce, ciphertext, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT(team, name) DO UPDATE SET key_id = excluded.key_id,
-               nonce = excluded.nonce, ciphertext = excluded.ciphertext,
-               updated_at = excluded.updated_at",
-            params![
-                r.team,
-                r.name,
-                r.key_id,
-                r.nonce,
-                r.ciphertext,
-                created,
-                updated
-            ],
-        )?;
-        Ok(())
+        let metadata = metadata_json(r)?;
+        let conn = self.conn();
+        let n = match mode {
+            PutMode::Upsert | PutMode::Create => {
+                let on_conflict = if mode == PutMode::Upsert {
+                    "DO UPDATE SET key_id = excluded.key_id, nonce = excluded.nonce,
+                       ciphertext = excluded.ciphertext, updated_at = excluded.updated_at,
+                       version = secrets.version + 1, metadata = coalesce(?8, secrets.metadata)"
+                } else {
+                    "DO NOTHING"
+                };
+                conn.execute(
+                    &format!(
+                        "INSERT INTO secrets (team, name, key_id, nonce, ciphertext, created_at,
+                           updated_at, metadata)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, coalesce(?8, '{{}}'))
+                         ON CONFLICT(team, name) {on_conflict}"
+                    ),
+                    params![
+                        r.team,
+                        r.name,
+                        r.key_id,
+                        r.nonce,
+                        r.ciphertext,
+                        created,
+                        updated,
+                        metadata
+                    ],
+                )?
+            }
+            PutMode::Update => conn.execute(
+                "UPDATE secrets SET key_id = ?3, nonce = ?4, ciphertext = ?5, updated_at = ?6,
+                   version = version + 1, metadata = coalesce(?7, metadata)
+                 WHERE team = ?1 AND name = ?2",
+                params![
+                    r.team,
+                    r.name,
+                    r.key_id,
+                    r.nonce,
+                    r.ciphertext,
+                    updated,
+                    metadata
+                ],
+            )?,
+        };
+        Ok(n > 0)
     }
 
     /// One sealed secret of `team`.
