@@ -318,6 +318,25 @@ test('bash', PER_TEST, async (t) => {
   assert.equal(stdoutOf(await sbx.runCode('echo "[$HUSK_BASH]"', { context: ctx })), '[]\n')
 })
 
+test('R (IRkernel): values as results, env vars per call, errors, plots, contexts', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t, undefined, { envs: { TEST_ENV_VAR: 'supertest' } })
+  let r = await sbx.runCode('x <- 40 + 2\nx', { language: 'r' })
+  assert.equal(r.error, undefined)
+  assert.equal(r.results[0].text.trim(), '[1] 42')
+  r = await sbx.runCode("Sys.getenv('TEST_ENV_VAR')", { language: 'r' })
+  assert.equal(r.results[0].text.trim(), '[1] "supertest"')
+  r = await sbx.runCode("Sys.getenv('FOO')", { language: 'r', envs: { FOO: 'bar' } })
+  assert.equal(r.results[0].text.trim(), '[1] "bar"')
+  r = await sbx.runCode("Sys.getenv('FOO', unset = 'default')", { language: 'r' })
+  assert.equal(r.results[0].text.trim(), '[1] "default"')
+  r = await sbx.runCode('stop("boom")', { language: 'r' })
+  assert.match(r.error?.value ?? '', /boom/)
+  r = await sbx.runCode('plot(1:10)', { language: 'r' })
+  assert.ok(r.results.some((res) => res.png), JSON.stringify(r.results))
+  const ctx = await sbx.createCodeContext({ language: 'r' })
+  assert.equal((await sbx.runCode('exists("x")', { context: ctx })).results[0].text.trim(), '[1] FALSE')
+})
+
 test('killing the sandbox during runCode rejects with the SDK\'s "killed" TimeoutError', PER_TEST, async (t) => {
   // E2B: the /execute stream breaks off, the SDK finds the sandbox gone.
   const sbx = await ciSandbox(t)

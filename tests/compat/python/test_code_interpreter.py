@@ -508,3 +508,40 @@ def test_bash(ci_sandbox_factory):
     assert stdout_of(sbx.run_code("echo \"[$HUSK_BASH]\"", context=ctx)) == "[]\n"
     # Python is unaffected.
     assert sbx.run_code("'py'").text == "py"
+
+
+def test_r(ci_sandbox_factory):
+    """`language="r"`: IRkernel from Debian, with the context's state, env vars, cwd, errors
+    and plots as results. IRkernel shows a value as display data, so (as in E2B's own tests)
+    it is `results[0]`, not the main result's `text`."""
+    sbx = ci_sandbox_factory(envs={"TEST_ENV_VAR": "supertest"})
+    r = sbx.run_code("x <- 40 + 2\nx", language="r")
+    assert r.error is None, r.error
+    assert r.results[0].text.strip() == "[1] 42", r
+    # E2B's R env-var tests: the sandbox's, a call's own, overridden by a call.
+    r = sbx.run_code("Sys.getenv('TEST_ENV_VAR')", language="r")
+    assert r.results[0].text.strip() == '[1] "supertest"', r
+    r = sbx.run_code("Sys.getenv('FOO')", envs={"FOO": "bar"}, language="r")
+    assert r.results[0].text.strip() == '[1] "bar"', r
+    r = sbx.run_code("Sys.getenv('FOO', unset = 'default')", language="r")
+    assert r.results[0].text.strip() == '[1] "default"', r
+    r = sbx.run_code("Sys.getenv('TEST_ENV_VAR')", envs={"TEST_ENV_VAR": "overwrite"}, language="r")
+    assert r.results[0].text.strip() == '[1] "overwrite"', r
+    # State kept per context; printing is stdout; the default cwd and user.
+    r = sbx.run_code('print(paste("x is", x))', language="r")
+    assert stdout_of(r) == '[1] "x is 42"\n', r
+    r = sbx.run_code('cat(getwd(), Sys.info()[["user"]], "\\n")', language="r")
+    assert stdout_of(r) == "/home/user user \n", r
+    # An error names itself and leaves the context usable.
+    r = sbx.run_code('stop("boom")', language="r")
+    assert r.error is not None and "boom" in r.error.value, r
+    assert sbx.run_code("x * 2", language="r").results[0].text.strip() == "[1] 84"
+    # A plot is a PNG result.
+    r = sbx.run_code("plot(1:10)", language="r")
+    assert r.error is None, r.error
+    assert any(res.png for res in r.results), r.results
+    # A context of its own, with its own state.
+    ctx = sbx.create_code_context(language="r")
+    assert ctx.language == "r"
+    r = sbx.run_code('exists("x")', context=ctx)
+    assert r.results[0].text.strip() == "[1] FALSE", r

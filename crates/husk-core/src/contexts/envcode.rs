@@ -100,7 +100,7 @@ pub fn for_language(language: &str, vars: &[(String, String)]) -> Option<EnvCode
                 .collect();
             Some(EnvCode {
                 set: format!(
-                    ".husk_env_saved <- Sys.getenv(c({}), unset = NA)\nSys.setenv({})",
+                    ".husk_env_saved <- Sys.getenv(c({}), unset = NA, names = TRUE)\nSys.setenv({})",
                     names.join(", "),
                     sets.join(", ")
                 ),
@@ -160,5 +160,14 @@ mod tests {
         assert_eq!(for_language("cobol", &[("A".into(), "b".into())]), None);
         assert!(for_language("javascript", &[("A".into(), "b".into())]).is_some());
         assert!(for_language("r", &[("A".into(), "b".into())]).is_some());
+    }
+
+    #[test]
+    fn r_saves_by_name_even_for_one_variable() {
+        // Sys.getenv of one name returns an unnamed value unless asked for names, and the
+        // restore loops over the names: without them a call's variable would stay set.
+        let c = for_language("r", &[("FOO".into(), "b".into())]).unwrap();
+        assert!(c.set.contains("names = TRUE"), "{}", c.set);
+        assert!(c.restore.contains("Sys.unsetenv"), "{}", c.restore);
     }
 }
