@@ -141,7 +141,7 @@ pub struct Contexts {
     table: Mutex<Table>,
     /// Creating a default context is serialised, so two first calls do not start two.
     default_lock: tokio::sync::Mutex<()>,
-    next_kernel: std::sync::atomic::AtomicU32,
+    next_kernel: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// The language names clients use, normalised: E2B's SDKs send `python`, `js`/`javascript`,
@@ -150,7 +150,7 @@ pub fn normalize_language(lang: &str) -> String {
     let l = shown(lang.trim()).to_ascii_lowercase();
     match l.as_str() {
         "py" | "python3" | "ipython" => "python".into(),
-        "js" | "ts" | "typescript" | "node" | "nodejs" => "javascript".into(),
+        "js" | "ts" | "typescript" | "node" | "nodejs" | "deno" => "javascript".into(),
         "sh" | "shell" => "bash".into(),
         _ => l,
     }
@@ -193,7 +193,7 @@ impl Contexts {
             specs: tokio::sync::OnceCell::new(),
             table: Mutex::new(Table::default()),
             default_lock: tokio::sync::Mutex::new(()),
-            next_kernel: std::sync::atomic::AtomicU32::new(1),
+            next_kernel: Arc::new(std::sync::atomic::AtomicU32::new(1)),
         }
     }
 
@@ -263,21 +263,23 @@ impl Contexts {
         env: &KernelEnv,
         envs: &[(String, String)],
     ) -> Result<Arc<Kernel>, ContextError> {
-        let id = self
-            .next_kernel
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let start = KernelStart {
-            kernel: id,
-            spec: spec.to_owned(),
-            cwd: Some(cwd.to_owned()),
-            user: env.user,
-            envs: envs.to_vec(),
-            secret_envs: env.secret_envs.clone(),
-        };
-        let stream = self.agent.kernel_start(start).await?;
-        let kernel = Kernel::spawn(id, self.agent.clone(), stream);
-        kernel.wait_ready(START_TIMEOUT).await?;
-        Ok(kernel)
+        start_kernel(&self.agent, &self.next_kernel, spec, cwd, env, envs).await
+    }
+
+    /// What starts a fresh kernel for `ctx` in its place when its kernel was killed for not
+    /// stopping when interrupted (see `exec`): the same spec, cwd and environment.
+    fn restarter(&self, ctx: &Context) -> exec::Restart {
+        let agent = self.agent.clone();
+        let next = self.next_kernel.clone();
+        let (spec, cwd, env, envs) = (
+            ctx.spec.clone(),
+            ctx.cwd.clone(),
+            ctx.env.clone(),
+            ctx.envs.clone(),
+        );
+        Box::new(move || {
+            Box::pin(async move { start_kernel(&agent, &next, &spec, &cwd, &env, &envs).await })
+        })
     }
 
     /// Creates a context and waits for its kernel. `language` defaults to Python; `cwd` to
@@ -466,8 +468,33 @@ impl Contexts {
                  {MAX_CODE_BYTES}: put large inputs in a file"
             )));
         }
-        Ok(exec::start(ctx, code, envcode))
+        let restart = self.restarter(&ctx);
+        Ok(exec::start(ctx, code, envcode, restart))
     }
+}
+
+/// Starts kernel `spec` for a context and waits until it is ready.
+async fn start_kernel(
+    agent: &AgentClient,
+    next_kernel: &std::sync::atomic::AtomicU32,
+    spec: &str,
+    cwd: &str,
+    env: &KernelEnv,
+    envs: &[(String, String)],
+) -> Result<Arc<Kernel>, ContextError> {
+    let id = next_kernel.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = KernelStart {
+        kernel: id,
+        spec: spec.to_owned(),
+        cwd: Some(cwd.to_owned()),
+        user: env.user,
+        envs: envs.to_vec(),
+        secret_envs: env.secret_envs.clone(),
+    };
+    let stream = agent.kernel_start(start).await?;
+    let kernel = Kernel::spawn(id, agent.clone(), stream);
+    kernel.wait_ready(START_TIMEOUT).await?;
+    Ok(kernel)
 }
 
 #[cfg(test)]

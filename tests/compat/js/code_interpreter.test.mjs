@@ -337,6 +337,25 @@ test('R (IRkernel): values as results, env vars per call, errors, plots, context
   assert.equal((await sbx.runCode('exists("x")', { context: ctx })).results[0].text.trim(), '[1] FALSE')
 })
 
+test('JavaScript and TypeScript (Deno): results, top-level await, state, cwd, ESM imports', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t)
+  let r = await sbx.runCode("console.log('Hello, World!')", { language: 'js' })
+  assert.deepEqual(r.logs.stdout, ['Hello, World!\n'])
+  r = await sbx.runCode("async function main() { return 'Hello, World!' }\nawait main()", { language: 'js' })
+  assert.equal(r.results[0].text, 'Hello, World!')
+  await sbx.runCode('const x = 1', { language: 'javascript' })
+  assert.equal((await sbx.runCode('x + 2', { language: 'js' })).results[0].text, '3')
+  r = await sbx.runCode('function sub(a: number, b: number): number { return a - b }\nsub(1, 2)', { language: 'ts' })
+  assert.equal(r.results[0].text, '-1')
+  r = await sbx.runCode("import { join } from 'node:path'\njoin('a', 'b')", { language: 'typescript' })
+  assert.equal(r.results[0].text, 'a/b')
+  assert.equal((await sbx.runCode('process.cwd()', { language: 'js' })).results[0].text, '/home/user')
+  const ctx = await sbx.createCodeContext({ cwd: '/tmp', language: 'js' })
+  assert.equal((await sbx.runCode('process.cwd()', { context: ctx })).results[0].text, '/tmp')
+  r = await sbx.runCode("throw new Error('boom')", { language: 'js' })
+  assert.match(r.error?.value ?? '', /boom/)
+})
+
 test('killing the sandbox during runCode rejects with the SDK\'s "killed" TimeoutError', PER_TEST, async (t) => {
   // E2B: the /execute stream breaks off, the SDK finds the sandbox gone.
   const sbx = await ciSandbox(t)

@@ -545,3 +545,45 @@ def test_r(ci_sandbox_factory):
     assert ctx.language == "r"
     r = sbx.run_code('exists("x")', context=ctx)
     assert r.results[0].text.strip() == "[1] FALSE", r
+
+
+def test_javascript_and_typescript(ci_sandbox_factory):
+    """E2B's JavaScript tests (`language="js"`, `"ts"`, `"deno"`): Deno's kernel."""
+    sbx = ci_sandbox_factory()
+    r = sbx.run_code("console.log('Hello, World!')", language="js")
+    assert r.logs.stdout == ["Hello, World!\n"], r
+    r = sbx.run_code("async function main() {\n  return 'Hello, World!'\n}\n\nawait main()", language="js")
+    assert r.results[0].text == "Hello, World!", r
+    r = sbx.run_code("const add = (x, y) => x + y;\nadd(1, 2);", language="js")
+    assert r.results[0].text == "3", r
+    sbx.run_code("const x = 1", language="js")
+    assert sbx.run_code("x", language="js").results[0].text == "1"
+    assert sbx.run_code("process.cwd()", language="js").results[0].text == "/home/user"
+    r = sbx.run_code("function subtract(x: number, y: number): number {\n  return x - y;\n}\n\nsubtract(1, 2);", language="ts")
+    assert r.results[0].text == "-1", r
+    r = sbx.run_code("import { join } from 'node:path'\njoin('a', 'b')", language="deno")
+    assert r.results[0].text == "a/b", r
+    ctx = sbx.create_code_context("/home", language="js")
+    assert sbx.run_code("process.cwd()", context=ctx).results[0].text == "/home"
+
+
+def test_javascript_interrupts_and_a_kernel_that_ignores_them(ci_sandbox_factory):
+    """A timed-out JavaScript cell is interrupted (Deno takes an `interrupt_request`, not
+    SIGINT) and the context keeps its state; one that an interrupt cannot end (Deno waiting on
+    a timer) gets its kernel killed after husk's grace, and the next call runs on a fresh
+    kernel, saying on stderr that the state is gone."""
+    sbx = ci_sandbox_factory()
+    sbx.run_code("let kept = 41", language="js")
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while (true) {}", language="js", timeout=3)
+    r = sbx.run_code("kept + 1", language="js", timeout=30)
+    assert r.error is None and r.results[0].text == "42", r
+    with pytest.raises(TimeoutException):
+        sbx.run_code("await new Promise(r => setTimeout(r, 600000)); 'late'", language="js", timeout=3)
+    r = sbx.run_code("typeof kept", language="js", timeout=60)
+    assert r.error is None and r.results[0].text == "undefined", r
+    assert r.logs.stderr == [
+        "husk: this context's kernel did not stop when an earlier execution was interrupted, "
+        "so it was restarted: the context's variables are gone\n"
+    ], r
+    assert sbx.run_code("1 + 2", language="js").results[0].text == "3"

@@ -94,6 +94,8 @@ enum Cause {
 struct Kernel {
     pid: u32,
     interrupt_mode: InterruptMode,
+    /// The spec's settle time, given to the client ([`spec::Spec::settle`]).
+    settle: Duration,
     info: ConnectionInfo,
     /// The connection file, until the kernel is ready or gone.
     conn_file: Option<PathBuf>,
@@ -222,7 +224,8 @@ impl Kernel {
         match self.phase {
             Phase::Connecting { next_try } if !dying && now >= next_try => {
                 match KernelClient::connect(&self.info) {
-                    Ok(client) => {
+                    Ok(mut client) => {
+                        client.set_settle(self.settle);
                         self.client = Some(client);
                         self.phase = Phase::Starting {
                             next_info: now + KERNEL_INFO_RETRY,
@@ -260,6 +263,9 @@ impl Kernel {
             self.kill_at = None;
             self.kill();
         }
+        if let Some(client) = &mut self.client {
+            client.tick(now);
+        }
     }
 
     /// The next time [`Self::tick`] has something to do.
@@ -271,7 +277,8 @@ impl Kernel {
             Phase::Starting { next_info } => Some(next_info.min(self.ready_by)),
             Phase::Ready => None,
         };
-        [phase, self.kill_at].into_iter().flatten().min()
+        let settle = self.client.as_ref().and_then(KernelClient::deadline);
+        [phase, self.kill_at, settle].into_iter().flatten().min()
     }
 
     /// The `Dead` message of a kernel whose process ended with `status`.
@@ -396,6 +403,7 @@ impl Kernels {
             Kernel {
                 pid,
                 interrupt_mode: spec.interrupt_mode,
+                settle: spec.settle,
                 info,
                 conn_file: Some(path),
                 client: None,

@@ -46,7 +46,14 @@ pub struct Spec {
     pub language: String,
     pub env: Vec<(String, String)>,
     pub interrupt_mode: InterruptMode,
+    /// How long an execution without a result waits after its reply and idle, for a kernel
+    /// that publishes results after its idle status (`metadata.husk_settle_ms`, at most
+    /// [`MAX_SETTLE_MS`]; see `husk_jupyter::client::KernelClient::set_settle`).
+    pub settle: std::time::Duration,
 }
+
+/// Longest settle time a spec may ask for.
+pub const MAX_SETTLE_MS: u64 = 1000;
 
 /// Why one `kernel.json` was skipped.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +107,8 @@ pub fn parse(name: &str, dir: &Path, json: &[u8]) -> Result<Spec, SpecError> {
         env: BTreeMap<String, String>,
         #[serde(default)]
         interrupt_mode: Option<String>,
+        #[serde(default)]
+        metadata: Option<serde_json::Value>,
     }
     let raw: Raw = serde_json::from_slice(json)?;
     if !raw.argv.iter().any(|a| a.contains("{connection_file}")) {
@@ -110,6 +119,13 @@ pub fn parse(name: &str, dir: &Path, json: &[u8]) -> Result<Spec, SpecError> {
         Some("message") => InterruptMode::Message,
         Some(other) => return Err(SpecError::InterruptMode(truncate(other, 64))),
     };
+    let settle_ms = raw
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get("husk_settle_ms"))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
+        .min(MAX_SETTLE_MS);
     Ok(Spec {
         name: name.to_owned(),
         dir: dir.to_owned(),
@@ -118,6 +134,7 @@ pub fn parse(name: &str, dir: &Path, json: &[u8]) -> Result<Spec, SpecError> {
         language: truncate(&raw.language, MAX_LABEL).to_lowercase(),
         env: raw.env.into_iter().collect(),
         interrupt_mode,
+        settle: std::time::Duration::from_millis(settle_ms),
     })
 }
 
@@ -281,8 +298,25 @@ mod tests {
             "interrupt_mode": "message"}"#;
         let s = parse("k", Path::new("/d/k"), json).unwrap();
         assert_eq!(s.interrupt_mode, InterruptMode::Message);
+        assert_eq!(s.settle, std::time::Duration::ZERO);
         assert_eq!(s.env, [("A".into(), "1".into()), ("B".into(), "2".into())]);
         assert_eq!(s.argv_for("/c"), ["k", "--f=/c", "/d/k/x"]);
+    }
+
+    #[test]
+    fn a_settle_time_is_read_from_the_metadata_and_bounded() {
+        let settled = br#"{"argv": ["k", "{connection_file}"], "display_name": "d",
+            "metadata": {"husk_settle_ms": 50}}"#;
+        let s = parse("d", Path::new("/k/d"), settled).unwrap();
+        assert_eq!(s.settle, std::time::Duration::from_millis(50));
+        let greedy = br#"{"argv": ["k", "{connection_file}"], "display_name": "d",
+            "metadata": {"husk_settle_ms": 3600000}}"#;
+        let s = parse("d", Path::new("/k/d"), greedy).unwrap();
+        assert_eq!(s.settle, std::time::Duration::from_millis(MAX_SETTLE_MS));
+        let odd = br#"{"argv": ["k", "{connection_file}"], "display_name": "d",
+            "metadata": {"husk_settle_ms": "soon"}}"#;
+        let s = parse("d", Path::new("/k/d"), odd).unwrap();
+        assert_eq!(s.settle, std::time::Duration::ZERO);
     }
 
     #[test]

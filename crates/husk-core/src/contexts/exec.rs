@@ -17,7 +17,7 @@ use crate::secrets::redact::Redactor;
 
 use super::envcode::EnvCode;
 use super::kernel::{Kernel, KernelOut, State};
-use super::Context;
+use super::{Context, ContextError};
 
 /// Bytes of result values (all MIME types of one result) assembled before the rest of that
 /// result is dropped: a kernel's display data is hostile.
@@ -64,11 +64,49 @@ pub enum ExecOut {
 
 /// Starts the execution task; its events come on the returned channel, with the secrets of
 /// the kernel's environment masked in them.
-pub fn start(ctx: Arc<Context>, code: String, env: Option<EnvCode>) -> mpsc::Receiver<ExecOut> {
+pub fn start(
+    ctx: Arc<Context>,
+    code: String,
+    env: Option<EnvCode>,
+    restart: Restart,
+) -> mpsc::Receiver<ExecOut> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let _one = ctx.exec_lock.clone().lock_owned().await;
-        let kernel = ctx.kernel();
+        let mut kernel = ctx.kernel();
+        if kernel.was_unresponsive() {
+            // Killed by an earlier execution that its client left and that an interrupt did
+            // not end (Deno's kernel, waiting on a timer, ignores one): a fresh kernel, and
+            // the caller is told that the context's state is gone.
+            match restart().await {
+                Ok(fresh) => {
+                    *ctx.kernel.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+                    kernel = fresh;
+                    let _ = tx
+                        .send(ExecOut::Stderr {
+                            text: RESTARTED_NOTICE.to_string(),
+                            date: time::OffsetDateTime::now_utc()
+                                .format(&time::format_description::well_known::Rfc3339)
+                                .unwrap_or_default(),
+                        })
+                        .await;
+                }
+                Err(e) => {
+                    let _ = tx
+                        .send(ExecOut::Error {
+                            name: "KernelDied".into(),
+                            value: format!(
+                                "the context's kernel did not stop when interrupted and could \
+                                 not be started again: {e}; restart the context"
+                            ),
+                            traceback: Vec::new(),
+                        })
+                        .await;
+                    let _ = tx.send(ExecOut::End).await;
+                    return;
+                }
+            }
+        }
         let mut mask = Mask::new(ctx.env.redact.clone());
         if run(&kernel, &code, env.as_ref(), &tx, &mut mask).await {
             let _ = tx.send(ExecOut::End).await;
@@ -299,6 +337,22 @@ fn died(kernel: &Kernel, why: String) -> Failed {
     }
 }
 
+/// Starts a fresh kernel for a context whose kernel was killed as unresponsive.
+pub type Restart = Box<
+    dyn FnOnce() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Arc<Kernel>, ContextError>> + Send>,
+        > + Send,
+>;
+
+/// What the execution after such a restart first says on stderr.
+pub const RESTARTED_NOTICE: &str = "husk: this context's kernel did not stop when an earlier \
+    execution was interrupted, so it was restarted: the context's variables are gone\n";
+
+/// How long an interrupted execution may take to end before its kernel is killed (and the
+/// context gets a fresh one at its next execution): a kernel that ignores interrupts must not
+/// hold its context busy forever.
+pub const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How often a kernel whose client went away is interrupted again until its execution ends.
 /// A kernel ignores an interrupt that arrives outside the running code (ipykernel sets SIGINT
 /// to `SIG_IGN` while idle and installs its handler only around a request's handler), so one
@@ -340,6 +394,8 @@ async fn one(
     let mut listening = tx.is_some();
     // When the kernel is interrupted (next), once the client has gone.
     let mut interrupt_at: Option<tokio::time::Instant> = None;
+    let mut first_interrupt: Option<tokio::time::Instant> = None;
+    let mut killed = false;
     let mut result = Assembler::default();
     let outcome = loop {
         let msg = if listening {
@@ -354,11 +410,17 @@ async fn one(
         } else {
             let now = tokio::time::Instant::now();
             let due = *interrupt_at.get_or_insert(now);
-            let next = if due <= now {
+            let since = *first_interrupt.get_or_insert(now);
+            let next = if now.duration_since(since) >= INTERRUPT_GRACE && !killed {
+                // Interrupts did not end it: the kernel goes (its death ends this loop).
+                killed = true;
+                kernel.kill_unresponsive().await;
+                now + REINTERRUPT
+            } else if due <= now && !killed {
                 kernel.interrupt().await;
                 now + REINTERRUPT
             } else {
-                due
+                due.max(now + REINTERRUPT)
             };
             interrupt_at = Some(next);
             match tokio::time::timeout_at(next, rx.recv()).await {

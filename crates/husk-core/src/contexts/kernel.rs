@@ -37,6 +37,8 @@ pub struct Kernel {
     agent: AgentClient,
     state: watch::Receiver<State>,
     current: Route,
+    /// Killed because an interrupted execution did not end ([`Kernel::kill_unresponsive`]).
+    unresponsive: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -81,6 +83,7 @@ impl Kernel {
             agent,
             state,
             current,
+            unresponsive: Default::default(),
         })
     }
 
@@ -143,6 +146,20 @@ impl Kernel {
             .agent
             .call(Request::KernelInterrupt { kernel: self.id })
             .await;
+    }
+
+    /// Kills a kernel that did not end an interrupted execution: the context gets a fresh
+    /// kernel at its next execution ([`Kernel::was_unresponsive`]).
+    pub async fn kill_unresponsive(&self) {
+        self.unresponsive
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop().await;
+    }
+
+    /// Whether the kernel was killed for not ending an interrupted execution.
+    pub fn was_unresponsive(&self) -> bool {
+        self.unresponsive.load(std::sync::atomic::Ordering::Relaxed)
+            && matches!(self.state(), State::Dead(_))
     }
 
     /// Kills the kernel (idempotent; a dead kernel's id is unknown to the agent).
