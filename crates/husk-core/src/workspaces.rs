@@ -390,8 +390,9 @@ impl LocalWorkspaces {
         self.info(team, name)
     }
 
-    /// The team's workspaces, by name.
-    pub fn list(&self, team: &str) -> Result<Vec<WorkspaceInfo>, WorkspaceError> {
+    /// The names of the team's workspaces, sorted: what [`Self::list`] describes, without
+    /// walking any of them.
+    pub fn names(&self, team: &str) -> Result<Vec<String>, WorkspaceError> {
         let Some(team_dir) = self.team_dir(team, false)? else {
             return Ok(Vec::new());
         };
@@ -404,6 +405,12 @@ impl LocalWorkspaces {
             .filter(|n| validate_name(n).is_ok())
             .collect();
         names.sort();
+        Ok(names)
+    }
+
+    /// The team's workspaces, by name.
+    pub fn list(&self, team: &str) -> Result<Vec<WorkspaceInfo>, WorkspaceError> {
+        let names = self.names(team)?;
         let mut out = Vec::with_capacity(names.len());
         for name in names {
             match self.info(team, &name) {

@@ -65,6 +65,8 @@ fn tokens_open_their_own_volume_only() {
         (&a.record.id, ""),
         (&a.record.id, &a.token[..a.token.len() - 1]),
         (&"vol_doesnotexist0000000".to_string(), a.token.as_str()),
+        // Too long to be an id: refused without asking the state helper.
+        (&"v".repeat(MAX_ID_LEN + 1), a.token.as_str()),
     ] {
         let e = v.authorize(id, token).unwrap_err();
         assert!(matches!(e, VolumeError::BadToken), "{id} {token}: {e:?}");

@@ -111,6 +111,7 @@ impl Workspaces {
         quota_error(team: &str) -> Option<WorkspaceError>;
         create(team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError>;
         list(team: &str) -> Result<Vec<WorkspaceInfo>, WorkspaceError>;
+        names(team: &str) -> Result<Vec<String>, WorkspaceError>;
         info(team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError>;
         delete(team: &str, name: &str) -> Result<(), WorkspaceError>;
         dir(team: &str, name: &str) -> Result<PathBuf, WorkspaceError>;

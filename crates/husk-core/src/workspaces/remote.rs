@@ -55,6 +55,9 @@ pub enum FilesRequest {
     List {
         team: String,
     },
+    Names {
+        team: String,
+    },
     Info {
         team: String,
         name: String,
@@ -144,6 +147,7 @@ pub enum FilesReply {
     QuotaError(Option<WireWorkspaceError>),
     Info(WorkspaceInfo),
     Infos(Vec<WorkspaceInfo>),
+    Names(Vec<String>),
     Dir(PathBuf),
     Listing(Listing),
     Entry(Entry),
@@ -554,6 +558,13 @@ impl RemoteWorkspaces {
         }
     }
 
+    pub fn names(&self, team: &str) -> Result<Vec<String>, WorkspaceError> {
+        match self.call(FilesRequest::Names { team: team.into() })?.0 {
+            FilesReply::Names(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub fn info(&self, team: &str, name: &str) -> Result<WorkspaceInfo, WorkspaceError> {
         let req = FilesRequest::Info {
             team: team.into(),
@@ -937,6 +948,7 @@ fn handle(
         ),
         Q::Create { team, name } => reply(ws.create(&team, &name).map(R::Info)),
         Q::List { team } => reply(ws.list(&team).map(R::Infos)),
+        Q::Names { team } => reply(ws.names(&team).map(R::Names)),
         Q::Info { team, name } => reply(ws.info(&team, &name).map(R::Info)),
         Q::Delete { team, name } => reply(ws.delete(&team, &name).map(|()| R::Unit)),
         Q::Dir { team, name } => reply(ws.dir(&team, &name).map(R::Dir)),
@@ -1215,6 +1227,8 @@ mod tests {
         let ws = &p.ws;
         let info = ws.create("acme", "data").unwrap();
         assert_eq!((info.name.as_str(), info.files), ("data", 0));
+        assert_eq!(ws.names("acme").unwrap(), ["data"]);
+        assert!(ws.names("other-team").unwrap().is_empty());
         // Errors keep their type (and their text) across.
         let e = ws.create("acme", "data").unwrap_err();
         assert!(matches!(e, WorkspaceError::AlreadyExists(_)), "{e}");
