@@ -18,19 +18,18 @@
 // Handlers return the finished error `Response` as their `Err` (as in `rest`).
 #![allow(clippy::result_large_err)]
 
-use std::io::{self, Read};
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use husk_core::store::VolumeRecord;
 use husk_core::volumes::{Volume, VolumeError, Volumes};
-use husk_core::workspaces::{Attrs, Entry, EntryKind, WorkspaceError, WriteOptions};
+use husk_core::workspaces::{Attrs, Entry, EntryKind, WorkspaceError, Workspaces, WriteOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -38,7 +37,7 @@ use crate::body::read_all;
 use crate::error::answer;
 use crate::rest::{error, rfc3339, Who};
 use crate::upload::drain;
-use crate::workspaces::{blocking, permit, streamed, with_body};
+use crate::workspaces::{blocking, file_download, permit, query, with_body};
 use crate::AppState;
 
 type Answer = Result<Response, Response>;
@@ -201,11 +200,6 @@ fn entry_json(e: &Entry) -> Value {
     v
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Response> {
-    q.map(|Query(q)| q)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("bad query: {e}")))
-}
-
 #[derive(Deserialize)]
 struct PathQuery {
     path: String,
@@ -243,6 +237,18 @@ struct AttrsBody {
     mode: Option<u32>,
 }
 
+/// Runs `call` on the workspace of volume `vol` on a thread that holds a slot of its team's
+/// transfers (every content call reaches the files helper).
+async fn on_volume<T: Send + 'static>(
+    state: &AppState,
+    volumes: Arc<Volumes>,
+    vol: VolumeRecord,
+    call: impl FnOnce(&Workspaces, &str, &str) -> Result<T, WorkspaceError> + Send + 'static,
+) -> Result<T, Response> {
+    let p = permit(state, &vol.team)?;
+    blocking(p, move || call(volumes.workspaces(), &vol.team, &vol.name)).await
+}
+
 async fn stat(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -252,10 +258,8 @@ async fn stat(
     let volumes = service(&state)?;
     let vol = authorize(&volumes, &id, &headers).await?;
     let q = query(q)?;
-    let p = permit(&state, &vol.team)?;
-    let ws = volumes.clone();
-    let entry = blocking(p, move || {
-        ws.workspaces().stat(&vol.team, &vol.name, rel(&q.path))
+    let entry = on_volume(&state, volumes, vol, move |ws, team, name| {
+        ws.stat(team, name, rel(&q.path))
     })
     .await?;
     Ok(axum::Json(entry_json(&entry)).into_response())
@@ -271,20 +275,18 @@ async fn list_dir(
     let vol = authorize(&volumes, &id, &headers).await?;
     let q = query(q)?;
     let depth = q.depth.unwrap_or(1).clamp(1, MAX_LIST_DEPTH);
-    let p = permit(&state, &vol.team)?;
-    let listing = blocking(p, move || {
-        let ws = volumes.workspaces();
+    let listing = on_volume(&state, volumes, vol, move |ws, team, name| {
         let path = rel(&q.path);
         // A listing of a file is the file itself in husk's API; here it is "not a directory".
-        let at = ws.stat(&vol.team, &vol.name, path)?;
+        let at = ws.stat(team, name, path)?;
         if at.kind != EntryKind::Dir {
             return Err(WorkspaceError::NotADirectory {
-                place: format!("volume '{}'", vol.name),
+                place: format!("volume '{name}'"),
                 path: q.path.clone(),
                 kind: at.kind.as_str(),
             });
         }
-        ws.entries(&vol.team, &vol.name, path, depth)
+        ws.entries(team, name, path, depth)
     })
     .await?;
     let items: Vec<Value> = listing.entries.iter().map(entry_json).collect();
@@ -300,15 +302,9 @@ async fn make_dir(
     let volumes = service(&state)?;
     let vol = authorize(&volumes, &id, &headers).await?;
     let q = query(q)?;
-    let p = permit(&state, &vol.team)?;
-    let entry = blocking(p, move || {
-        volumes.workspaces().make_dir(
-            &vol.team,
-            &vol.name,
-            rel(&q.path),
-            q.force.unwrap_or(false),
-            &q.attrs(),
-        )
+    let entry = on_volume(&state, volumes, vol, move |ws, team, name| {
+        let parents = q.force.unwrap_or(false);
+        ws.make_dir(team, name, rel(&q.path), parents, &q.attrs())
     })
     .await?;
     Ok((StatusCode::CREATED, axum::Json(entry_json(&entry))).into_response())
@@ -342,11 +338,8 @@ async fn set_attrs(
         gid: body.gid,
         mode: body.mode,
     };
-    let p = permit(&state, &vol.team)?;
-    let entry = blocking(p, move || {
-        volumes
-            .workspaces()
-            .set_attrs(&vol.team, &vol.name, rel(&q.path), &attrs)
+    let entry = on_volume(&state, volumes, vol, move |ws, team, name| {
+        ws.set_attrs(team, name, rel(&q.path), &attrs)
     })
     .await?;
     Ok(axum::Json(entry_json(&entry)).into_response())
@@ -361,11 +354,8 @@ async fn remove(
     let volumes = service(&state)?;
     let vol = authorize(&volumes, &id, &headers).await?;
     let q = query(q)?;
-    let p = permit(&state, &vol.team)?;
-    blocking(p, move || {
-        volumes
-            .workspaces()
-            .remove(&vol.team, &vol.name, rel(&q.path))
+    on_volume(&state, volumes, vol, move |ws, team, name| {
+        ws.remove(team, name, rel(&q.path))
     })
     .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -381,34 +371,12 @@ async fn read_file(
     let vol = authorize(&volumes, &id, &headers).await?;
     let q = query(q)?;
     let p = permit(&state, &vol.team)?;
-    let (size, body) = streamed(
-        &state,
-        p,
-        move || {
-            let file = volumes
-                .workspaces()
-                .read_file(&vol.team, &vol.name, rel(&q.path))?;
-            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-            Ok((size, (file, size)))
-        },
-        // Exactly `size` bytes, as a workspace download.
-        |(file, size), out| {
-            let copied = io::copy(&mut file.take(size), out)?;
-            if copied < size {
-                return Err(io::Error::other("the file shrank while being read"));
-            }
-            Ok(())
-        },
-    )
-    .await?;
-    let mut resp = body.into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-    Ok(resp)
+    file_download(&state, p, move || {
+        volumes
+            .workspaces()
+            .read_file(&vol.team, &vol.name, rel(&q.path))
+    })
+    .await
 }
 
 async fn write_file(

@@ -217,7 +217,7 @@ struct FilesQuery {
     depth: Option<usize>,
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Response> {
+pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Response> {
     q.map(|Query(q)| q)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("bad query: {e}")))
 }
@@ -246,16 +246,26 @@ async fn download(
 ) -> Answer {
     let ws = service(&state)?;
     let p = permit(&state, &who.team)?;
+    file_download(&state, p, move || ws.read_file(&who.team, &name, &path)).await
+}
+
+/// A download of the regular file `open` opens (on a thread that holds `permit`), streamed
+/// as `application/octet-stream` with its length: exactly that many bytes (more that the file
+/// grew meanwhile are not sent; a file that shrank ends the body with an error rather than a
+/// short, seemingly complete download).
+pub(crate) async fn file_download(
+    state: &AppState,
+    permit: Permit,
+    open: impl FnOnce() -> Result<std::fs::File, WorkspaceError> + Send + 'static,
+) -> Answer {
     let (size, body) = streamed(
-        &state,
-        p,
+        state,
+        permit,
         move || {
-            let file = ws.read_file(&who.team, &name, &path)?;
+            let file = open()?;
             let size = file.metadata().map(|m| m.len()).unwrap_or(0);
             Ok((size, (file, size)))
         },
-        // Exactly `size` bytes: more that the file grew meanwhile are not sent; a file that
-        // shrank ends the body with an error rather than a short, seemingly complete download.
         |(file, size), out| {
             let copied = io::copy(&mut file.take(size), out)?;
             if copied < size {
@@ -397,7 +407,7 @@ async fn export(
 /// (the client sees a broken transfer, never a short one that looks complete); a client that
 /// goes away, or reads slower than the body rate rule allows, makes the writes fail, which
 /// stops `produce` and frees the thread.
-pub(crate) async fn streamed<M: Send + 'static, S: 'static>(
+async fn streamed<M: Send + 'static, S: 'static>(
     state: &AppState,
     permit: Permit,
     open: impl FnOnce() -> Result<(M, S), WorkspaceError> + Send + 'static,
@@ -439,7 +449,7 @@ pub(crate) async fn streamed<M: Send + 'static, S: 'static>(
 
 /// The writing end of [`streamed`]: buffers [`CHUNK`] bytes per message, and waits for the
 /// client to take each one no longer than the body rate rule allows.
-pub(crate) struct ChannelWriter {
+struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
     runtime: tokio::runtime::Handle,
