@@ -674,6 +674,35 @@ fn helpers(c: &Corpus) {
         ),
         ("build-escape", B::Build { query: pairs(&[("name", "py"), ("file", "../x")]), key: "k".into() }),
         ("remove", B::Remove { name: "py".into() }),
+        ("has-files", B::HasFiles { hash: "ab".repeat(32) }),
+        ("put-files", B::PutFiles { hash: "../etc".into() }),
+        (
+            "e2b-build",
+            B::E2bBuild {
+                name: "my-env".into(),
+                template: husk_build::e2b::E2bTemplate {
+                    from_template: Some("base".into()),
+                    steps: [
+                        ("ENV", vec!["A", "1"]),
+                        ("RUN", vec!["echo hi", "root"]),
+                        ("WORKDIR", vec!["app"]),
+                        ("USER", vec!["user"]),
+                        ("RUN", vec!["pwd"]),
+                    ]
+                    .into_iter()
+                    .map(|(k, a)| husk_build::e2b::E2bStep {
+                        kind: k.into(),
+                        args: a.into_iter().map(String::from).collect(),
+                        files_hash: None,
+                        force: k == "WORKDIR",
+                    })
+                    .collect(),
+                    start_cmd: Some("sleep infinity".into()),
+                    ..Default::default()
+                },
+                key: "k".into(),
+            },
+        ),
     ];
     for (name, req) in builds {
         c.write("build_helper", name, Input::default().bytes(&postcard::to_stdvec(&req).unwrap()));

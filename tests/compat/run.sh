@@ -40,18 +40,22 @@ fi
 
 if [ "$only" = all ] || [ "$only" = js ]; then
   echo "compat: JS (e2b@2.51.0, @e2b/code-interpreter@2.8.0)" >&2
-  # node --test applies --test-timeout to each file as a whole too. The code-interpreter file
-  # builds the base and code-interpreter templates first (minutes when the layer cache is cold),
-  # so it runs on its own with a long limit; its tests carry their own 90 s timeouts.
+  # node --test applies --test-timeout to each file as a whole too. The code-interpreter and
+  # template-build files build templates first (minutes when the layer cache is cold), so they
+  # run on their own with a long limit; their tests carry their own timeouts.
   (
     cd "$HERE/js" || exit 1
     rc=0
     files=()
     for f in ./*.test.mjs; do
-      [ "$f" = ./code_interpreter.test.mjs ] || files+=("$f")
+      case "$f" in
+        ./code_interpreter.test.mjs | ./templates.test.mjs) ;;
+        *) files+=("$f") ;;
+      esac
     done
     node --test --test-concurrency=1 --test-timeout=90000 "${files[@]}" || rc=1
     node --test --test-timeout=1500000 ./code_interpreter.test.mjs || rc=1
+    node --test --test-timeout=900000 ./templates.test.mjs || rc=1
     exit $rc
   )
   js_rc=$?

@@ -149,8 +149,18 @@ impl Builder {
         let total = plan.steps.len() + 2;
         let (mut stack, base_desc) = self.base(plan, &cache, total, progress).await?;
         for (i, step) in plan.steps.iter().enumerate() {
-            self.step(&cache, &mut stack, plan, step, i + 2, total, progress)
-                .await?;
+            let forced = plan.force_from.is_some_and(|f| i >= f);
+            self.step(
+                &cache,
+                &mut stack,
+                plan,
+                step,
+                i + 2,
+                total,
+                forced,
+                progress,
+            )
+            .await?;
         }
         // husk's own last layer: the `user` account and home.
         let key = {
@@ -375,6 +385,7 @@ impl Builder {
         step: &crate::plan::Step,
         index: usize,
         total: usize,
+        forced: bool,
         progress: &dyn Progress,
     ) -> Result<(), BuildError> {
         let fail = |message: String| BuildError::Step {
@@ -455,7 +466,7 @@ impl Builder {
             }
         };
         let key = k.finish();
-        let cached = !self.opts.no_cache && cache.exists(&key);
+        let cached = !self.opts.no_cache && !forced && cache.exists(&key);
         if !cached {
             let _ = cache.remove(&key);
             let tmp = cache.temp(&key).map_err(other("layer cache"))?;

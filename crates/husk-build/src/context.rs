@@ -353,24 +353,7 @@ fn check_symlinks(root: &Path) -> Result<(), ContextError> {
 mod tests {
     use super::*;
 
-    struct Scratch(PathBuf);
-    impl Scratch {
-        fn new() -> Scratch {
-            static N: AtomicU64 = AtomicU64::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "husk-context-test-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            fs::create_dir_all(&p).unwrap();
-            Scratch(p)
-        }
-    }
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::testutil::Scratch;
 
     /// A raw archive entry: name, type, link target, content.
     type Entry<'a> = (&'a str, tar::EntryType, &'a str, &'a [u8]);

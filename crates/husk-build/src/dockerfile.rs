@@ -83,6 +83,7 @@ pub fn parse_dockerfile(
             env: parser.env,
             ..Defaults::default()
         },
+        force_from: None,
     })
 }
 

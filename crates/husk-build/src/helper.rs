@@ -52,6 +52,18 @@ pub enum BuildRequest {
     },
     /// Unregister template `name` and release its image.
     Remove { name: String },
+    /// A build of E2B's templates as code, registered as `name`, its `COPY` steps' files
+    /// taken from those uploaded before ([`BuildRequest::PutFiles`]). No descriptor.
+    E2bBuild {
+        name: String,
+        template: crate::e2b::E2bTemplate,
+        key: String,
+    },
+    /// Whether the files of an E2B `COPY` step are stored. No descriptor.
+    HasFiles { hash: String },
+    /// Store the files of an E2B `COPY` step (a tar archive) that come through the pipe
+    /// passed with it.
+    PutFiles { hash: String },
 }
 
 /// The build helper's answers.
@@ -68,6 +80,10 @@ pub enum BuildReply {
     },
     /// What was removed (`None`: no such template).
     Removed(Option<Box<TemplateRecord>>),
+    /// Whether the files asked about are stored.
+    HasFiles(bool),
+    /// The files are stored.
+    Stored,
     Failed(Failure),
 }
 
@@ -187,21 +203,52 @@ impl BuildHelper {
         // However the upload ends, the helper answers: a refusal says why.
         let _ = rt::send_stream(reader, ours);
         let (reply, fd) = lent.recv_more::<BuildReply>()?;
-        match (reply, fd) {
-            (BuildReply::Started, Some(events)) => Ok(RunningBuild {
-                events: File::from(events),
-                lent,
-            }),
-            (other, _) => {
-                lent.settled();
-                match other {
-                    BuildReply::Refused { status, message } => {
-                        Err(BuildError::Refused { status, message })
-                    }
-                    BuildReply::Failed(f) => Err(BuildError::Helper(HelperError::Failed(f))),
-                    other => Err(unexpected(&other)),
-                }
-            }
+        started(lent, reply, fd)
+    }
+
+    /// Starts a build of E2B's template `template` as `name` (refused, with the client's
+    /// status, when it does not check, names files never uploaded or a base that is not
+    /// there). Blocking.
+    pub fn start_e2b_build(
+        &self,
+        name: &str,
+        template: &crate::e2b::E2bTemplate,
+        key: &str,
+    ) -> Result<RunningBuild, BuildError> {
+        let req = BuildRequest::E2bBuild {
+            name: name.to_owned(),
+            template: template.clone(),
+            key: key.to_owned(),
+        };
+        let mut lent = self.channels.clone().lend_owned()?;
+        lent.send(&req, None)?;
+        let (reply, fd) = lent.recv_more::<BuildReply>()?;
+        started(lent, reply, fd)
+    }
+
+    /// Whether the files of an E2B `COPY` step with hash `hash` are stored. Blocking.
+    pub fn has_files(&self, hash: &str) -> Result<bool, BuildError> {
+        let req = BuildRequest::HasFiles { hash: hash.into() };
+        match self.channels.call::<_, BuildReply>(&req, None)?.0 {
+            BuildReply::HasFiles(b) => Ok(b),
+            other => Err(settled_error(other)),
+        }
+    }
+
+    /// Stores the files (a tar archive) `reader` gives as those of hash `hash`; a reader that
+    /// fails stores nothing. Blocking.
+    pub fn put_files(&self, hash: &str, reader: impl Read) -> Result<(), BuildError> {
+        let req = BuildRequest::PutFiles { hash: hash.into() };
+        let (theirs, ours) = rt::stream_pipe().map_err(pipe_failed)?;
+        let mut lent = self.channels.clone().lend_owned()?;
+        lent.send(&req, Some(theirs.as_fd()))?;
+        drop(theirs);
+        let _ = rt::send_stream(reader, ours);
+        let (reply, _) = lent.recv::<BuildReply>()?;
+        lent.settled();
+        match reply {
+            BuildReply::Stored => Ok(()),
+            other => Err(settled_error(other)),
         }
     }
 
@@ -215,6 +262,33 @@ impl BuildHelper {
             BuildReply::Failed(f) => Err(BuildError::Helper(HelperError::Failed(f))),
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+/// A build that started (its events' pipe came with the reply), or why not.
+fn started(
+    mut lent: Lent<Arc<Channels>>,
+    reply: BuildReply,
+    fd: Option<OwnedFd>,
+) -> Result<RunningBuild, BuildError> {
+    match (reply, fd) {
+        (BuildReply::Started, Some(events)) => Ok(RunningBuild {
+            events: File::from(events),
+            lent,
+        }),
+        (other, _) => {
+            lent.settled();
+            Err(settled_error(other))
+        }
+    }
+}
+
+/// The error of an answer that ends a call and is not what it asked for.
+fn settled_error(reply: BuildReply) -> BuildError {
+    match reply {
+        BuildReply::Refused { status, message } => BuildError::Refused { status, message },
+        BuildReply::Failed(f) => BuildError::Helper(HelperError::Failed(f)),
+        other => unexpected(&other),
     }
 }
 
@@ -303,10 +377,35 @@ fn handle(
     match (req, fd) {
         (BuildRequest::Build { query, key }, Some(pipe)) => build(served, &query, &key, pipe, sock),
         (BuildRequest::Remove { name }, None) => remove(served, &name),
+        (
+            BuildRequest::E2bBuild {
+                name,
+                template,
+                key,
+            },
+            None,
+        ) => e2b_build(served, &name, &template, &key, sock),
+        (BuildRequest::HasFiles { hash }, None) => {
+            match crate::e2b_files::has(&served.proto.opts.state_dir, &hash) {
+                Ok(b) => (BuildReply::HasFiles(b), None),
+                Err(e) => context_refusal(e),
+            }
+        }
+        (BuildRequest::PutFiles { hash }, Some(pipe)) => {
+            let reader = rt::chunk_reader(pipe);
+            match crate::e2b_files::put(&served.proto.opts.state_dir, &hash, reader) {
+                Ok(bytes) => {
+                    tracing::info!(hash = %hash, bytes, "template files stored");
+                    (BuildReply::Stored, None)
+                }
+                Err(e) => context_refusal(e),
+            }
+        }
         (_, _) => (
             BuildReply::Failed(Failure::new(
                 FailureKind::InvalidSpec,
-                "a build comes with its context's pipe, a removal with no descriptor",
+                "a build and stored files come with a pipe; removals, E2B builds and \
+                 questions with no descriptor",
             )),
             None,
         ),
@@ -353,18 +452,81 @@ fn build(
         Err(e) => return refused(500, format!("creating a build context directory: {e}")),
     };
     if let Err(e) = context::unpack(rt::chunk_reader(pipe), ctx.path()) {
-        return match e {
-            ContextError::Refused(m) => refused(400, m),
-            ContextError::TooLarge(m) => refused(413, m),
-            e @ ContextError::Io { .. } => {
-                refused(500, format!("unpacking the build context: {e}"))
-            }
-        };
+        return context_refusal(e);
     }
     let (plan, spec) = match load(&ctx, q.file.as_deref(), &q.build_args) {
         Ok(p) => p,
         Err(m) => return refused(400, m),
     };
+    let source = format!("upload:{}", spec.display());
+    let no_cache = q.no_cache;
+    run_build(served, &plan, &q.name, no_cache, &source, key, ctx, sock)
+}
+
+/// Unpacks the files of an E2B template's `COPY` steps into a new context, makes the plan
+/// and runs it as [`build`] does.
+fn e2b_build(
+    served: &Served,
+    name: &str,
+    template: &crate::e2b::E2bTemplate,
+    key: &str,
+    sock: BorrowedFd<'_>,
+) -> (BuildReply, Option<OwnedFd>) {
+    // The server's checks, again: this request is hostile here.
+    if !crate::spec::valid_template_name(name) || name == HOST_TEMPLATE {
+        return refused(400, format!("invalid template name {name:?}"));
+    }
+    if let Err(e) = template.check() {
+        return refused(400, e.to_string());
+    }
+    let store = &served.proto.store;
+    let local = |n: &str| matches!(store.template(n), Ok(Some(_)));
+    if let Some(from) = &template.from_template {
+        if !local(from) {
+            return refused(400, crate::e2b::missing_base_template(from));
+        }
+    }
+    let state_dir = served.proto.opts.state_dir.clone();
+    let ctx = match ContextDir::create(&state_dir) {
+        Ok(c) => c,
+        Err(e) => return refused(500, format!("creating a build context directory: {e}")),
+    };
+    for hash in template.files_hashes() {
+        let dir = ctx.path().join(crate::e2b::FILES_DIR).join(&hash);
+        if let Err(e) = crate::e2b_files::unpack(&state_dir, &hash, &dir) {
+            return context_refusal(e);
+        }
+    }
+    let base = crate::e2b::base_of(template, &local);
+    let plan = match crate::e2b::plan(template, name, ctx.path(), base) {
+        Ok((plan, _)) => plan,
+        Err(e) => return refused(400, e.to_string()),
+    };
+    run_build(served, &plan, name, false, "e2b-sdk", key, ctx, sock)
+}
+
+/// The client's status for a context or stored files husk refuses.
+fn context_refusal(e: ContextError) -> (BuildReply, Option<OwnedFd>) {
+    match e {
+        ContextError::Refused(m) => refused(400, m),
+        ContextError::TooLarge(m) => refused(413, m),
+        e @ ContextError::Io { .. } => refused(500, e.to_string()),
+    }
+}
+
+/// Says the build started (with the events' pipe), runs it to its end whatever becomes of the
+/// client, and removes the context.
+#[allow(clippy::too_many_arguments)]
+fn run_build(
+    served: &Served,
+    plan: &crate::plan::BuildPlan,
+    name: &str,
+    no_cache: bool,
+    source: &str,
+    key: &str,
+    ctx: ContextDir,
+    sock: BorrowedFd<'_>,
+) -> (BuildReply, Option<OwnedFd>) {
     let (events_r, events_w) = match rt::stream_pipe() {
         Ok(p) => p,
         Err(e) => return refused(500, format!("a pipe for the build's events: {e}")),
@@ -396,20 +558,19 @@ fn build(
         spawner: served.proto.spawner.clone(),
         store: served.proto.store.clone(),
         opts: BuildOptions {
-            no_cache: q.no_cache,
+            no_cache,
             ..served.proto.opts.clone()
         },
     };
-    let source = format!("upload:{}", spec.display());
-    tracing::info!(template = %q.name, key = %key, %source, "template build started");
+    tracing::info!(template = %name, key = %key, %source, "template build started");
     served.runtime.block_on(async {
-        let last = match builder.build(&plan, &q.name, &source, &*events).await {
+        let last = match builder.build(plan, name, source, &*events).await {
             Ok(rec) => {
                 tracing::info!(template = %rec.name, digest = %rec.digest, "template built");
                 json!({"type": "done", "template": summary_json(&rec)})
             }
             Err(e) => {
-                tracing::info!(template = %q.name, error = %e, "template build failed");
+                tracing::info!(template = %name, error = %e, "template build failed");
                 json!({"type": "error", "message": e.to_string()})
             }
         };
@@ -435,6 +596,18 @@ pub mod fuzzing {
         pub encoded: Vec<u8>,
         /// A build's query, as the helper's check takes it.
         pub query: Option<Result<crate::request::BuildQuery, String>>,
+        /// An E2B build's template: the helper's check, and (when it passes and copies
+        /// nothing) its plan's step numbers beside [`crate::e2b::step_numbers`]'s.
+        pub e2b: Option<E2bRead>,
+        /// A stored-files request's hash, and whether the helper takes it.
+        pub hash: Option<(String, bool)>,
+    }
+
+    /// What the helper makes of an E2B build's template.
+    pub struct E2bRead {
+        pub checked: Result<(), String>,
+        /// `(plan's numbers, step_numbers)` for a template without `COPY` steps.
+        pub numbers: Option<(Vec<usize>, Vec<usize>)>,
     }
 
     /// Decodes `frame` as the helper does; `None` when it is not a request.
@@ -443,9 +616,35 @@ pub mod fuzzing {
         let encoded = postcard::to_stdvec(&req).expect("a decoded request encodes");
         let query = match &req {
             BuildRequest::Build { query, .. } => Some(parse_query(query)),
-            BuildRequest::Remove { .. } => None,
+            _ => None,
         };
-        Some(Read { encoded, query })
+        let e2b = match &req {
+            BuildRequest::E2bBuild { template, .. } => {
+                let checked = template.check().map_err(|e| e.to_string());
+                let numbers = (checked.is_ok() && template.files_hashes().is_empty())
+                    .then(|| {
+                        let ctx = std::path::Path::new("/nonexistent/husk-fuzz-context");
+                        crate::e2b::plan(template, "t", ctx, crate::plan::Base::Scratch)
+                            .ok()
+                            .map(|(_, n)| (n, crate::e2b::step_numbers(template)))
+                    })
+                    .flatten();
+                Some(E2bRead { checked, numbers })
+            }
+            _ => None,
+        };
+        let hash = match &req {
+            BuildRequest::HasFiles { hash } | BuildRequest::PutFiles { hash } => {
+                Some((hash.clone(), crate::e2b::valid_files_hash(hash)))
+            }
+            _ => None,
+        };
+        Some(Read {
+            encoded,
+            query,
+            e2b,
+            hash,
+        })
     }
 }
 
@@ -602,6 +801,60 @@ mod tests {
     }
 
     #[test]
+    fn e2b_files_are_stored_whole_and_e2b_builds_are_checked_before_they_start() {
+        use crate::e2b::{E2bStep, E2bTemplate};
+        let p = pair("e2b");
+        let h = "ab".repeat(32);
+        assert!(!p.helper.has_files(&h).unwrap());
+        // A cut-off upload stores nothing; a whole one is there after.
+        let archive = tar(&[("app/main.py", b"print(1)\n")]);
+        let e = p.helper.put_files(&h, Breaks(archive.clone(), 0));
+        assert!(e.is_err());
+        assert!(!p.helper.has_files(&h).unwrap());
+        p.helper.put_files(&h, &archive[..]).unwrap();
+        assert!(p.helper.has_files(&h).unwrap());
+        // Hashes are checked in the helper too.
+        for bad in ["../../etc", "AB"] {
+            let e = p.helper.has_files(bad).unwrap_err();
+            assert!(matches!(e, BuildError::Refused { status: 400, .. }), "{e}");
+            let e = p.helper.put_files(bad, &archive[..]).unwrap_err();
+            assert!(matches!(e, BuildError::Refused { status: 400, .. }), "{e}");
+        }
+        let copy = |hash: &str| E2bTemplate {
+            from_image: Some("python:3".into()),
+            steps: vec![E2bStep {
+                kind: "COPY".into(),
+                args: vec!["app".into(), "/app".into()],
+                files_hash: Some(hash.into()),
+                force: false,
+            }],
+            ..E2bTemplate::default()
+        };
+        let refusal = |r| refused(r);
+        // A bad name, a template that does not check, files never uploaded, files that are
+        // not what the step copies, a base template that is not built.
+        let (status, m) = refusal(p.helper.start_e2b_build("Bad", &copy(&h), "k"));
+        assert_eq!(status, 400, "{m}");
+        let (status, m) = refusal(p.helper.start_e2b_build("host", &copy(&h), "k"));
+        assert_eq!(status, 400, "{m}");
+        let (status, m) = refusal(p.helper.start_e2b_build("t", &E2bTemplate::default(), "k"));
+        assert_eq!((status, m.contains("required")), (400, true), "{m}");
+        let (status, m) = refusal(p.helper.start_e2b_build("t", &copy(&"cd".repeat(32)), "k"));
+        assert_eq!((status, m.contains("never uploaded")), (400, true), "{m}");
+        let mut other = copy(&h);
+        other.steps[0].args[0] = "lib".into();
+        let (status, m) = refusal(p.helper.start_e2b_build("t", &other, "k"));
+        assert_eq!((status, m.contains("hold nothing")), (400, true), "{m}");
+        let from = E2bTemplate {
+            from_template: Some("base".into()),
+            ..E2bTemplate::default()
+        };
+        let (status, m) = refusal(p.helper.start_e2b_build("t", &from, "k"));
+        assert_eq!((status, m.contains("base preset")), (400, true), "{m}");
+        assert_eq!(contexts_left(&p), 0);
+    }
+
+    #[test]
     fn hostile_requests_are_answered_and_the_channel_goes_on() {
         let p = pair("hostile");
         // A build without its context's pipe, a removal with a descriptor.
@@ -619,6 +872,30 @@ mod tests {
             .call::<_, BuildReply>(&req, Some(r.as_fd()))
             .unwrap();
         assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
+        // Stored files without their pipe; an E2B build or a question with one.
+        let req = BuildRequest::PutFiles {
+            hash: "ab".repeat(32),
+        };
+        let (reply, _) = p.helper.channels.call::<_, BuildReply>(&req, None).unwrap();
+        assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
+        for req in [
+            BuildRequest::HasFiles {
+                hash: "ab".repeat(32),
+            },
+            BuildRequest::E2bBuild {
+                name: "t".into(),
+                template: Default::default(),
+                key: "k".into(),
+            },
+        ] {
+            let (r, _w) = husk_runtime::sys::pipe().unwrap();
+            let (reply, _) = p
+                .helper
+                .channels
+                .call::<_, BuildReply>(&req, Some(r.as_fd()))
+                .unwrap();
+            assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
+        }
         // Bytes that are no request.
         let (reply, _) = p
             .helper

@@ -12,6 +12,8 @@ pub mod context;
 mod context_hash;
 pub mod debian;
 pub mod dockerfile;
+pub mod e2b;
+pub mod e2b_files;
 pub mod events;
 pub mod finalize;
 pub mod helper;
@@ -22,6 +24,8 @@ pub mod plan;
 pub mod request;
 pub mod sandbox_step;
 pub mod spec;
+#[cfg(test)]
+mod testutil;
 
 use std::time::Duration;
 

@@ -19,6 +19,9 @@ pub struct BuildPlan {
     pub steps: Vec<Step>,
     /// What sandboxes of the template get unless their create request says otherwise.
     pub defaults: Defaults,
+    /// The first step that must run whatever the cache holds; every later one runs too (E2B's
+    /// `force` of a step). `None`: all may come from the cache.
+    pub force_from: Option<usize>,
 }
 
 /// What the first layer(s) come from.

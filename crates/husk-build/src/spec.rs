@@ -327,6 +327,7 @@ pub fn parse_spec(text: &str, file: &Path) -> Result<BuildPlan, PlanError> {
         base,
         steps,
         defaults: sandbox,
+        force_from: None,
     })
 }
 

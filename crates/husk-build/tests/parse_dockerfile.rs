@@ -175,6 +175,7 @@ fn full_dockerfile_round_trip() {
             ]),
             ..Defaults::default()
         },
+        force_from: None,
     };
     assert_eq!(plan, expected);
 }

@@ -200,6 +200,7 @@ fn full_spec_round_trip() {
             // Lower-cased, duplicates dropped, in order.
             contexts: Some(vec!["python".into(), "bash".into()]),
         },
+        force_from: None,
     };
     assert_eq!(plan, expected);
 }
@@ -231,6 +232,7 @@ fn debian_base_takes_the_apt_packages() {
             },
             steps: vec![],
             defaults: Defaults::default(),
+            force_from: None,
         }
     );
     let text = "[base]\ndebian = \"trixie\"\nvariant = \"buildd\"\n";

@@ -196,7 +196,13 @@ pub fn main(args: ServeArgs) -> i32 {
     let confinement = husk_runtime::confine::Confinement {
         mount_roots: vec![args.state_dir.join(husk_core::workspaces::WORKSPACES_DIR)],
         mount_files: vec![PathBuf::from(husk_build::sandbox_step::HOST_CA_BUNDLE)],
-        image_roots: vec![args.state_dir.join("templates"), run_dir.join("templates")],
+        // Templates' images and layers; the /usr layers and the mounted images a build
+        // stacks its layers on when it starts from a template.
+        image_roots: vec![
+            args.state_dir.join("templates"),
+            run_dir.join("templates"),
+            run_dir.join("images"),
+        ],
     };
     let spawner = match husk_runtime::service::start_confined(
         husk_agent::main,

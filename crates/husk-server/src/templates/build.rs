@@ -44,10 +44,10 @@ use husk_build::request::parse_query;
 const EVENT_CHUNKS: usize = 64;
 
 /// The build slot of a server; free again when dropped.
-struct Slot(Arc<TemplateService>);
+pub(super) struct Slot(Arc<TemplateService>);
 
 impl Slot {
-    fn take(svc: &Arc<TemplateService>) -> Option<Slot> {
+    pub(super) fn take(svc: &Arc<TemplateService>) -> Option<Slot> {
         svc.building
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()

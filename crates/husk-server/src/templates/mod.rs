@@ -10,6 +10,8 @@
 #![allow(clippy::result_large_err)]
 
 mod build;
+pub mod e2b;
+mod e2b_log;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -60,6 +62,8 @@ pub struct TemplateService {
     building: AtomicBool,
     /// When this server started: the host template's creation time.
     started_at: OffsetDateTime,
+    /// Builds of E2B's template API.
+    e2b: e2b::E2bBuilds,
 }
 
 impl TemplateService {
@@ -69,6 +73,7 @@ impl TemplateService {
             size,
             building: AtomicBool::new(false),
             started_at: OffsetDateTime::now_utc(),
+            e2b: e2b::E2bBuilds::default(),
         }
     }
 }
@@ -83,7 +88,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/husk/v1/templates/{name}", get(inspect).delete(remove))
         .route("/templates", get(e2b_list))
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(e2b::router(state))
 }
 
 fn not_found(name: &str) -> Response {
