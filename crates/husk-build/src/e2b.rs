@@ -64,6 +64,34 @@ pub struct E2bStep {
     pub force: bool,
 }
 
+/// Whether `name` names a template with an optional tag, `name[:tag]` (E2B's tags: a build
+/// registered under several names, `Sandbox.create("name:tag")`): the name as husk's, the tag
+/// 1 to 63 of ASCII letters, digits, `.`, `_` and `-`, starting with a letter or digit.
+pub fn valid_tagged_name(name: &str) -> bool {
+    let (base, tag) = match name.split_once(':') {
+        Some((b, t)) => (b, Some(t)),
+        None => (name, None),
+    };
+    crate::spec::valid_template_name(base)
+        && tag.is_none_or(|t| {
+            !t.is_empty()
+                && t.len() <= 63
+                && t.as_bytes()[0].is_ascii_alphanumeric()
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        })
+}
+
+/// The name a template's `tag` is registered under: `name` for E2B's `default`, else
+/// `name:tag`.
+pub fn tagged(name: &str, tag: &str) -> String {
+    if tag == "default" {
+        name.to_string()
+    } else {
+        format!("{name}:{tag}")
+    }
+}
+
 /// Whether `hash` is a files hash as E2B's SDKs compute them: a lower-case hex SHA-256.
 pub fn valid_files_hash(hash: &str) -> bool {
     hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))

@@ -59,6 +59,9 @@ pub enum BuildRequest {
         template: crate::e2b::E2bTemplate,
         key: String,
     },
+    /// Register template `source`'s image under each of `names` too (E2B's tags: `name:tag`),
+    /// replacing what they named. No descriptor.
+    Tag { source: String, names: Vec<String> },
     /// Whether the files of an E2B `COPY` step are stored. No descriptor.
     HasFiles { hash: String },
     /// Store the files of an E2B `COPY` step (a tar archive) that come through the pipe
@@ -80,6 +83,8 @@ pub enum BuildReply {
     },
     /// What was removed (`None`: no such template).
     Removed(Option<Box<TemplateRecord>>),
+    /// The template whose image the names now name.
+    Tagged(Box<TemplateRecord>),
     /// Whether the files asked about are stored.
     HasFiles(bool),
     /// The files are stored.
@@ -252,6 +257,20 @@ impl BuildHelper {
         }
     }
 
+    /// Registers template `source`'s image under each of `names` too, replacing what they
+    /// named (refused: 404 when `source` is missing, 400 for a name that is not
+    /// `name[:tag]`). Blocking.
+    pub fn tag(&self, source: &str, names: &[String]) -> Result<TemplateRecord, BuildError> {
+        let req = BuildRequest::Tag {
+            source: source.into(),
+            names: names.to_vec(),
+        };
+        match self.channels.call::<_, BuildReply>(&req, None)?.0 {
+            BuildReply::Tagged(r) => Ok(*r),
+            other => Err(settled_error(other)),
+        }
+    }
+
     /// Unregisters template `name` and releases its image (sandboxes running from it keep
     /// their mount); `None` when there is no such template. Blocking.
     pub fn remove(&self, name: &str) -> Result<Option<TemplateRecord>, BuildError> {
@@ -385,6 +404,7 @@ fn handle(
             },
             None,
         ) => e2b_build(served, &name, &template, &key, sock),
+        (BuildRequest::Tag { source, names }, None) => tag(served, &source, &names),
         (BuildRequest::HasFiles { hash }, None) => {
             match crate::e2b_files::has(&served.proto.opts.state_dir, &hash) {
                 Ok(b) => (BuildReply::HasFiles(b), None),
@@ -433,6 +453,45 @@ fn remove(served: &Served, name: &str) -> (BuildReply, Option<OwnedFd>) {
     }
 }
 
+/// Registers `source`'s image under `names` too.
+fn tag(served: &Served, source: &str, names: &[String]) -> (BuildReply, Option<OwnedFd>) {
+    if names.len() > 64 {
+        return refused(400, "at most 64 tags at once");
+    }
+    if let Some(bad) = names
+        .iter()
+        .find(|n| !crate::e2b::valid_tagged_name(n) || *n == HOST_TEMPLATE)
+    {
+        return refused(400, format!("invalid template name or tag {bad:?}"));
+    }
+    let store = &served.proto.store;
+    let failed = |e: husk_core::store::StoreError| {
+        (
+            BuildReply::Failed(Failure::new(
+                FailureKind::Internal,
+                husk_core::error_chain(&e),
+            )),
+            None,
+        )
+    };
+    let rec = match store.template(source) {
+        Ok(Some(r)) => r,
+        Ok(None) => return refused(404, format!("template '{source}' not found")),
+        Err(e) => return failed(e),
+    };
+    for name in names.iter().filter(|n| **n != rec.name) {
+        let mut new = rec.clone();
+        new.name = name.clone();
+        new.created_at = husk_core::store::OffsetDateTime::now_utc();
+        match store.put_template(&new) {
+            Ok(Some(old)) => crate::image::release(store, &served.proto.opts.run_dir, &old),
+            Ok(None) => {}
+            Err(e) => return failed(e),
+        }
+    }
+    (BuildReply::Tagged(Box::new(rec)), None)
+}
+
 /// Unpacks the context, parses the spec, says the build started (with the events' pipe),
 /// runs it to its end whatever becomes of the client, and removes the context.
 fn build(
@@ -473,7 +532,7 @@ fn e2b_build(
     sock: BorrowedFd<'_>,
 ) -> (BuildReply, Option<OwnedFd>) {
     // The server's checks, again: this request is hostile here.
-    if !crate::spec::valid_template_name(name) || name == HOST_TEMPLATE {
+    if !crate::e2b::valid_tagged_name(name) || name == HOST_TEMPLATE {
         return refused(400, format!("invalid template name {name:?}"));
     }
     if let Err(e) = template.check() {

@@ -158,6 +158,9 @@ impl Templates {
             rootfs: RootSource::Host,
             defaults: TemplateDefaults::default(),
         };
+        // E2B's `name:default` is the template registered as `name` (other tags are names of
+        // their own: `name:tag`).
+        let name = name.strip_suffix(":default").unwrap_or(name);
         if name == HOST_TEMPLATE {
             return Ok(host());
         }

@@ -446,9 +446,11 @@ mod tests {
                     "{method} {path}: no success response"
                 );
                 assert_eq!(declared(op), wanted, "{method} {path}: path parameters");
-                // Keys are needed everywhere but here.
+                // Keys are needed everywhere but here, and at E2B template uploads' signed
+                // URLs (the signature is the authority: any HTTP client uploads there).
                 let public = op["security"].as_array().is_some_and(|s| s.is_empty());
-                assert_eq!(public, path == PATH, "{method} {path}: security");
+                let keyless = path == PATH || path == "/husk/v1/template-files/{hash}";
+                assert_eq!(public, keyless, "{method} {path}: security");
                 if !public {
                     assert!(
                         responses.contains_key("401"),

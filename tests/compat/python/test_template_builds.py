@@ -201,8 +201,8 @@ def test_build_failures_name_their_step_and_refusals_are_clear(husk, base_templa
             Template.build(tpl, unique("sdk-refused"), api_key=husk.admin_key)
         assert want in str(e.value), str(e.value)
     with pytest.raises(BuildException) as e:
-        Template.build(t, "name-with:tag", api_key=husk.admin_key)
-    assert "tags are not supported" in str(e.value)
+        Template.build(t, "name:bad tag", api_key=husk.admin_key)
+    assert "invalid tag" in str(e.value)
     with pytest.raises(BuildException) as e:
         Template.build(t, "Bad Name", api_key=husk.admin_key)
     assert "invalid template name" in str(e.value)
@@ -221,6 +221,12 @@ def test_template_builds_need_an_admin_key_and_uploads_their_signature(husk, bas
         assert r.status == status, r.text
         r = http_request(husk.port, "GET", "/templates/x/builds/y/status", headers)
         assert r.status == status, r.text
+        for method in ("POST", "DELETE"):
+            body = json.dumps({"target": f"{base_template}:default", "name": base_template, "tags": ["t"]})
+            r = http_request(husk.port, method, "/templates/tags", headers, body.encode())
+            # (a body with both fields: the key is checked before the body)
+            assert r.status == status, r.text
+    assert http_request(husk.port, "GET", f"/templates/{base_template}/tags", {}).status == 401
     with pytest.raises(BuildException):
         Template.build(Template().from_template(base_template).run_cmd("id"), unique("x"), api_key=team_key)
 
@@ -271,6 +277,62 @@ def test_template_builds_need_an_admin_key_and_uploads_their_signature(husk, bas
     hdr = {"X-API-KEY": team_key}
     assert http_request(husk.port, "GET", f"/templates/aliases/{base_template}", hdr).status == 200
     assert http_request(husk.port, "GET", "/templates/aliases/not-here-at-all", hdr).status == 404
+
+
+@pytest.mark.timeout(300)
+def test_tags_name_builds_and_move_between_them(husk, base_template, context, built, sandbox_factory):
+    name = unique("sdk-tags")
+    built.extend([name, f"{name}:v1", f"{name}:v2", f"{name}:stable", f"{name}:prod"])
+    admin = dict(api_key=husk.admin_key)
+
+    def version(v: str):
+        return (Template(file_context_path=str(context)).from_template(base_template)
+                .run_cmd(f"echo {v} > /home/user/version"))
+
+    def version_of(template: str) -> str:
+        sbx = sandbox_factory(template=template, timeout=60)
+        return sbx.commands.run("cat /home/user/version").stdout.strip()
+
+    info = Template.build(version("v1"), f"{name}:v1", tags=["stable"], **admin)
+    assert sorted(info.tags) == ["stable", "v1"]
+    assert version_of(f"{name}:v1") == "v1" and version_of(f"{name}:stable") == "v1"
+    # No `default` tag was given: the bare name is not a template yet.
+    with pytest.raises(Exception) as e:
+        sandbox_factory(template=name, timeout=60)
+    assert "not found" in str(e.value).lower(), str(e.value)
+    assert Template.exists(f"{name}:v1", **admin)
+    assert not Template.exists(name, **admin)
+
+    tags = {t.tag: t for t in Template.get_tags(name, **admin)}
+    assert set(tags) == {"v1", "stable"}
+    assert tags["v1"].build_id == tags["stable"].build_id
+    assigned = Template.assign_tags(f"{name}:v1", ["prod", "default"], **admin)
+    assert sorted(assigned.tags) == ["default", "prod"] and assigned.build_id == tags["v1"].build_id
+    assert version_of(name) == "v1" and version_of(f"{name}:default") == "v1"
+    assert version_of(f"{name}:prod") == "v1"
+
+    # A new build takes `stable` with it; v1 stays.
+    Template.build(version("v2"), f"{name}:v2", tags=["stable"], **admin)
+    assert version_of(f"{name}:stable") == "v2" and version_of(f"{name}:v1") == "v1"
+    tags = {t.tag: t.build_id for t in Template.get_tags(name, **admin)}
+    assert set(tags) == {"default", "v1", "v2", "stable", "prod"}
+    assert tags["stable"] == tags["v2"] != tags["v1"]
+
+    Template.remove_tags(name, ["stable", "prod"], **admin)
+    assert set(t.tag for t in Template.get_tags(name, **admin)) == {"default", "v1", "v2"}
+    with pytest.raises(Exception):
+        sandbox_factory(template=f"{name}:stable", timeout=60)
+    assert version_of(f"{name}:v2") == "v2"
+    # Tags of templates that are not there, and team keys.
+    from e2b.exceptions import TemplateException
+    with pytest.raises(TemplateException):
+        Template.assign_tags(f"{unique('none')}:v1", ["x"], **admin)
+    with pytest.raises(TemplateException):
+        Template.remove_tags(name, ["never-assigned"], **admin)
+    team_key = husk.create_key(unique("tags-team"))
+    with pytest.raises(TemplateException):
+        Template.assign_tags(f"{name}:v1", ["mine"], api_key=team_key)
+    assert {t.tag for t in Template.get_tags(name, api_key=team_key)} == {"default", "v1", "v2"}
 
 
 def _tar(files: dict) -> bytes:

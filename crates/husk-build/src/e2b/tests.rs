@@ -368,6 +368,23 @@ fn paths_and_globs() {
     assert_eq!(glob_base("*.txt"), "");
     assert_eq!(glob_base("dir/"), "dir");
     assert!(valid_files_hash(&"0f".repeat(32)));
+    for ok in ["my-env", "my-env:v1", "my-env:V1.2_rc-3", "a:b"] {
+        assert!(valid_tagged_name(ok), "{ok}");
+    }
+    let long = format!("a:{}", "t".repeat(64));
+    for bad in [
+        "My-env",
+        "my-env:",
+        "my-env:-x",
+        "a:b:c",
+        ":v1",
+        "a:b/c",
+        &long,
+    ] {
+        assert!(!valid_tagged_name(bad), "{bad}");
+    }
+    assert_eq!(tagged("n", "default"), "n");
+    assert_eq!(tagged("n", "v1"), "n:v1");
     assert!(!valid_files_hash(&"0F".repeat(32)));
     assert!(!valid_files_hash("0f"));
 }

@@ -16,6 +16,11 @@
 //!   entries from `logsOffset`, each labelled with the E2B step it belongs to (`base`, the
 //!   step's number, `finalize`).
 //! - `GET /templates/aliases/{alias}` → 200 when a template of that name exists, else 404.
+//! - Tags: a build registered under several names, `name:tag` (`default` is `name` itself):
+//!   `POST /v3/templates` with `name:tag` or `tags`; `POST /templates/tags`
+//!   `{"target": "name:tag", "tags": [...]}` → 201 (more names for that build's image);
+//!   `DELETE /templates/tags` `{"name", "tags"}` → 204; `GET /templates/{id}/tags` → each tag
+//!   with its build (the image's digest as a UUID) and when it was assigned.
 //!
 //! Builds are kept in memory (the last [`MAX_BUILDS`]; a server restart forgets them, and
 //! the templates they built stay). Their logs are bounded ([`super::e2b_log::MAX_LOG_BYTES`]).
@@ -31,7 +36,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 use hmac::{Hmac, Mac};
-use husk_build::e2b::{step_numbers, valid_files_hash, E2bStep, E2bTemplate};
+use husk_build::e2b::{
+    step_numbers, tagged, valid_files_hash, valid_tagged_name, E2bStep, E2bTemplate,
+};
 use husk_build::helper::BuildError;
 use husk_build::spec::valid_template_name;
 use husk_core::store::Principal;
@@ -67,12 +74,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/templates/{id}/builds/{build}", post(start))
         .route("/templates/{id}/builds/{build}/status", get(status))
         .route("/templates/aliases/{alias}", get(alias))
+        .route("/templates/tags", post(assign_tags).delete(remove_tags))
+        .route("/templates/{id}/tags", get(list_tags))
         .with_state(state)
 }
 
 /// One build of E2B's API.
 struct Build {
     template: String,
+    /// What the build registers: the first by building, the rest as tags of it.
+    names: Vec<String>,
     id: String,
     created: OffsetDateTime,
     log: Mutex<Log>,
@@ -200,29 +211,43 @@ struct RequestBody {
     min_free_disk_mb: Option<u64>,
 }
 
-/// The template name of a build request, refusing what husk cannot name.
-fn template_name(raw: &str, tags: &[String]) -> Result<String, Response> {
+/// A build request's template name (`name` or `name:tag`) and tags: the name, the names the
+/// build registers (`name` for the `default` tag, `name:tag` for the others; `name` alone
+/// when no tag is given) and the tags.
+fn template_names(
+    raw: &str,
+    tags: &[String],
+) -> Result<(String, Vec<String>, Vec<String>), Response> {
     let (name, tag) = match raw.split_once(':') {
         Some((n, t)) => (n, Some(t)),
         None => (raw, None),
     };
-    let tagged = tag
-        .into_iter()
-        .chain(tags.iter().map(String::as_str))
-        .find(|t| *t != "default");
-    if let Some(t) = tagged {
-        return Err(bad(format!(
-            "template tags are not supported by husk yet (tag {t:?}): build under a name \
-             without a tag, e.g. '{name}-{t}'"
-        )));
-    }
     if !valid_template_name(name) || name == HOST_TEMPLATE {
         return Err(bad(format!(
             "invalid template name {name:?}: use 1-63 characters of a-z, 0-9, '.', '_' and \
              '-', starting with a letter or digit (and not 'host')"
         )));
     }
-    Ok(name.to_string())
+    let mut all: Vec<String> = Vec::new();
+    for t in tag.into_iter().chain(tags.iter().map(String::as_str)) {
+        if !valid_tagged_name(&format!("{name}:{t}")) {
+            return Err(bad(format!(
+                "invalid tag {t:?}: use 1-63 ASCII letters, digits, '.', '_' and '-', starting \
+                 with a letter or digit"
+            )));
+        }
+        if !all.iter().any(|a| a == t) {
+            all.push(t.to_string());
+        }
+    }
+    if all.len() > 64 {
+        return Err(bad("at most 64 tags"));
+    }
+    if all.is_empty() {
+        all.push("default".into());
+    }
+    let names = all.iter().map(|t| tagged(name, t)).collect();
+    Ok((name.to_string(), names, all))
 }
 
 async fn request_build(State(state): State<AppState>, Who(who): Who, b: Body) -> Answer {
@@ -232,9 +257,10 @@ async fn request_build(State(state): State<AppState>, Who(who): Who, b: Body) ->
     let Some(raw) = req.name.as_deref().or(req.alias.as_deref()) else {
         return Err(bad("the template's name is missing"));
     };
-    let name = template_name(raw, req.tags.as_deref().unwrap_or_default())?;
+    let (name, names, tags) = template_names(raw, req.tags.as_deref().unwrap_or_default())?;
     let build = Arc::new(Build {
         template: name.clone(),
+        names,
         id: new_build_id()?,
         created: OffsetDateTime::now_utc(),
         log: Mutex::new(Log::new()),
@@ -273,7 +299,7 @@ async fn request_build(State(state): State<AppState>, Who(who): Who, b: Body) ->
             "public": true,
             "names": [name],
             "aliases": [name],
-            "tags": ["default"],
+            "tags": tags,
         })),
     )
         .into_response())
@@ -561,7 +587,7 @@ async fn run(
         log.step = Some("base".into());
     }
     let helper = svc.helper.clone();
-    let name = build.template.clone();
+    let name = build.names[0].clone();
     let started =
         tokio::task::spawn_blocking(move || helper.start_e2b_build(&name, &t, &key)).await;
     let running = match started {
@@ -588,21 +614,40 @@ async fn run(
         }
     };
     let b = build.clone();
+    let helper = svc.helper.clone();
     let forwarded = tokio::task::spawn_blocking(move || {
         let mut pending = Vec::new();
-        let done = running.forward(|chunk| {
+        // The build's last event, held until its tags are registered too (a client that
+        // sees `ready` may create from any of them at once).
+        let mut done = None;
+        let ended = running.forward(|chunk| {
             pending.extend_from_slice(&chunk);
             while let Some(i) = pending.iter().position(|&c| c == b'\n') {
                 let line: Vec<u8> = pending.drain(..=i).collect();
                 if let Ok(ev) = serde_json::from_slice::<Value>(&line) {
+                    if ev.get("type").and_then(Value::as_str) == Some("done") {
+                        done = Some(ev);
+                        continue;
+                    }
                     let mut log = b.log.lock().unwrap_or_else(|p| p.into_inner());
                     apply(&mut log, &ev, &numbers);
                 }
             }
             true
         });
+        if let Some(ev) = done {
+            let tagged = match b.names.split_first() {
+                Some((first, rest)) if !rest.is_empty() => helper.tag(first, rest).map(|_| ()),
+                _ => Ok(()),
+            };
+            let mut log = b.log.lock().unwrap_or_else(|p| p.into_inner());
+            match tagged {
+                Ok(()) => apply(&mut log, &ev, &numbers),
+                Err(e) => log.fail(format!("registering the build's tags: {e}")),
+            }
+        }
         drop(slot);
-        done
+        ended
     })
     .await;
     let mut log = build.log.lock().unwrap_or_else(|p| p.into_inner());
@@ -698,22 +743,155 @@ async fn alias(State(state): State<AppState>, Who(_): Who, Path(alias): Path<Str
     Ok(axum::Json(json!({"templateID": name, "public": true})).into_response())
 }
 
+/// The template `raw` (`name` or `name:tag`) names: its name and its registered name.
+fn target_of(raw: &str) -> Result<(String, String), Response> {
+    let (name, tag) = match raw.split_once(':') {
+        Some((n, t)) => (n, t),
+        None => (raw, "default"),
+    };
+    let full = tagged(name, tag);
+    if !valid_tagged_name(&full) || name == HOST_TEMPLATE {
+        return Err(bad(format!("invalid template name {raw:?}")));
+    }
+    Ok((name.to_string(), full))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AssignBody {
+    target: String,
+    tags: Vec<String>,
+}
+
+async fn assign_tags(State(state): State<AppState>, Who(who): Who, b: Body) -> Answer {
+    admin(&who)?;
+    let svc = service(&state)?.clone();
+    let req: AssignBody =
+        json_body(b, r#"{"target": "my-template:v1", "tags": ["stable"]}"#).await?;
+    let (name, source) = target_of(&req.target)?;
+    if req.tags.is_empty() {
+        return Err(bad("no tags to assign"));
+    }
+    let (_, names, tags) = template_names(&name, &req.tags)?;
+    let helper = svc.helper.clone();
+    let rec = tokio::task::spawn_blocking(move || helper.tag(&source, &names))
+        .await
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(refusal)?;
+    tracing::info!(template = %name, ?tags, key = %who.key_id, "template tags assigned");
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({"tags": tags, "buildID": super::build_id(&rec.digest)})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveBody {
+    name: String,
+    tags: Vec<String>,
+}
+
+async fn remove_tags(State(state): State<AppState>, Who(who): Who, b: Body) -> Answer {
+    admin(&who)?;
+    let svc = service(&state)?.clone();
+    let req: RemoveBody = json_body(b, r#"{"name": "my-template", "tags": ["stable"]}"#).await?;
+    let (name, _) = target_of(&req.name)?;
+    let (_, names, _) = template_names(&name, &req.tags)?;
+    let helper = svc.helper.clone();
+    let removed = tokio::task::spawn_blocking(move || {
+        let mut removed = 0;
+        for n in &names {
+            if helper.remove(n)?.is_some() {
+                removed += 1;
+            }
+        }
+        Ok::<_, BuildError>(removed)
+    })
+    .await
+    .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(refusal)?;
+    if removed == 0 {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!("template '{name}' has none of the tags {:?}", req.tags),
+        ));
+    }
+    tracing::info!(template = %name, tags = ?req.tags, key = %who.key_id, "template tags removed");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn list_tags(State(state): State<AppState>, Who(_): Who, Path(id): Path<String>) -> Answer {
+    let (name, _) = target_of(&id)?;
+    let all = state
+        .manager
+        .store()
+        .templates()
+        .map_err(crate::error::answer)?;
+    let prefix = format!("{name}:");
+    let tags: Vec<Value> = all
+        .iter()
+        .filter_map(|t| {
+            let tag = if t.name == name {
+                "default"
+            } else {
+                t.name.strip_prefix(&prefix)?
+            };
+            Some(json!({
+                "tag": tag,
+                "buildID": super::build_id(&t.digest),
+                "createdAt": crate::rest::rfc3339(t.created_at),
+            }))
+        })
+        .collect();
+    if tags.is_empty() {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!("template '{name}' not found"),
+        ));
+    }
+    Ok(axum::Json(tags).into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_tags_and_upload_signatures() {
-        assert_eq!(template_name("my-env", &[]).unwrap(), "my-env");
-        assert_eq!(template_name("my-env:default", &[]).unwrap(), "my-env");
+        let names = |raw: &str, tags: &[&str]| {
+            let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+            template_names(raw, &tags)
+        };
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            names("my-env", &[]).ok().unwrap(),
+            ("my-env".into(), v(&["my-env"]), v(&["default"]))
+        );
+        assert_eq!(
+            names("my-env:default", &[]).ok().unwrap(),
+            ("my-env".into(), v(&["my-env"]), v(&["default"]))
+        );
+        assert_eq!(
+            names("my-env:v1", &["stable", "v1", "default"])
+                .ok()
+                .unwrap(),
+            (
+                "my-env".into(),
+                v(&["my-env:v1", "my-env:stable", "my-env"]),
+                v(&["v1", "stable", "default"])
+            )
+        );
         for (raw, tags) in [
-            ("my-env:v1", vec![]),
-            ("my-env", vec!["stable".to_string()]),
-            ("My Env", vec![]),
-            ("host", vec![]),
-            ("", vec![]),
+            ("my-env:", &[][..]),
+            ("my-env", &["bad tag"][..]),
+            ("my-env:a:b", &[][..]),
+            ("My Env", &[][..]),
+            ("host", &[][..]),
+            ("", &[][..]),
         ] {
-            assert!(template_name(raw, &tags).is_err(), "{raw} {tags:?}");
+            assert!(names(raw, tags).is_err(), "{raw} {tags:?}");
         }
         let k = [7u8; 32];
         let a = signature(&k, "ab", 100);
