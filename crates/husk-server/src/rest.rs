@@ -52,7 +52,6 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/fork", unsupported("forking sandboxes"))
         .route("/sandboxes/{id}/snapshots", unsupported("snapshots"))
         .route("/snapshots", unsupported("snapshots"))
-        .route("/templates/{id}", unsupported("snapshots"))
         .route("/sandboxes/{id}/network", put(update_network))
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/husk/v1/sandboxes/{id}/denials", get(denials))

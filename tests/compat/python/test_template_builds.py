@@ -334,6 +334,25 @@ def test_tags_name_builds_and_move_between_them(husk, base_template, context, bu
         Template.assign_tags(f"{name}:v1", ["mine"], api_key=team_key)
     assert {t.tag for t in Template.get_tags(name, api_key=team_key)} == {"default", "v1", "v2"}
 
+    # E2B's template info and delete (`e2b template delete`): the template and all its tags.
+    r = http_request(husk.port, "GET", f"/templates/{name}", {"X-API-KEY": team_key})
+    assert r.status == 200, r.text
+    got = r.json()
+    assert got["templateID"] == name and got["buildCount"] == 2 and len(got["builds"]) == 2
+    assert {b["buildID"] for b in got["builds"]} == {tags["v1"], tags["v2"]}
+    assert http_request(husk.port, "GET", f"/templates/{name}", {}).status == 401
+    assert http_request(husk.port, "DELETE", f"/templates/{name}", {}).status == 401
+    assert http_request(husk.port, "DELETE", f"/templates/{name}", {"X-API-KEY": team_key}).status == 403
+    r = http_request(husk.port, "DELETE", f"/templates/{name}:v1", {"X-API-KEY": husk.admin_key})
+    assert r.status == 204, r.text
+    assert {t.tag for t in Template.get_tags(name, **admin)} == {"default", "v2"}
+    r = http_request(husk.port, "DELETE", f"/templates/{name}", {"X-API-KEY": husk.admin_key})
+    assert r.status == 204, r.text
+    with pytest.raises(TemplateException):
+        Template.get_tags(name, **admin)
+    assert http_request(husk.port, "GET", f"/templates/{name}", {"X-API-KEY": team_key}).status == 404
+    assert http_request(husk.port, "DELETE", f"/templates/{name}", {"X-API-KEY": husk.admin_key}).status == 404
+
 
 def _tar(files: dict) -> bytes:
     import io

@@ -88,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/husk/v1/templates/{name}", get(inspect).delete(remove))
         .route("/templates", get(e2b_list))
+        .route("/templates/{id}", get(e2b_get).delete(e2b_delete))
         .with_state(state.clone())
         .merge(e2b::router(state))
 }
@@ -262,6 +263,103 @@ async fn e2b_list(State(state): State<AppState>, Who(_): Who) -> Answer {
         ));
     }
     Ok(axum::Json(all).into_response())
+}
+
+/// The records of template `id`: `id` itself and its tags (`id:tag`), or only the one named
+/// when `id` has a tag.
+fn family<'a>(templates: &'a [TemplateRecord], id: &str) -> Vec<&'a TemplateRecord> {
+    let id = id.strip_suffix(":default").unwrap_or(id);
+    let prefix = format!("{id}:");
+    templates
+        .iter()
+        .filter(|t| t.name == id || (!id.contains(':') && t.name.starts_with(&prefix)))
+        .collect()
+}
+
+/// E2B's `GET /templates/{id}`: the template and its builds (one per image its name and tags
+/// name).
+async fn e2b_get(State(state): State<AppState>, Who(_): Who, Path(id): Path<String>) -> Answer {
+    let templates = built(state.manager.store())?;
+    let (size, started) = match &state.templates {
+        Some(s) => (s.size, s.started_at),
+        None => (SandboxSize::default(), OffsetDateTime::now_utc()),
+    };
+    let builtin = id == HOST_TEMPLATE
+        || (id == BASE_TEMPLATE && !templates.iter().any(|t| t.name == BASE_TEMPLATE));
+    if builtin {
+        let mut v = e2b_json(&id, "", started, &[id.as_str()], size);
+        v["builds"] = json!([]);
+        return Ok(axum::Json(v).into_response());
+    }
+    let mine = family(&templates, &id);
+    let Some(newest) = mine.iter().max_by_key(|t| t.created_at) else {
+        return Err(not_found(&id));
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let builds: Vec<Value> = mine
+        .iter()
+        .filter(|t| seen.insert(t.digest.clone()))
+        .map(|t| {
+            let at = crate::rest::rfc3339(t.created_at);
+            json!({
+                "buildID": build_id(&t.digest),
+                "status": "ready",
+                "createdAt": at,
+                "updatedAt": at,
+                "finishedAt": at,
+                "cpuCount": size.cpu_count,
+                "memoryMB": size.memory_mb,
+                "diskSizeMB": size.disk_mb,
+                "envdVersion": ENVD_VERSION,
+            })
+        })
+        .collect();
+    let name = id.strip_suffix(":default").unwrap_or(&id);
+    let mut v = e2b_json(name, &newest.digest, newest.created_at, &[name], size);
+    v["buildCount"] = json!(builds.len());
+    v["builds"] = Value::Array(builds);
+    Ok(axum::Json(v).into_response())
+}
+
+/// E2B's `DELETE /templates/{id}` (`e2b template delete`): the template and all its tags, or
+/// only the tag named (admin, as `husk template rm`).
+async fn e2b_delete(
+    State(state): State<AppState>,
+    Who(who): Who,
+    Path(id): Path<String>,
+) -> Answer {
+    require_admin(&who, "removing templates")?;
+    if id == HOST_TEMPLATE {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "the host template is built in and cannot be removed",
+        ));
+    }
+    let helper = service(&state)?.helper.clone();
+    let templates = built(state.manager.store())?;
+    let names: Vec<String> = family(&templates, &id)
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    if names.is_empty() {
+        return Err(not_found(&id));
+    }
+    tokio::task::spawn_blocking(move || {
+        for n in &names {
+            helper.remove(n)?;
+        }
+        Ok::<_, husk_build::helper::BuildError>(())
+    })
+    .await
+    .map_err(|e| {
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("removing the template: {e}"),
+        )
+    })?
+    .map_err(build::refusal)?;
+    tracing::info!(template = %id, key = %who.key_id, "template removed (E2B API)");
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[cfg(test)]
