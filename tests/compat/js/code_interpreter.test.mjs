@@ -356,6 +356,26 @@ test('JavaScript and TypeScript (Deno): results, top-level await, state, cwd, ES
   assert.match(r.error?.value ?? '', /boom/)
 })
 
+test('Java (husk\'s JShell kernel): output, results, state, env vars per call, errors, contexts', PER_TEST, async (t) => {
+  const sbx = await ciSandbox(t, undefined, { envs: { TEST_ENV_VAR: 'supertest' } })
+  let r = await sbx.runCode('System.out.println("Hello, World!");', { language: 'java' })
+  assert.deepEqual(r.logs.stdout, ['Hello, World!\n'])
+  r = await sbx.runCode('int x = 40 + 2;\nx', { language: 'java' })
+  assert.equal(r.text, '42')
+  r = await sbx.runCode('System.getenv("TEST_ENV_VAR")', { language: 'java' })
+  assert.equal(r.text, 'supertest')
+  r = await sbx.runCode('System.getenv("FOO")', { language: 'java', envs: { FOO: 'bar' } })
+  assert.equal(r.text, 'bar')
+  assert.equal((await sbx.runCode('System.getenv("FOO")', { language: 'java' })).text, 'null')
+  r = await sbx.runCode('throw new RuntimeException("boom")', { language: 'java' })
+  assert.equal(r.error?.name, 'java.lang.RuntimeException')
+  assert.equal(r.error?.value, 'boom')
+  assert.equal((await sbx.runCode('x * 2', { language: 'java' })).text, '84')
+  const ctx = await sbx.createCodeContext({ language: 'java', cwd: '/tmp' })
+  r = await sbx.runCode('System.getProperty("user.dir")', { context: ctx })
+  assert.equal(r.text, '/tmp')
+})
+
 test('killing the sandbox during runCode rejects with the SDK\'s "killed" TimeoutError', PER_TEST, async (t) => {
   // E2B: the /execute stream breaks off, the SDK finds the sandbox gone.
   const sbx = await ciSandbox(t)

@@ -587,3 +587,52 @@ def test_javascript_interrupts_and_a_kernel_that_ignores_them(ci_sandbox_factory
         "so it was restarted: the context's variables are gone\n"
     ], r
     assert sbx.run_code("1 + 2", language="js").results[0].text == "3"
+
+
+def test_java(ci_sandbox_factory):
+    """`language="java"`: husk's JShell kernel, with the context's state (variables, methods,
+    classes, imports), printing, the last expression as the result, env vars (the sandbox's, a
+    call's own, restored after), cwd, errors (compilation and exceptions) and interrupts."""
+    sbx = ci_sandbox_factory(envs={"TEST_ENV_VAR": "supertest"})
+    r = sbx.run_code('System.out.println("Hello, World!");', language="java")
+    assert r.error is None, r.error
+    assert stdout_of(r) == "Hello, World!\n", r
+    r = sbx.run_code("int x = 40 + 2;\nx", language="java")
+    assert r.text == "42", r
+    r = sbx.run_code(
+        "import java.util.*;\nint twice(int n) { return 2 * n; }\n"
+        "var l = new ArrayList<Integer>(List.of(3, 1, 2));\nCollections.sort(l);\n"
+        "System.out.print(twice(x));\nl",
+        language="java",
+    )
+    assert stdout_of(r) == "84" and r.text == "[1, 2, 3]", r
+    r = sbx.run_code('"a string, unquoted"', language="java")
+    assert r.text == "a string, unquoted", r
+    # E2B's env-var tests: the sandbox's, a call's own, overridden by a call, then restored.
+    assert sbx.run_code('System.getenv("TEST_ENV_VAR")', language="java").text == "supertest"
+    r = sbx.run_code('System.getenv("FOO")', envs={"FOO": "bar"}, language="java")
+    assert r.text == "bar", r
+    assert sbx.run_code('System.getenv("FOO")', language="java").text == "null"
+    r = sbx.run_code('System.getenv("TEST_ENV_VAR")', envs={"TEST_ENV_VAR": "overwrite"}, language="java")
+    assert r.text == "overwrite", r
+    assert sbx.run_code('System.getenv("TEST_ENV_VAR")', language="java").text == "supertest"
+    # The default cwd and user.
+    r = sbx.run_code('System.getProperty("user.dir") + " " + System.getProperty("user.name")', language="java")
+    assert r.text == "/home/user user", r
+    # Errors: a compilation error and an exception, each named; the context goes on.
+    r = sbx.run_code('int y = "s";', language="java")
+    assert r.error is not None and r.error.name == "CompilationException", r
+    assert "incompatible types" in r.error.value, r.error
+    r = sbx.run_code('throw new IllegalStateException("boom")', language="java")
+    assert r.error.name == "java.lang.IllegalStateException" and r.error.value == "boom", r.error
+    assert "IllegalStateException: boom" in r.error.traceback
+    assert sbx.run_code("x * 2", language="java").text == "84"
+    # A timed-out cell is interrupted and the context keeps its state.
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while (true) {}", language="java", timeout=3)
+    assert sbx.run_code("x + 1", language="java", timeout=30).text == "43"
+    # A context of its own, with its own state.
+    ctx = sbx.create_code_context(language="java")
+    assert ctx.language == "java"
+    r = sbx.run_code("x", context=ctx)
+    assert r.error is not None and r.error.name == "CompilationException", r

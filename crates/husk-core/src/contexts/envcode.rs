@@ -111,6 +111,34 @@ pub fn for_language(language: &str, vars: &[(String, String)]) -> Option<EnvCode
                     .into(),
             })
         }
+        "java" => {
+            // System.getenv's map is unmodifiable; husk's Java kernel opens java.util to the
+            // cells, so the map inside it is reached and changed (System.getenv(name) reads
+            // it). JSON string literals are Java string literals too.
+            let pairs: Vec<String> = vars
+                .iter()
+                .map(|(k, v)| format!("{{{}, {}}}", lit(k), lit(v)))
+                .collect();
+            Some(EnvCode {
+                set: format!(
+                    "var __husk_env_map = ((java.util.function.Supplier<java.util.Map<String, String>>) () -> {{ \
+                     try {{ var e = System.getenv(); var f = e.getClass().getDeclaredField(\"m\"); \
+                     f.setAccessible(true); @SuppressWarnings(\"unchecked\") var m = (java.util.Map<String, String>) f.get(e); return m; }} \
+                     catch (ReflectiveOperationException | RuntimeException x) {{ \
+                     throw new IllegalStateException(\"husk: this kernel cannot set environment variables: \" + x, x); }} }}).get();\n\
+                     var __husk_env_saved = new java.util.HashMap<String, String>();\n\
+                     for (String[] __husk_kv : new String[][] {{{}}}) {{ \
+                     __husk_env_saved.put(__husk_kv[0], __husk_env_map.get(__husk_kv[0])); \
+                     __husk_env_map.put(__husk_kv[0], __husk_kv[1]); }}",
+                    pairs.join(", ")
+                ),
+                restore: "for (var __husk_e : __husk_env_saved.entrySet()) { \
+                          if (__husk_e.getValue() == null) __husk_env_map.remove(__husk_e.getKey()); \
+                          else __husk_env_map.put(__husk_e.getKey(), __husk_e.getValue()); }\n\
+                          __husk_env_saved = null;\n__husk_env_map = null;"
+                    .into(),
+            })
+        }
         _ => None,
     }
 }
@@ -123,6 +151,26 @@ fn sh_quote_r(k: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn java_literals_are_escaped_and_the_map_is_restored() {
+        let c = for_language(
+            "java",
+            &[("A\"B".into(), "x\n\\\"y".into()), ("Z".into(), "é".into())],
+        )
+        .unwrap();
+        assert!(
+            c.set
+                .contains(r#"new String[][] {{"A\"B", "x\n\\\"y"}, {"Z", "é"}}"#),
+            "{}",
+            c.set
+        );
+        assert!(c.restore.contains("__husk_env_map.remove"), "{}", c.restore);
+        if let Ok(dir) = std::env::var("HUSK_PRINT_ENVCODE") {
+            std::fs::write(format!("{dir}/set.java"), &c.set).unwrap();
+            std::fs::write(format!("{dir}/restore.java"), &c.restore).unwrap();
+        }
+    }
 
     #[test]
     fn python_literals_are_escaped() {
