@@ -17,8 +17,8 @@
 //! - a step's `force` rebuilds it and everything after it; the template's `force` rebuilds
 //!   everything.
 //!
-//! husk's sandboxes run as `root` or `user`, so `USER` of any other name is refused, as are
-//! private registries' credentials (`fromImageRegistry`).
+//! husk's sandboxes run as `root` or `user`, so `USER` of any other name is refused. A private
+//! registry's login (`fromImageRegistry` of type `registry`) is used for this build's pull only.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -51,6 +51,22 @@ pub struct E2bTemplate {
     pub steps: Vec<E2bStep>,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+    /// The login to `from_image`'s registry (E2B's `fromImageRegistry` of type `registry`).
+    pub registry_login: Option<RegistryLogin>,
+}
+
+/// A registry's username and password, for one build's pull. Never shown: its `Debug` says
+/// only who.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryLogin {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegistryLogin({:?}, <password>)", self.username)
+    }
 }
 
 /// One step (`TemplateStep`): `RUN [cmd, user?]`, `COPY [src, dest, owner?, mode?]` with
@@ -121,6 +137,18 @@ impl E2bTemplate {
                 if s.trim().is_empty() || s.len() > 512 || s.contains(char::is_whitespace) {
                     return Err(error(None, format!("invalid base {s:?}")));
                 }
+            }
+        }
+        if let Some(login) = &self.registry_login {
+            if self.from_image.is_none() {
+                return Err(error(None, "a registry login comes with fromImage"));
+            }
+            let bad = |s: &str| s.is_empty() || s.len() > 4096 || s.contains(['\0', '\n', '\r']);
+            if bad(&login.username) || bad(&login.password) {
+                return Err(error(
+                    None,
+                    "the registry's username and password must be 1 to 4096 bytes, on one line",
+                ));
             }
         }
         if self.steps.len() > MAX_STEPS {

@@ -519,7 +519,9 @@ fn build(
     };
     let source = format!("upload:{}", spec.display());
     let no_cache = q.no_cache;
-    run_build(served, &plan, &q.name, no_cache, &source, key, ctx, sock)
+    run_build(
+        served, &plan, &q.name, no_cache, None, &source, key, ctx, sock,
+    )
 }
 
 /// Unpacks the files of an E2B template's `COPY` steps into a new context, makes the plan
@@ -561,7 +563,11 @@ fn e2b_build(
         Ok((plan, _)) => plan,
         Err(e) => return refused(400, e.to_string()),
     };
-    run_build(served, &plan, name, false, "e2b-sdk", key, ctx, sock)
+    let login = template
+        .registry_login
+        .as_ref()
+        .map(|l| (l.username.clone(), l.password.clone()));
+    run_build(served, &plan, name, false, login, "e2b-sdk", key, ctx, sock)
 }
 
 /// The client's status for a context or stored files husk refuses.
@@ -581,6 +587,7 @@ fn run_build(
     plan: &crate::plan::BuildPlan,
     name: &str,
     no_cache: bool,
+    registry_login: Option<(String, String)>,
     source: &str,
     key: &str,
     ctx: ContextDir,
@@ -618,6 +625,14 @@ fn run_build(
         store: served.proto.store.clone(),
         opts: BuildOptions {
             no_cache,
+            // A login the build brings is used for its pull instead of the server's.
+            registry: match registry_login {
+                Some(auth) => crate::oci::RegistryOptions {
+                    auth: Some(auth),
+                    ..served.proto.opts.registry.clone()
+                },
+                None => served.proto.opts.registry.clone(),
+            },
             ..served.proto.opts.clone()
         },
     };

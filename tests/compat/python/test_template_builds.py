@@ -8,7 +8,11 @@ only."""
 from __future__ import annotations
 
 import asyncio
+import os
 import json
+import secrets
+import socket
+import warnings
 import subprocess
 import time
 import urllib.parse
@@ -192,9 +196,9 @@ def test_build_failures_name_their_step_and_refusals_are_clear(husk, base_templa
     # What husk cannot do is refused before anything runs, and says why.
     cases = [
         (Template().from_template(base_template).set_user("guest").run_cmd("id"), '"root" or "user"'),
-        (Template().from_image("example.com/private/img", username="u", password="p").run_cmd("id"),
-         "fromImageRegistry"),
         (Template().from_template("no-such-template-here").run_cmd("id"), "not found"),
+        (Template().from_aws_registry("1.dkr.ecr.us-east-1.amazonaws.com/x:1", "a", "b", "us-east-1")
+         .run_cmd("id"), "not supported by husk"),
     ]
     for tpl, want in cases:
         with pytest.raises(BuildException) as e:
@@ -352,6 +356,68 @@ def test_tags_name_builds_and_move_between_them(husk, base_template, context, bu
         Template.get_tags(name, **admin)
     assert http_request(husk.port, "GET", f"/templates/{name}", {"X-API-KEY": team_key}).status == 404
     assert http_request(husk.port, "DELETE", f"/templates/{name}", {"X-API-KEY": husk.admin_key}).status == 404
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """Debian's docker-registry on a free loopback port, with a login (htpasswd, bcrypt)."""
+    binary = Path("/usr/bin/docker-registry")
+    assert binary.exists(), "docker-registry is missing: run scripts/test (it installs it)"
+    d = tmp_path_factory.mktemp("registry")
+    user, password = "husk-test", secrets.token_hex(12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    (d / "htpasswd").write_text(f"{user}:{hashed}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = d / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {d / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+        f"auth:\n  htpasswd:\n    realm: husk-test\n    path: {d / 'htpasswd'}\n"
+    )
+    proc = subprocess.Popen([str(binary), "serve", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "docker-registry did not start"
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}", user, password
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.timeout(300)
+def test_from_an_image_in_a_private_registry(husk, base_template, context, built, registry, sandbox_factory):
+    """`from_image(..., username=, password=)`: the login is used for this build's pull (a real
+    registry that wants it); a wrong one, or none, fails the build and says why."""
+    addr, user, password = registry
+    image = f"{addr}/husk-test/base:1"
+    env = dict(os.environ, HUSK_REGISTRY_USERNAME=user, HUSK_REGISTRY_PASSWORD=password)
+    out = subprocess.run([str(husk.bin), "template", "export", base_template, "--push", image,
+                          "--state-dir", str(husk.state_dir)], capture_output=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    name = unique("sdk-registry")
+    built.append(name)
+    t = (Template(file_context_path=str(context)).from_image(image, username=user, password=password)
+         .run_cmd("echo pulled-as-$(whoami) > /home/user/pulled"))
+    Template.build(t, name, api_key=husk.admin_key)
+    sbx = sandbox_factory(template=name, timeout=60)
+    assert sbx.commands.run("cat /home/user/pulled /etc/husk-compat").stdout == "pulled-as-user\ncompat-template\n"
+    for login in ({"username": user, "password": "wrong"}, {}):
+        t = Template().from_image(image, **login).run_cmd("true")
+        with pytest.raises(BuildException) as e:
+            Template.build(t, unique("sdk-registry-no"), api_key=husk.admin_key)
+        assert addr in str(e.value), str(e.value)
 
 
 def _tar(files: dict) -> bytes:

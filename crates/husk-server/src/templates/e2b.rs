@@ -37,7 +37,7 @@ use axum::routing::{get, post, put};
 use axum::Router;
 use hmac::{Hmac, Mac};
 use husk_build::e2b::{
-    step_numbers, tagged, valid_files_hash, valid_tagged_name, E2bStep, E2bTemplate,
+    step_numbers, tagged, valid_files_hash, valid_tagged_name, E2bStep, E2bTemplate, RegistryLogin,
 };
 use husk_build::helper::BuildError;
 use husk_build::spec::valid_template_name;
@@ -470,6 +470,31 @@ struct StepBody {
     force_upload: Option<bool>,
 }
 
+/// The login of E2B's `fromImageRegistry`: `{"type": "registry", "username", "password"}`.
+/// AWS's and GCP's (keys traded for a token by their SDKs) are refused.
+fn registry_login(v: &Value) -> Result<RegistryLogin, Response> {
+    let field = |k: &str| v.get(k).and_then(Value::as_str);
+    match field("type") {
+        Some("registry") => match (field("username"), field("password")) {
+            (Some(u), Some(p)) => Ok(RegistryLogin {
+                username: u.to_string(),
+                password: p.to_string(),
+            }),
+            _ => Err(bad(
+                "fromImageRegistry of type registry needs a username and a password",
+            )),
+        },
+        Some(other @ ("aws" | "gcp")) => Err(bad(format!(
+            "fromImageRegistry of type {other:?} is not supported by husk (it logs in to \
+             registries with a username and password: give a registry login, or push the image \
+             to a registry husk can pull from)"
+        ))),
+        _ => Err(bad(
+            "fromImageRegistry must be {\"type\": \"registry\", \"username\", \"password\"}",
+        )),
+    }
+}
+
 async fn start(
     State(state): State<AppState>,
     Who(who): Who,
@@ -484,13 +509,10 @@ async fn start(
         r#"{"fromImage": "e2bdev/base", "steps": [{"type": "RUN", "args": ["echo hi"]}]}"#,
     )
     .await?;
-    if req.from_image_registry.is_some() {
-        return Err(bad(
-            "husk pulls images without registry credentials: fromImageRegistry (a private \
-             registry's login) is not supported; build from an image husk can pull as is, or \
-             from a template (fromTemplate)",
-        ));
-    }
+    let registry_login = match req.from_image_registry {
+        None => None,
+        Some(v) => Some(registry_login(&v)?),
+    };
     let t = E2bTemplate {
         from_image: req.from_image,
         from_template: req.from_template,
@@ -508,6 +530,7 @@ async fn start(
             .collect(),
         start_cmd: req.start_cmd,
         ready_cmd: req.ready_cmd,
+        registry_login,
     };
     t.check().map_err(|e| bad(e.to_string()))?;
     if let Some(from) = &t.from_template {
