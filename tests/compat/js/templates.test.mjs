@@ -73,6 +73,25 @@ test('a template built with the JS SDK, twice, the second from the cache', { tim
   assert.equal(await Template.exists(unique('nothere'), opts), false)
 })
 
+test('tags: name:tag builds, assignTags, removeTags, getTags', { timeout: 300_000 }, async (t) => {
+  const opts = { apiKey: husk.adminKey, apiUrl: husk.url }
+  const name = unique('jstags')
+  built.push(name, `${name}:v1`, `${name}:stable`, `${name}:prod`)
+  const tpl = Template({ fileContextPath: ctx }).fromTemplate(base).runCmd('echo one > /home/user/version')
+  const info = await Template.build(tpl, `${name}:v1`, { ...opts, tags: ['stable'] })
+  assert.deepEqual([...info.tags].sort(), ['stable', 'v1'])
+  assert.equal(await Template.exists(`${name}:stable`, opts), true)
+  assert.equal(await Template.exists(name, opts), false)
+  const assigned = await Template.assignTags(`${name}:v1`, ['prod', 'default'], opts)
+  assert.deepEqual([...assigned.tags].sort(), ['default', 'prod'])
+  const sbx = await husk.sandbox(t, { template: name })
+  assert.equal((await sbx.commands.run('cat /home/user/version')).stdout, 'one\n')
+  await Template.removeTags(name, ['stable'], opts)
+  const tags = (await Template.getTags(name, opts)).map((x) => x.tag).sort()
+  assert.deepEqual(tags, ['default', 'prod', 'v1'])
+  assert.equal(await Template.exists(`${name}:stable`, opts), false)
+})
+
 test('a failing step is named, and a team key cannot build', { timeout: 120_000 }, async () => {
   const opts = { apiKey: husk.adminKey, apiUrl: husk.url }
   const failing = Template({ fileContextPath: ctx }).fromTemplate(base).runCmd('true').runCmd('echo boom; exit 4')
