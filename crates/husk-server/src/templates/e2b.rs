@@ -90,10 +90,22 @@ struct Build {
 }
 
 /// The builds of E2B's API this server knows, and the key its upload URLs are signed with.
-#[derive(Default)]
 pub struct E2bBuilds {
     builds: Mutex<VecDeque<Arc<Build>>>,
     upload_key: OnceLock<[u8; 32]>,
+    /// One upload at a time: each holds one of the build helper's few channels for as long as
+    /// it streams, and the others are for builds and their questions.
+    uploads: tokio::sync::Semaphore,
+}
+
+impl Default for E2bBuilds {
+    fn default() -> Self {
+        E2bBuilds {
+            builds: Mutex::default(),
+            upload_key: OnceLock::new(),
+            uploads: tokio::sync::Semaphore::new(1),
+        }
+    }
 }
 
 impl E2bBuilds {
@@ -416,6 +428,13 @@ async fn upload(
             return Err(resp);
         }
     };
+    // Waiting here is bounded by the body's own stall limits of the upload ahead.
+    let _turn = svc.e2b.uploads.acquire().await.map_err(|_| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+    })?;
     let (tx, reader) = body::body_channel();
     let helper = svc.helper.clone();
     let h = hash.clone();
