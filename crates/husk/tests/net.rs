@@ -675,7 +675,7 @@ fn the_host_uplink_changes_only_what_it_says_and_takes_it_back() {
     // leaves the host as it was.
     let server = Server::start_with(state.path(), &["--egress", "host", "--net-pool", "0"]);
     server.key_for("net-h");
-    server.kill_hard();
+    server.kill_hard_with("husk-net");
     let crashed = host_state();
     assert!(crashed.0.contains("table inet husk-"), "{}", crashed.0);
     // Even a server started without egress cleans up after a crashed one.

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use super::HUSK;
+use super::{wait_for, HUSK};
 
 /// How long a request waits for the server's next bytes (template builds are slow).
 const READ_TIMEOUT: Duration = Duration::from_secs(300);
@@ -218,6 +218,48 @@ impl Server {
 
     /// A crash: SIGKILL, and waits until it is gone.
     pub fn kill_hard(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// A crash of the server and its helper `helper` (its thread name, `husk-net`) together:
+    /// the helper is SIGKILLed first. A server that dies alone closes its helpers' channels a
+    /// moment before the kernel's parent-death SIGKILL reaches them, and a helper that sees its
+    /// server gone cleans up if it gets the time; killing it first is the crash in which
+    /// nothing does.
+    pub fn kill_hard_with(mut self, helper: &str) {
+        let server = self.child.id().to_string();
+        let mut killed = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`; the name may hold spaces, so split at its ")".
+            let Some((head, tail)) = stat.rsplit_once(") ") else {
+                continue;
+            };
+            let comm = head.split_once(" (").map_or("", |(_, c)| c);
+            let ppid = tail.split_whitespace().nth(1).unwrap_or("");
+            if comm == helper && ppid == server {
+                let pid = entry.file_name().to_string_lossy().into_owned();
+                let ok = Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+                assert!(ok.success(), "kill -KILL {pid}");
+                killed.push(pid);
+            }
+        }
+        assert!(!killed.is_empty(), "the server has no {helper} helper");
+        // Dead (a zombie until the server reaps it, or gone) before the server goes.
+        for pid in &killed {
+            wait_for(Duration::from_secs(10), || {
+                let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.rsplit_once(") ").map(|(_, t)| t.chars().next()));
+                match state {
+                    Ok(Some(Some('Z'))) | Err(_) => Some(()),
+                    _ => None,
+                }
+            })
+            .unwrap_or_else(|| panic!("{helper} ({pid}) outlived SIGKILL"));
+        }
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
