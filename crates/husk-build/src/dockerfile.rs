@@ -589,7 +589,7 @@ fn has_heredoc(rest: &str) -> bool {
 
 /// `path` (absolute, or relative to `base`) normalized: no `.`, `..` resolved lexically and
 /// never above `/`, no trailing `/`.
-fn join_path(base: &str, path: &str) -> String {
+pub(crate) fn join_path(base: &str, path: &str) -> String {
     let joined = if path.starts_with('/') {
         path.to_owned()
     } else {

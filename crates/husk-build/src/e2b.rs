@@ -345,39 +345,19 @@ fn home_of(user: &str) -> String {
     }
 }
 
-/// `rel` under `dir` when it is relative, cleaned of `.` components.
+/// `rel` under `dir` when it is relative, normalized as a Dockerfile's paths are, keeping a
+/// trailing `/` (it says "into this directory" to a copy).
 fn absolute(dir: &str, rel: &str) -> String {
-    let joined = if rel.starts_with('/') {
-        rel.to_string()
+    let path = crate::dockerfile::join_path(dir, rel);
+    if rel.ends_with('/') && path != "/" {
+        path + "/"
     } else {
-        format!("{}/{rel}", dir.trim_end_matches('/'))
-    };
-    let trailing = joined.ends_with('/') && joined.len() > 1;
-    let mut out: Vec<&str> = Vec::new();
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            p => out.push(p),
-        }
+        path
     }
-    let mut s = format!("/{}", out.join("/"));
-    if trailing && s != "/" {
-        s.push('/');
-    }
-    s
 }
 
 fn shell_display(kind: &str, rest: &str) -> String {
-    let line = format!("{kind} {}", rest.replace('\n', " "));
-    if line.chars().count() > 100 {
-        let cut: String = line.chars().take(99).collect();
-        format!("{cut}…")
-    } else {
-        line
-    }
+    crate::spec::display(&format!("{kind} {rest}"))
 }
 
 /// The base a template starts from: `fromTemplate` names a husk template; `fromImage` an OCI

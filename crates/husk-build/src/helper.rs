@@ -201,14 +201,25 @@ impl BuildHelper {
             query: query.to_vec(),
             key: key.to_owned(),
         };
-        let (theirs, ours) = rt::stream_pipe().map_err(pipe_failed)?;
-        let mut lent = self.channels.clone().lend_owned()?;
-        lent.send(&req, Some(theirs.as_fd()))?;
-        drop(theirs);
-        // However the upload ends, the helper answers: a refusal says why.
-        let _ = rt::send_stream(reader, ours);
+        let mut lent = self.send_streamed(&req, reader)?;
         let (reply, fd) = lent.recv_more::<BuildReply>()?;
         started(lent, reply, fd)
+    }
+
+    /// Sends `req` with the read end of a pipe that carries what `reader` gives, as chunks,
+    /// to its end; the channel stays lent for the answer. However the stream ends (a reader
+    /// that fails leaves it without its end), the helper answers: a refusal says why.
+    fn send_streamed(
+        &self,
+        req: &BuildRequest,
+        reader: impl Read,
+    ) -> Result<Lent<Arc<Channels>>, BuildError> {
+        let (theirs, ours) = rt::stream_pipe().map_err(pipe_failed)?;
+        let mut lent = self.channels.clone().lend_owned()?;
+        lent.send(req, Some(theirs.as_fd()))?;
+        drop(theirs);
+        let _ = rt::send_stream(reader, ours);
+        Ok(lent)
     }
 
     /// Starts a build of E2B's template `template` as `name` (refused, with the client's
@@ -244,11 +255,7 @@ impl BuildHelper {
     /// fails stores nothing. Blocking.
     pub fn put_files(&self, hash: &str, reader: impl Read) -> Result<(), BuildError> {
         let req = BuildRequest::PutFiles { hash: hash.into() };
-        let (theirs, ours) = rt::stream_pipe().map_err(pipe_failed)?;
-        let mut lent = self.channels.clone().lend_owned()?;
-        lent.send(&req, Some(theirs.as_fd()))?;
-        drop(theirs);
-        let _ = rt::send_stream(reader, ours);
+        let mut lent = self.send_streamed(&req, reader)?;
         let (reply, _) = lent.recv::<BuildReply>()?;
         lent.settled();
         match reply {
@@ -277,9 +284,7 @@ impl BuildHelper {
         let req = BuildRequest::Remove { name: name.into() };
         match self.channels.call::<_, BuildReply>(&req, None)?.0 {
             BuildReply::Removed(r) => Ok(r.map(|b| *b)),
-            BuildReply::Refused { status, message } => Err(BuildError::Refused { status, message }),
-            BuildReply::Failed(f) => Err(BuildError::Helper(HelperError::Failed(f))),
-            other => Err(unexpected(&other)),
+            other => Err(settled_error(other)),
         }
     }
 }
@@ -938,21 +943,14 @@ mod tests {
         };
         let (reply, _) = p.helper.channels.call::<_, BuildReply>(&req, None).unwrap();
         assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
-        let (r, _w) = husk_runtime::sys::pipe().unwrap();
-        let req = BuildRequest::Remove { name: "x".into() };
-        let (reply, _) = p
-            .helper
-            .channels
-            .call::<_, BuildReply>(&req, Some(r.as_fd()))
-            .unwrap();
-        assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
-        // Stored files without their pipe; an E2B build or a question with one.
+        // Stored files without their pipe; a removal, an E2B build or a question with one.
         let req = BuildRequest::PutFiles {
             hash: "ab".repeat(32),
         };
         let (reply, _) = p.helper.channels.call::<_, BuildReply>(&req, None).unwrap();
         assert!(matches!(reply, BuildReply::Failed(_)), "{reply:?}");
         for req in [
+            BuildRequest::Remove { name: "x".into() },
             BuildRequest::HasFiles {
                 hash: "ab".repeat(32),
             },

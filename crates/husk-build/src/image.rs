@@ -31,15 +31,7 @@ const SOURCE_DATE_EPOCH: &str = "4102444800";
 /// The image's file-system UUID, derived from the top layer's key (the same layers, the same
 /// UUID).
 fn uuid_of(key: &str) -> String {
-    let h: String = key.chars().chain(std::iter::repeat('0')).take(32).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    husk_core::ids::uuid_shaped(key)
 }
 
 /// The record of which image a layer stack made: `<images>/by-key/<top key>` holds

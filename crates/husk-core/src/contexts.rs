@@ -170,18 +170,8 @@ fn lock(m: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
 }
 
 fn new_context_id() -> Result<String, ContextError> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| ContextError::Kernel(format!("random id: {e}")))?;
     // UUID-shaped like Jupyter's kernel ids, which E2B uses as context ids.
-    let h = hex::encode(b);
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    ))
+    crate::ids::random_uuid().map_err(|e| ContextError::Kernel(format!("random id: {e}")))
 }
 
 impl Contexts {

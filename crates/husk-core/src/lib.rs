@@ -8,6 +8,7 @@ pub mod calls;
 pub mod contexts;
 pub mod files;
 pub mod host;
+pub mod ids;
 pub mod keys;
 pub mod manager;
 pub mod process;

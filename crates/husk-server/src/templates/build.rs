@@ -143,6 +143,24 @@ pub async fn create(
     Ok(resp)
 }
 
+/// Runs `call` on the build helper from a blocking thread (every call waits for the helper's
+/// answer); a refusal is the client's answer, as [`refusal`] gives it.
+pub(super) async fn on_helper<T: Send + 'static>(
+    svc: &TemplateService,
+    call: impl FnOnce(&husk_build::helper::BuildHelper) -> Result<T, BuildError> + Send + 'static,
+) -> Result<T, Response> {
+    let helper = svc.helper.clone();
+    tokio::task::spawn_blocking(move || call(&helper))
+        .await
+        .map_err(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the build helper's call: {e}"),
+            )
+        })?
+        .map_err(refusal)
+}
+
 /// The client's answer to a build the helper did not start.
 pub(super) fn refusal(e: BuildError) -> Response {
     match e {

@@ -48,7 +48,7 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use time::OffsetDateTime;
 
-use super::build::{refusal, Slot};
+use super::build::{on_helper, refusal, Slot};
 use super::e2b_log::{apply, entry_json, Level, Log, Status};
 use super::{require_admin, service, Answer, TemplateService};
 use crate::rest::{error, Who};
@@ -87,6 +87,12 @@ struct Build {
     id: String,
     created: OffsetDateTime,
     log: Mutex<Log>,
+}
+
+impl Build {
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// The builds of E2B's API this server knows, and the key its upload URLs are signed with.
@@ -147,7 +153,7 @@ impl E2bBuilds {
         if builds.len() >= MAX_BUILDS {
             let now = OffsetDateTime::now_utc();
             let old = builds.iter().position(|b| {
-                let log = b.log.lock().unwrap_or_else(|p| p.into_inner());
+                let log = b.log();
                 matches!(log.status, Status::Ready | Status::Error)
                     || (!log.triggered && now - b.created > time::Duration::hours(1))
             });
@@ -189,24 +195,12 @@ async fn json_body<T: serde::de::DeserializeOwned>(b: Body, example: &str) -> Re
 
 /// A random build id in the UUID shape E2B's have.
 fn new_build_id() -> Result<String, Response> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| {
+    husk_core::ids::random_uuid().map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("random build id: {e}"),
         )
-    })?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    ))
+    })
 }
 
 /// `POST /v3/templates`'s body (`TemplateBuildRequestV3`).
@@ -278,7 +272,7 @@ async fn request_build(State(state): State<AppState>, Who(who): Who, b: Body) ->
         log: Mutex::new(Log::new()),
     });
     {
-        let mut log = build.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = build.log();
         let size = svc.size;
         let asked = [
             req.cpu_count.map(|c| format!("cpuCount {c}")),
@@ -358,12 +352,8 @@ async fn files_link(
             "invalid files hash {hash:?}: expected 64 lower-case hex digits"
         )));
     }
-    let helper = svc.helper.clone();
     let asked = hash.clone();
-    let present = tokio::task::spawn_blocking(move || helper.has_files(&asked))
-        .await
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(refusal)?;
+    let present = on_helper(&svc, move |h| h.has_files(&asked)).await?;
     let expires = OffsetDateTime::now_utc().unix_timestamp() + UPLOAD_URL_LIFETIME.as_secs() as i64;
     let sig = signature(svc.e2b.key()?, &hash, expires);
     let url = format!(
@@ -564,13 +554,8 @@ async fn start(
     }
     // Files never uploaded are the client's mistake: said now, not in the build's log.
     for hash in t.files_hashes() {
-        let helper = svc.helper.clone();
         let asked = hash.clone();
-        let present = tokio::task::spawn_blocking(move || helper.has_files(&asked))
-            .await
-            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-            .map_err(refusal)?;
-        if !present {
+        if !on_helper(&svc, move |h| h.has_files(&asked)).await? {
             return Err(bad(format!(
                 "the files of hash {hash} were never uploaded: upload them first \
                  (GET /templates/{template}/files/{hash} gives the URL)"
@@ -578,7 +563,7 @@ async fn start(
         }
     }
     {
-        let mut log = build.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = build.log();
         if log.triggered {
             return Err(error(
                 StatusCode::CONFLICT,
@@ -601,20 +586,13 @@ async fn run(
     numbers: Vec<usize>,
     key: String,
 ) {
-    let lock = |b: &Build| {
-        b.log
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .status
-            .as_str()
-    };
     let deadline = tokio::time::Instant::now() + SLOT_WAIT;
     let slot = loop {
         if let Some(slot) = Slot::take(&svc) {
             break slot;
         }
         if tokio::time::Instant::now() > deadline {
-            let mut log = build.log.lock().unwrap_or_else(|p| p.into_inner());
+            let mut log = build.log();
             log.fail(format!(
                 "the server's builder was busy with other builds for {} minutes",
                 SLOT_WAIT.as_secs() / 60
@@ -624,7 +602,7 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     {
-        let mut log = build.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = build.log();
         log.status = Status::Building;
         log.step = Some("base".into());
     }
@@ -639,19 +617,11 @@ async fn run(
                 BuildError::Refused { message, .. } => message,
                 other => other.to_string(),
             };
-            build
-                .log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .fail(message);
+            build.log().fail(message);
             return;
         }
         Err(e) => {
-            build
-                .log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .fail(e.to_string());
+            build.log().fail(e.to_string());
             return;
         }
     };
@@ -671,7 +641,7 @@ async fn run(
                         done = Some(ev);
                         continue;
                     }
-                    let mut log = b.log.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut log = b.log();
                     apply(&mut log, &ev, &numbers);
                 }
             }
@@ -682,7 +652,7 @@ async fn run(
                 Some((first, rest)) if !rest.is_empty() => helper.tag(first, rest).map(|_| ()),
                 _ => Ok(()),
             };
-            let mut log = b.log.lock().unwrap_or_else(|p| p.into_inner());
+            let mut log = b.log();
             match tagged {
                 Ok(()) => apply(&mut log, &ev, &numbers),
                 Err(e) => log.fail(format!("registering the build's tags: {e}")),
@@ -692,7 +662,7 @@ async fn run(
         ended
     })
     .await;
-    let mut log = build.log.lock().unwrap_or_else(|p| p.into_inner());
+    let mut log = build.log();
     if matches!(log.status, Status::Building | Status::Waiting) {
         let why = match forwarded {
             Ok(Err(e)) => format!("the build helper: {e}"),
@@ -701,8 +671,7 @@ async fn run(
         };
         log.fail(why);
     }
-    drop(log);
-    tracing::info!(template = %build.template, build = %build.id, status = lock(&build), "E2B template build over");
+    tracing::info!(template = %build.template, build = %build.id, status = log.status.as_str(), "E2B template build over");
 }
 
 async fn status(
@@ -740,7 +709,7 @@ async fn status(
         }
     }
     let build = svc.e2b.find(&template, &build_id)?;
-    let log = build.log.lock().unwrap_or_else(|p| p.into_inner());
+    let log = build.log();
     let entries: Vec<Value> = log
         .entries
         .iter()
@@ -787,15 +756,8 @@ async fn alias(State(state): State<AppState>, Who(_): Who, Path(alias): Path<Str
 
 /// The template `raw` (`name` or `name:tag`) names: its name and its registered name.
 fn target_of(raw: &str) -> Result<(String, String), Response> {
-    let (name, tag) = match raw.split_once(':') {
-        Some((n, t)) => (n, t),
-        None => (raw, "default"),
-    };
-    let full = tagged(name, tag);
-    if !valid_tagged_name(&full) || name == HOST_TEMPLATE {
-        return Err(bad(format!("invalid template name {raw:?}")));
-    }
-    Ok((name.to_string(), full))
+    let (name, mut names, _) = template_names(raw, &[])?;
+    Ok((name, names.remove(0)))
 }
 
 #[derive(Deserialize)]
@@ -815,11 +777,7 @@ async fn assign_tags(State(state): State<AppState>, Who(who): Who, b: Body) -> A
         return Err(bad("no tags to assign"));
     }
     let (_, names, tags) = template_names(&name, &req.tags)?;
-    let helper = svc.helper.clone();
-    let rec = tokio::task::spawn_blocking(move || helper.tag(&source, &names))
-        .await
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(refusal)?;
+    let rec = on_helper(&svc, move |h| h.tag(&source, &names)).await?;
     tracing::info!(template = %name, ?tags, key = %who.key_id, "template tags assigned");
     Ok((
         StatusCode::CREATED,
@@ -841,19 +799,16 @@ async fn remove_tags(State(state): State<AppState>, Who(who): Who, b: Body) -> A
     let req: RemoveBody = json_body(b, r#"{"name": "my-template", "tags": ["stable"]}"#).await?;
     let (name, _) = target_of(&req.name)?;
     let (_, names, _) = template_names(&name, &req.tags)?;
-    let helper = svc.helper.clone();
-    let removed = tokio::task::spawn_blocking(move || {
+    let removed = on_helper(&svc, move |h| {
         let mut removed = 0;
         for n in &names {
-            if helper.remove(n)?.is_some() {
+            if h.remove(n)?.is_some() {
                 removed += 1;
             }
         }
-        Ok::<_, BuildError>(removed)
+        Ok(removed)
     })
-    .await
-    .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    .map_err(refusal)?;
+    .await?;
     if removed == 0 {
         return Err(error(
             StatusCode::NOT_FOUND,

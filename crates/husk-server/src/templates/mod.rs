@@ -168,27 +168,24 @@ async fn inspect(State(state): State<AppState>, Who(_): Who, Path(name): Path<St
     }
 }
 
-/// Unregisters a template and releases its image as `husk template rm` does (sandboxes
-/// running from it keep their mount).
-async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
-    require_admin(&who, "removing templates")?;
+/// Refuses a removal by a key that is not an admin's, or of the built-in host template.
+fn removable(who: &Principal, name: &str) -> Result<(), Response> {
+    require_admin(who, "removing templates")?;
     if name == HOST_TEMPLATE {
         return Err(error(
             StatusCode::BAD_REQUEST,
             "the host template is built in and cannot be removed",
         ));
     }
-    let helper = service(&state)?.helper.clone();
+    Ok(())
+}
+
+/// Unregisters a template and releases its image as `husk template rm` does (sandboxes
+/// running from it keep their mount).
+async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<String>) -> Answer {
+    removable(&who, &name)?;
     let removing = name.clone();
-    let removed = tokio::task::spawn_blocking(move || helper.remove(&removing))
-        .await
-        .map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("removing the template: {e}"),
-            )
-        })?
-        .map_err(build::refusal)?;
+    let removed = build::on_helper(service(&state)?, move |h| h.remove(&removing)).await?;
     match removed {
         Some(_) => {
             tracing::info!(template = %name, key = %who.key_id, "template removed");
@@ -200,16 +197,7 @@ async fn remove(State(state): State<AppState>, Who(who): Who, Path(name): Path<S
 
 /// A digest's first 128 bits in the UUID shape E2B's build ids have.
 fn build_id(digest: &str) -> String {
-    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-    let hex: String = hex.chars().chain(std::iter::repeat('0')).take(32).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    husk_core::ids::uuid_shaped(digest.strip_prefix("sha256:").unwrap_or(digest))
 }
 
 fn e2b_json(
@@ -328,14 +316,8 @@ async fn e2b_delete(
     Who(who): Who,
     Path(id): Path<String>,
 ) -> Answer {
-    require_admin(&who, "removing templates")?;
-    if id == HOST_TEMPLATE {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "the host template is built in and cannot be removed",
-        ));
-    }
-    let helper = service(&state)?.helper.clone();
+    removable(&who, &id)?;
+    let svc = service(&state)?;
     let templates = built(state.manager.store())?;
     let names: Vec<String> = family(&templates, &id)
         .iter()
@@ -344,20 +326,13 @@ async fn e2b_delete(
     if names.is_empty() {
         return Err(not_found(&id));
     }
-    tokio::task::spawn_blocking(move || {
+    build::on_helper(svc, move |h| {
         for n in &names {
-            helper.remove(n)?;
+            h.remove(n)?;
         }
-        Ok::<_, husk_build::helper::BuildError>(())
+        Ok(())
     })
-    .await
-    .map_err(|e| {
-        error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("removing the template: {e}"),
-        )
-    })?
-    .map_err(build::refusal)?;
+    .await?;
     tracing::info!(template = %id, key = %who.key_id, "template removed (E2B API)");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
