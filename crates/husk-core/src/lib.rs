@@ -11,6 +11,7 @@ pub mod host;
 pub mod ids;
 pub mod keys;
 pub mod manager;
+pub mod net_rules;
 pub mod process;
 pub mod runs;
 pub mod secrets;

@@ -25,7 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::netns::NetNs;
 use crate::policy::{NetPolicy, Target};
-use crate::router::Attachment;
+use crate::router::{Attachment, RouterError};
+use crate::rules::HeaderRules;
 use crate::sandboxes::Denial;
 use crate::service::NetService;
 
@@ -102,10 +103,18 @@ impl From<WireDenial> for Denial {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     /// A link out under `policy`, for a new sandbox: [`Reply::Attached`], with the
-    /// namespace the sandbox joins attached.
-    Attach { policy: WirePolicy },
-    /// Changes a link's policy.
-    SetPolicy { link: u64, policy: WirePolicy },
+    /// namespace the sandbox joins attached. With `rules` (even empty) the sandbox gets a CA
+    /// of its own, for its header rules now and later.
+    Attach {
+        policy: WirePolicy,
+        rules: Option<HeaderRules>,
+    },
+    /// Changes a link's policy and header rules (empty: none).
+    SetPolicy {
+        link: u64,
+        policy: WirePolicy,
+        rules: HeaderRules,
+    },
     /// A link's denials (at most [`crate::sandboxes::MAX_DENIALS`], a few hundred KiB);
     /// `sync` first files what the kernel has logged so far.
     Denials { link: u64, sync: bool },
@@ -119,7 +128,12 @@ pub enum Request {
 /// The network helper's answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    Attached { link: u64, gateway: Ipv4Addr },
+    /// `ca`: the sandbox's CA certificate (PEM), when it was attached with rules.
+    Attached {
+        link: u64,
+        gateway: Ipv4Addr,
+        ca: Option<String>,
+    },
     Done,
     Denials(Vec<WireDenial>),
     Socket,
@@ -157,18 +171,28 @@ impl Helper {
             );
         }
         match req {
-            Request::Attach { policy } => self.attach(policy.into()),
-            Request::SetPolicy { link, policy } => {
+            Request::Attach { policy, rules } => self.attach(policy.into(), rules),
+            Request::SetPolicy {
+                link,
+                policy,
+                rules,
+            } => {
                 let policy = NetPolicy::from(policy);
                 if let Err(e) = policy.validate() {
                     return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
+                }
+                if let Err(e) = rules.validate() {
+                    return failed(FailureKind::InvalidSpec, format!("invalid rules: {e}"));
                 }
                 // The link is taken out of the map's lock before its `nft` run: changes to
                 // other links never wait for this one.
                 let found = self.link(link);
                 match found {
-                    Some(a) => match a.set_policy(policy) {
+                    Some(a) => match a.set_policy(policy, rules) {
                         Ok(()) => (Reply::Done, None),
+                        Err(RouterError::Rules(e)) => {
+                            failed(FailureKind::InvalidSpec, e.to_string())
+                        }
                         Err(e) => failed(
                             FailureKind::Internal,
                             format!(
@@ -220,17 +244,21 @@ impl Helper {
         }
     }
 
-    fn attach(&self, policy: NetPolicy) -> (Reply, Option<OwnedFd>) {
+    fn attach(&self, policy: NetPolicy, rules: Option<HeaderRules>) -> (Reply, Option<OwnedFd>) {
         let Some(service) = &self.service else {
             return failed(FailureKind::Host, "sandbox egress is off on this server");
         };
         if let Err(e) = policy.validate() {
             return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
         }
-        match service.attach(policy) {
+        if let Some(Err(e)) = rules.as_ref().map(HeaderRules::validate) {
+            return failed(FailureKind::InvalidSpec, format!("invalid rules: {e}"));
+        }
+        match service.attach(policy, rules) {
             Ok(a) => {
                 let link = self.next.fetch_add(1, Ordering::Relaxed);
                 let gateway = a.gateway();
+                let ca = a.ca_pem();
                 let ns = a.netns.fd().try_clone_to_owned();
                 match ns {
                     Ok(ns) => {
@@ -238,7 +266,7 @@ impl Helper {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(link, Arc::new(a));
-                        (Reply::Attached { link, gateway }, Some(ns))
+                        (Reply::Attached { link, gateway, ca }, Some(ns))
                     }
                     Err(e) => failed(
                         FailureKind::Exhausted,
@@ -414,15 +442,21 @@ impl NetHelper {
         }
     }
 
-    /// A link out for a new sandbox. Blocking.
-    pub fn attach(self: &Arc<Self>, policy: NetPolicy) -> Result<Link, HelperError> {
+    /// A link out for a new sandbox; with `rules` (even empty), a CA of its own for them
+    /// ([`Link::ca_pem`]). Blocking.
+    pub fn attach(
+        self: &Arc<Self>,
+        policy: NetPolicy,
+        rules: Option<HeaderRules>,
+    ) -> Result<Link, HelperError> {
         match self.call(
             &Request::Attach {
                 policy: policy.clone().into(),
+                rules,
             },
             None,
         )? {
-            (Reply::Attached { link, gateway }, Some(ns)) => {
+            (Reply::Attached { link, gateway, ca }, Some(ns)) => {
                 let netns = NetNs::from_fd(ns).map_err(|e| HelperError::Protocol {
                     helper: "network",
                     message: e.to_string(),
@@ -432,6 +466,7 @@ impl NetHelper {
                     link,
                     netns,
                     gateway,
+                    ca,
                     policy: Mutex::new(policy),
                 })
             }
@@ -474,10 +509,16 @@ pub struct Link {
     /// The namespace the sandbox joins.
     pub netns: NetNs,
     gateway: Ipv4Addr,
+    ca: Option<String>,
     policy: Mutex<NetPolicy>,
 }
 
 impl Link {
+    /// The sandbox's CA certificate (PEM), when it was attached with header rules.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca.as_deref()
+    }
+
     /// The router's side of the link (the sandbox's gateway and name server).
     pub fn gateway(&self) -> Ipv4Addr {
         self.gateway
@@ -491,11 +532,13 @@ impl Link {
             .clone()
     }
 
-    /// Changes the policy while the sandbox runs. Blocking (one `nft` run in the helper).
-    pub fn set_policy(&self, policy: NetPolicy) -> Result<(), HelperError> {
+    /// Changes the policy and header rules (empty: none) while the sandbox runs. Blocking
+    /// (one `nft` run in the helper).
+    pub fn set_policy(&self, policy: NetPolicy, rules: HeaderRules) -> Result<(), HelperError> {
         let req = Request::SetPolicy {
             link: self.link,
             policy: policy.clone().into(),
+            rules,
         };
         match self.helper.call(&req, None)? {
             (Reply::Done, None) => {
@@ -554,6 +597,7 @@ pub mod fuzzing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::{HostRule, SecretValue};
     use std::os::fd::AsRawFd;
 
     /// The helper's request handling without its process (a test cannot fork: it has
@@ -617,6 +661,7 @@ mod tests {
         let f = failure(h.handle(
             Request::Attach {
                 policy: WirePolicy::None,
+                rules: None,
             },
             None,
         ));
@@ -630,6 +675,7 @@ mod tests {
             Request::SetPolicy {
                 link: 1,
                 policy: WirePolicy::None,
+                rules: HeaderRules::default(),
             },
         ] {
             assert_eq!(failure(h.handle(req, None)).kind, FailureKind::NotFound);
@@ -647,21 +693,58 @@ mod tests {
             Request::SetPolicy {
                 link: 1,
                 policy: bad,
+                rules: HeaderRules::default(),
             },
             None,
         ));
         assert_eq!(f.kind, FailureKind::InvalidSpec);
+        // So are rules: a header that would split the request, a host that is an address.
+        for bad in [
+            HostRule {
+                host: "api.example.com".into(),
+                headers: vec![("x".into(), SecretValue::new(b"a\r\nhost: evil".to_vec()))],
+            },
+            HostRule {
+                host: "10.0.0.1".into(),
+                headers: Vec::new(),
+            },
+        ] {
+            let rules = HeaderRules { hosts: vec![bad] };
+            let f = failure(h.handle(
+                Request::SetPolicy {
+                    link: 1,
+                    policy: WirePolicy::None,
+                    rules: rules.clone(),
+                },
+                None,
+            ));
+            assert_eq!(f.kind, FailureKind::InvalidSpec, "{f}");
+            assert!(f.message.contains("invalid rules"), "{f}");
+        }
     }
 
     #[test]
     fn policies_and_denials_cross_the_wire_whole() {
         let policy = NetPolicy::from_flags(&["allow=example.com,10.0.0.0/8".into()]).unwrap();
+        let rules = HeaderRules {
+            hosts: vec![HostRule {
+                host: "*.example.com".into(),
+                headers: vec![("authorization".into(), SecretValue::new(b"k".to_vec()))],
+            }],
+        };
         let bytes = postcard::to_stdvec(&Request::Attach {
             policy: policy.clone().into(),
+            rules: Some(rules.clone()),
         })
         .unwrap();
         match postcard::from_bytes::<Request>(&bytes).unwrap() {
-            Request::Attach { policy: p } => assert_eq!(NetPolicy::from(p), policy),
+            Request::Attach {
+                policy: p,
+                rules: r,
+            } => {
+                assert_eq!(NetPolicy::from(p), policy);
+                assert_eq!(r, Some(rules));
+            }
             other => panic!("{other:?}"),
         }
         let d = Denial::now("tcp", "203.0.113.7".parse().unwrap(), 443, "policy");

@@ -9,11 +9,13 @@
 #![forbid(unsafe_code)]
 
 pub mod addressing;
+pub mod ca;
 pub mod cmd;
 pub mod denied;
 pub mod dns;
 pub mod helper;
 pub mod host_uplink;
+pub mod intercept;
 pub mod limit;
 pub mod netns;
 pub mod nflog;
@@ -22,6 +24,7 @@ pub mod policy;
 pub mod probe;
 pub mod proxy;
 pub mod router;
+pub mod rules;
 pub mod sandboxes;
 pub mod service;
 pub mod sniff;

@@ -166,13 +166,19 @@ fn needs_chain(policy: &NetPolicy) -> bool {
     }
 }
 
-/// The commands that take the sandbox at `index` from `was` to `policy`, and what it holds
-/// afterwards. Empty when nothing changes.
-pub fn apply(index: u32, was: Installed, policy: &NetPolicy) -> (String, Installed) {
+/// The commands that take the sandbox at `index` from `was` to `policy` (with header rules
+/// to apply: `intercept`), and what it holds afterwards. Empty when nothing changes.
+pub fn apply(
+    index: u32,
+    was: Installed,
+    policy: &NetPolicy,
+    intercept: bool,
+) -> (String, Installed) {
     let (link, chain) = (link_name(index), chain_name(index));
     let want = Installed {
         chain: needs_chain(policy),
-        proxied: policy.has_domains(),
+        // Names (in the policy or the rules) are read by the domain proxy.
+        proxied: policy.has_domains() || (intercept && *policy != NetPolicy::None),
     };
     let mut s = String::new();
     if want.chain {
@@ -207,7 +213,7 @@ pub fn apply(index: u32, was: Installed, policy: &NetPolicy) -> (String, Install
 
 /// The commands that remove everything of the sandbox at `index`.
 pub fn remove(index: u32, was: Installed) -> String {
-    apply(index, was, &NetPolicy::internet()).0
+    apply(index, was, &NetPolicy::internet(), false).0
 }
 
 /// A policy's own rules: allow accepts first (allow beats deny), then deny rejects. Domain
@@ -265,15 +271,16 @@ mod tests {
         .unwrap();
         let domains = NetPolicy::from_flags(&["allow=pypi.org".into()]).unwrap();
         let mut state = Installed::default();
-        for policy in [
-            NetPolicy::None,
-            lists.clone(),
-            NetPolicy::internet(),
-            domains,
-            lists,
-            NetPolicy::internet(),
+        for (policy, intercept) in [
+            (NetPolicy::None, true),
+            (lists.clone(), false),
+            (NetPolicy::internet(), true),
+            (NetPolicy::internet(), false),
+            (domains, false),
+            (lists, true),
+            (NetPolicy::internet(), false),
         ] {
-            let (text, next) = apply(3, state, &policy);
+            let (text, next) = apply(3, state, &policy, intercept);
             crate::cmd::nft(Some(&ns), &text)
                 .unwrap_or_else(|e| panic!("{policy:?}:\n{text}\n{e}"));
             state = next;
@@ -292,7 +299,7 @@ mod tests {
             "deny=10.0.0.0/8".into(),
         ])
         .unwrap();
-        let (text, st) = apply(1, Installed::default(), &p);
+        let (text, st) = apply(1, Installed::default(), &p, false);
         assert!(st.chain && st.proxied);
         let allow_at = text.find("10.1.2.3").unwrap();
         let deny_at = text.find("10.0.0.0/8").unwrap();
@@ -300,6 +307,38 @@ mod tests {
         assert!(!text.contains("example.com"), "{text}");
         assert!(text.contains("\"sb1\" : jump p1"), "{text}");
         // Plain internet needs nothing of its own.
-        assert_eq!(apply(1, Installed::default(), &NetPolicy::internet()).0, "");
+        assert_eq!(
+            apply(1, Installed::default(), &NetPolicy::internet(), false).0,
+            ""
+        );
+    }
+
+    #[test]
+    fn header_rules_send_http_and_tls_through_the_proxy_where_there_is_a_link() {
+        let (text, st) = apply(2, Installed::default(), &NetPolicy::internet(), true);
+        assert_eq!(
+            st,
+            Installed {
+                chain: false,
+                proxied: true
+            }
+        );
+        assert!(
+            text.contains("add element inet husk proxied { \"sb2\" }"),
+            "{text}"
+        );
+        // No network: nothing to proxy.
+        let (_, st) = apply(2, Installed::default(), &NetPolicy::None, true);
+        assert!(!st.proxied);
+        // Rules cleared: out of the proxy again.
+        let (text, st) = apply(2, st_of(true), &NetPolicy::internet(), false);
+        assert!(!st.proxied && text.contains("delete element"), "{text}");
+    }
+
+    fn st_of(proxied: bool) -> Installed {
+        Installed {
+            chain: false,
+            proxied,
+        }
     }
 }

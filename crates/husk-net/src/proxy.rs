@@ -14,6 +14,13 @@
 //! egress namespace; what it forwards is no longer under the router's per-sandbox rules, so it
 //! checks the denied ranges itself.
 //!
+//! A host the sandbox's header rules name ([`crate::rules`]) is not passed through: the proxy
+//! answers the sandbox itself ([`crate::intercept`]), over TLS with a certificate from the
+//! sandbox's CA when the sandbox speaks TLS, reaches the host at the addresses it resolves
+//! itself (never the one the sandbox chose: the headers often carry a key), verifies the
+//! host's certificate, and sets the rules' headers on each request. The policy still decides
+//! first: rules open nothing.
+//!
 //! Known limits, as for any SNI/Host filter: a server that hosts an allowed name may serve
 //! others on the same address (domain fronting, TLS ECH); the proxy only guarantees which
 //! address the bytes go to.
@@ -30,11 +37,13 @@ use tokio::task::JoinSet;
 
 use crate::denied::is_denied;
 use crate::dns::Resolver;
+use crate::intercept::{Rewind, Transform};
 use crate::limit::Limit;
 use crate::netns::{self, NetNs};
 use crate::policy::{NetPolicy, Verdict};
+use crate::rules::HostRule;
 use crate::sandboxes::{Denial, SandboxNet, Sandboxes};
-use crate::sniff::{sniff, MAX_SNIFF, SNIFF_TIMEOUT};
+use crate::sniff::{sniff, Sniffed, MAX_SNIFF, SNIFF_TIMEOUT};
 
 /// How long one upstream connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -110,6 +119,8 @@ pub struct DomainProxy {
     connect_timeout: Duration,
     sniff_timeout: Duration,
     limit: Arc<Limit>,
+    /// How upstream servers of header rules are verified (or why they cannot be).
+    upstream_tls: Result<Arc<rustls::ClientConfig>, String>,
 }
 
 impl DomainProxy {
@@ -130,7 +141,17 @@ impl DomainProxy {
             connect_timeout: CONNECT_TIMEOUT,
             sniff_timeout: SNIFF_TIMEOUT,
             limit: Limit::new(MAX_CONNS, MAX_CONNS_PER_SANDBOX),
+            upstream_tls: Err("no upstream TLS configuration".into()),
         }
+    }
+
+    /// How the servers of header rules are verified ([`crate::intercept::client_config`]).
+    pub fn with_upstream_tls(
+        mut self,
+        tls: Result<Arc<rustls::ClientConfig>, String>,
+    ) -> DomainProxy {
+        self.upstream_tls = tls;
+        self
     }
 
     /// How long an upstream connect may take (default [`CONNECT_TIMEOUT`]) and how long the
@@ -190,6 +211,13 @@ impl DomainProxy {
         };
         let sniffed = sniff(&mut client, MAX_SNIFF, self.sniff_timeout).await?;
         let host = sniffed.host.as_deref();
+        if let Some(h) = host {
+            let rules = sb.rules();
+            if let Some(rule) = rules.for_host(h) {
+                let h = h.to_owned();
+                return self.intercept(client, sb, dst, &h, rule, sniffed).await;
+            }
+        }
         let upstream = match route(&sb.policy(), host, dst.ip(), &self.denied) {
             Route::Deny(reason) => {
                 self.refuse(client, sb, dst, host, reason);
@@ -233,6 +261,84 @@ impl DomainProxy {
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, COPY_BUF, COPY_BUF)
             .await?;
         Ok(())
+    }
+
+    /// A connection to a host with header rules: allowed by the policy as any other, then
+    /// served by [`crate::intercept`] over a connection the proxy makes to the addresses it
+    /// resolves for the name (each of them allowed by the policy too).
+    async fn intercept(
+        &self,
+        client: TcpStream,
+        sb: &SandboxNet,
+        dst: SocketAddr,
+        host: &str,
+        rule: &HostRule,
+        sniffed: Sniffed,
+    ) -> io::Result<()> {
+        let policy = sb.policy();
+        if let Route::Deny(reason) = route(&policy, Some(host), dst.ip(), &self.denied) {
+            self.refuse(client, sb, dst, Some(host), reason);
+            return Ok(());
+        }
+        let addrs = match self.resolver.lookup(host).await {
+            Ok(a) => a,
+            Err(e) => {
+                reset(client);
+                return Err(io::Error::other(e));
+            }
+        };
+        let usable: Vec<SocketAddr> = addrs
+            .iter()
+            .filter(|ip| {
+                !is_denied(&self.denied, **ip) && policy.decide_host(host, **ip) == Verdict::Allow
+            })
+            .map(|ip| SocketAddr::new(*ip, dst.port()))
+            .collect();
+        if usable.is_empty() {
+            let (at, reason) = match addrs.first() {
+                Some(ip) if is_denied(&self.denied, *ip) => {
+                    (SocketAddr::new(*ip, dst.port()), REASON_RESOLVES_DENIED)
+                }
+                Some(ip) => (SocketAddr::new(*ip, dst.port()), REASON_POLICY),
+                None => (dst, REASON_NO_ADDRESS),
+            };
+            self.refuse(client, sb, at, Some(host), reason);
+            return Ok(());
+        }
+        let transform = Arc::new(Transform::new(host, rule)?);
+        let tls = sniffed.bytes.first() == Some(&crate::sniff::TLS_HANDSHAKE);
+        let client = Rewind::new(sniffed.bytes, client);
+        let upstream = self.connect(&usable).await;
+        if !tls {
+            return crate::intercept::serve(client, upstream, transform).await;
+        }
+        let Some(ca) = sb.ca() else {
+            return Err(io::Error::other("header rules without the sandbox's CA"));
+        };
+        let server_cfg = ca.server_config(host).map_err(io::Error::other)?;
+        let accepted = tokio::time::timeout(
+            self.sniff_timeout,
+            tokio_rustls::TlsAcceptor::from(server_cfg).accept(client),
+        )
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake with the sandbox"))??;
+        let upstream = match (upstream, &self.upstream_tls) {
+            (Ok(tcp), Ok(cfg)) => {
+                let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                    .map_err(io::Error::other)?;
+                let handshake = tokio_rustls::TlsConnector::from(cfg.clone()).connect(name, tcp);
+                match tokio::time::timeout(self.connect_timeout, handshake).await {
+                    Ok(r) => r,
+                    Err(_) => Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "TLS handshake timed out",
+                    )),
+                }
+            }
+            (Ok(_), Err(why)) => Err(io::Error::other(why.clone())),
+            (Err(e), _) => Err(e),
+        };
+        crate::intercept::serve(accepted, upstream, transform).await
     }
 
     /// The first of `addrs` that accepts a connection (from the egress namespace).

@@ -20,11 +20,13 @@ use std::thread::JoinHandle;
 use ipnet::{IpNet, Ipv4Net};
 
 use crate::addressing::Links;
+use crate::ca::{CaError, SandboxCa};
 use crate::cmd;
 use crate::netns::NetNs;
 use crate::nft::{self, Installed};
 use crate::policy::NetPolicy;
-use crate::sandboxes::{SandboxNet, Sandboxes};
+use crate::rules::HeaderRules;
+use crate::sandboxes::{NoCa, SandboxNet, Sandboxes};
 use husk_runtime::modules::Module;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,10 @@ pub enum RouterError {
     Exhausted(u32),
     #[error("the router has stopped")]
     Stopped,
+    #[error("the sandbox's CA: {0}")]
+    Ca(#[source] CaError),
+    #[error(transparent)]
+    Rules(NoCa),
 }
 
 fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> RouterError {
@@ -77,6 +83,9 @@ pub struct RouterConfig {
     pub pool: usize,
     /// Where host-side records live (for clean-up after a crash): `<run_dir>/net`.
     pub run_dir: PathBuf,
+    /// PEM files of CAs the domain proxy trusts, besides the host's, for the servers it
+    /// reaches on behalf of header rules (a corporate CA; a test's).
+    pub upstream_ca: Vec<PathBuf>,
 }
 
 impl RouterConfig {
@@ -88,6 +97,7 @@ impl RouterConfig {
             dns: Vec::new(),
             pool: 4,
             run_dir: PathBuf::from("/run/husk"),
+            upstream_ca: Vec::new(),
         }
     }
 }
@@ -258,8 +268,19 @@ impl Router {
     }
 
     /// A namespace with a link out under `policy`, for a new sandbox (taken from the pool when
-    /// one is ready). Blocking.
-    pub fn attach(&self, policy: NetPolicy) -> Result<Attachment, RouterError> {
+    /// one is ready). With `rules` (even empty), the sandbox gets a CA of its own
+    /// ([`Attachment::ca_pem`]) and its HTTP and TLS to the rules' hosts go through the
+    /// domain proxy. Blocking.
+    pub fn attach(
+        &self,
+        policy: NetPolicy,
+        rules: Option<HeaderRules>,
+    ) -> Result<Attachment, RouterError> {
+        // Made before a link is taken: a failure here costs nothing to undo.
+        let ca = match &rules {
+            Some(_) => Some(SandboxCa::new("sandbox").map_err(RouterError::Ca)?),
+            None => None,
+        };
         let ready = {
             let mut w = self.inner.work.lock().unwrap_or_else(|p| p.into_inner());
             if w.stop {
@@ -273,7 +294,9 @@ impl Router {
             None => self.inner.prepare()?,
         };
         let (gateway, address) = self.inner.links().addresses(prepared.index);
-        let (script, installed) = nft::apply(prepared.index, Installed::default(), &policy);
+        let intercept = rules.as_ref().is_some_and(|r| !r.is_empty());
+        let (script, installed) =
+            nft::apply(prepared.index, Installed::default(), &policy, intercept);
         if !script.is_empty() {
             if let Err(e) = cmd::nft(Some(&self.inner.ns), &script) {
                 self.inner.release(Release {
@@ -283,7 +306,15 @@ impl Router {
                 return Err(ctx("apply the sandbox's network policy")(e));
             }
         }
-        let net = Arc::new(SandboxNet::new(address, gateway, policy));
+        let mut net = SandboxNet::new(address, gateway, policy);
+        if let Some(ca) = ca {
+            net = net.with_ca(ca);
+        }
+        if let Some(r) = rules {
+            // The CA is there: this cannot fail.
+            let _ = net.set_rules(r);
+        }
+        let net = Arc::new(net);
         self.inner.sandboxes.insert(net.clone());
         Ok(Attachment {
             netns: prepared.ns,
@@ -473,18 +504,28 @@ pub struct Attachment {
 }
 
 impl Attachment {
-    /// Changes the policy while the sandbox runs. Blocking (one `nft` run).
-    pub fn set_policy(&self, policy: NetPolicy) -> Result<(), RouterError> {
+    /// Changes the policy and the header rules (empty: none) while the sandbox runs. Rules
+    /// need the CA the sandbox got at creation. Blocking (one `nft` run).
+    pub fn set_policy(&self, policy: NetPolicy, rules: HeaderRules) -> Result<(), RouterError> {
         let router = self.router.upgrade().ok_or(RouterError::Stopped)?;
+        if self.net.ca().is_none() && !rules.is_empty() {
+            return Err(RouterError::Rules(NoCa));
+        }
         let mut installed = self.installed.lock().unwrap_or_else(|p| p.into_inner());
-        let (script, next) = nft::apply(self.index, *installed, &policy);
+        let (script, next) = nft::apply(self.index, *installed, &policy, !rules.is_empty());
         if !script.is_empty() {
             cmd::nft(Some(&router.ns), &script)
                 .map_err(ctx("change the sandbox's network policy"))?;
         }
         *installed = next;
         self.net.set_policy(policy);
+        self.net.set_rules(rules).map_err(RouterError::Rules)?;
         Ok(())
+    }
+
+    /// The sandbox's CA certificate (PEM), when it was created with header rules.
+    pub fn ca_pem(&self) -> Option<String> {
+        self.net.ca().map(|c| c.pem().to_owned())
     }
 
     /// The router's side of the link (the sandbox's gateway and name server).

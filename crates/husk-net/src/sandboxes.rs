@@ -1,6 +1,7 @@
 //! The live sandboxes' network state, shared by the router (links and rules), the resolver,
 //! the domain proxy and the denial log: each sandbox's address, policy (changeable while it
-//! runs) and the log of connections its policy refused.
+//! runs), its header rules and CA (if it has them) and the log of connections its policy
+//! refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
@@ -9,7 +10,9 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ca::SandboxCa;
 use crate::policy::NetPolicy;
+use crate::rules::HeaderRules;
 
 /// Most denials remembered per sandbox (the oldest go first).
 pub const MAX_DENIALS: usize = 1000;
@@ -60,6 +63,11 @@ pub fn describe(d: &Denial) -> String {
     }
 }
 
+/// Header rules for a sandbox created without them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("network.rules can be changed only on a sandbox created with network.rules (its trust store gets its CA when it is created)")]
+pub struct NoCa;
+
 /// One sandbox's network state.
 #[derive(Debug)]
 pub struct SandboxNet {
@@ -68,6 +76,10 @@ pub struct SandboxNet {
     /// The router's address on the link (the sandbox's gateway and name server).
     pub gateway: Ipv4Addr,
     policy: RwLock<NetPolicy>,
+    /// Its CA, made when it was created with header rules (never afterwards: its trust store
+    /// is written once).
+    ca: Option<Arc<SandboxCa>>,
+    rules: RwLock<Arc<HeaderRules>>,
     denials: Mutex<VecDeque<Denial>>,
     /// Denials dropped because the log was full.
     dropped: Mutex<u64>,
@@ -79,6 +91,8 @@ impl SandboxNet {
             address,
             gateway,
             policy: RwLock::new(policy),
+            ca: None,
+            rules: RwLock::default(),
             denials: Mutex::new(VecDeque::new()),
             dropped: Mutex::new(0),
         }
@@ -93,6 +107,32 @@ impl SandboxNet {
 
     pub fn set_policy(&self, policy: NetPolicy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+    }
+
+    /// This sandbox with `ca` for its header rules.
+    pub fn with_ca(mut self, ca: SandboxCa) -> SandboxNet {
+        self.ca = Some(Arc::new(ca));
+        self
+    }
+
+    /// Its CA, if it was created with header rules.
+    pub fn ca(&self) -> Option<&Arc<SandboxCa>> {
+        self.ca.as_ref()
+    }
+
+    /// Its header rules (empty: none).
+    pub fn rules(&self) -> Arc<HeaderRules> {
+        self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces its header rules. Rules need the CA (made at creation): without it, only
+    /// empty rules are taken.
+    pub fn set_rules(&self, rules: HeaderRules) -> Result<(), NoCa> {
+        if self.ca.is_none() && !rules.is_empty() {
+            return Err(NoCa);
+        }
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+        Ok(())
     }
 
     pub fn record(&self, d: Denial) {

@@ -16,6 +16,7 @@ use crate::nflog::{protocol_name, NflogReader};
 use crate::policy::NetPolicy;
 use crate::proxy::DomainProxy;
 use crate::router::{Attachment, Router, RouterConfig, RouterError, PROXY_PORT, RESOLVER_PORT};
+use crate::rules::HeaderRules;
 use crate::sandboxes::{Denial, Sandboxes};
 
 #[derive(Debug)]
@@ -66,12 +67,22 @@ impl NetService {
             netns::tcp_listen(&ns, any(PROXY_PORT)).map_err(io_err("proxy socket"))?;
         let resolver = Arc::new(Resolver::new(upstreams, router.egress().cloned()));
         let sandboxes = router.sandboxes();
-        let proxy = Arc::new(DomainProxy::new(
-            sandboxes.clone(),
-            resolver.clone(),
-            router.denied(),
-            router.egress().cloned(),
-        ));
+        // A file the operator named must load; a host with no CA bundle only costs the
+        // header rules (their connections are answered 502 with the reason).
+        let extra = &router.config().upstream_ca;
+        let upstream_tls = match crate::intercept::client_config(extra) {
+            Err(e) if !extra.is_empty() => return Err(RouterError::Config(e)),
+            r => r,
+        };
+        let proxy = Arc::new(
+            DomainProxy::new(
+                sandboxes.clone(),
+                resolver.clone(),
+                router.denied(),
+                router.egress().cloned(),
+            )
+            .with_upstream_tls(upstream_tls),
+        );
         let tasks = vec![
             tokio::spawn(resolver.clone().serve_udp(udp, sandboxes.clone())),
             tokio::spawn(resolver.serve_tcp(tcp, sandboxes.clone())),
@@ -101,8 +112,12 @@ impl NetService {
     }
 
     /// A link out for a new sandbox (blocking; see [`Router::attach`]).
-    pub fn attach(&self, policy: NetPolicy) -> Result<Attachment, RouterError> {
-        self.router.attach(policy)
+    pub fn attach(
+        &self,
+        policy: NetPolicy,
+        rules: Option<HeaderRules>,
+    ) -> Result<Attachment, RouterError> {
+        self.router.attach(policy, rules)
     }
 
     pub fn router(&self) -> &Router {

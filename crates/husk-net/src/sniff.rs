@@ -14,7 +14,8 @@ pub const MAX_SNIFF: usize = 16 * 1024;
 /// Longest wait for them.
 pub const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 
-const TLS_HANDSHAKE: u8 = 0x16;
+/// The first byte of a TLS handshake record.
+pub const TLS_HANDSHAKE: u8 = 0x16;
 const CLIENT_HELLO: u8 = 1;
 const EXT_SERVER_NAME: u16 = 0;
 const SNI_HOST_NAME: u8 = 0;

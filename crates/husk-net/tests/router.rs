@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use husk_net::cmd;
 use husk_net::netns::NetNs;
 use husk_net::router::{Router, RouterConfig, Uplink};
+use husk_net::rules::HeaderRules;
 use husk_net::NetPolicy;
 
 const PUBLIC: &str = "198.51.100.10";
@@ -98,8 +99,8 @@ fn internet_answers_and_denied_ranges_router_and_peers_are_refused() {
     let internet = Internet::new();
     let r = router(&internet);
     let public = internet.serve(PUBLIC);
-    let a = r.attach(NetPolicy::internet()).unwrap();
-    let b = r.attach(NetPolicy::internet()).unwrap();
+    let a = r.attach(NetPolicy::internet(), None).unwrap();
+    let b = r.attach(NetPolicy::internet(), None).unwrap();
     assert_eq!(fetch(&a.netns, public).unwrap(), "hello");
     for target in DENIED_TARGETS {
         let at = internet.serve(target);
@@ -142,22 +143,31 @@ fn cidr_lists_allow_beats_deny_and_policies_change_at_run_time() {
     let r = router(&internet);
     let public = internet.serve(PUBLIC);
     let a = r
-        .attach(NetPolicy::from_flags(&["deny=198.51.100.0/24".into()]).unwrap())
+        .attach(
+            NetPolicy::from_flags(&["deny=198.51.100.0/24".into()]).unwrap(),
+            None,
+        )
         .unwrap();
     refused_fast(&a.netns, public);
     a.set_policy(
         NetPolicy::from_flags(&["deny=198.51.100.0/24".into(), format!("allow={PUBLIC}")]).unwrap(),
+        HeaderRules::default(),
     )
     .unwrap();
     assert_eq!(fetch(&a.netns, public).unwrap(), "hello");
-    a.set_policy(NetPolicy::None).unwrap();
+    a.set_policy(NetPolicy::None, HeaderRules::default())
+        .unwrap();
     refused_fast(&a.netns, public);
-    a.set_policy(NetPolicy::internet()).unwrap();
+    a.set_policy(NetPolicy::internet(), HeaderRules::default())
+        .unwrap();
     assert_eq!(fetch(&a.netns, public).unwrap(), "hello");
     // An allow list cannot open an always-denied range.
     let private = internet.serve(DENIED_TARGETS[0]);
-    a.set_policy(NetPolicy::from_flags(&["allow=10.0.0.0/8".into()]).unwrap())
-        .unwrap();
+    a.set_policy(
+        NetPolicy::from_flags(&["allow=10.0.0.0/8".into()]).unwrap(),
+        HeaderRules::default(),
+    )
+    .unwrap();
     refused_fast(&a.netns, private);
 }
 
@@ -166,7 +176,7 @@ fn nothing_of_the_router_remains_after_it_is_dropped() {
     let internet = Internet::new();
     let links_before = cmd::output(Some(&internet.ns), "ip", &["-o", "link"]).unwrap();
     let r = router(&internet);
-    let a = r.attach(NetPolicy::internet()).unwrap();
+    let a = r.attach(NetPolicy::internet(), None).unwrap();
     let during = cmd::output(Some(&internet.ns), "ip", &["-o", "link"]).unwrap();
     assert!(during.contains("husk-"), "{during}");
     drop(a);
@@ -196,14 +206,14 @@ fn a_link_whose_namespace_outlives_its_sandbox_does_not_block_its_address() {
     cfg.run_dir = std::env::temp_dir().join(format!("husk-net-test-{}", std::process::id()));
     let r = Router::start(cfg).unwrap();
     let public = internet.serve(PUBLIC);
-    let first = r.attach(NetPolicy::internet()).unwrap();
+    let first = r.attach(NetPolicy::internet(), None).unwrap();
     // Something keeps the first sandbox's namespace (and so its link) alive after it ends.
     let held = first.netns.clone();
     drop(first);
-    let second = r.attach(NetPolicy::internet()).unwrap();
+    let second = r.attach(NetPolicy::internet(), None).unwrap();
     drop(second);
     // The first index again: its stale link is replaced, and the new sandbox works.
-    let third = r.attach(NetPolicy::internet()).unwrap();
+    let third = r.attach(NetPolicy::internet(), None).unwrap();
     assert_eq!(fetch(&third.netns, public).unwrap(), "hello");
     drop(held);
 }

@@ -136,6 +136,13 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         // The id map is only needed for the mounts just made.
         sys::close_fds_from(3, &[args.control, agent_fd]);
     }
+    if let Some(ca) = &args.spec.trust_ca {
+        // In the sandbox's tree (pivoted into), with the host's privileges still (the
+        // template's /etc may belong to ids the sandbox does not map), before anything of the
+        // sandbox runs.
+        crate::trust::add_ca_under(std::path::Path::new("/"), ca, (args.base, args.base))
+            .map_err(ctx("add the sandbox's CA to its trust store"))?;
+    }
     if args.spec.network.isolated() {
         // The network namespace was created by the spawner in parallel with the work above
         // (or prepared by the caller, with a link out).

@@ -48,6 +48,7 @@ pub mod spec;
 pub mod sys;
 pub mod systemd;
 pub mod transfer;
+pub mod trust;
 pub mod uidrange;
 pub mod usr_layer;
 

@@ -667,6 +667,9 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
         crate::rootfs::relative(w).map_err(|e| SpawnError::InvalidSpec(format!("workdir: {e}")))?;
     }
     crate::env::EnvVars::check(&spec.env).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
+    if let Some(ca) = &spec.trust_ca {
+        crate::trust::check_ca(ca).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
+    }
     Ok(())
 }
 

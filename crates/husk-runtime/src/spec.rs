@@ -183,6 +183,9 @@ pub struct SandboxSpec {
     /// The root file system.
     pub rootfs: RootSource,
     pub network: NetworkMode,
+    /// A CA certificate (PEM) the sandbox's trust store gets, before anything of the sandbox
+    /// runs ([`crate::trust`]): the one its header rules' certificates are signed with.
+    pub trust_ca: Option<String>,
 }
 
 impl SandboxSpec {
@@ -204,6 +207,7 @@ impl SandboxSpec {
             agent: false,
             rootfs: RootSource::Host,
             network: NetworkMode::Loopback,
+            trust_ca: None,
         }
     }
 

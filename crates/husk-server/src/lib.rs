@@ -9,6 +9,7 @@ pub mod budget;
 pub mod domain;
 pub mod e2b_secrets;
 pub mod listener;
+pub mod net_rules;
 pub mod openapi;
 pub mod rest;
 pub mod runs;

@@ -212,10 +212,11 @@ struct NetworkBody {
     /// SDKs send it in snake case, as in a create; the spec spells it in camel case.
     #[serde(rename = "allowInternetAccess", alias = "allow_internet_access")]
     allow_internet_access: Option<bool>,
-    /// E2B's SOCKS5 egress proxy and per-domain header rules: husk has neither, and says so
-    /// rather than ignore a security-relevant setting.
+    /// E2B's SOCKS5 egress proxy: husk has none, and says so rather than ignore a
+    /// security-relevant setting.
     #[serde(rename = "egressProxy")]
     egress_proxy: Option<Value>,
+    /// Per-host header rules (`crate::net_rules`).
     rules: Option<Value>,
     /// DNS servers the sandbox may reach (IPv4, at most 10): added to the allow list, as
     /// E2B opens its firewall to them. husk's sandboxes resolve names through husk's own
@@ -235,6 +236,11 @@ struct NetworkBody {
 const MAX_DNS_SERVERS: usize = 10;
 
 impl NetworkBody {
+    /// The header rules this body asks for (`None`: none).
+    fn rules(&self) -> Result<Option<husk_core::net_rules::NetRules>, Response> {
+        crate::net_rules::parse(self.rules.as_ref()).map_err(|e| error(StatusCode::BAD_REQUEST, e))
+    }
+
     /// The policy this body asks for, given `allow_internet_access`; `None` when it asks for
     /// nothing in particular (the server's default applies). Only `false` or a list is a
     /// request: the SDKs send `allow_internet_access: true` on every create.
@@ -243,11 +249,10 @@ impl NetworkBody {
         allow_internet_access: Option<bool>,
         update: bool,
     ) -> Result<Option<husk_net::NetPolicy>, Response> {
-        let present = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
-        if present(&self.egress_proxy) || present(&self.rules) {
+        if self.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(error(
                 StatusCode::BAD_REQUEST,
-                "network.egressProxy and network.rules are not supported by husk",
+                "network.egressProxy is not supported by husk",
             ));
         }
         if self.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
@@ -382,6 +387,7 @@ fn detail_json(sb: &LiveSandbox, domain: Value) -> Value {
             "allowOut": allow_out,
             "denyOut": deny_out,
             "maskRequestHost": sb.mask_request_host().map(|m| m.as_str()),
+            "rules": crate::net_rules::to_json(&sb.net_rules()),
         },
         "domain": domain,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
@@ -413,6 +419,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
     refuse_unsupported(&req)?;
     let network = req.network.unwrap_or_default();
     let policy = network.policy(req.allow_internet_access, false)?;
+    let rules = network.rules()?;
     let mask_request_host = network
         .mask_request_host
         .as_deref()
@@ -436,6 +443,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         network: policy,
         allow_public_traffic: network.allow_public_traffic,
         mask_request_host,
+        rules,
     };
     let started = std::time::Instant::now();
     let sb = state.manager.create(&who, create).await.map_err(answer)?;
@@ -506,9 +514,10 @@ async fn update_network(
     let policy = req
         .policy(req.allow_internet_access, true)?
         .unwrap_or_else(husk_net::NetPolicy::internet);
+    let rules = req.rules()?.unwrap_or_default();
     state
         .manager
-        .set_network_policy(&who, &id, policy)
+        .set_network_policy(&who, &id, policy, rules)
         .await
         .map_err(answer)?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -783,7 +792,7 @@ mod tests {
         let req: NetworkBody = parse_body(&Bytes::from_static(b"{}")).unwrap();
         let policy = req.policy(req.allow_internet_access, true).ok().flatten();
         assert_eq!(policy, Some(husk_net::NetPolicy::internet()));
-        // The SOCKS proxy and header rules are refused, not ignored.
+        // The SOCKS proxy is refused, not ignored.
         let req: NetworkBody =
             parse_body(&Bytes::from_static(br#"{"egressProxy":{"address":"x:1"}}"#)).unwrap();
         assert!(req.policy(None, true).is_err());

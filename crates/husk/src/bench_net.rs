@@ -212,7 +212,7 @@ pub fn run(runs: usize) -> Result<(), String> {
     let mut links = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t = Instant::now();
-        links.push(router.attach(NetPolicy::internet()).map_err(chain)?);
+        links.push(router.attach(NetPolicy::internet(), None).map_err(chain)?);
         prepare.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let spawner = Spawner::new().map_err(chain)?;
@@ -259,16 +259,19 @@ pub fn run(runs: usize) -> Result<(), String> {
     };
     let nat = service
         .router()
-        .attach(NetPolicy::internet())
+        .attach(NetPolicy::internet(), None)
         .map_err(chain)?;
     // A domain rule puts the sandbox's HTTP through the proxy; the benchmark's requests name
     // another host, which the policy (no deny list) lets through to the address asked for.
     let proxied = service
         .router()
-        .attach(NetPolicy::Egress {
-            allow: vec![Target::Domain("unused.invalid".into())],
-            deny: Vec::new(),
-        })
+        .attach(
+            NetPolicy::Egress {
+                allow: vec![Target::Domain("unused.invalid".into())],
+                deny: Vec::new(),
+            },
+            None,
+        )
         .map_err(chain)?;
     let direct = direct(&internet)?;
     let paths: [(&str, &NetNs); 3] = [

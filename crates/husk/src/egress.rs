@@ -50,6 +50,10 @@ pub struct EgressArgs {
     /// Sandbox network namespaces kept ready, so creating one with a network costs no more.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub net_pool: usize,
+    /// A CA certificate file (PEM) trusted for the servers that sandboxes' header rules
+    /// (`network.rules`) reach, besides the host's CA bundle: a corporate CA (repeatable).
+    #[arg(long = "net-upstream-ca", value_name = "PEM")]
+    pub net_upstream_ca: Vec<PathBuf>,
 }
 
 impl UplinkArgs {
@@ -108,6 +112,7 @@ impl EgressArgs {
             return Ok(None);
         };
         cfg.pool = self.net_pool;
+        cfg.upstream_ca = self.net_upstream_ca.clone();
         match NetService::start(cfg) {
             Ok(s) => Ok(Some(s)),
             Err(e) if self.uplink.egress.is_none() => {

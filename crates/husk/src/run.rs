@@ -330,7 +330,7 @@ pub fn run(mut cfg: Config) -> Result<i32> {
     let net = match cfg.net.take() {
         Some((policy, rcfg)) => {
             let router = husk_net::router::Router::start(rcfg).context("--net")?;
-            let link = router.attach(policy).context("--net")?;
+            let link = router.attach(policy, None).context("--net")?;
             cfg.spec.network = husk_runtime::NetworkMode::Joined {
                 nameserver: link.gateway(),
             };

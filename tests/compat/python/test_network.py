@@ -8,13 +8,20 @@ otherwise); the helpers are tests/compat/netsim/{web,dns}.py, run with `ip netns
 starts its own `husk serve` with that namespace as the uplink. No traffic leaves loopback or
 that namespace.
 
+The web server also speaks TLS at 198.51.100.10:443 with a certificate (allowed.test,
+other.test) from a CA the module makes with `openssl`; husk's proxy trusts that CA
+(`--net-upstream-ca`), the sandboxes do not.
+
 Checks, through the SDK's own create/update_network/get_info (sync, and async once): the default
 policy reaches the internet and not the private network or metadata (refused fast, no hit);
 `allow_internet_access=False`; `network.deny_out` then `update_network` (allow beats deny,
 `allow_internet_access: False`, `{}`); a domain allow list with `deny_out: [ALL_TRAFFIC]`, also
 against an `/etc/hosts` entry pointing the allowed name at the private target; the denial log
 (husk's `/husk/v1/sandboxes/{id}/denials` and E2B's `/sandboxes/{id}/logs`, parsed with the
-SDK's own model)."""
+SDK's own model); header rules with `Secret.fill` (`network.rules`): the TLS server gets the
+secret, which is nowhere in the sandbox (files, environments, the requesting process's memory,
+searched with a positive control), rules only for their host, changed and cleared by
+`update_network`, opening no access, and refused clearly when wrong."""
 
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ from typing import List
 
 import pytest
 
-from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox
+from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox, Secret
 from e2b.api.client.models import SandboxLogs
 
 from husk_compat import HuskServer, http_request, start_server, wait_for
@@ -109,17 +116,48 @@ class SimInternet:
             _ip("-n", self.name, "addr", "add", f"{a}/32", "dev", "lo")
         web_ready = self.dir / "web.ready"
         dns_ready = self.dir / "dns.ready"
+        cert, key = self._make_certificates()
         self._spawn(
             "web.py",
             str(self.hits_path),
             str(web_ready),
+            "--tls",
+            str(cert),
+            str(key),
             f"{PUBLIC}:80",
+            f"{PUBLIC}:443",
             f"{PRIVATE}:80",
             f"{METADATA}:80",
         )
         self._spawn("dns.py", str(dns_ready), f"{DNS}:53", *(f"{n}={a}" for n, a in NAMES.items()))
         for ready in (web_ready, dns_ready):
             wait_for(lambda: self._check_alive() or ready.exists(), 15, f"the simulated internet's {ready.stem}")
+
+    @property
+    def ca_path(self) -> Path:
+        return self.dir / "ca.pem"
+
+    def _make_certificates(self):
+        """A CA (ca.pem) and the web server's certificate for allowed.test and other.test."""
+        d = self.dir
+
+        def openssl(*args: str) -> None:
+            r = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60, cwd=d)
+            if r.returncode != 0:
+                raise RuntimeError(f"openssl {' '.join(args)}: {r.stderr.strip()}")
+
+        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+        openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+                "-subj", "/CN=husk netsim CA", "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign")
+        openssl("req", *ec, "-keyout", "web.key", "-out", "web.csr", "-subj", "/CN=allowed.test")
+        (d / "web.ext").write_text(
+            "subjectAltName=DNS:allowed.test,DNS:other.test\nbasicConstraints=CA:FALSE\n"
+            "extendedKeyUsage=serverAuth\n"
+        )
+        openssl("x509", "-req", "-in", "web.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", "web.pem", "-days", "2", "-extfile", "web.ext")
+        return d / "web.pem", d / "web.key"
 
     def _spawn(self, script: str, *args: str) -> None:
         with open(self.dir / f"{script}.log", "wb") as log:
@@ -183,7 +221,15 @@ def net():
     saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL")}
     try:
         internet.start()
-        server = start_server(extra_args=("--egress", f"netns:{internet.netns_path}", *EGRESS_ARGS))
+        server = start_server(
+            extra_args=(
+                "--egress",
+                f"netns:{internet.netns_path}",
+                *EGRESS_ARGS,
+                "--net-upstream-ca",
+                str(internet.ca_path),
+            )
+        )
         # Safety net, as in conftest: an SDK call without per-call URLs still reaches this server.
         os.environ["E2B_API_URL"] = server.url
         os.environ["E2B_SANDBOX_URL"] = server.url
@@ -319,7 +365,7 @@ def test_the_default_policy_reaches_the_internet_and_not_the_private_network(net
     assert_ok(v, "dns:allowed.test", PUBLIC)
     assert_refused_fast(v, tcp(PRIVATE))
     assert_refused_fast(v, tcp(METADATA))
-    assert any(h == {"to": f"{PUBLIC}:80", "host": PUBLIC} for h in net.internet.hits()), net.internet.hits()
+    assert any(h["to"] == f"{PUBLIC}:80" and h["host"] == PUBLIC for h in net.internet.hits()), net.internet.hits()
     assert net.internet.hits_to(PRIVATE, METADATA) == []
 
     info = sbx.get_info()
@@ -458,3 +504,243 @@ async def test_async_domains_by_callable_and_update_network(net: NetEnv):
         assert net.internet.hits_to(PRIVATE, METADATA) == []
     finally:
         await AsyncSandbox.kill(sbx.sandbox_id, **net.server.opts())
+
+
+# --------------------------------------------------------------------------------------------
+# Header rules (`network.rules`) with secrets
+
+# Runs in the sandbox as root: `python3 rules_search.py SECRET_HEX CONTROL_HEX SINCE`. Starts a
+# fresh Python (exec: none of this process's memory) that makes the HTTPS and HTTP requests with
+# CONTROL in its environment, in /tmp/husk-control.txt and in a variable, then waits; searches
+# that process's memory (a child: readable), every process's environment it may read, and every
+# file outside /proc and /sys written since SINCE (a Unix time from before the sandbox was
+# created: only files written in its life can hold what it got) for both values; prints one
+# JSON object. The values come in hex, so that no command line holds them.
+RULES_SEARCH = r"""
+import json, os, stat, subprocess, sys
+secret, control = (bytes.fromhex(a) for a in sys.argv[1:3])
+since = float(sys.argv[3])
+REQUESTER = '''
+import os, ssl, sys, urllib.request
+held = os.environ["HUSK_CONTROL"] + " held"
+open("/tmp/husk-control.txt", "w").write(os.environ["HUSK_CONTROL"])
+out = []
+for url in ("https://allowed.test/tls", "http://allowed.test/plain"):
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer from-the-sandbox"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            out.append("%d:%s" % (r.status, r.read().decode()))
+    except Exception as e:
+        out.append("error:%r" % (e,))
+print("|".join(out), flush=True)
+sys.stdin.read()
+'''
+child = subprocess.Popen([sys.executable, "-c", REQUESTER], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "HUSK_CONTROL": control.decode()})
+answers = child.stdout.readline().strip()
+found = {"secret": [], "control": []}
+stats = {"files_seen": 0, "files_read": 0, "mem_bytes": 0, "environs": 0}
+def check(where, data):
+    for name, needle in (("secret", secret), ("control", control)):
+        if needle in data:
+            found[name].append(where)
+try:
+    maps = open(f"/proc/{child.pid}/maps").read().splitlines()
+    with open(f"/proc/{child.pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms = line.split()[:2]
+            if "r" not in perms:
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            try:
+                mem.seek(lo)
+                data = mem.read(hi - lo)
+            except (OSError, ValueError, OverflowError):
+                continue
+            stats["mem_bytes"] += len(data)
+            check("memory of the requesting process", data)
+except OSError as e:
+    found["mem_error"] = repr(e)
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    try:
+        data = open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        continue
+    stats["environs"] += 1
+    check(f"/proc/{pid}/environ", data)
+for top in os.listdir("/"):
+    if top in ("proc", "sys"):
+        continue
+    for root, dirs, files in os.walk("/" + top):
+        for f in files:
+            p = os.path.join(root, f)
+            try:
+                st = os.lstat(p)
+                stats["files_seen"] += 1
+                if not stat.S_ISREG(st.st_mode) or max(st.st_ctime, st.st_mtime) < since:
+                    continue
+                data = open(p, "rb").read(64 << 20)
+            except OSError:
+                continue
+            stats["files_read"] += 1
+            check(p, data)
+child.stdin.close()
+child.wait(timeout=10)
+print(json.dumps({"answers": answers, "found": found, "stats": stats}))
+"""
+
+
+def _rules(host: str, value: str) -> dict:
+    return {host: [{"transform": {"headers": {"Authorization": value}}}]}
+
+
+def _secret(net: NetEnv, value: str, api_key=None) -> str:
+    name = "net-key-" + os.urandom(4).hex()
+    Secret.create(name=name, value=value, **net.server.opts(api_key=api_key))
+    return name
+
+
+def _hits_since(net: NetEnv, before: int) -> List[dict]:
+    return net.internet.hits()[before:]
+
+
+def test_a_header_rule_sends_a_secret_that_never_enters_the_sandbox(net: NetEnv, make):
+    secret = "sk-husk-" + os.urandom(12).hex()
+    control = "ctl-husk-" + os.urandom(12).hex()
+    name = _secret(net, secret)
+    before = len(net.internet.hits())
+    since = time.time() - 2
+    sbx = make(
+        network={
+            "allow_out": ["allowed.test"],
+            "deny_out": [ALL_TRAFFIC],
+            "rules": _rules("allowed.test", f"Bearer {Secret.fill(name)}"),
+        }
+    )
+    # The sandbox's info shows the placeholder, never the value.
+    info = sbx.get_info()
+    assert info.network["rules"] == _rules("allowed.test", "Bearer ${e2b.secrets." + name + "}"), info.network
+
+    sbx.files.write("/tmp/rules_search.py", RULES_SEARCH)
+    out = sbx.commands.run(
+        f"python3 /tmp/rules_search.py {secret.encode().hex()} {control.encode().hex()} {since}",
+        user="root",
+        timeout=120,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    # Both requests went through, verified by the sandbox's own TLS stack (its trust store
+    # has the sandbox's CA), and the server got the secret in place of the sandbox's header.
+    assert report["answers"] == "200:public host=allowed.test|200:public host=allowed.test", report
+    got = [(h["to"], h["authorization"], h["tls"]) for h in _hits_since(net, before)]
+    assert got == [
+        (f"{PUBLIC}:443", f"Bearer {secret}", True),
+        (f"{PUBLIC}:80", f"Bearer {secret}", False),
+    ], got
+    # The search works (it finds the control in the process's environment, memory and file),
+    # and the secret is nowhere.
+    found, stats = report["found"], report["stats"]
+    assert "memory of the requesting process" in found["control"], report
+    assert "/tmp/husk-control.txt" in found["control"], report
+    assert any(w.endswith("/environ") for w in found["control"]), report
+    assert found["secret"] == [], report
+    assert stats["mem_bytes"] > 1 << 20 and stats["files_seen"] > 1000, stats
+    # What the sandbox's creation wrote was read (its /etc files and trust store among them).
+    # Other commands' environments are closed to this one (Landlock domains): its child's is
+    # the one read.
+    assert stats["files_read"] >= 5 and stats["environs"] >= 1, stats
+    assert secret not in out.stdout and secret not in out.stderr
+    # Nor in any process's environment as the sandbox's user sees it; the TLS libraries are
+    # pointed at the bundle with the sandbox's CA.
+    env = sbx.commands.run("cat /proc/self/environ | tr '\\0' '\\n'").stdout
+    assert secret not in env
+    assert "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in env, env
+
+
+def test_header_rules_are_per_host_change_with_update_network_and_open_nothing(net: NetEnv, make):
+    first, second = "sk-first-" + os.urandom(6).hex(), "sk-second-" + os.urandom(6).hex()
+    n1, n2 = _secret(net, first), _secret(net, second)
+    sbx = make(network={"rules": _rules("*.test", f"Bearer {Secret.fill(n1)}")})
+    get = (
+        "import ssl, sys, urllib.request\n"
+        "ctx = ssl._create_unverified_context() if len(sys.argv) > 2 else None\n"
+        "with urllib.request.urlopen(sys.argv[1], timeout=10, context=ctx) as r:\n"
+        "    print(r.status, r.read().decode())\n"
+    )
+    sbx.files.write("/tmp/get.py", get)
+
+    def fetch(url: str, unverified: bool = False) -> dict:
+        before = len(net.internet.hits())
+        r = sbx.commands.run(f"python3 /tmp/get.py {url}{' x' if unverified else ''}", timeout=60)
+        assert r.stdout.startswith("200 public host="), r
+        hits = _hits_since(net, before)
+        assert len(hits) == 1, hits
+        return hits[0]
+
+    # A wildcard rule: both names, over TLS and plain HTTP; the default internet policy.
+    assert fetch("https://other.test/")["authorization"] == f"Bearer {first}"
+    assert fetch("http://allowed.test/")["authorization"] == f"Bearer {first}"
+    # An address is not a name a rule matches: straight to the server (whose CA the sandbox
+    # does not trust).
+    assert fetch(f"https://{PUBLIC}/", unverified=True)["authorization"] is None
+
+    # An exact rule beats the wildcard; a host without a rule is not intercepted.
+    sbx.update_network(
+        {"rules": {**_rules("*.allowed.test", "x"), **_rules("allowed.test", f"Bearer {Secret.fill(n2)}")}}
+    )
+    assert fetch("https://allowed.test/")["authorization"] == f"Bearer {second}"
+    assert fetch("https://other.test/", unverified=True)["authorization"] is None
+    assert sbx.get_info().network["rules"]["allowed.test"] == [
+        {"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets." + n2 + "}"}}}
+    ]
+
+    # Rules open nothing: the policy refuses other.test whatever the rules say.
+    sbx.update_network(
+        {
+            "allow_out": ["allowed.test"],
+            "deny_out": [ALL_TRAFFIC],
+            "rules": _rules("other.test", f"Bearer {Secret.fill(n1)}"),
+        }
+    )
+    before = len(net.internet.hits())
+    v = probe(sbx, "http:https://other.test/", http("other.test"))
+    assert_refused_fast(v, "http:https://other.test/")
+    assert_refused_fast(v, http("other.test"))
+    assert _hits_since(net, before) == []
+    wait_denial(net, sbx.sandbox_id, host="other.test", reason="policy")
+
+    # Cleared: omitted fields are cleared, rules too.
+    sbx.update_network({})
+    assert fetch("https://allowed.test/", unverified=True)["authorization"] is None
+    assert not sbx.get_info().network.get("rules"), sbx.get_info().network
+
+
+def test_wrong_header_rules_are_refused_with_the_reason(net: NetEnv, make):
+    opts = net.server.opts()
+    for rules, why in [
+        (_rules("allowed.test", "Bearer ${e2b.secrets.no-such-secret}"), "no-such-secret"),
+        (_rules("allowed.test", "${e2b.identity.tokens.aws}"), "not supported by husk"),
+        (_rules("10.0.0.1", "x"), "not a host name"),
+        ({"allowed.test": [{"transform": {"headers": {"Host": "evil.test"}}}]}, "belongs to the proxy"),
+    ]:
+        with pytest.raises(Exception) as e:
+            Sandbox.create(network={"rules": rules}, timeout=60, **opts)
+        assert why in str(e.value), (rules, e.value)
+    # Another team's secret is no secret of this one.
+    name = _secret(net, "sk-other-" + os.urandom(6).hex())
+    other = net.server.create_key("rules-other")
+    with pytest.raises(Exception) as e:
+        Sandbox.create(
+            network={"rules": _rules("allowed.test", Secret.fill(name))},
+            timeout=60,
+            **net.server.opts(api_key=other),
+        )
+    assert name in str(e.value), e.value
+    # A sandbox created without rules has no CA in its trust store: rules cannot be added.
+    sbx = make()
+    with pytest.raises(Exception) as e:
+        sbx.update_network({"rules": _rules("allowed.test", "x")})
+    assert "created with network.rules" in str(e.value), e.value
+    assert sbx.get_info().network.get("rules") in (None, {}), sbx.get_info().network

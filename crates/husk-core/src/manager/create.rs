@@ -27,6 +27,10 @@ fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
 }
 
 /// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
+/// The variables that name a CA bundle for OpenSSL (and what reads `SSL_CERT_FILE`, such as
+/// httpx), Python's requests and Node.
+const CA_ENV: [&str; 3] = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"];
+
 pub fn new_sandbox_id() -> Result<String, CoreError> {
     random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
 }
@@ -116,6 +120,18 @@ impl Manager {
         spec.mounts = mounts;
         spec.rootfs = template.rootfs.clone();
         let policy = self.request_policy(req.network.as_ref())?;
+        let rules = match &req.rules {
+            Some(r) if !r.is_empty() => {
+                if self.egress().is_none() {
+                    return Err(CoreError::Unsupported(
+                        "network.rules need sandboxes with a network (start husk serve with --egress)"
+                            .into(),
+                    ));
+                }
+                Some(self.resolve_rules(&who.team, r)?)
+            }
+            _ => None,
+        };
         let host = self.host.clone();
         let helper = self.egress().map(|n| n.helper.clone());
         let (created, net) = tokio::task::spawn_blocking(move || {
@@ -123,7 +139,7 @@ impl Manager {
             // resolver as its name server).
             let net = match helper {
                 Some(h) => Some(
-                    h.attach(policy)
+                    h.attach(policy, rules)
                         .map_err(|e| CoreError::internal("linking the sandbox to the router", e))?,
                 ),
                 None => None,
@@ -132,6 +148,7 @@ impl Manager {
                 spec.network = husk_runtime::NetworkMode::Joined {
                     nameserver: n.gateway(),
                 };
+                spec.trust_ca = n.ca_pem().map(str::to_owned);
             }
             let created = host.create(&spec, net.as_ref().map(|n| n.netns.fd()))?;
             Ok::<_, CoreError>((created, net))
@@ -176,13 +193,28 @@ impl Manager {
         // by pid.
         let netns = husk_net::netns::NetNs::from_fd(created.netns)
             .map_err(|e| CoreError::internal("the sandbox's network namespace", e))?;
-        // The template's environment, then the request's (which wins).
+        // The template's environment, then the request's (which wins). With header rules, the
+        // TLS libraries' bundle variables name the bundle that holds the sandbox's CA (over
+        // the template's, which would leave it out).
+        let has_ca = net.as_ref().is_some_and(|n| n.ca_pem().is_some());
+        let set_by_request = |k: &str| req.env.as_slice().iter().any(|(rk, _)| rk == k);
         let mut env: Vec<(String, String)> = defaults
             .env
             .iter()
-            .filter(|(k, _)| !req.env.as_slice().iter().any(|(rk, _)| rk == k))
+            .filter(|(k, _)| {
+                let replaced = has_ca && CA_ENV.contains(&k.as_str());
+                !set_by_request(k) && !replaced
+            })
             .cloned()
             .collect();
+        if has_ca {
+            env.extend(
+                CA_ENV
+                    .iter()
+                    .filter(|k| !set_by_request(k))
+                    .map(|k| (k.to_string(), husk_runtime::trust::BUNDLE.to_string())),
+            );
+        }
         env.extend(req.env.as_slice().iter().cloned());
         let default_user = template_user(template)?;
         let hello = Hello {
@@ -220,6 +252,7 @@ impl Manager {
             traffic_access_token: random_string(b"0123456789abcdef", 40)?,
             public_traffic: req.allow_public_traffic != Some(false),
             mask_request_host: req.mask_request_host.clone(),
+            net_rules: Mutex::new(req.rules.unwrap_or_default()),
             env: req.env.into_vec(),
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,

@@ -51,6 +51,8 @@ pub struct LiveSandbox {
     pub(crate) public_traffic: bool,
     /// The `Host` its own servers get (E2B `maskRequestHost`), if not the client's.
     pub(crate) mask_request_host: Option<super::MaskedHost>,
+    /// Its header rules as written (placeholders, not secrets); empty: none.
+    pub(super) net_rules: Mutex<crate::net_rules::NetRules>,
     /// PID 1 of the sandbox in the host's PID namespace (its root is `/proc/PID/root`).
     pub(super) init_pid: i32,
     /// The sandbox's network namespace, held open from creation: ingress connects to the
@@ -141,6 +143,14 @@ impl LiveSandbox {
     /// The `Host` its own servers are sent instead of the client's, if one was asked for.
     pub fn mask_request_host(&self) -> Option<&super::MaskedHost> {
         self.mask_request_host.as_ref()
+    }
+
+    /// Its header rules as written (with their placeholders); empty: none.
+    pub fn net_rules(&self) -> crate::net_rules::NetRules {
+        self.net_rules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// A call answered at once (see [`Call`]); the agent's reply must be of the call's kind.

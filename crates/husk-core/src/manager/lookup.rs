@@ -104,28 +104,57 @@ impl Manager {
         read(&self.sandboxes).len()
     }
 
-    /// Changes a running sandbox's egress policy.
+    /// Changes a running sandbox's egress policy and header rules (empty: none), both
+    /// replaced as E2B's update does.
     pub async fn set_network_policy(
         &self,
         who: &Principal,
         id: &str,
         policy: husk_net::NetPolicy,
+        rules: crate::net_rules::NetRules,
     ) -> Result<(), CoreError> {
         let sb = self.get(who, id)?;
-        if sb.net.is_none() {
-            if policy == husk_net::NetPolicy::None {
+        let Some(net) = &sb.net else {
+            if policy == husk_net::NetPolicy::None && rules.is_empty() {
                 return Ok(());
             }
             return Err(CoreError::Unsupported(
                 "this server gives sandboxes no network (start husk serve with --egress)".into(),
             ));
+        };
+        if !rules.is_empty() && net.ca_pem().is_none() {
+            return Err(CoreError::InvalidArgument(
+                husk_net::sandboxes::NoCa.to_string(),
+            ));
         }
-        tokio::task::spawn_blocking(move || match &sb.net {
-            Some(net) => net.set_policy(policy),
+        let resolved = self.resolve_rules(&sb.team, &rules)?;
+        let sb2 = sb.clone();
+        tokio::task::spawn_blocking(move || match &sb2.net {
+            Some(net) => net.set_policy(policy, resolved),
             None => Ok(()),
         })
         .await
         .map_err(|e| CoreError::internal("the policy task", e))?
-        .map_err(|e| CoreError::internal("changing the sandbox's egress policy", e))
+        .map_err(|e| CoreError::internal("changing the sandbox's egress policy", e))?;
+        *sb.net_rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+        Ok(())
+    }
+
+    /// `rules` with `team`'s secrets filled in (the values go to the network helper only).
+    pub(super) fn resolve_rules(
+        &self,
+        team: &str,
+        rules: &crate::net_rules::NetRules,
+    ) -> Result<husk_net::rules::HeaderRules, CoreError> {
+        use crate::net_rules::NetRulesError;
+        rules
+            .resolve(team, self.secrets().map(|s| s.as_ref()))
+            .map_err(|e| match e {
+                NetRulesError::Secret {
+                    source: crate::secrets::SecretError::Store(s),
+                    ..
+                } => CoreError::Store(s),
+                other => CoreError::InvalidArgument(other.to_string()),
+            })
     }
 }

@@ -26,6 +26,9 @@ pub struct CreateRequest {
     /// E2B `network.maskRequestHost`: the `Host` its own servers are sent, with `${PORT}` for
     /// the port (see [`MaskedHost`]); `None`: the client's.
     pub mask_request_host: Option<MaskedHost>,
+    /// E2B `network.rules`: headers the domain proxy sets on the sandbox's requests to the
+    /// hosts named (`None` or non-empty).
+    pub rules: Option<crate::net_rules::NetRules>,
 }
 
 /// A `Host` to send a sandbox's servers instead of the client's: printable ASCII without

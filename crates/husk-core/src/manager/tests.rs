@@ -175,7 +175,7 @@ async fn another_team_cannot_see_or_touch_a_sandbox() {
         m.metrics(&b, id, TimeRange::default()).await.map(|_| ())
     ));
     assert!(not_found(
-        m.set_network_policy(&b, id, husk_net::NetPolicy::None)
+        m.set_network_policy(&b, id, husk_net::NetPolicy::None, Default::default())
             .await
     ));
     assert!(m.list(&b, &ListFilter::default()).is_empty());

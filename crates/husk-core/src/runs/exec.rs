@@ -233,6 +233,7 @@ async fn create_sandbox(
         network: plan.network.clone(),
         allow_public_traffic: None,
         mask_request_host: None,
+        rules: None,
     };
     // Not raced against the cancel: a creation under way always finishes (see
     // Manager::create), and the caller destroys the sandbox if the run was cancelled.
