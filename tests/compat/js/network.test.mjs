@@ -4,9 +4,14 @@
 // server at 198.51.100.53 (tests/compat/netsim/{web,dns}.py, shared with the Python suite), and a
 // `husk serve` whose uplink is that namespace. No traffic leaves loopback or that namespace.
 //
+// The web server also speaks TLS at 198.51.100.10:443, with a certificate from a CA the test makes
+// (netsim/certs.py); husk's proxy trusts that CA (`--net-upstream-ca`), the sandboxes do not.
+//
 // Checks: the default policy reaches the web server and not the private target (refused fast, no
 // hit); `network.denyOut` on create, then `updateNetwork` (allow beats deny, `{}` opens again,
-// `allowInternetAccess: false` closes); a domain allow list with the callable `denyOut`.
+// `allowInternetAccess: false` closes); a domain allow list with the callable `denyOut`; a header
+// rule with `Secret.fill` (the TLS server gets the key through Node's fetch in the sandbox, the
+// sandbox's environment never holds it), replaced and cleared by `updateNetwork`.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, execFileSync } from 'node:child_process'
@@ -15,7 +20,9 @@ import { tmpdir } from 'node:os'
 import { join, resolve, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
-import { Sandbox } from 'e2b'
+import { randomBytes } from 'node:crypto'
+
+import { Sandbox, Secret } from 'e2b'
 
 import { startServer, waitFor } from './server.mjs'
 
@@ -63,6 +70,10 @@ class SimInternet {
     return `/run/netns/${this.name}`
   }
 
+  get caPath() {
+    return join(this.dir, 'ca.pem')
+  }
+
   async start() {
     // If this process dies before its teardown, the reaper removes the namespace.
     this.reaper = spawn('python3', [join(NETSIM, 'reaper.py'), this.name, this.dir], { stdio: 'ignore' })
@@ -72,7 +83,9 @@ class SimInternet {
     for (const a of [PUBLIC, DNS, PRIVATE]) ip('-n', this.name, 'addr', 'add', `${a}/32`, 'dev', 'lo')
     const webReady = join(this.dir, 'web.ready')
     const dnsReady = join(this.dir, 'dns.ready')
-    this.spawn('web.py', this.hitsPath, webReady, `${PUBLIC}:80`, `${PRIVATE}:80`)
+    execFileSync('python3', [join(NETSIM, 'certs.py'), this.dir], { timeout: 120_000, stdio: ['ignore', 'pipe', 'pipe'] })
+    const [cert, key] = [join(this.dir, 'web.pem'), join(this.dir, 'web.key')]
+    this.spawn('web.py', this.hitsPath, webReady, '--tls', cert, key, `${PUBLIC}:80`, `${PUBLIC}:443`, `${PRIVATE}:80`)
     this.spawn('dns.py', dnsReady, `${DNS}:53`, ...Object.entries(NAMES).map(([n, a]) => `${n}=${a}`))
     for (const ready of [webReady, dnsReady]) {
       await waitFor(
@@ -157,6 +170,8 @@ before(async () => {
         '203.0.113.1',
         '--net-dns',
         DNS,
+        '--net-upstream-ca',
+        internet.caPath,
       ],
     })
   } catch (e) {
@@ -263,4 +278,50 @@ test('a domain allow list with the callable denyOut', async (t) => {
   assertRefusedFast(v, tcp(PRIVATE))
   assert.ok(!internet.hits().some((h) => h.host === 'other.test'), JSON.stringify(internet.hits()))
   assert.deepEqual(internet.hitsTo(PRIVATE), [])
+})
+
+test('a header rule with Secret.fill: the server gets the key, the sandbox never holds it', async (t) => {
+  const [first, second] = ['sk-js-first-', 'sk-js-second-'].map((p) => p + randomBytes(10).toString('hex'))
+  const names = []
+  for (const value of [first, second]) {
+    const name = `js-key-${randomBytes(4).toString('hex')}`
+    await Secret.create(name, value, husk.opts())
+    names.push(name)
+  }
+  const rules = (name) => ({ 'allowed.test': [{ transform: { headers: { Authorization: `Bearer ${Secret.fill(name)}` } } }] })
+  const sbx = await husk.sandbox(t, {
+    network: { allowOut: ['allowed.test'], denyOut: (ctx) => [ctx.allTraffic], rules: rules(names[0]) },
+  })
+  // Node's fetch in the sandbox trusts the sandbox's CA (NODE_EXTRA_CA_CERTS).
+  const fetchOnce = async () => {
+    const before = internet.hits().length
+    const r = await sbx.commands.run(
+      `node -e "fetch('https://allowed.test/js').then(async (r) => console.log(r.status, await r.text()))"`,
+      { timeoutMs: 60_000 },
+    )
+    assert.equal(r.stdout.trim(), '200 public host=allowed.test', r.stderr)
+    const hits = internet.hits().slice(before)
+    assert.equal(hits.length, 1, JSON.stringify(hits))
+    assert.equal(hits[0].tls, true)
+    return hits[0].authorization
+  }
+  assert.equal(await fetchOnce(), `Bearer ${first}`)
+  const env = (await sbx.commands.run("cat /proc/self/environ | tr '\\0' '\\n'")).stdout
+  assert.ok(!env.includes(first), 'the key is in the sandbox\'s environment')
+  assert.match(env, /^NODE_EXTRA_CA_CERTS=\/etc\/ssl\/certs\/ca-certificates\.crt$/m)
+  const info = await sbx.getInfo()
+  assert.deepEqual(info.network?.rules, {
+    'allowed.test': [{ transform: { headers: { Authorization: `Bearer \${e2b.secrets.${names[0]}}` } } }],
+  })
+
+  // Replaced, then cleared (omitted fields are cleared).
+  await sbx.updateNetwork({ allowOut: ['allowed.test'], denyOut: (ctx) => [ctx.allTraffic], rules: rules(names[1]) })
+  assert.equal(await fetchOnce(), `Bearer ${second}`)
+  await sbx.updateNetwork({})
+  const r = await sbx.commands.run(
+    `node -e "fetch('https://allowed.test/js').then((r) => console.log(r.status), (e) => console.log('error', e.cause?.code))"`,
+    { timeoutMs: 60_000 },
+  )
+  // Straight to the server now, whose CA the sandbox does not trust.
+  assert.match(r.stdout.trim(), /^error /, r.stdout)
 })

@@ -9,7 +9,7 @@ starts its own `husk serve` with that namespace as the uplink. No traffic leaves
 that namespace.
 
 The web server also speaks TLS at 198.51.100.10:443 with a certificate (allowed.test,
-other.test) from a CA the module makes with `openssl`; husk's proxy trusts that CA
+other.test) from a CA the module makes (netsim/certs.py, with `openssl`); husk's proxy trusts that CA
 (`--net-upstream-ca`), the sandboxes do not.
 
 Checks, through the SDK's own create/update_network/get_info (sync, and async once): the default
@@ -138,26 +138,12 @@ class SimInternet:
         return self.dir / "ca.pem"
 
     def _make_certificates(self):
-        """A CA (ca.pem) and the web server's certificate for allowed.test and other.test."""
-        d = self.dir
-
-        def openssl(*args: str) -> None:
-            r = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60, cwd=d)
-            if r.returncode != 0:
-                raise RuntimeError(f"openssl {' '.join(args)}: {r.stderr.strip()}")
-
-        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
-        openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-                "-subj", "/CN=husk netsim CA", "-addext", "basicConstraints=critical,CA:TRUE",
-                "-addext", "keyUsage=critical,keyCertSign")
-        openssl("req", *ec, "-keyout", "web.key", "-out", "web.csr", "-subj", "/CN=allowed.test")
-        (d / "web.ext").write_text(
-            "subjectAltName=DNS:allowed.test,DNS:other.test\nbasicConstraints=CA:FALSE\n"
-            "extendedKeyUsage=serverAuth\n"
-        )
-        openssl("x509", "-req", "-in", "web.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-out", "web.pem", "-days", "2", "-extfile", "web.ext")
-        return d / "web.pem", d / "web.key"
+        """The CA (ca.pem) and the web server's certificate (netsim/certs.py)."""
+        r = subprocess.run([sys.executable, str(NETSIM / "certs.py"), str(self.dir)],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"netsim/certs.py: {r.stderr.strip()}")
+        return self.dir / "web.pem", self.dir / "web.key"
 
     def _spawn(self, script: str, *args: str) -> None:
         with open(self.dir / f"{script}.log", "wb") as log:
