@@ -547,14 +547,38 @@ fn spawner(c: &Corpus) {
 fn helpers(c: &Corpus) {
     use husk_core::store::remote::StateRequest;
     use husk_net::helper::{Request, WirePolicy};
+    use husk_net::rules::{HeaderRules, HostRule, SecretValue};
     let net = [
-        ("attach-none", Request::Attach { policy: WirePolicy::None }),
+        ("attach-none", Request::Attach { policy: WirePolicy::None, rules: None }),
         (
             "attach-allow",
             Request::Attach {
                 policy: husk_net::NetPolicy::from_flags(&["allow=example.com,10.0.0.0/8".into()])
                     .unwrap()
                     .into(),
+                rules: None,
+            },
+        ),
+        (
+            "attach-rules",
+            Request::Attach {
+                policy: WirePolicy::None,
+                rules: Some(HeaderRules {
+                    hosts: vec![HostRule {
+                        host: "*.example.com".into(),
+                        headers: vec![("authorization".into(), SecretValue::new(b"Bearer k".to_vec()))],
+                    }],
+                }),
+            },
+        ),
+        (
+            "set-policy-rules",
+            Request::SetPolicy {
+                link: 1,
+                policy: WirePolicy::None,
+                rules: HeaderRules {
+                    hosts: vec![HostRule { host: "api.example.com".into(), headers: Vec::new() }],
+                },
             },
         ),
         ("denials", Request::Denials { link: 1, sync: true }),
@@ -876,6 +900,25 @@ fn dns(c: &Corpus) {
     );
 }
 
+/// E2B's `network.rules` as a create sends them (after the byte that picks the secrets' value).
+fn net_rules(c: &Corpus) {
+    let seeds: [(&str, &[u8]); 3] = [
+        (
+            "secret",
+            br#"{"api.example.com":[{"transform":{"headers":{"Authorization":"Bearer ${e2b.secrets.openai}"}}}]}"#,
+        ),
+        (
+            "wildcard-two-rules",
+            br#"{"*.Example.org.":[{"transform":{"headers":{"X-A":"1"}}},{"transform":{"headers":{"x-a":"2${e2b.secrets.k}"}}}],"b.example":[{}]}"#,
+        ),
+        ("bad", br#"{"10.0.0.1":[{"transform":{"headers":{"Host":"x","y":"${e2b.identity.tokens.t}"}}}]}"#),
+    ];
+    for (name, json) in seeds {
+        c.write("net_rules", name, Input::default().byte(0).bytes(json));
+        c.write("net_rules", &format!("{name}-crlf"), Input::default().byte(2).bytes(json));
+    }
+}
+
 fn sniff(c: &Corpus) {
     c.write(
         "sniff",
@@ -1023,6 +1066,7 @@ fn main() {
     jupyter(&c);
     dns(&c);
     sniff(&c);
+    net_rules(&c);
     tars(&c);
     println!("seeds written under {}", root.display());
 }

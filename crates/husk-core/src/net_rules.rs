@@ -86,6 +86,9 @@ impl NetRules {
             }
             out.push(HostRules { host, rules });
         }
+        // By name: which host comes first means nothing (the best match is chosen), and the
+        // same rules read the same whatever order or spelling they came in.
+        out.sort_by(|a, b| a.host.cmp(&b.host));
         Ok(NetRules { hosts: out })
     }
 
@@ -126,7 +129,7 @@ impl NetRules {
     }
 
     /// As [`NetRules::resolve`], with each secret's value from `secret(NAME)`.
-    fn resolve_with(
+    pub fn resolve_with(
         &self,
         mut secret: impl FnMut(&str) -> Result<Zeroizing<Vec<u8>>, NetRulesError>,
     ) -> Result<HeaderRules, NetRulesError> {

@@ -41,7 +41,7 @@ from typing import List
 
 import pytest
 
-from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox, Secret
+from e2b import ALL_TRAFFIC, AsyncSandbox, AsyncSecret, Sandbox, Secret
 from e2b.api.client.models import SandboxLogs
 
 from husk_compat import HuskServer, http_request, start_server, wait_for
@@ -730,3 +730,31 @@ def test_wrong_header_rules_are_refused_with_the_reason(net: NetEnv, make):
         sbx.update_network({"rules": _rules("allowed.test", "x")})
     assert "created with network.rules" in str(e.value), e.value
     assert sbx.get_info().network.get("rules") in (None, {}), sbx.get_info().network
+
+
+@pytest.mark.asyncio
+async def test_async_header_rules_on_create_and_update(net: NetEnv):
+    secret = "sk-async-" + os.urandom(10).hex()
+    name = "net-key-" + os.urandom(4).hex()
+    await AsyncSecret.create(name=name, value=secret, **net.server.opts())
+    sbx = await AsyncSandbox.create(
+        timeout=120,
+        network={"rules": _rules("allowed.test", f"Bearer {AsyncSecret.fill(name)}")},
+        **net.server.opts(),
+    )
+    try:
+        cmd = "curl -sS https://allowed.test/async"
+        before = len(net.internet.hits())
+        r = await sbx.commands.run(cmd, timeout=60)
+        assert r.stdout == "public host=allowed.test", r
+        assert [h["authorization"] for h in _hits_since(net, before)] == [f"Bearer {secret}"]
+        info = await sbx.get_info()
+        assert info.network["rules"] == _rules("allowed.test", "Bearer ${e2b.secrets." + name + "}"), info.network
+        # Cleared through the class method variant: curl now meets the server's own
+        # certificate, which the sandbox does not trust.
+        await AsyncSandbox.update_network(sbx.sandbox_id, {}, **net.server.opts())
+        with pytest.raises(Exception) as e:
+            await sbx.commands.run(cmd, timeout=60)
+        assert "certificate" in str(e.value), e.value
+    finally:
+        await AsyncSandbox.kill(sbx.sandbox_id, **net.server.opts())

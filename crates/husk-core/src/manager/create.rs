@@ -26,11 +26,11 @@ fn random_string(alphabet: &[u8], len: usize) -> Result<String, CoreError> {
         .collect())
 }
 
-/// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
 /// The variables that name a CA bundle for OpenSSL (and what reads `SSL_CERT_FILE`, such as
 /// httpx), Python's requests and Node.
 const CA_ENV: [&str; 3] = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"];
 
+/// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
 pub fn new_sandbox_id() -> Result<String, CoreError> {
     random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
 }

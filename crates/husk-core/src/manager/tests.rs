@@ -305,6 +305,21 @@ async fn bad_requests_are_refused_before_the_host_is_asked() {
         m.create(&a, r).await,
         Err(CoreError::Unsupported(_))
     ));
+    // Nor header rules, which need a link out.
+    let mut r = req();
+    r.rules = Some(
+        crate::net_rules::NetRules::new(vec![(
+            "api.example.com".into(),
+            vec![crate::net_rules::Rule {
+                headers: vec![("x-key".into(), "v".into())],
+            }],
+        )])
+        .unwrap(),
+    );
+    assert!(matches!(
+        m.create(&a, r).await,
+        Err(CoreError::Unsupported(m)) if m.contains("network.rules")
+    ));
     let mut r = req();
     r.workspaces = vec![super::WorkspaceMount {
         name: "w".into(),
