@@ -65,6 +65,14 @@ impl NetRules {
         if hosts.len() > MAX_HOSTS {
             return Err(RuleError::TooManyHosts.into());
         }
+        let written: usize = hosts
+            .iter()
+            .flat_map(|(_, rules)| rules.iter().flat_map(|r| &r.headers))
+            .map(|(n, v)| n.len() + v.len())
+            .sum();
+        if written > husk_net::rules::MAX_TOTAL {
+            return Err(RuleError::TooBig.into());
+        }
         let mut out: Vec<HostRules> = Vec::with_capacity(hosts.len());
         for (host, rules) in hosts {
             let host = parse_host(&host)?;
@@ -148,7 +156,11 @@ impl NetRules {
                 headers,
             });
         }
-        Ok(HeaderRules { hosts })
+        let resolved = HeaderRules { hosts };
+        if resolved.size() > husk_net::rules::MAX_TOTAL {
+            return Err(RuleError::TooBig.into());
+        }
+        Ok(resolved)
     }
 }
 
@@ -303,6 +315,25 @@ mod tests {
             let e = NetRules::new(hosts).unwrap_err().to_string();
             assert!(e.contains(want), "{e} (wanted {want:?})");
         }
+    }
+
+    #[test]
+    fn resolved_rules_are_bounded_in_all() {
+        // Each value within its own bound, together over the helper's.
+        let hosts = (0..20)
+            .map(|i| {
+                (
+                    format!("h{i}.example"),
+                    vec![rule(&[("x", "${e2b.secrets.big}")])],
+                )
+            })
+            .collect();
+        let rules = NetRules::new(hosts).unwrap();
+        let big = Zeroizing::new(vec![b'k'; husk_net::rules::MAX_VALUE]);
+        assert!(matches!(
+            rules.resolve_with(|_| Ok(big.clone())),
+            Err(NetRulesError::Rule(RuleError::TooBig))
+        ));
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub const MAX_NAME: usize = 128;
 /// Longest header value, once resolved (a secret is at most 64 KiB; headers past a few KiB
 /// are refused by most servers anyway).
 pub const MAX_VALUE: usize = 16 << 10;
+/// Most bytes of names and values in all of a sandbox's rules, once resolved: what the
+/// network helper holds for one sandbox (and what one request to it carries).
+pub const MAX_TOTAL: usize = 256 << 10;
 
 /// Headers a rule may not set: they frame the request or route it, and are the proxy's.
 const RESERVED: &[&str] = &[
@@ -54,6 +57,8 @@ pub enum RuleError {
     BadHeaderValue(String),
     #[error("network.rules: {0} is named twice")]
     DuplicateHost(String),
+    #[error("network.rules: the headers come to more than {MAX_TOTAL} bytes in all")]
+    TooBig,
 }
 
 /// A header value: often a secret, so wiped when dropped and never printed.
@@ -133,6 +138,9 @@ impl HeaderRules {
         if self.hosts.len() > MAX_HOSTS {
             return Err(RuleError::TooManyHosts);
         }
+        if self.size() > MAX_TOTAL {
+            return Err(RuleError::TooBig);
+        }
         for (i, h) in self.hosts.iter().enumerate() {
             if parse_host(&h.host).as_deref() != Ok(h.host.as_str()) {
                 return Err(RuleError::BadHost(h.host.clone()));
@@ -151,6 +159,15 @@ impl HeaderRules {
             }
         }
         Ok(())
+    }
+
+    /// Bytes of its header names and values.
+    pub fn size(&self) -> usize {
+        self.hosts
+            .iter()
+            .flat_map(|h| &h.headers)
+            .map(|(n, v)| n.len() + v.bytes().len())
+            .sum()
     }
 
     /// The rule for `host` (lowercase, no trailing dot): the exact one, else the longest
@@ -264,6 +281,15 @@ mod tests {
             twice.validate(),
             Err(RuleError::DuplicateHost("a.example".into()))
         );
+        let big = HeaderRules {
+            hosts: (0..MAX_TOTAL / MAX_VALUE + 1)
+                .map(|i| {
+                    let v = "v".repeat(MAX_VALUE);
+                    rule(&format!("h{i}.example"), &[("x", v.as_str())])
+                })
+                .collect(),
+        };
+        assert_eq!(big.validate(), Err(RuleError::TooBig));
         let many = HeaderRules {
             hosts: (0..=MAX_HOSTS)
                 .map(|i| rule(&format!("h{i}.example"), &[]))
