@@ -7,7 +7,9 @@
 //! - connection set-up, round-trip latency and download throughput to the simulated internet
 //!   from three places: a namespace with a plain veth into it (direct, the peer), a sandbox
 //!   link through husk's router (nftables + NAT), and a sandbox whose policy names a domain
-//!   (its HTTP goes through husk's domain proxy).
+//!   (its HTTP goes through husk's domain proxy);
+//! - HTTPS through the domain proxy, passed through and with a header rule
+//!   ([`crate::bench_rules`]).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -196,6 +198,7 @@ pub fn run(runs: usize) -> Result<(), String> {
         }
     }
     let internet = Internet::start()?;
+    let upstream = crate::bench_rules::Upstream::bind(&internet.ns, SERVER)?;
     let mut cfg = RouterConfig::new(Uplink::Netns {
         path: internet.path(),
         address: "203.0.113.2/24".parse().expect("literal CIDR"),
@@ -205,6 +208,8 @@ pub fn run(runs: usize) -> Result<(), String> {
     // then. Links are prepared in advance here instead, as the server's pool does.
     cfg.pool = 0;
     cfg.run_dir = std::env::temp_dir().join(format!("husk-bench-net-{}", std::process::id()));
+    cfg.dns = vec![upstream.dns_addr()?];
+    cfg.upstream_ca = vec![upstream.ca_file.clone()];
     let router = Router::start(cfg).map_err(chain)?;
 
     // Create → ready, with a prepared link and without, interleaved.
@@ -248,6 +253,7 @@ pub fn run(runs: usize) -> Result<(), String> {
 
     // Traffic: the server and the services are threads (from here on, no more sandboxes).
     internet.serve()?;
+    upstream.serve(SERVER.parse().expect("literal address"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -310,7 +316,59 @@ pub fn run(runs: usize) -> Result<(), String> {
              download {mbps:7.0} MB/s{vs}"
         );
     }
-    drop((nat, proxied));
+    let ruled = service
+        .router()
+        .attach(NetPolicy::internet(), Some(crate::bench_rules::rules()))
+        .map_err(chain)?;
+    let sandbox_ca = ruled.ca_pem().ok_or("a link with rules has no CA")?;
+    let sandbox_root = {
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::from_pem_slice(sandbox_ca.as_bytes()).map_err(chain)?
+    };
+    let https: SocketAddr = format!("{SERVER}:443").parse().expect("literal address");
+    println!(
+        "  HTTPS to {}, HTTP/1.1 (set-up: connect + handshake + first answer; requests on one connection):",
+        crate::bench_rules::NAME
+    );
+    let mut base: Option<(f64, f64, f64)> = None;
+    for (name, ns, root, keyed) in [
+        (
+            "domain proxy, passed through",
+            &proxied.netns,
+            upstream.root(),
+            false,
+        ),
+        (
+            "header rule (terminated, set)",
+            &ruled.netns,
+            &sandbox_root,
+            true,
+        ),
+    ] {
+        let (mut setup, mut each, mbps) = crate::bench_rules::measure(ns, https, root, keyed)?;
+        let (s50, r50, r99) = (
+            percentile_us(&mut setup, 0.5),
+            percentile_us(&mut each, 0.5),
+            percentile_us(&mut each, 0.99),
+        );
+        let vs = match base {
+            Some((bs, br, bt)) => format!(
+                "  (x{:.2} set-up, +{:.0} µs a request, {:.0}% throughput)",
+                s50 / bs,
+                r50 - br,
+                mbps / bt * 100.0
+            ),
+            None => {
+                base = Some((s50, r50, mbps));
+                String::new()
+            }
+        };
+        println!(
+            "    {name:<30} set-up p50 {s50:6.2} ms   request p50 {r50:6.0} µs p99 {r99:6.0} µs   \
+             download {mbps:6.0} MB/s{vs}"
+        );
+    }
+    drop((nat, proxied, ruled));
     service.shutdown();
     drop(service);
     runtime.shutdown_background();
