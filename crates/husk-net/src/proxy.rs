@@ -224,29 +224,17 @@ impl DomainProxy {
                 return Ok(());
             }
             Route::Original => self.connect(&[dst]).await,
-            Route::Resolve(name) => {
-                let addrs = match self.resolver.lookup(&name).await {
-                    Ok(a) => a,
-                    Err(e) => {
-                        reset(client);
-                        return Err(io::Error::other(e));
-                    }
-                };
-                let usable: Vec<SocketAddr> = addrs
-                    .iter()
-                    .filter(|ip| !is_denied(&self.denied, **ip))
-                    .map(|ip| SocketAddr::new(*ip, dst.port()))
-                    .collect();
-                if usable.is_empty() {
-                    let (at, reason) = match addrs.first() {
-                        Some(ip) => (SocketAddr::new(*ip, dst.port()), REASON_RESOLVES_DENIED),
-                        None => (dst, REASON_NO_ADDRESS),
-                    };
+            Route::Resolve(name) => match self.resolve(&name, dst, |_| true).await {
+                Ok(Ok(usable)) => self.connect(&usable).await,
+                Ok(Err((at, reason))) => {
                     self.refuse(client, sb, at, host, reason);
                     return Ok(());
                 }
-                self.connect(&usable).await
-            }
+                Err(e) => {
+                    reset(client);
+                    return Err(e);
+                }
+            },
         };
         let mut upstream = match upstream {
             Ok(u) => u,
@@ -280,31 +268,18 @@ impl DomainProxy {
             self.refuse(client, sb, dst, Some(host), reason);
             return Ok(());
         }
-        let addrs = match self.resolver.lookup(host).await {
-            Ok(a) => a,
+        let allowed = |ip| policy.decide_host(host, ip) == Verdict::Allow;
+        let usable = match self.resolve(host, dst, allowed).await {
+            Ok(Ok(usable)) => usable,
+            Ok(Err((at, reason))) => {
+                self.refuse(client, sb, at, Some(host), reason);
+                return Ok(());
+            }
             Err(e) => {
                 reset(client);
-                return Err(io::Error::other(e));
+                return Err(e);
             }
         };
-        let usable: Vec<SocketAddr> = addrs
-            .iter()
-            .filter(|ip| {
-                !is_denied(&self.denied, **ip) && policy.decide_host(host, **ip) == Verdict::Allow
-            })
-            .map(|ip| SocketAddr::new(*ip, dst.port()))
-            .collect();
-        if usable.is_empty() {
-            let (at, reason) = match addrs.first() {
-                Some(ip) if is_denied(&self.denied, *ip) => {
-                    (SocketAddr::new(*ip, dst.port()), REASON_RESOLVES_DENIED)
-                }
-                Some(ip) => (SocketAddr::new(*ip, dst.port()), REASON_POLICY),
-                None => (dst, REASON_NO_ADDRESS),
-            };
-            self.refuse(client, sb, at, Some(host), reason);
-            return Ok(());
-        }
         let transform = Arc::new(Transform::new(host, rule)?);
         let tls = sniffed.bytes.first() == Some(&crate::sniff::TLS_HANDSHAKE);
         let client = Rewind::new(sniffed.bytes, client);
@@ -339,6 +314,33 @@ impl DomainProxy {
             (Err(e), _) => Err(e),
         };
         crate::intercept::serve(accepted, upstream, transform).await
+    }
+
+    /// `name`'s addresses (resolved by the proxy), at `dst`'s port, outside the denied ranges
+    /// and admitted by `allowed`; when there are none, where the connection is refused and
+    /// why (`dst` when the name has no address). `Err`: the lookup failed.
+    async fn resolve(
+        &self,
+        name: &str,
+        dst: SocketAddr,
+        allowed: impl Fn(IpAddr) -> bool,
+    ) -> io::Result<Result<Vec<SocketAddr>, (SocketAddr, &'static str)>> {
+        let addrs = self.resolver.lookup(name).await.map_err(io::Error::other)?;
+        let usable: Vec<SocketAddr> = addrs
+            .iter()
+            .filter(|ip| !is_denied(&self.denied, **ip) && allowed(**ip))
+            .map(|ip| SocketAddr::new(*ip, dst.port()))
+            .collect();
+        if !usable.is_empty() {
+            return Ok(Ok(usable));
+        }
+        Ok(Err(match addrs.first() {
+            Some(ip) if is_denied(&self.denied, *ip) => {
+                (SocketAddr::new(*ip, dst.port()), REASON_RESOLVES_DENIED)
+            }
+            Some(ip) => (SocketAddr::new(*ip, dst.port()), REASON_POLICY),
+            None => (dst, REASON_NO_ADDRESS),
+        }))
     }
 
     /// The first of `addrs` that accepts a connection (from the egress namespace).

@@ -32,25 +32,14 @@ fn rule(host: &str, r: &Value) -> Result<Rule, String> {
     let Value::Object(r) = r else {
         return Err(bad("each rule must be an object"));
     };
-    if let Some(k) = r.keys().find(|k| *k != "transform") {
-        return Err(bad(&format!(
-            "{k:?} is not supported by husk (only transform)"
-        )));
-    }
-    let transform = match r.get("transform") {
-        None | Some(Value::Null) => return Ok(Rule::default()),
-        Some(Value::Object(t)) => t,
-        Some(_) => return Err(bad("transform must be an object")),
+    let Some(transform) = only_field(r, "transform", |k| format!("{k:?}")).map_err(|e| bad(&e))?
+    else {
+        return Ok(Rule::default());
     };
-    if let Some(k) = transform.keys().find(|k| *k != "headers") {
-        return Err(bad(&format!(
-            "transform.{k} is not supported by husk (only headers)"
-        )));
-    }
-    let headers = match transform.get("headers") {
-        None | Some(Value::Null) => return Ok(Rule::default()),
-        Some(Value::Object(h)) => h,
-        Some(_) => return Err(bad("transform.headers must be an object")),
+    let Some(headers) =
+        only_field(transform, "headers", |k| format!("transform.{k}")).map_err(|e| bad(&e))?
+    else {
+        return Ok(Rule::default());
     };
     let mut out = Vec::with_capacity(headers.len());
     for (name, value) in headers {
@@ -60,6 +49,29 @@ fn rule(host: &str, r: &Value) -> Result<Rule, String> {
         out.push((name.clone(), value.clone()));
     }
     Ok(Rule { headers: out })
+}
+
+/// `obj`'s field `key`: an object, or `None` when absent or null. Any other field (named by
+/// `label`) is refused, and so is a `key` that is not an object.
+fn only_field<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    label: impl Fn(&str) -> String,
+) -> Result<Option<&'a Map<String, Value>>, String> {
+    if let Some(k) = obj.keys().find(|k| *k != key) {
+        return Err(format!(
+            "{} is not supported by husk (only {key})",
+            label(k)
+        ));
+    }
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(_) => Err(format!(
+            "{} must be an object",
+            label(key).trim_matches('"')
+        )),
+    }
 }
 
 /// The rules as E2B shows them in a sandbox's info (an empty object when there are none).

@@ -119,7 +119,11 @@ fn direct(internet: &Internet) -> Result<NetNs, String> {
 }
 
 fn connect(ns: &NetNs) -> Result<TcpStream, String> {
-    let at: SocketAddr = format!("{SERVER}:80").parse().expect("literal address");
+    connect_to(ns, format!("{SERVER}:80").parse().expect("literal address"))
+}
+
+/// A TCP connection from `ns` to `at` (no delay; reads time out after 30 s).
+pub(crate) fn connect_to(ns: &NetNs, at: SocketAddr) -> Result<TcpStream, String> {
     let s = ns
         .run(|| TcpStream::connect_timeout(&at, Duration::from_secs(5)))
         .map_err(|e| format!("connect to the simulated internet: {e}"))?;
@@ -179,6 +183,42 @@ fn download(ns: &NetNs) -> Result<f64, String> {
         return Err(format!("download: got {got} of {DOWNLOAD} bytes"));
     }
     Ok(got as f64 / t.elapsed().as_secs_f64() / 1e6)
+}
+
+/// The first path measured (the peer), which the next ones are compared with.
+#[derive(Default)]
+struct Peer(Option<(f64, f64, f64)>);
+
+impl Peer {
+    /// The set-up p50, the p50 and p99 of `each` (µs per `what`), and how they and `mbps`
+    /// compare with the peer's (empty for the peer itself, which this records).
+    fn figures(
+        &mut self,
+        setup: &mut [f64],
+        each: &mut [f64],
+        mbps: f64,
+        what: &str,
+        digits: usize,
+    ) -> (f64, f64, f64, String) {
+        let (s50, r50, r99) = (
+            percentile_us(setup, 0.5),
+            percentile_us(each, 0.5),
+            percentile_us(each, 0.99),
+        );
+        let vs = match self.0 {
+            Some((bs, br, bt)) => format!(
+                "  (x{:.2} set-up, +{:.digits$} µs {what}, {:.0}% throughput)",
+                s50 / bs,
+                r50 - br,
+                mbps / bt * 100.0
+            ),
+            None => {
+                self.0 = Some((s50, r50, mbps));
+                String::new()
+            }
+        };
+        (s50, r50, r99, vs)
+    }
 }
 
 fn percentile_us(v: &mut [f64], p: f64) -> f64 {
@@ -286,7 +326,7 @@ pub fn run(runs: usize) -> Result<(), String> {
         ("through the domain proxy", &proxied.netns),
     ];
     println!("  to the simulated internet (TCP, port 80):");
-    let mut base: Option<(f64, f64, f64)> = None;
+    let mut base = Peer::default();
     for (name, ns) in paths {
         let mut setup = setup_times(ns)?;
         let mut rtt = round_trips(ns)?;
@@ -294,23 +334,7 @@ pub fn run(runs: usize) -> Result<(), String> {
         let mut d = [download(ns)?, download(ns)?, download(ns)?];
         d.sort_by(|a, b| a.total_cmp(b));
         let mbps = d[1];
-        let (s50, r50, r99) = (
-            percentile_us(&mut setup, 0.5),
-            percentile_us(&mut rtt, 0.5),
-            percentile_us(&mut rtt, 0.99),
-        );
-        let vs = match base {
-            Some((bs, br, bt)) => format!(
-                "  (x{:.2} set-up, +{:.1} µs rtt, {:.0}% throughput)",
-                s50 / bs,
-                r50 - br,
-                mbps / bt * 100.0
-            ),
-            None => {
-                base = Some((s50, r50, mbps));
-                String::new()
-            }
-        };
+        let (s50, r50, r99, vs) = base.figures(&mut setup, &mut rtt, mbps, "rtt", 1);
         println!(
             "    {name:<26} set-up p50 {s50:6.3} ms   rtt p50 {r50:6.1} µs p99 {r99:6.1} µs   \
              download {mbps:7.0} MB/s{vs}"
@@ -330,7 +354,7 @@ pub fn run(runs: usize) -> Result<(), String> {
         "  HTTPS to {}, HTTP/1.1 (set-up: connect + handshake + first answer; requests on one connection):",
         crate::bench_rules::NAME
     );
-    let mut base: Option<(f64, f64, f64)> = None;
+    let mut base = Peer::default();
     for (name, ns, root, keyed) in [
         (
             "domain proxy, passed through",
@@ -346,23 +370,7 @@ pub fn run(runs: usize) -> Result<(), String> {
         ),
     ] {
         let (mut setup, mut each, mbps) = crate::bench_rules::measure(ns, https, root, keyed)?;
-        let (s50, r50, r99) = (
-            percentile_us(&mut setup, 0.5),
-            percentile_us(&mut each, 0.5),
-            percentile_us(&mut each, 0.99),
-        );
-        let vs = match base {
-            Some((bs, br, bt)) => format!(
-                "  (x{:.2} set-up, +{:.0} µs a request, {:.0}% throughput)",
-                s50 / bs,
-                r50 - br,
-                mbps / bt * 100.0
-            ),
-            None => {
-                base = Some((s50, r50, mbps));
-                String::new()
-            }
-        };
+        let (s50, r50, r99, vs) = base.figures(&mut setup, &mut each, mbps, "a request", 0);
         println!(
             "    {name:<30} set-up p50 {s50:6.2} ms   request p50 {r50:6.0} µs p99 {r99:6.0} µs   \
              download {mbps:6.0} MB/s{vs}"

@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use husk_net::ca::SandboxCa;
 use husk_net::netns::NetNs;
@@ -187,12 +187,7 @@ fn client_config(root: &CertificateDer<'static>) -> Result<Arc<ClientConfig>, St
 }
 
 fn connect(ns: &NetNs, at: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<Client, String> {
-    let tcp = ns
-        .run(|| TcpStream::connect_timeout(&at, Duration::from_secs(5)))
-        .map_err(|e| format!("connect to {at}: {e}"))?;
-    tcp.set_nodelay(true).map_err(chain)?;
-    tcp.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(chain)?;
+    let tcp = crate::bench_net::connect_to(ns, at)?;
     let name = ServerName::try_from(NAME).map_err(chain)?;
     let conn = rustls::ClientConnection::new(cfg.clone(), name).map_err(chain)?;
     Ok(BufReader::new(rustls::StreamOwned::new(conn, tcp)))
