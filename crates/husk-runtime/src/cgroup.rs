@@ -822,6 +822,11 @@ impl SandboxCgroup {
         self.set_frozen(true)
     }
 
+    /// Lets the processes of a frozen sandbox run again, and waits until the kernel says so.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        self.set_frozen(false)
+    }
+
     fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(5);
         if let Some(d) = self

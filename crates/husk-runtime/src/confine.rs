@@ -23,6 +23,8 @@ pub struct Confinement {
     /// Template images and build layers (lower, upper, work) must lie below one of these
     /// (the state directory's templates, the run directory's mounted images).
     pub image_roots: Vec<PathBuf>,
+    /// Saved layers (paused sandboxes', snapshots') must lie below one of these.
+    pub layer_roots: Vec<PathBuf>,
 }
 
 /// `path` resolved on the host, and strictly below one of `roots` (also resolved).
@@ -95,6 +97,9 @@ impl Confinement {
                 true
             }
         };
+        for l in &spec.layers {
+            below(l, &self.layer_roots).map_err(|e| format!("saved layer {e}"))?;
+        }
         if matches!(spec.network, NetworkMode::Host) && !layered {
             return Err("the host's network is only for template builds".into());
         }
@@ -138,6 +143,7 @@ mod tests {
             mount_roots: vec![ws.clone()],
             mount_files: vec![d.0.join("ca.pem")],
             image_roots: vec![d.0.join("templates")],
+            layer_roots: vec![d.0.join("paused")],
         };
         let mut spec = SandboxSpec::idle();
         spec.mounts = vec![mount(&ws.join("team/w")), mount(&d.0.join("ca.pem"))];
@@ -162,6 +168,16 @@ mod tests {
             digest: String::new(),
         };
         c.check(&spec).unwrap();
+        // Saved layers only below their roots (not the templates' nor the workspaces').
+        std::fs::create_dir_all(d.0.join("paused/s1/l1")).unwrap();
+        spec.layers = vec![d.0.join("paused/s1/l1")];
+        c.check(&spec).unwrap();
+        for bad in [d.0.join("paused"), ws.join("team/w"), PathBuf::from("/usr")] {
+            spec.layers = vec![d.0.join("paused/s1/l1"), bad.clone()];
+            let err = c.check(&spec).unwrap_err();
+            assert!(err.starts_with("saved layer"), "{}: {err}", bad.display());
+        }
+        spec.layers.clear();
         spec.rootfs = RootSource::Image {
             path: PathBuf::from("/etc/passwd"),
             size: 0,

@@ -21,6 +21,11 @@ pub const MAX_MESSAGE: usize = 1024;
 pub enum FromInit {
     /// Init has unshared its user namespace and waits for its uid/gid maps.
     NeedIdMap,
+    /// The sandbox's writable layer (the overlay's upper directory on its size-capped tmpfs),
+    /// opened by init while it is still husk's own code, before anything of the sandbox runs:
+    /// the spawner keeps it to copy the layer out later (pauses, snapshots). Sent at most
+    /// once, before [`FromInit::NeedIdMap`].
+    Layer { upper: OwnedFd },
     /// The sandbox is set up; when a PTY was asked for, its master end is attached.
     Ready { pty_master: Option<OwnedFd> },
     /// Set-up failed before the command could start.
@@ -54,6 +59,7 @@ const T_EXEC_FAILED: u8 = 4;
 const T_EXITED: u8 = 5;
 const T_SIGNALED: u8 = 6;
 const T_TIMED_OUT: u8 = 7;
+const T_LAYER: u8 = 8;
 const T_MAP_DONE: u8 = 101;
 const T_SIGNAL: u8 = 102;
 const T_START: u8 = 103;
@@ -89,6 +95,7 @@ fn raw<'a>(fds: impl IntoIterator<Item = &'a OwnedFd>) -> Vec<RawFd> {
 pub fn send_from_init(sock: BorrowedFd<'_>, msg: &FromInit) -> io::Result<()> {
     match msg {
         FromInit::NeedIdMap => sys::send_with_fds(sock, &[T_NEED_MAP], &[]),
+        FromInit::Layer { upper } => sys::send_with_fds(sock, &[T_LAYER], &raw([upper])),
         FromInit::Ready { pty_master } => sys::send_with_fds(sock, &[T_READY], &raw(pty_master)),
         FromInit::SetupFailed(text) => {
             let mut buf = vec![T_SETUP_FAILED];
@@ -154,6 +161,10 @@ pub fn recv_from_init(sock: BorrowedFd<'_>) -> io::Result<Option<FromInit>> {
             FromInit::Exited(ExitStatus::Signaled(s))
         }
         T_TIMED_OUT => FromInit::TimedOut,
+        T_LAYER => match (fds.pop(), fds.is_empty(), body.is_empty()) {
+            (Some(upper), true, true) => FromInit::Layer { upper },
+            _ => return Err(bad("a layer message carries exactly one fd and no body")),
+        },
         _ => return Err(bad("unknown tag")),
     };
     if !fds.is_empty() && !matches!(msg, FromInit::Ready { .. }) {

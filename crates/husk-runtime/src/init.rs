@@ -121,7 +121,7 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
             .iter()
             .map(|fd| fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) }))
             .collect();
-        rootfs::build(&RootfsPlan {
+        let upper = rootfs::build(&RootfsPlan {
             spec: args.spec,
             template: args.template,
             usr_layer: args.usr_layer,
@@ -131,6 +131,11 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
             idmap,
             mount_maps: &mount_maps,
         })?;
+        // The writable layer goes to the spawner now, while this is husk's own code, and is
+        // closed here: nothing of the sandbox ever holds a descriptor of it.
+        if let Some(upper) = upper {
+            control::send_from_init(control, &FromInit::Layer { upper })?;
+        }
     }
     if args.idmap.is_some() || args.mount_maps.iter().any(Option::is_some) {
         // The id map is only needed for the mounts just made.

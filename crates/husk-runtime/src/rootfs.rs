@@ -169,7 +169,11 @@ pub fn network() -> io::Result<()> {
 
 /// Builds the root under `plan.staging/root` and pivots into it. On return the process's root
 /// is the sandbox root and the host's tree is detached.
-pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
+///
+/// Returns the writable layer's directory, open (the overlay's upper directory on the
+/// sandbox's tmpfs), for roots that have one (not build steps, whose upper directory is on the
+/// host already): the spawner keeps it to copy the layer out (see [`crate::layer_capture`]).
+pub fn build(plan: &RootfsPlan<'_>) -> io::Result<Option<std::os::fd::OwnedFd>> {
     let spec = plan.spec;
     let user_ids = (plan.base + 1000, plan.base + 1000);
     // Nothing done in this namespace may propagate back to the host.
@@ -189,11 +193,14 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     )?;
     let root = stage.join("root");
     sys::umask(0);
-    match &spec.rootfs {
-        RootSource::Host => host_root(plan, &root)?,
-        RootSource::Image { .. } => image_root(plan, &root)?,
-        RootSource::Layers { lower, upper, work } => layers_root(plan, &root, lower, upper, work)?,
-    }
+    let upper = match &spec.rootfs {
+        RootSource::Host => Some(host_root(plan, &root)?),
+        RootSource::Image { .. } => Some(image_root(plan, &root)?),
+        RootSource::Layers { lower, upper, work } => {
+            layers_root(plan, &root, lower, upper, work)?;
+            None
+        }
+    };
     if !spec.mounts.is_empty() {
         // Mount points are resolved inside the new root (a template's symlinks must not send
         // them onto the host), and mounted onto through the fd that resolution returned.
@@ -243,19 +250,27 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<()> {
     sys::pivot_root(c".", c".").map_err(ctx("pivot_root"))?;
     sys::umount2(c".", libc::MNT_DETACH).map_err(ctx("detach old root"))?;
     std::env::set_current_dir("/")?;
-    Ok(())
+    Ok(upper)
+}
+
+/// The writable layer's directory, opened before the sandbox's processes exist (read-only,
+/// not followed if it were a link: it is one this process just made).
+fn open_upper(upper: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    sys::open(
+        &c(upper)?,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0,
+    )
+    .map_err(ctx("open the writable layer"))
 }
 
 /// The root of a host-template sandbox: the host template's `/etc` copy under a tmpfs upper
 /// layer, the host's `/usr` and top-level directories bound read-only.
-fn host_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
+fn host_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<std::os::fd::OwnedFd> {
     let (upper, work) = tmpfs_upper(plan, root, Skeleton::Host)?;
-    overlay(
-        root,
-        &plan.template.lower.display().to_string(),
-        &upper,
-        &work,
-    )?;
+    let mut lowers = saved_layers(plan)?;
+    lowers.push(plan.template.lower.display().to_string());
+    overlay(root, &lowers.join(":"), &upper, &work)?;
     match plan.usr_layer {
         // A read-only overlay (two lower layers, no upper): the host's /usr with husk's layer
         // on top.
@@ -273,11 +288,11 @@ fn host_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
             bind(&Path::new("/").join(name), &root.join(name), false)?;
         }
     }
-    Ok(())
+    open_upper(&upper)
 }
 
 /// The root of a sandbox of a built template: the image (id-mapped) under a tmpfs upper layer.
-fn image_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
+fn image_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<std::os::fd::OwnedFd> {
     let (image, idmap) = match (plan.image, plan.idmap) {
         (Some(i), Some(m)) => (i, m),
         _ => {
@@ -288,11 +303,39 @@ fn image_root(plan: &RootfsPlan<'_>, root: &Path) -> io::Result<()> {
     };
     let (upper, work) = tmpfs_upper(plan, root, Skeleton::Image)?;
     let lower = id_mapped_layer(plan.staging, 0, image, idmap)?;
-    let lowers = match plan.usr_layer {
-        Some(layer) => format!("{}:{}", layer.display(), lower.display()),
-        None => lower.display().to_string(),
+    let mut lowers: Vec<String> = plan
+        .usr_layer
+        .iter()
+        .map(|l| l.display().to_string())
+        .collect();
+    lowers.extend(saved_layers(plan)?);
+    lowers.push(lower.display().to_string());
+    overlay(root, &lowers.join(":"), &upper, &work)?;
+    open_upper(&upper)
+}
+
+/// Id-mapped, read-only views of the spec's saved layers (what an earlier sandbox of the same
+/// lineage changed: a paused sandbox's files, a snapshot's), top first, as overlay lower
+/// layers between husk's own layer and the template. Their ids are image ids (0..65536),
+/// which the sandbox's mapping shows as its own.
+fn saved_layers(plan: &RootfsPlan<'_>) -> io::Result<Vec<String>> {
+    if plan.spec.layers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(idmap) = plan.idmap else {
+        return Err(io::Error::other(
+            "saved layers without the sandbox's id map",
+        ));
     };
-    overlay(root, &lowers, &upper, &work)
+    plan.spec
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, layer)| {
+            // `l0` is the image's view; saved layers take the numbers after the template's.
+            id_mapped_layer(plan.staging, i + 1, layer, idmap).map(|p| p.display().to_string())
+        })
+        .collect()
 }
 
 /// Mounts an id-mapped, read-only view of `layer` at `<stage>/l<i>`; returns that path.

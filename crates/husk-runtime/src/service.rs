@@ -64,6 +64,13 @@ enum Request {
     Shutdown,
     /// Freeze the sandbox and pass its root directory: asked on the root channel only.
     FrozenRoot(String),
+    /// Freeze every process of the sandbox (a pause that keeps its memory).
+    Freeze(String),
+    /// Let a frozen sandbox run again.
+    Thaw(String),
+    /// Freeze the sandbox and pass its writable layer with the host uid its root maps to:
+    /// asked on the root channel only.
+    FrozenLayer(String),
 }
 
 /// Which channel a request came on, and so what it may ask.
@@ -87,8 +94,11 @@ impl Role {
                 !matches!(spec.rootfs, crate::spec::RootSource::Layers { .. })
                     && !matches!(spec.network, crate::spec::NetworkMode::Host)
             }
-            (Role::Server, Request::Destroy(_) | Request::Shutdown) => true,
-            (Role::Roots, Request::FrozenRoot(_)) => true,
+            (
+                Role::Server,
+                Request::Destroy(_) | Request::Shutdown | Request::Freeze(_) | Request::Thaw(_),
+            ) => true,
+            (Role::Roots, Request::FrozenRoot(_) | Request::FrozenLayer(_)) => true,
             (Role::Builder, Request::Create(_) | Request::Destroy(_)) => true,
             _ => false,
         }
@@ -111,6 +121,13 @@ enum Reply {
     Destroyed,
     /// The sandbox is frozen; its root directory (`O_PATH`) comes with this reply.
     Root,
+    /// The sandbox is frozen; its writable layer's directory comes with this reply. `base`:
+    /// the host uid (and gid) its root is.
+    Layer {
+        base: u32,
+    },
+    /// Frozen or thawed, as asked.
+    Done,
     Failed(Failure),
     ShutDown,
 }
@@ -312,6 +329,25 @@ impl SpawnerService {
         }
     }
 
+    /// Freezes every process of a sandbox this channel made (a pause that keeps its memory);
+    /// returns once the kernel reports it frozen.
+    pub fn freeze(&self, id: &str) -> Result<(), ServiceError> {
+        self.done(&Request::Freeze(id.into()))
+    }
+
+    /// Lets a frozen sandbox run again.
+    pub fn thaw(&self, id: &str) -> Result<(), ServiceError> {
+        self.done(&Request::Thaw(id.into()))
+    }
+
+    fn done(&self, req: &Request) -> Result<(), ServiceError> {
+        match self.call(req)?.0 {
+            Reply::Done => Ok(()),
+            Reply::Failed(f) => Err(ServiceError::Failed(f)),
+            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+
     /// Destroys a sandbox: every process, mount, cgroup and its uid range.
     pub fn destroy(&self, id: &str) -> Result<(), ServiceError> {
         match self.call(&Request::Destroy(id.into()))?.0 {
@@ -390,6 +426,29 @@ impl RootChannel {
     }
 }
 
+impl RootChannel {
+    /// Freezes every process of sandbox `id` and opens its writable layer (the overlay's
+    /// upper directory: everything below it is the sandbox's and hostile), with the host uid
+    /// its root is. The sandbox stays frozen until it is thawed or destroyed.
+    pub fn frozen_layer(&self, id: &str) -> Result<(OwnedFd, u32), ServiceError> {
+        let bytes = postcard::to_stdvec(&Request::FrozenLayer(id.into()))
+            .map_err(|e| ServiceError::Protocol(e.to_string()))?;
+        let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
+        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
+        let (reply, mut fds) = recv(sock.as_fd())?;
+        match reply {
+            Reply::Layer { base } => match (fds.pop(), fds.is_empty()) {
+                (Some(upper), true) => Ok((upper, base)),
+                _ => Err(ServiceError::Protocol(
+                    "expected the sandbox's writable layer".into(),
+                )),
+            },
+            Reply::Failed(f) => Err(ServiceError::Failed(f)),
+            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+}
+
 fn gone(e: io::Error) -> ServiceError {
     match e.raw_os_error() {
         Some(libc::EPIPE) | Some(libc::ECONNRESET) => ServiceError::Gone,
@@ -437,7 +496,10 @@ pub mod fuzzing {
             }
             super::Request::Destroy(_)
             | super::Request::Shutdown
-            | super::Request::FrozenRoot(_) => Ok(()),
+            | super::Request::FrozenRoot(_)
+            | super::Request::FrozenLayer(_)
+            | super::Request::Freeze(_)
+            | super::Request::Thaw(_) => Ok(()),
         };
         let encoded = postcard::to_stdvec(&req).map_err(|e| e.to_string());
         Some(Read { encoded, verdict })
@@ -682,10 +744,56 @@ impl State<'_> {
                     Err(f) => failed(f),
                 }
             }
+            Request::Freeze(id) => self.set_frozen(role, &id, true),
+            Request::Thaw(id) => self.set_frozen(role, &id, false),
+            Request::FrozenLayer(id) => {
+                let Some((sb, _)) = self.sandboxes.get(&id) else {
+                    return failed(no_sandbox(&id));
+                };
+                let upper = match sb.upper_dir() {
+                    Ok(Some(u)) => u,
+                    Ok(None) => {
+                        return failed(Failure::new(
+                            FailureKind::InvalidSpec,
+                            format!("sandbox {id} has no writable layer of its own"),
+                        ))
+                    }
+                    Err(e) => {
+                        return failed(Failure::new(
+                            FailureKind::Internal,
+                            format!("the writable layer of sandbox {id}: {e}"),
+                        ))
+                    }
+                };
+                match sb.freeze() {
+                    Ok(()) => (
+                        Reply::Layer {
+                            base: sb.host_uid_base(),
+                        },
+                        vec![upper],
+                    ),
+                    Err(e) => failed(Failure::from(&e)),
+                }
+            }
             Request::Shutdown => failed(Failure::new(
                 FailureKind::Internal,
                 "the shutdown is answered by the loop",
             )),
+        }
+    }
+
+    /// Freezes or thaws a sandbox `role`'s channel made.
+    fn set_frozen(&self, role: Role, id: &str, frozen: bool) -> (Reply, Vec<OwnedFd>) {
+        match self.sandboxes.get(id) {
+            Some((sb, owner)) if *owner == role => {
+                let done = if frozen { sb.freeze() } else { sb.thaw() };
+                match done {
+                    Ok(()) => (Reply::Done, Vec::new()),
+                    Err(e) => (Reply::Failed(Failure::from(&e)), Vec::new()),
+                }
+            }
+            // Another channel's sandbox is as good as missing.
+            _ => (Reply::Failed(no_sandbox(id)), Vec::new()),
         }
     }
 
@@ -726,8 +834,15 @@ mod tests {
         assert!(Role::Server.allows(&Request::Destroy("s1".into())));
         assert!(Role::Server.allows(&Request::Shutdown));
         assert!(!Role::Server.allows(&Request::FrozenRoot("s1".into())));
-        // The files helper gets roots, and nothing else.
+        assert!(!Role::Server.allows(&Request::FrozenLayer("s1".into())));
+        // It pauses and resumes (its own; checked by owner when served).
+        assert!(Role::Server.allows(&Request::Freeze("s1".into())));
+        assert!(Role::Server.allows(&Request::Thaw("s1".into())));
+        // The files helper gets roots and layers, and nothing else.
         assert!(Role::Roots.allows(&Request::FrozenRoot("s1".into())));
+        assert!(Role::Roots.allows(&Request::FrozenLayer("s1".into())));
+        assert!(!Role::Roots.allows(&Request::Thaw("s1".into())));
+        assert!(!Role::Roots.allows(&Request::Freeze("s1".into())));
         assert!(!Role::Roots.allows(&Request::Create(spec)));
         assert!(!Role::Roots.allows(&Request::Destroy("s1".into())));
         assert!(!Role::Roots.allows(&Request::Shutdown));
@@ -737,5 +852,7 @@ mod tests {
         assert!(Role::Builder.allows(&Request::Destroy("s1".into())));
         assert!(!Role::Builder.allows(&Request::Shutdown));
         assert!(!Role::Builder.allows(&Request::FrozenRoot("s1".into())));
+        assert!(!Role::Builder.allows(&Request::FrozenLayer("s1".into())));
+        assert!(!Role::Builder.allows(&Request::Freeze("s1".into())));
     }
 }

@@ -374,6 +374,7 @@ impl Spawner {
             limits_memory: spec.limits.memory_bytes,
             files_in_memory: spec.files_in_memory(),
             pty_master: None,
+            upper: None,
             fate: None,
             destroyed: false,
             registry: Some(self.registry_entry(slot)),
@@ -449,7 +450,12 @@ impl Spawner {
         }
         // Id-mapped layers and mounts need the slot's mapping (a namespace kept per slot).
         let idmap = match &spec.rootfs {
-            RootSource::Host if !spec.mounts.iter().any(|m| m.ids == MountIds::Shared) => None,
+            RootSource::Host
+                if spec.layers.is_empty()
+                    && !spec.mounts.iter().any(|m| m.ids == MountIds::Shared) =>
+            {
+                None
+            }
             _ => Some(self.idmap(sb.uids.as_ref().map(UidRange::slot).unwrap_or(0), base)?),
         };
         // Mounts whose owner is the sandbox's user: a mapping each (made here, in the host's
@@ -550,6 +556,10 @@ impl Spawner {
                     let cgroup_tasks = cgroup_tasks.take().unwrap_or_default();
                     control::send_to_init(control, &ToInit::IdMapDone { cgroup_tasks })
                         .map_err(io_ctx("sandbox control"))?;
+                }
+                // Once, before the id map: after that, init runs the sandbox's code.
+                Some(FromInit::Layer { upper }) if sb.upper.is_none() && cgroup_tasks.is_some() => {
+                    sb.upper = Some(upper);
                 }
                 Some(FromInit::Ready { pty_master }) => {
                     sb.pty_master = pty_master;
@@ -670,6 +680,38 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
     if let Some(ca) = &spec.trust_ca {
         crate::trust::check_ca(ca).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
     }
+    if !spec.layers.is_empty() {
+        if matches!(spec.rootfs, RootSource::Layers { .. }) {
+            return bad("a build step takes no saved layers".into());
+        }
+        if spec.layers.len() > crate::spec::MAX_SAVED_LAYERS {
+            return bad(format!(
+                "{} saved layers, at most {}",
+                spec.layers.len(),
+                crate::spec::MAX_SAVED_LAYERS
+            ));
+        }
+        for l in &spec.layers {
+            let plain = l.is_absolute()
+                && l.components().all(|c| {
+                    matches!(
+                        c,
+                        std::path::Component::RootDir | std::path::Component::Normal(_)
+                    )
+                })
+                && !l.as_os_str().as_encoded_bytes().contains(&b':')
+                && !l.as_os_str().as_encoded_bytes().contains(&b',');
+            if !plain {
+                return bad(format!(
+                    "saved layer {} must be an absolute path without '..', ':' or ','",
+                    l.display()
+                ));
+            }
+            if !fs::symlink_metadata(l).is_ok_and(|m| m.is_dir()) {
+                return bad(format!("saved layer {} is not a directory", l.display()));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -686,6 +728,9 @@ pub struct Sandbox {
     /// What the memory cgroup holds beyond `limits_memory` for files in RAM.
     files_in_memory: u64,
     pty_master: Option<OwnedFd>,
+    /// The sandbox's writable layer (its overlay's upper directory), as init opened it:
+    /// holding it keeps the layer's tmpfs until the sandbox is destroyed.
+    upper: Option<OwnedFd>,
     fate: Option<Fate>,
     destroyed: bool,
     /// The sandbox's registry entry, removed once its cgroups are gone.
@@ -837,9 +882,21 @@ impl Sandbox {
         }
     }
 
-    /// Freezes every process of the sandbox (before copying its outputs).
+    /// Freezes every process of the sandbox (before copying its outputs, or to pause it).
     pub fn freeze(&self) -> Result<(), SpawnError> {
         Ok(self.cgroup.freeze()?)
+    }
+
+    /// Lets the processes of a frozen sandbox run again.
+    pub fn thaw(&self) -> Result<(), SpawnError> {
+        Ok(self.cgroup.thaw()?)
+    }
+
+    /// The sandbox's writable layer (the overlay's upper directory), a new descriptor of it:
+    /// everything below it is the sandbox's and hostile (see [`crate::layer_capture`]).
+    /// `None` for a build step's sandbox, whose layer is on the host already.
+    pub fn upper_dir(&self) -> io::Result<Option<OwnedFd>> {
+        self.upper.as_ref().map(|u| u.try_clone()).transpose()
     }
 
     /// Opens the sandbox's root directory (through PID 1's `/proc/<pid>/root`) as an O_PATH fd,
@@ -865,6 +922,7 @@ impl Sandbox {
         }
         self.control = None;
         self.pty_master = None;
+        self.upper = None;
         // With PID 1 reaped every process of the namespace is gone; remove() retries while the
         // kernel finishes releasing them, and a straggler outside the namespace gets killed.
         if self.cgroup.remove().is_err() {

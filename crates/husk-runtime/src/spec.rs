@@ -186,7 +186,16 @@ pub struct SandboxSpec {
     /// A CA certificate (PEM) the sandbox's trust store gets, before anything of the sandbox
     /// runs ([`crate::trust`]): the one its header rules' certificates are signed with.
     pub trust_ca: Option<String>,
+    /// Saved layers (top first) over the template: what earlier sandboxes of the same lineage
+    /// changed (a paused sandbox's files, a snapshot's), overlay-format directories on the
+    /// host owned by image ids (see [`crate::layer_capture`]). Not for build steps.
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
 }
+
+/// Most saved layers a sandbox may stack over its template (each is an overlay lower layer,
+/// and their paths share one page of mount options).
+pub const MAX_SAVED_LAYERS: usize = 16;
 
 impl SandboxSpec {
     /// A spec with defaults for everything but the command.
@@ -208,6 +217,7 @@ impl SandboxSpec {
             rootfs: RootSource::Host,
             network: NetworkMode::Loopback,
             trust_ca: None,
+            layers: Vec::new(),
         }
     }
 
