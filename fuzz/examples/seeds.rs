@@ -524,8 +524,14 @@ fn spawner(c: &Corpus) {
         "destroy",
         Input::default().byte(1).bytes(b"\x01\x0ds3-0123456789a"),
     );
+    // Freeze (4), Thaw (5), FrozenLayer (6) of a sandbox by its runtime id.
+    for (name, tag) in [("freeze", 4u8), ("thaw", 5), ("frozen-layer", 6)] {
+        let mut req = vec![tag, 13];
+        req.extend_from_slice(b"s3-0123456789a");
+        c.write("spawner_protocol", name, Input::default().byte(1).bytes(&req));
+    }
     // Control messages from init: tag, little-endian fields (mode's upper bits: descriptors).
-    let control: [(&str, u8, &[u8]); 7] = [
+    let control: [(&str, u8, &[u8]); 8] = [
         ("need-map", 0, &[1]),
         ("ready-pty", 2, &[2]),
         ("setup-failed", 0, b"\x03mount /proc: permission denied"),
@@ -533,6 +539,7 @@ fn spawner(c: &Corpus) {
         ("exited", 0, &[5, 1, 0, 0, 0]),
         ("signaled", 0, &[6, 9, 0, 0, 0]),
         ("timed-out", 0, &[7]),
+        ("layer", 2, &[8]),
     ];
     for (name, mode, msg) in control {
         c.write(
@@ -675,6 +682,17 @@ fn helpers(c: &Corpus) {
         ("export", F::Export { team: t(), name: w(), path: "".into() }, b""),
         ("remove", F::Remove { team: t(), name: w(), path: "dir".into() }, b""),
         ("delete-other", F::Delete { team: "u".into(), name: w() }, b""),
+        (
+            "capture-layer",
+            F::CaptureLayer {
+                runtime_id: "s3-0123456789a".into(),
+                sandbox: "abc123".into(),
+                below: Some("0123456789abcdef".into()),
+            },
+            b"",
+        ),
+        ("drop-layer", F::DropLayers { sandbox: "abc123".into(), layer: Some("0123456789abcdef".into()) }, b""),
+        ("drop-layers-traversal", F::DropLayers { sandbox: "../workspaces".into(), layer: None }, b""),
     ];
     for (name, req, stream) in files {
         let frame = postcard::to_stdvec(&req).unwrap();

@@ -49,6 +49,16 @@ fuzz_target!(|data: &[u8]| {
         assert_ne!(content, SENTINEL, "the file outside was opened");
     }
     arena.check_contained();
+    // Removing a paused sandbox's layers removes nothing of the workspaces beside them.
+    if matches!(
+        postcard::from_bytes::<husk_core::workspaces::remote::FilesRequest>(&encoded),
+        Ok(husk_core::workspaces::remote::FilesRequest::DropLayers { .. })
+    ) {
+        assert!(
+            arena.dest.join("workspaces/t/w/dir/f.txt").exists(),
+            "a layer removal reached the workspaces: {reply:?}"
+        );
+    }
     // Once more from the encoded bytes, in a fresh place: the same request.
     let again: husk_core::workspaces::remote::FilesRequest =
         postcard::from_bytes(&encoded).expect("decodes again");

@@ -27,6 +27,7 @@ fn lowest_free_fd() -> RawFd {
 fn shape(msg: &FromInit) -> String {
     match msg {
         FromInit::Ready { pty_master } => format!("Ready({})", pty_master.is_some()),
+        FromInit::Layer { .. } => "Layer".to_owned(),
         other => format!("{other:?}"),
     }
 }
@@ -50,6 +51,10 @@ fn control(datagram: &[u8], nfds: usize) {
             FromInit::Ready { pty_master } => {
                 assert!(nfds <= 1, "{nfds} descriptors accepted with Ready");
                 assert_eq!(pty_master.is_some(), nfds == 1, "a descriptor was lost");
+            }
+            FromInit::Layer { .. } => {
+                assert_eq!(nfds, 1, "a layer came with {nfds} descriptors");
+                assert_eq!(datagram.len(), 1, "a layer message with a body was accepted");
             }
             FromInit::SetupFailed(text) => {
                 assert!(datagram.len() <= MAX_MESSAGE);

@@ -22,6 +22,12 @@ pub trait SandboxHost: Send + Sync + 'static {
 
     /// Destroys a sandbox the host created: every process, mount, cgroup and its uid range.
     fn destroy(&self, runtime_id: &str) -> Result<(), ServiceError>;
+
+    /// Freezes every process of a sandbox (a pause that keeps its memory).
+    fn freeze(&self, runtime_id: &str) -> Result<(), ServiceError>;
+
+    /// Lets a frozen sandbox run again.
+    fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError>;
 }
 
 impl SandboxHost for SpawnerService {
@@ -35,5 +41,13 @@ impl SandboxHost for SpawnerService {
 
     fn destroy(&self, runtime_id: &str) -> Result<(), ServiceError> {
         SpawnerService::destroy(self, runtime_id)
+    }
+
+    fn freeze(&self, runtime_id: &str) -> Result<(), ServiceError> {
+        SpawnerService::freeze(self, runtime_id)
+    }
+
+    fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError> {
+        SpawnerService::thaw(self, runtime_id)
     }
 }

@@ -14,6 +14,7 @@ pub mod manager;
 pub mod net_rules;
 pub mod process;
 pub mod runs;
+pub mod saved_layers;
 pub mod secrets;
 mod start_cmd;
 pub mod store;

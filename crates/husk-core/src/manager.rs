@@ -22,20 +22,27 @@ mod limits;
 mod live;
 mod lookup;
 mod metrics;
+mod pause;
+#[cfg(test)]
+mod pause_tests;
 mod request;
+mod saved;
 mod supervise;
 #[cfg(test)]
 mod tests;
 
 pub use create::new_sandbox_id;
+use create::Identity;
 pub use limits::host_memory_available;
 pub use live::{LiveSandbox, Metrics};
-pub use lookup::ListFilter;
+pub use lookup::{ListFilter, SandboxView};
 pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};
+pub use pause::{Credentials, Dormant, Inactive, Paused};
 pub use request::{
-    check_mount_path, CreateRequest, EnvVars, MaskedHost, WorkspaceMount, MAX_ENV_BYTES,
-    MAX_WORKSPACE_MOUNTS,
+    check_mount_path, CreateRequest, EnvVars, Lifecycle, MaskedHost, OnTimeout, PauseMode,
+    WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
 };
+pub use saved::{Description, DESCRIPTION_VERSION};
 
 /// The envd API version whose features husk implements (the SDKs gate features on it).
 pub const ENVD_VERSION: &str = "0.6.4";
@@ -55,6 +62,11 @@ pub enum CoreError {
     TemplateBroken(String),
     #[error("team {team} has reached its limit of {limit} concurrent sandboxes; kill one first")]
     QuotaExceeded { team: String, limit: u32 },
+    #[error("team {team} has reached its limit of {limit} paused sandboxes; kill one first")]
+    PausedQuotaExceeded { team: String, limit: u32 },
+    /// The sandbox is paused and the call needs it running.
+    #[error("sandbox {0} is paused; resume it with Sandbox.connect()")]
+    Paused(String),
     #[error("{0}")]
     InvalidArgument(String),
     /// A feature husk does not offer (pause, snapshots, fork...).
@@ -143,6 +155,8 @@ pub struct Config {
     /// Memory the host must have available (`MemAvailable`) for a new sandbox to be created:
     /// what the server and the sandboxes it has keep for themselves. 0: no reserve.
     pub memory_reserve: u64,
+    /// Paused sandboxes per team (in place and on disk together).
+    pub paused_quota: u32,
 }
 
 impl Default for Config {
@@ -152,9 +166,13 @@ impl Default for Config {
             max_timeout: Duration::from_secs(24 * 3600),
             limits: Limits::default(),
             memory_reserve: DEFAULT_MEMORY_RESERVE,
+            paused_quota: DEFAULT_PAUSED_QUOTA,
         }
     }
 }
+
+/// The default [`Config::paused_quota`].
+pub const DEFAULT_PAUSED_QUOTA: u32 = 1000;
 
 /// The default [`Config::memory_reserve`].
 pub const DEFAULT_MEMORY_RESERVE: u64 = 256 << 20;
@@ -174,6 +192,10 @@ pub struct Manager {
     workspaces: std::sync::OnceLock<Arc<crate::workspaces::Workspaces>>,
     /// Sandbox egress, once the server has started its router (else loopback only).
     network: std::sync::OnceLock<Network>,
+    /// Sandboxes paused to disk, by id.
+    dormant: RwLock<pause::DormantMap>,
+    /// Where paused sandboxes' files are saved, once the server has its files helper.
+    layer_store: std::sync::OnceLock<pause::LayerStore>,
 }
 
 /// The server's sandbox networking (the network helper) and its default policy.
@@ -209,6 +231,8 @@ impl Manager {
             secrets: std::sync::OnceLock::new(),
             workspaces: std::sync::OnceLock::new(),
             network: std::sync::OnceLock::new(),
+            dormant: RwLock::new(HashMap::new()),
+            layer_store: std::sync::OnceLock::new(),
             store,
             host,
             config,

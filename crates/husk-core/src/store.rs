@@ -174,6 +174,16 @@ pub struct SandboxRecord {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// A sandbox kept beyond its processes (paused to disk): who it belongs to and the core's
+/// description of it (JSON, opaque to the store).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedSandboxRecord {
+    pub id: String,
+    pub team: String,
+    pub saved_at: OffsetDateTime,
+    pub description: String,
+}
+
 /// The SQLite store: one connection for writes behind a mutex, and a few more for reads (so
 /// that one team's large read never holds up another team's request). Cheap calls, no caching.
 pub struct Sqlite {

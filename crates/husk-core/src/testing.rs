@@ -59,6 +59,8 @@ struct State {
     started: Arc<Mutex<Vec<StartProc>>>,
     /// Each sandbox's in-memory files, by runtime id.
     files: BTreeMap<String, Arc<Mutex<FakeFiles>>>,
+    /// Frozen sandboxes, by runtime id.
+    frozen: std::collections::BTreeSet<String>,
 }
 
 /// A [`SandboxHost`] that records what it is asked and fails on demand.
@@ -182,6 +184,84 @@ impl SandboxHost for FakeHost {
                 format!("no sandbox {runtime_id}"),
             ))),
         }
+    }
+
+    fn freeze(&self, runtime_id: &str) -> Result<(), ServiceError> {
+        self.set_frozen(runtime_id, true)
+    }
+
+    fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError> {
+        self.set_frozen(runtime_id, false)
+    }
+}
+
+impl FakeHost {
+    fn set_frozen(&self, runtime_id: &str, frozen: bool) -> Result<(), ServiceError> {
+        let mut st = self.state();
+        if !st.live.contains_key(runtime_id) {
+            return Err(ServiceError::Failed(Failure::new(
+                husk_runtime::failure::FailureKind::NotFound,
+                format!("no sandbox {runtime_id}"),
+            )));
+        }
+        if frozen {
+            st.frozen.insert(runtime_id.to_owned());
+        } else {
+            st.frozen.remove(runtime_id);
+        }
+        Ok(())
+    }
+
+    /// Whether the sandbox `runtime_id` is frozen (paused with its memory).
+    pub fn is_frozen(&self, runtime_id: &str) -> bool {
+        self.state().frozen.contains(runtime_id)
+    }
+}
+
+/// [`crate::saved_layers::SavedLayers`] in memory: a capture records a layer name, a drop
+/// forgets it.
+#[derive(Default)]
+pub struct FakeLayers {
+    /// (sandbox, layer) pairs that exist.
+    pub layers: Mutex<Vec<(String, String)>>,
+    /// Captures asked: (runtime id, sandbox, below).
+    pub captures: Mutex<Vec<(String, String, Option<String>)>>,
+}
+
+impl crate::saved_layers::SavedLayers for FakeLayers {
+    fn capture(
+        &self,
+        runtime_id: &str,
+        sandbox: &str,
+        below: Option<&str>,
+    ) -> Result<crate::saved_layers::Captured, crate::saved_layers::LayerError> {
+        let layer = crate::saved_layers::new_layer_name()?;
+        self.captures.lock().unwrap().push((
+            runtime_id.into(),
+            sandbox.into(),
+            below.map(str::to_owned),
+        ));
+        self.layers
+            .lock()
+            .unwrap()
+            .push((sandbox.into(), layer.clone()));
+        Ok(crate::saved_layers::Captured {
+            layer,
+            bytes: 0,
+            entries: 0,
+        })
+    }
+
+    fn drop_layers(
+        &self,
+        sandbox: &str,
+        layer: Option<&str>,
+    ) -> Result<(), crate::saved_layers::LayerError> {
+        self.layers
+            .lock()
+            .unwrap()
+            .retain(|(s, l)| !(s == sandbox && layer.is_none_or(|x| x == l)));
+        Ok(())
     }
 }
 

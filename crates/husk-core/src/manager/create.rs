@@ -10,8 +10,7 @@ use husk_runtime::{Limits, SandboxSpec};
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 
-use super::limits::Reservation;
-use super::{read, write, CoreError, CreateRequest, LiveSandbox, Manager};
+use super::{write, CoreError, CreateRequest, LiveSandbox, Manager};
 use crate::agent::AgentClient;
 use crate::store::{Principal, SandboxRecord};
 use crate::template::Resolved;
@@ -35,12 +34,32 @@ pub fn new_sandbox_id() -> Result<String, CoreError> {
     random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
 }
 
+/// Who a sandbox that is booted again is (a resume from disk): its id, credentials, start and
+/// the saved layer it boots on.
+pub struct Identity {
+    pub id: String,
+    pub access_token: String,
+    pub traffic_access_token: String,
+    pub started_at: OffsetDateTime,
+    pub layer: String,
+}
+
 impl Manager {
     /// Creates a sandbox for `who`'s team.
     pub async fn create(
         self: &Arc<Self>,
         who: &Principal,
         req: CreateRequest,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        self.create_as(who, req, None).await
+    }
+
+    /// Creates a sandbox, new or (`identity`) booted again on its saved files.
+    pub(super) async fn create_as(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+        identity: Option<Identity>,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         // The environment was checked when the request was made (EnvVars).
         // `husk-secret://NAME` values must name secrets of the team (resolved per process).
@@ -68,34 +87,14 @@ impl Manager {
         // May hash the image the first time this process uses it.
         let template = self.resolve_template(&req.template).await?;
         template_user(&template)?;
-        // Reserve a place in the team's quota for the time of the creation.
-        {
-            let limit = self.quota(&who.team);
-            let live = read(&self.sandboxes)
-                .values()
-                .filter(|s| s.team == who.team)
-                .count() as u32;
-            let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
-            let pending = creating.entry(who.team.clone()).or_default();
-            if live + *pending >= limit {
-                return Err(CoreError::QuotaExceeded {
-                    team: who.team.clone(),
-                    limit,
-                });
-            }
-            *pending += 1;
-        }
-        let reservation = Reservation {
-            manager: self.clone(),
-            team: who.team.clone(),
-        };
+        let reservation = self.reserve(&who.team)?;
         // In a task of its own: a client that goes away mid-create must not abandon a
         // half-made sandbox (it is finished, registered and later ends at its timeout).
         let this = self.clone();
         let who = who.clone();
         tokio::spawn(async move {
             let result = this
-                .create_reserved(&who, req, template, mounts, limits)
+                .create_reserved(&who, req, template, mounts, limits, identity)
                 .await;
             drop(reservation);
             result
@@ -111,9 +110,16 @@ impl Manager {
         template: Resolved,
         mounts: Vec<husk_runtime::MountSpec>,
         limits: Limits,
+        identity: Option<Identity>,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
-        let id = new_sandbox_id()?;
+        let id = match &identity {
+            Some(i) => i.id.clone(),
+            None => new_sandbox_id()?,
+        };
         let mut spec = SandboxSpec::idle();
+        if let Some(i) = &identity {
+            spec.layers = vec![self.layer_path(&i.id, &i.layer)?];
+        }
         spec.agent = true;
         spec.hostname = id.clone();
         spec.limits = limits.clone();
@@ -161,7 +167,9 @@ impl Manager {
             agent: None,
         };
         match self
-            .finish(who, id, req, &template, limits, created, net, &mut undo)
+            .finish(
+                who, id, req, &template, limits, created, net, identity, &mut undo,
+            )
             .await
         {
             Ok(sb) => Ok(sb),
@@ -185,6 +193,7 @@ impl Manager {
         limits: Limits,
         created: Created,
         net: Option<husk_net::helper::Link>,
+        identity: Option<Identity>,
         undo: &mut Undo,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         let defaults = &template.defaults;
@@ -242,21 +251,35 @@ impl Manager {
             .await?;
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
+        let (access_token, traffic_access_token, started_at, base_layer) = match identity {
+            Some(i) => (
+                i.access_token,
+                i.traffic_access_token,
+                i.started_at,
+                Some(i.layer),
+            ),
+            None => (
+                random_string(b"0123456789abcdef", 40)?,
+                random_string(b"0123456789abcdef", 40)?,
+                now,
+                None,
+            ),
+        };
         let sb = Arc::new(LiveSandbox {
             id: id.clone(),
             team: who.team.clone(),
             template: req.template,
             runtime_id: created.id,
             agent,
-            access_token: random_string(b"0123456789abcdef", 40)?,
-            traffic_access_token: random_string(b"0123456789abcdef", 40)?,
+            access_token,
+            traffic_access_token,
             public_traffic: req.allow_public_traffic != Some(false),
             mask_request_host: req.mask_request_host.clone(),
             net_rules: Mutex::new(req.rules.unwrap_or_default()),
             env: req.env.into_vec(),
             metadata: req.metadata,
             allow_internet_access: req.allow_internet_access,
-            started_at: now,
+            started_at,
             limits,
             workspaces: req.workspaces,
             default_user,
@@ -270,13 +293,18 @@ impl Manager {
             cgroup: created.cgroup,
             metrics: Mutex::new(super::metrics::MetricsLog::new()),
             redactions: Mutex::new(HashMap::new()),
+            lifecycle: req.lifecycle,
+            timeout,
+            base_layer,
+            paused: std::sync::atomic::AtomicBool::new(false),
+            transition: tokio::sync::Mutex::new(()),
         });
         let record = SandboxRecord {
             id: id.clone(),
             team: sb.team.clone(),
             template: sb.template.clone(),
             runtime_id: sb.runtime_id.clone(),
-            created_at: now,
+            created_at: started_at,
             end_at: sb.end_at(),
             metadata: sb.metadata.clone(),
         };

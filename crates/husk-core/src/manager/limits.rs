@@ -145,6 +145,29 @@ impl Manager {
             .unwrap_or(self.config.default_quota)
     }
 
+    /// Reserves a place in `team`'s quota of running sandboxes for the time of a creation (or
+    /// a resume): running ones, paused-in-place ones excluded, and those being created count.
+    pub(super) fn reserve(self: &Arc<Self>, team: &str) -> Result<Reservation, CoreError> {
+        let limit = self.quota(team);
+        let live = super::read(&self.sandboxes)
+            .values()
+            .filter(|s| s.team == team && !s.is_paused())
+            .count() as u32;
+        let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = creating.entry(team.to_owned()).or_default();
+        if live + *pending >= limit {
+            return Err(CoreError::QuotaExceeded {
+                team: team.to_owned(),
+                limit,
+            });
+        }
+        *pending += 1;
+        Ok(Reservation {
+            manager: self.clone(),
+            team: team.to_owned(),
+        })
+    }
+
     /// Clamps a requested timeout to (0, max].
     pub(super) fn clamp_timeout(&self, t: Duration) -> Duration {
         t.clamp(Duration::from_secs(1), self.config.max_timeout)

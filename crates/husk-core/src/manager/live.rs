@@ -66,6 +66,17 @@ pub struct LiveSandbox {
     /// Secret values to mask in the output of processes that got them, by pid (so that a
     /// client reconnecting to such a process gets its output masked too). Bounded.
     pub(super) redactions: Mutex<HashMap<u32, Vec<zeroize::Zeroizing<Vec<u8>>>>>,
+    /// What happens at its timeout, and whether activity resumes it when paused.
+    pub(super) lifecycle: super::Lifecycle,
+    /// The timeout it was created with (what an auto-resume gives it again).
+    pub(super) timeout: std::time::Duration,
+    /// Its own saved layer it was booted on (a sandbox resumed from disk), if any: removed
+    /// with it, or merged into the next one when it is paused again.
+    pub(super) base_layer: Option<String>,
+    /// Frozen in place: a pause that keeps its processes and memory.
+    pub(super) paused: std::sync::atomic::AtomicBool,
+    /// Held while it is being paused or resumed, so that two never cross.
+    pub(super) transition: tokio::sync::Mutex<()>,
 }
 
 /// Most processes per sandbox whose secrets are remembered for masking on reconnect.
@@ -170,6 +181,16 @@ impl LiveSandbox {
         self.agent
             .watch(path.as_str().to_owned(), recursive, user)
             .await
+    }
+
+    /// Whether it is paused in place (frozen, its memory kept).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// What happens at its timeout, and whether activity resumes it when paused.
+    pub fn lifecycle(&self) -> super::Lifecycle {
+        self.lifecycle
     }
 
     /// Whether the sandbox is gone (its agent connection ended).

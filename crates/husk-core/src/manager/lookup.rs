@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use super::{read, CoreError, LiveSandbox, Manager};
+use std::collections::BTreeMap;
+
+use super::{read, CoreError, Lifecycle, LiveSandbox, Manager, PauseMode, WorkspaceMount};
 use crate::store::Principal;
 
 /// Filters of a list call.
@@ -15,6 +17,108 @@ pub struct ListFilter {
     pub metadata: Vec<(String, String)>,
     pub template: Option<String>,
     pub started_after: Option<OffsetDateTime>,
+    /// Running sandboxes (when neither this nor `paused` is set, both are listed).
+    pub running: bool,
+    /// Paused sandboxes (in place or on disk).
+    pub paused: bool,
+}
+
+/// What a client sees of a sandbox, running or paused: its info and list entries.
+#[derive(Debug, Clone)]
+pub struct SandboxView {
+    pub id: String,
+    pub template: String,
+    pub started_at: OffsetDateTime,
+    /// When it times out; for a paused sandbox, when it was paused.
+    pub end_at: OffsetDateTime,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+    /// `None` while it runs; how it was paused otherwise.
+    pub paused: Option<PauseMode>,
+    pub access_token: String,
+    pub traffic_access_token: String,
+    pub metadata: BTreeMap<String, String>,
+    pub allow_internet_access: Option<bool>,
+    pub network: husk_net::NetPolicy,
+    pub net_rules: crate::net_rules::NetRules,
+    pub public_traffic: bool,
+    pub mask_request_host: Option<String>,
+    pub workspaces: Vec<WorkspaceMount>,
+    pub lifecycle: Lifecycle,
+}
+
+impl SandboxView {
+    fn of_live(sb: &LiveSandbox) -> SandboxView {
+        SandboxView {
+            id: sb.id.clone(),
+            template: sb.template.clone(),
+            started_at: sb.started_at,
+            end_at: sb.end_at(),
+            cpu_count: sb.cpu_count(),
+            memory_mb: sb.memory_mb(),
+            disk_mb: sb.disk_mb(),
+            paused: sb.is_paused().then_some(PauseMode::Full),
+            access_token: sb.access_token.clone(),
+            traffic_access_token: sb.traffic_access_token.clone(),
+            metadata: sb.metadata.clone(),
+            allow_internet_access: sb.allow_internet_access,
+            network: sb.network_policy(),
+            net_rules: sb.net_rules(),
+            public_traffic: sb.public_traffic,
+            mask_request_host: sb.mask_request_host.as_ref().map(|m| m.as_str().to_owned()),
+            workspaces: sb.workspaces.clone(),
+            lifecycle: sb.lifecycle,
+        }
+    }
+
+    fn of_dormant(d: &super::Dormant) -> SandboxView {
+        let d = d.description();
+        let limits = &d.limits;
+        SandboxView {
+            id: d.id.clone(),
+            template: d.template.clone(),
+            started_at: d.started_at(),
+            end_at: d.paused_at(),
+            cpu_count: limits.cpu_millis.div_ceil(1000).max(1) as u32,
+            memory_mb: limits.memory_bytes >> 20,
+            disk_mb: limits.disk_bytes >> 20,
+            paused: Some(PauseMode::Filesystem),
+            access_token: d.access_token.clone(),
+            traffic_access_token: d.traffic_access_token.clone(),
+            metadata: d.metadata.clone(),
+            allow_internet_access: d.allow_internet_access,
+            network: d.network.clone().unwrap_or(husk_net::NetPolicy::None),
+            net_rules: d.net_rules(),
+            public_traffic: d.public_traffic,
+            mask_request_host: d.mask_request_host.clone(),
+            workspaces: d
+                .workspaces
+                .iter()
+                .map(|(name, path, writable)| WorkspaceMount {
+                    name: name.clone(),
+                    path: path.clone(),
+                    writable: *writable,
+                })
+                .collect(),
+            lifecycle: d.lifecycle,
+        }
+    }
+
+    fn matches(&self, filter: &ListFilter) -> bool {
+        let state_ok = match (filter.running, filter.paused) {
+            (false, false) | (true, true) => true,
+            (true, false) => self.paused.is_none(),
+            (false, true) => self.paused.is_some(),
+        };
+        state_ok
+            && filter
+                .metadata
+                .iter()
+                .all(|(k, v)| self.metadata.get(k) == Some(v))
+            && filter.template.as_ref().is_none_or(|t| &self.template == t)
+            && filter.started_after.is_none_or(|t| self.started_at > t)
+    }
 }
 
 impl Manager {
@@ -59,14 +163,42 @@ impl Manager {
         v
     }
 
-    /// Kills a sandbox of `who`'s team.
-    pub async fn kill(&self, who: &Principal, id: &str) -> Result<(), CoreError> {
-        self.get(who, id)?;
-        if self.remove(id).await {
-            Ok(())
-        } else {
-            Err(CoreError::NotFound(id.to_string()))
+    /// A sandbox of `who`'s team as its info shows it, running or paused.
+    pub fn view(&self, who: &Principal, id: &str) -> Result<SandboxView, CoreError> {
+        if let Ok(sb) = self.get(who, id) {
+            return Ok(SandboxView::of_live(&sb));
         }
+        self.dormant(&who.team, id)
+            .map(|d| SandboxView::of_dormant(&d))
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))
+    }
+
+    /// The team's sandboxes, running and paused, matching `filter`, oldest first.
+    pub fn list_views(&self, who: &Principal, filter: &ListFilter) -> Vec<SandboxView> {
+        let mut v: Vec<SandboxView> = read(&self.sandboxes)
+            .values()
+            .filter(|s| s.team == who.team)
+            .map(|s| SandboxView::of_live(s))
+            .chain(
+                self.dormant_of(&who.team)
+                    .iter()
+                    .map(|d| SandboxView::of_dormant(d)),
+            )
+            .filter(|s| s.matches(filter))
+            .collect();
+        v.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        v
+    }
+
+    /// Kills a sandbox of `who`'s team, running or paused.
+    pub async fn kill(&self, who: &Principal, id: &str) -> Result<(), CoreError> {
+        if self.get(who, id).is_ok() && self.remove(id).await {
+            return Ok(());
+        }
+        if self.kill_dormant(&who.team, id).await {
+            return Ok(());
+        }
+        Err(CoreError::NotFound(id.to_string()))
     }
 
     /// Sets the sandbox to end `timeout` from now (may shorten).
@@ -76,7 +208,15 @@ impl Manager {
         id: &str,
         timeout: Duration,
     ) -> Result<(), CoreError> {
-        let sb = self.get(who, id)?;
+        let sb = match self.get(who, id) {
+            Ok(sb) if !sb.is_paused() => sb,
+            Ok(_) => return Err(CoreError::Paused(id.to_string())),
+            Err(e) if self.dormant(&who.team, id).is_some() => {
+                drop(e);
+                return Err(CoreError::Paused(id.to_string()));
+            }
+            Err(e) => return Err(e),
+        };
         let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
         sb.set_end_at(end);
         let _ = self.store.update_sandbox_end(id, end);

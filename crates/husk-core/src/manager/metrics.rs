@@ -147,7 +147,7 @@ impl Manager {
         if end < start {
             return Ok(Vec::new());
         }
-        if end >= now {
+        if end >= now && !sb.is_paused() {
             // An agent that does not answer in time delays only its own figure: the last one.
             let disk = match tokio::time::timeout(DISK_TIMEOUT, sb.disk_now()).await {
                 Ok(Ok(disk)) => disk,
@@ -166,7 +166,8 @@ impl Manager {
             if sb.is_gone() {
                 continue;
             }
-            if sb.disk_due() {
+            // A frozen agent answers nothing: a paused sandbox's disk stays as last read.
+            if sb.disk_due() && !sb.is_paused() {
                 let sb = sb.clone();
                 tokio::spawn(async move {
                     let _ = tokio::time::timeout(DISK_TIMEOUT, sb.disk_now()).await;

@@ -29,6 +29,37 @@ pub struct CreateRequest {
     /// E2B `network.rules`: headers the domain proxy sets on the sandbox's requests to the
     /// hosts named (`None` or non-empty).
     pub rules: Option<crate::net_rules::NetRules>,
+    /// What happens at the timeout, and whether activity resumes a paused sandbox.
+    pub lifecycle: Lifecycle,
+}
+
+/// What a pause keeps (E2B's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Processes and memory as they were (husk: the sandbox frozen in place, its memory kept).
+    #[default]
+    Full,
+    /// Only the files: they are saved to disk, the processes end and the memory is freed; a
+    /// resume boots the sandbox again on its files.
+    Filesystem,
+}
+
+/// What a sandbox does at its timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    #[default]
+    Kill,
+    Pause(PauseMode),
+}
+
+/// E2B's `lifecycle`: the timeout's action, and auto-resume (a paused sandbox resumes on the
+/// next call to it, or on traffic to one of its ports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Lifecycle {
+    pub on_timeout: OnTimeout,
+    pub auto_resume: bool,
 }
 
 /// A `Host` to send a sandbox's servers instead of the client's: printable ASCII without

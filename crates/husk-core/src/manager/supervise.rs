@@ -5,14 +5,41 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use super::{read, write, LiveSandbox, Manager};
+use super::{read, write, CoreError, LiveSandbox, Manager, OnTimeout, PauseMode};
 
 impl Manager {
     /// Ends the sandbox at its timeout, or when its agent dies.
     pub(super) async fn supervise(self: Arc<Self>, sb: Arc<LiveSandbox>) {
         loop {
+            if sb.is_paused() {
+                // A paused sandbox does not time out; its agent cannot end while frozen but
+                // may be killed.
+                tokio::select! {
+                    _ = sb.timeout_changed.notified() => continue,
+                    _ = sb.agent.closed() => {
+                        tracing::info!(sandbox = %sb.id, "agent gone: destroying sandbox");
+                        break;
+                    }
+                }
+            }
             let left = sb.end_at() - OffsetDateTime::now_utc();
             if left <= time::Duration::ZERO {
+                if let OnTimeout::Pause(mode) = sb.lifecycle.on_timeout {
+                    match self.pause_sandbox(&sb, mode).await {
+                        Ok(_) if mode == PauseMode::Filesystem => return,
+                        Ok(_) => {
+                            tracing::info!(sandbox = %sb.id, "timeout: paused");
+                            continue;
+                        }
+                        // Gone meanwhile (killed).
+                        Err(CoreError::NotFound(_)) => return,
+                        Err(e) => tracing::warn!(
+                            sandbox = %sb.id,
+                            error = %crate::error_chain(&e),
+                            "timeout: pausing failed, destroying the sandbox"
+                        ),
+                    }
+                }
                 tracing::info!(sandbox = %sb.id, "timeout: destroying sandbox");
                 break;
             }
@@ -37,19 +64,33 @@ impl Manager {
         }
     }
 
-    /// Removes and destroys a sandbox (no tenancy check). Idempotent.
+    /// Removes and destroys a sandbox (no tenancy check), and its saved files. Idempotent.
     pub(super) async fn remove(&self, id: &str) -> bool {
+        self.remove_with(id, true).await
+    }
+
+    /// Removes and destroys a sandbox; with `drop_layers`, its saved files too (not when it
+    /// is being paused to disk: they are what it resumes on).
+    pub(super) async fn remove_with(&self, id: &str, drop_layers: bool) -> bool {
         let Some(sb) = write(&self.sandboxes).remove(id) else {
             return false;
         };
         sb.agent.close().await;
         self.destroy_runtime(sb.runtime_id.clone()).await;
         let _ = self.store.delete_sandbox(id);
+        if drop_layers && sb.base_layer.is_some() {
+            self.drop_layers(id).await;
+        }
         true
     }
 
-    /// Destroys every sandbox (server shutdown).
-    pub async fn shutdown(&self) {
+    /// Server shutdown: sandboxes paused in place are saved to disk, every other one is
+    /// destroyed. Sandboxes paused to disk stay as they are, for the next server.
+    pub async fn shutdown(self: &Arc<Self>) {
+        let saved = self.save_paused_at_stop().await;
+        if saved > 0 {
+            tracing::info!(count = saved, "saved paused sandboxes to disk");
+        }
         let ids: Vec<String> = read(&self.sandboxes).keys().cloned().collect();
         for id in ids {
             self.remove(&id).await;

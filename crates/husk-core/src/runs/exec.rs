@@ -234,6 +234,7 @@ async fn create_sandbox(
         allow_public_traffic: None,
         mask_request_host: None,
         rules: None,
+        lifecycle: Default::default(),
     };
     // Not raced against the cancel: a creation under way always finishes (see
     // Manager::create), and the caller destroys the sandbox if the run was cancelled.

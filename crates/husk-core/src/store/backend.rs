@@ -9,8 +9,8 @@ use time::OffsetDateTime;
 
 use super::remote::RemoteStore;
 use super::{
-    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Sqlite,
-    StoreError, TemplateRecord, VolumeRecord,
+    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord, SealedRow,
+    SecretUse, Sqlite, StoreError, TemplateRecord, VolumeRecord,
 };
 
 /// The store: the SQLite database of this process, or the state helper's.
@@ -94,6 +94,9 @@ delegate! {
     fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError>;
     fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError>;
     fn clear_sandboxes(&self) -> Result<usize, StoreError>;
+    fn put_saved_sandbox(&self, record: &SavedSandboxRecord) -> Result<(), StoreError>;
+    fn delete_saved_sandbox(&self, id: &str) -> Result<bool, StoreError>;
+    fn saved_sandboxes(&self) -> Result<Vec<SavedSandboxRecord>, StoreError>;
     fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError>;
     fn write_secret(&self, r: &SealedRow, mode: PutMode) -> Result<bool, StoreError>;
     fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError>;

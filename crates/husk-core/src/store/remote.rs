@@ -22,8 +22,8 @@ use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
 use super::{
-    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SealedRow, SecretUse, Store,
-    StoreError, TemplateRecord, VolumeRecord,
+    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord, SealedRow,
+    SecretUse, Store, StoreError, TemplateRecord, VolumeRecord,
 };
 use crate::secrets::{Metadata, SecretError, Secrets};
 
@@ -88,6 +88,11 @@ pub enum StateRequest {
     },
     ListSandboxes,
     ClearSandboxes,
+    PutSavedSandbox(SavedSandboxRecord),
+    DeleteSavedSandbox {
+        id: String,
+    },
+    SavedSandboxes,
     PutSecret(SealedRow, PutMode),
     Secret {
         team: String,
@@ -162,6 +167,7 @@ pub enum StateReply {
     Records(Vec<String>),
     Unfinished(Vec<(RunTable, String, String)>),
     Sandboxes(Vec<SandboxRecord>),
+    SavedSandboxes(Vec<SavedSandboxRecord>),
     Sealed(Option<SealedRow>),
     SealedRows(Vec<SealedRow>),
     Uses(Vec<SecretUse>),
@@ -539,6 +545,18 @@ impl RemoteStore {
         ask!(self, StateRequest::ClearSandboxes, StateReply::Count(n) => n as usize)
     }
 
+    pub fn put_saved_sandbox(&self, record: &SavedSandboxRecord) -> Result<(), StoreError> {
+        ask!(self, StateRequest::PutSavedSandbox(record.clone()), StateReply::Unit => ())
+    }
+
+    pub fn delete_saved_sandbox(&self, id: &str) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::DeleteSavedSandbox { id: id.into() }, StateReply::Bool(b) => b)
+    }
+
+    pub fn saved_sandboxes(&self) -> Result<Vec<SavedSandboxRecord>, StoreError> {
+        ask!(self, StateRequest::SavedSandboxes, StateReply::SavedSandboxes(s) => s)
+    }
+
     pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
         self.write_secret(r, PutMode::Upsert).map(|_| ())
     }
@@ -775,6 +793,12 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::DeleteSandbox { id } => R::Bool(store.delete_sandbox(&id)?),
             Q::ListSandboxes => R::Sandboxes(store.list_sandboxes()?),
             Q::ClearSandboxes => R::Count(store.clear_sandboxes()? as u64),
+            Q::PutSavedSandbox(r) => {
+                store.put_saved_sandbox(&r)?;
+                R::Unit
+            }
+            Q::DeleteSavedSandbox { id } => R::Bool(store.delete_saved_sandbox(&id)?),
+            Q::SavedSandboxes => R::SavedSandboxes(store.saved_sandboxes()?),
             Q::PutSecret(row, mode) => {
                 super::validate_team(&row.team)?;
                 R::Bool(store.write_secret(&row, mode)?)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use rusqlite::{ffi, params};
 use time::OffsetDateTime;
 
-use super::{from_db_time, to_db_time, SandboxRecord, Sqlite, StoreError};
+use super::{from_db_time, to_db_time, SandboxRecord, SavedSandboxRecord, Sqlite, StoreError};
 
 impl Sqlite {
     /// Records a new sandbox. Its id must not be recorded already.
@@ -101,5 +101,60 @@ impl Sqlite {
     /// Forgets every sandbox (after a restart has destroyed what was left). Returns how many.
     pub fn clear_sandboxes(&self) -> Result<usize, StoreError> {
         Ok(self.conn().execute("DELETE FROM sandboxes", [])?)
+    }
+
+    /// Records (or replaces) a sandbox kept beyond its processes.
+    pub fn put_saved_sandbox(&self, record: &SavedSandboxRecord) -> Result<(), StoreError> {
+        let saved_at = to_db_time(record.saved_at)?;
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO saved_sandboxes (id, team, saved_at, description)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (id) DO UPDATE SET team = excluded.team,
+                    saved_at = excluded.saved_at, description = excluded.description",
+            )?
+            .execute(params![
+                record.id,
+                record.team,
+                saved_at,
+                record.description
+            ])?;
+        Ok(())
+    }
+
+    /// Forgets a saved sandbox (resumed or killed). Returns whether it was recorded.
+    pub fn delete_saved_sandbox(&self, id: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn()
+            .prepare_cached("DELETE FROM saved_sandboxes WHERE id = ?1")?
+            .execute([id])?;
+        Ok(changed > 0)
+    }
+
+    /// Every saved sandbox, oldest first.
+    pub fn saved_sandboxes(&self) -> Result<Vec<SavedSandboxRecord>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare(
+            "SELECT id, team, saved_at, description FROM saved_sandboxes ORDER BY saved_at, id",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, i64>(2)?,
+                row.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, team, saved_at, description) = row?;
+            out.push(SavedSandboxRecord {
+                id,
+                team,
+                saved_at: from_db_time(saved_at)?,
+                description,
+            });
+        }
+        Ok(out)
     }
 }

@@ -137,7 +137,19 @@ ALTER TABLE secrets ADD COLUMN version INTEGER NOT NULL DEFAULT 1 CHECK (version
 ALTER TABLE secrets ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+/// Version 8: sandboxes kept beyond their processes (paused to disk). `description` is the
+/// core's JSON description of the sandbox (what a resume recreates it from, versioned inside);
+/// its files are in the state directory (`paused/<id>/`).
+const V8: &str = "
+CREATE TABLE saved_sandboxes (
+    id          TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
+    team        TEXT NOT NULL,
+    saved_at    INTEGER NOT NULL,
+    description TEXT NOT NULL
+) STRICT;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -17,7 +17,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use husk_runtime::failure::{Failure, FailureKind};
@@ -137,6 +137,19 @@ pub enum FilesRequest {
         outputs: Vec<String>,
         limits: OutputLimits,
     },
+    /// Freeze sandbox `runtime_id` (the spawner's id) and copy its writable layer into a new
+    /// layer of paused sandbox `sandbox` (`crate::saved_layers`), merged with its layer
+    /// `below`.
+    CaptureLayer {
+        runtime_id: String,
+        sandbox: String,
+        below: Option<String>,
+    },
+    /// Remove layer `layer` of paused sandbox `sandbox`, or all of them.
+    DropLayers {
+        sandbox: String,
+        layer: Option<String>,
+    },
 }
 
 /// The files helper's answers.
@@ -161,6 +174,13 @@ pub enum FilesReply {
     /// read back).
     Outputs(String),
     NotSaved(SaveError),
+    Captured(crate::saved_layers::Captured),
+    /// A layer could not be saved or removed: the message, and whether the sandbox was the
+    /// cause (gone, or without a layer of its own) rather than the host.
+    LayerFailed {
+        message: String,
+        sandbox: bool,
+    },
     Workspace(WireWorkspaceError),
     Failed(Failure),
 }
@@ -467,6 +487,7 @@ impl RemoteWorkspaces {
                     return 1;
                 }
                 let served = Served {
+                    state_dir: ws.dir.parent().map(Path::to_path_buf),
                     ws,
                     roots: roots.map(RootChannel::new),
                 };
@@ -489,6 +510,19 @@ impl RemoteWorkspaces {
 
     pub fn pid(&self) -> husk_runtime::libc::pid_t {
         self.pid
+    }
+
+    fn layer_call(&self, req: FilesRequest) -> Result<FilesReply, crate::saved_layers::LayerError> {
+        use crate::saved_layers::LayerError;
+        match self.channels.call::<_, FilesReply>(&req, None) {
+            Ok((FilesReply::LayerFailed { message, sandbox }, _)) => Err(if sandbox {
+                LayerError::Sandbox(message)
+            } else {
+                LayerError::Host(message)
+            }),
+            Ok((other, _)) => Ok(other),
+            Err(e) => Err(LayerError::Host(format!("the files helper: {e}"))),
+        }
     }
 
     /// Closes the channels: the helper ends once the calls in progress are done.
@@ -866,10 +900,50 @@ impl RemoteExport {
     }
 }
 
+impl crate::saved_layers::SavedLayers for RemoteWorkspaces {
+    fn capture(
+        &self,
+        runtime_id: &str,
+        sandbox: &str,
+        below: Option<&str>,
+    ) -> Result<crate::saved_layers::Captured, crate::saved_layers::LayerError> {
+        let req = FilesRequest::CaptureLayer {
+            runtime_id: runtime_id.into(),
+            sandbox: sandbox.into(),
+            below: below.map(str::to_owned),
+        };
+        match self.layer_call(req)? {
+            FilesReply::Captured(c) => Ok(c),
+            other => Err(crate::saved_layers::LayerError::Host(
+                unexpected(&other).to_string(),
+            )),
+        }
+    }
+
+    fn drop_layers(
+        &self,
+        sandbox: &str,
+        layer: Option<&str>,
+    ) -> Result<(), crate::saved_layers::LayerError> {
+        let req = FilesRequest::DropLayers {
+            sandbox: sandbox.into(),
+            layer: layer.map(str::to_owned),
+        };
+        match self.layer_call(req)? {
+            FilesReply::Unit => Ok(()),
+            other => Err(crate::saved_layers::LayerError::Host(
+                unexpected(&other).to_string(),
+            )),
+        }
+    }
+}
+
 /// What the helper serves from.
 struct Served {
     ws: LocalWorkspaces,
     roots: Option<RootChannel>,
+    /// The state directory (paused sandboxes' layers live below it).
+    state_dir: Option<PathBuf>,
 }
 
 /// Serves every channel on a thread of its own until the server closes them all.
@@ -889,8 +963,52 @@ fn answer(
     fd: Option<OwnedFd>,
     sock: BorrowedFd<'_>,
 ) -> (FilesReply, Option<OwnedFd>) {
-    let (reply, fd) = handle(&served.ws, served.roots.as_ref(), req, fd, sock);
+    let (reply, fd) = match req {
+        FilesRequest::CaptureLayer { .. } | FilesRequest::DropLayers { .. } => {
+            (layers(served, req), None)
+        }
+        req => handle(&served.ws, served.roots.as_ref(), req, fd, sock),
+    };
     (bounded(reply), fd)
+}
+
+/// Saving and removing paused sandboxes' layers.
+fn layers(served: &Served, req: FilesRequest) -> FilesReply {
+    layers_in(served.state_dir.as_deref(), served.roots.as_ref(), req)
+}
+
+/// [`layers`], below `state_dir` (a capture also needs the spawner's root channel).
+fn layers_in(
+    state_dir: Option<&Path>,
+    roots: Option<&RootChannel>,
+    req: FilesRequest,
+) -> FilesReply {
+    use crate::saved_layers::{host, LayerError};
+    let Some(state_dir) = state_dir else {
+        return FilesReply::LayerFailed {
+            message: LayerError::Unavailable.to_string(),
+            sandbox: false,
+        };
+    };
+    let done = match req {
+        FilesRequest::CaptureLayer {
+            runtime_id,
+            sandbox,
+            below,
+        } => match roots {
+            Some(roots) => host::capture(state_dir, roots, &runtime_id, &sandbox, below.as_deref())
+                .map(FilesReply::Captured),
+            None => Err(LayerError::Unavailable),
+        },
+        FilesRequest::DropLayers { sandbox, layer } => {
+            host::drop_layers(state_dir, &sandbox, layer.as_deref()).map(|()| FilesReply::Unit)
+        }
+        _ => Err(LayerError::Unavailable),
+    };
+    done.unwrap_or_else(|e| FilesReply::LayerFailed {
+        sandbox: matches!(e, LayerError::Sandbox(_)),
+        message: e.to_string(),
+    })
 }
 
 fn bad_request(m: String) -> FilesReply {
@@ -1038,6 +1156,14 @@ fn handle(
             ),
             None,
         ),
+        // Answered by `layers` (they need the state directory, not the workspaces).
+        Q::CaptureLayer { .. } | Q::DropLayers { .. } => (
+            R::Failed(Failure::new(
+                FailureKind::Internal,
+                "layer requests are not workspace requests",
+            )),
+            None,
+        ),
     }
 }
 
@@ -1121,6 +1247,13 @@ pub mod fuzzing {
                 let _ = reader.join();
                 out
             }
+            // Layer requests against the scratch state directory (no spawner: a capture
+            // answers that it cannot; a removal checks its names, then removes there).
+            FilesRequest::CaptureLayer { .. } | FilesRequest::DropLayers { .. } => {
+                drop((r, w));
+                let state_dir = ws.dir.parent().map(Path::to_path_buf);
+                (layers_in(state_dir.as_deref(), None, req.clone()), None)
+            }
             _ => {
                 drop((r, w));
                 handle(ws, None, req, None, ours.as_fd())
@@ -1165,6 +1298,7 @@ mod tests {
         let served = Arc::new(Served {
             ws: local,
             roots: None,
+            state_dir: Some(state.0.clone()),
         });
         let mut ours = Vec::new();
         let mut threads = Vec::new();

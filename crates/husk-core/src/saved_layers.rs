@@ -1,0 +1,246 @@
+//! Saved layers: what a paused sandbox changed over its template, kept on the host's disk
+//! under `STATE_DIR/paused/<sandbox id>/<layer>` (overlay-format directories, owned by image
+//! ids, see `husk_runtime::layer_capture`), so that it survives the sandbox, the server and a
+//! reboot of the host, and a later sandbox with the same id mounts it under its own writable
+//! layer.
+//!
+//! The layer is copied out of the frozen sandbox by the files helper (privileged: the layer's
+//! files belong to the sandbox's uids, and the spawner hands it the layer by the sandbox's
+//! id); the server, which runs unprivileged, only names sandboxes and layers. [`SavedLayers`]
+//! is that seam: the helper in `husk serve`, a fake in the core's tests.
+
+use std::path::{Path, PathBuf};
+
+/// Where paused sandboxes' layers live, below the state directory.
+pub const PAUSED_DIR: &str = "paused";
+
+/// Where snapshots' layers live, below the state directory.
+pub const SNAPSHOTS_DIR: &str = "snapshots";
+
+/// What a capture made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Captured {
+    /// The layer's name (below the sandbox's directory).
+    pub layer: String,
+    /// Bytes of file content copied (files of the layer below are linked, not counted).
+    pub bytes: u64,
+    /// Entries in the layer.
+    pub entries: u64,
+}
+
+/// Why a layer could not be saved or dropped.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("invalid {what} name {name:?}")]
+    InvalidName { what: &'static str, name: String },
+    /// The sandbox's layer could not be had (it is gone, or has none of its own).
+    #[error("the sandbox's writable layer: {0}")]
+    Sandbox(String),
+    /// Copying or removing failed on the host.
+    #[error("{0}")]
+    Host(String),
+    /// This server cannot save layers (no files helper).
+    #[error("saving sandboxes' files is not available on this server")]
+    Unavailable,
+}
+
+/// Copies sandboxes' writable layers to disk and removes them.
+pub trait SavedLayers: Send + Sync + 'static {
+    /// Freezes the sandbox the spawner knows as `runtime_id` and copies its writable layer
+    /// into a new layer of sandbox `sandbox`, merged with its layer `below` if given (the one
+    /// it was started on, which stays). The sandbox stays frozen.
+    fn capture(
+        &self,
+        runtime_id: &str,
+        sandbox: &str,
+        below: Option<&str>,
+    ) -> Result<Captured, LayerError>;
+
+    /// Removes layer `layer` of `sandbox`, or (`None`) every layer of it.
+    fn drop_layers(&self, sandbox: &str, layer: Option<&str>) -> Result<(), LayerError>;
+}
+
+/// `STATE_DIR/paused/<sandbox>/<layer>`: the path sandboxes get in their spec.
+pub fn layer_path(state_dir: &Path, sandbox: &str, layer: &str) -> PathBuf {
+    state_dir.join(PAUSED_DIR).join(sandbox).join(layer)
+}
+
+/// A sandbox id as a directory name: what ids are (`[a-z0-9]`, at most 64).
+pub fn check_sandbox(name: &str) -> Result<(), LayerError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(LayerError::InvalidName {
+            what: "sandbox",
+            name: name.chars().take(80).collect(),
+        })
+    }
+}
+
+/// A layer's name: 16 lowercase hex digits (made by [`new_layer_name`]).
+pub fn check_layer(name: &str) -> Result<(), LayerError> {
+    let ok = name.len() == 16
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(LayerError::InvalidName {
+            what: "layer",
+            name: name.chars().take(80).collect(),
+        })
+    }
+}
+
+/// A fresh layer name.
+pub fn new_layer_name() -> Result<String, LayerError> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| LayerError::Host(format!("random name: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The helper's side: copies and removals under `STATE_DIR/paused`, which only it (and the
+/// spawner, reading) touches.
+pub mod host {
+    use std::fs;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::DirBuilderExt;
+    use std::path::Path;
+
+    use husk_runtime::layer_capture::{capture_layer, CaptureLimits};
+    use husk_runtime::service::RootChannel;
+
+    use super::{check_layer, check_sandbox, new_layer_name, Captured, LayerError, PAUSED_DIR};
+
+    /// Bounds of one capture: a sandbox's layer is bounded by its disk (a tmpfs) already;
+    /// these only stop a runaway.
+    const LIMITS: CaptureLimits = CaptureLimits {
+        max_bytes: 1 << 40,
+        max_entries: 1 << 22,
+    };
+
+    /// [`super::SavedLayers::capture`] in the helper, with the spawner's root channel.
+    pub fn capture(
+        state_dir: &Path,
+        roots: &RootChannel,
+        runtime_id: &str,
+        sandbox: &str,
+        below: Option<&str>,
+    ) -> Result<Captured, LayerError> {
+        check_sandbox(sandbox)?;
+        if let Some(b) = below {
+            check_layer(b)?;
+        }
+        let paused = state_dir.join(PAUSED_DIR);
+        let dir = paused.join(sandbox);
+        for d in [&paused, &dir] {
+            match fs::DirBuilder::new().mode(0o700).create(d) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(LayerError::Host(format!("{}: {e}", d.display())))
+                }
+                _ => {}
+            }
+        }
+        let below = below.map(|b| dir.join(b));
+        if let Some(b) = &below {
+            if !fs::symlink_metadata(b).is_ok_and(|m| m.is_dir()) {
+                return Err(LayerError::Host(format!(
+                    "the layer below, {}, is missing",
+                    b.display()
+                )));
+            }
+        }
+        let (upper, base) = roots
+            .frozen_layer(runtime_id)
+            .map_err(|e| LayerError::Sandbox(crate::error_chain(&e)))?;
+        let name = new_layer_name()?;
+        let tmp = dir.join(format!(".tmp-{name}"));
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&tmp)
+            .map_err(|e| LayerError::Host(format!("{}: {e}", tmp.display())))?;
+        let result = capture_layer(upper.as_fd(), &tmp, base, below.as_deref(), &LIMITS)
+            .map_err(|e| {
+                LayerError::Host(format!(
+                    "copying the sandbox's files: {}",
+                    crate::error_chain(&e)
+                ))
+            })
+            .and_then(|report| {
+                // Written out before it is named: a machine crash must not leave a layer with
+                // unwritten files under its final name.
+                let f = fs::File::open(&tmp)
+                    .map_err(|e| LayerError::Host(format!("{}: {e}", tmp.display())))?;
+                husk_runtime::sys::syncfs(f.as_fd())
+                    .map_err(|e| LayerError::Host(format!("syncfs: {e}")))?;
+                fs::rename(&tmp, dir.join(&name))
+                    .map_err(|e| LayerError::Host(format!("naming the layer: {e}")))?;
+                Ok(report)
+            });
+        match result {
+            Ok(r) => Ok(Captured {
+                layer: name,
+                bytes: r.bytes,
+                entries: r.files + r.dirs + r.symlinks + r.fifos + r.whiteouts + r.hardlinks,
+            }),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`super::SavedLayers::drop_layers`] in the helper.
+    pub fn drop_layers(
+        state_dir: &Path,
+        sandbox: &str,
+        layer: Option<&str>,
+    ) -> Result<(), LayerError> {
+        check_sandbox(sandbox)?;
+        let dir = state_dir.join(PAUSED_DIR).join(sandbox);
+        let target = match layer {
+            Some(l) => {
+                check_layer(l)?;
+                dir.join(l)
+            }
+            None => dir,
+        };
+        match fs::remove_dir_all(&target) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(LayerError::Host(format!("{}: {e}", target.display())))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_before_they_become_paths() {
+        check_sandbox("abc123").unwrap();
+        for bad in ["", "..", "a/b", "A", "a.b", &"a".repeat(65), "a\0"] {
+            assert!(check_sandbox(bad).is_err(), "{bad:?}");
+        }
+        let n = new_layer_name().unwrap();
+        check_layer(&n).unwrap();
+        assert_ne!(n, new_layer_name().unwrap());
+        for bad in [
+            "",
+            "../../etc/passwd",
+            "0123456789abcdeg",
+            "0123456789ABCDEF",
+            "0",
+        ] {
+            assert!(check_layer(bad).is_err(), "{bad:?}");
+        }
+    }
+}
