@@ -9,7 +9,6 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -20,7 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
 use husk_core::manager::{
-    CreateRequest, EnvVars, ListFilter, LiveSandbox, MaskedHost, TimeRange, ENVD_VERSION,
+    CreateRequest, EnvVars, Lifecycle, ListFilter, LiveSandbox, MaskedHost, OnTimeout, PauseMode,
+    Paused, SandboxView, TimeRange, ENVD_VERSION,
 };
 use husk_core::store::Principal;
 
@@ -47,8 +47,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/pause", unsupported("pausing sandboxes"))
-        .route("/sandboxes/{id}/resume", unsupported("resuming sandboxes"))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/fork", unsupported("forking sandboxes"))
         .route("/sandboxes/{id}/snapshots", unsupported("snapshots"))
         .route("/snapshots", unsupported("snapshots"))
@@ -143,15 +143,19 @@ struct NewSandbox {
     allow_internet_access: Option<bool>,
     #[serde(rename = "autoPause")]
     auto_pause: Option<bool>,
+    /// With `autoPause`: whether the pause keeps memory (`false`: files only).
+    #[serde(rename = "autoPauseMemory")]
+    auto_pause_memory: Option<bool>,
     /// E2B volumes are husk's workspaces: `{name, path}`, read-only unless the name ends in
     /// `:rw`.
     #[serde(rename = "volumeMounts")]
     volume_mounts: Option<Vec<VolumeMount>>,
     network: Option<NetworkBody>,
-    /// What husk does not do (yet), refused when asked for rather than ignored (see
-    /// [`refuse_unsupported`]).
+    /// `{"enabled": bool}` (older SDKs: a bare bool).
     #[serde(rename = "autoResume")]
     auto_resume: Option<Value>,
+    /// What husk does not do (yet), refused when asked for rather than ignored (see
+    /// [`refuse_unsupported`]).
     iam: Option<Value>,
     mcp: Option<Value>,
 }
@@ -172,14 +176,6 @@ fn refuse_unsupported(req: &NewSandbox) -> Result<(), Response> {
     let enabled = |v: &Option<Value>| v.as_ref().is_some_and(asks);
     let refusals = [
         (
-            req.auto_pause == Some(true),
-            "autoPause is not supported by husk: sandboxes are killed at their timeout",
-        ),
-        (
-            enabled(&req.auto_resume),
-            "autoResume is not supported by husk: sandboxes are not paused",
-        ),
-        (
             enabled(&req.iam),
             "iam (workload identity tokens) is not supported by husk",
         ),
@@ -192,6 +188,50 @@ fn refuse_unsupported(req: &NewSandbox) -> Result<(), Response> {
         Some((_, why)) => Err(error(StatusCode::BAD_REQUEST, *why)),
         None => Ok(()),
     }
+}
+
+/// E2B's lifecycle fields of a create: what the timeout does, and auto-resume (only with a
+/// pause at the timeout, as E2B's API has it).
+fn lifecycle(req: &NewSandbox) -> Result<Lifecycle, Response> {
+    let auto_resume = match &req.auto_resume {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Object(o)) => match o.get("enabled") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "autoResume.enabled must be a boolean",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "autoResume must be an object {\"enabled\": bool}",
+            ))
+        }
+    };
+    let on_timeout = if req.auto_pause == Some(true) {
+        OnTimeout::Pause(if req.auto_pause_memory == Some(false) {
+            PauseMode::Filesystem
+        } else {
+            PauseMode::Full
+        })
+    } else {
+        OnTimeout::Kill
+    };
+    if auto_resume && on_timeout == OnTimeout::Kill {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "autoResume needs autoPause: a sandbox killed at its timeout cannot resume",
+        ));
+    }
+    Ok(Lifecycle {
+        on_timeout,
+        auto_resume,
+    })
 }
 
 /// E2B's `network` object of a create. Fields husk does not know are ignored, not rejected
@@ -319,8 +359,8 @@ impl VolumeMount {
 }
 
 /// `volumeMounts` as E2B reports them (the name as given: `:rw` when writable).
-fn volume_mounts_json(sb: &LiveSandbox) -> Value {
-    sb.workspaces()
+fn volume_mounts_json(workspaces: &[husk_core::manager::WorkspaceMount]) -> Value {
+    workspaces
         .iter()
         .map(|w| {
             let name = if w.writable {
@@ -364,50 +404,81 @@ fn sandbox_json(sb: &LiveSandbox, domain: Value) -> Value {
     })
 }
 
-fn detail_json(sb: &LiveSandbox, domain: Value) -> Value {
-    let (internet, allow_out, deny_out) = sb.network_policy().to_e2b();
-    json!({
-        "templateID": sb.template(),
-        "sandboxID": sb.id(),
-        "clientID": "husk",
-        "startedAt": rfc3339(sb.started_at()),
-        "endAt": rfc3339(sb.end_at()),
-        "envdVersion": ENVD_VERSION,
-        "envdAccessToken": sb.access_token(),
-        "cpuCount": sb.cpu_count(),
-        "memoryMB": sb.memory_mb(),
-        "diskSizeMB": sb.disk_mb(),
-        "state": "running",
-        "metadata": sb.metadata(),
-        "allowInternetAccess": internet,
-        "volumeMounts": volume_mounts_json(sb),
-        "trafficAccessToken": sb.traffic_access_token(),
-        "network": {
-            "allowPublicTraffic": sb.public_traffic(),
-            "allowOut": allow_out,
-            "denyOut": deny_out,
-            "maskRequestHost": sb.mask_request_host().map(|m| m.as_str()),
-            "rules": crate::net_rules::to_json(&sb.net_rules()),
-        },
-        "domain": domain,
-        "lifecycle": {"autoResume": false, "onTimeout": "kill"},
-    })
+/// `state` and `lifecycle` as E2B writes them.
+fn state_json(v: &SandboxView) -> (&'static str, Value) {
+    let on_timeout = match v.lifecycle.on_timeout {
+        OnTimeout::Kill => "kill",
+        OnTimeout::Pause(_) => "pause",
+    };
+    let state = if v.paused.is_some() {
+        "paused"
+    } else {
+        "running"
+    };
+    (
+        state,
+        json!({"autoResume": v.lifecycle.auto_resume, "onTimeout": on_timeout}),
+    )
 }
 
-fn listed_json(sb: &LiveSandbox) -> Value {
-    json!({
-        "templateID": sb.template(),
-        "sandboxID": sb.id(),
+/// E2B's `pauseMode` of a paused sandbox (left out while it runs: the SDKs take no null).
+fn pause_mode(v: &SandboxView) -> Option<&'static str> {
+    match v.paused? {
+        PauseMode::Full => Some("full"),
+        PauseMode::Filesystem => Some("filesystem"),
+    }
+}
+
+fn detail_json(v: &SandboxView, domain: Value) -> Value {
+    let (internet, allow_out, deny_out) = v.network.to_e2b();
+    let (state, lifecycle) = state_json(v);
+    let mut detail = json!({
+        "templateID": v.template,
+        "sandboxID": v.id,
         "clientID": "husk",
-        "startedAt": rfc3339(sb.started_at()),
-        "endAt": rfc3339(sb.end_at()),
+        "startedAt": rfc3339(v.started_at),
+        "endAt": rfc3339(v.end_at),
         "envdVersion": ENVD_VERSION,
-        "cpuCount": sb.cpu_count(),
-        "memoryMB": sb.memory_mb(),
-        "diskSizeMB": sb.disk_mb(),
-        "state": "running",
-        "metadata": sb.metadata(),
-        "volumeMounts": volume_mounts_json(sb),
+        "envdAccessToken": v.access_token,
+        "cpuCount": v.cpu_count,
+        "memoryMB": v.memory_mb,
+        "diskSizeMB": v.disk_mb,
+        "state": state,
+        "metadata": v.metadata,
+        "allowInternetAccess": internet,
+        "volumeMounts": volume_mounts_json(&v.workspaces),
+        "trafficAccessToken": v.traffic_access_token,
+        "network": {
+            "allowPublicTraffic": v.public_traffic,
+            "allowOut": allow_out,
+            "denyOut": deny_out,
+            "maskRequestHost": v.mask_request_host,
+            "rules": crate::net_rules::to_json(&v.net_rules),
+        },
+        "domain": domain,
+        "lifecycle": lifecycle,
+    });
+    if let (Some(mode), Some(o)) = (pause_mode(v), detail.as_object_mut()) {
+        o.insert("pauseMode".into(), json!(mode));
+    }
+    detail
+}
+
+fn listed_json(v: &SandboxView) -> Value {
+    let (state, _) = state_json(v);
+    json!({
+        "templateID": v.template,
+        "sandboxID": v.id,
+        "clientID": "husk",
+        "startedAt": rfc3339(v.started_at),
+        "endAt": rfc3339(v.end_at),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": v.cpu_count,
+        "memoryMB": v.memory_mb,
+        "diskSizeMB": v.disk_mb,
+        "state": state,
+        "metadata": v.metadata,
+        "volumeMounts": volume_mounts_json(&v.workspaces),
     })
 }
 
@@ -417,6 +488,7 @@ type Answer = Result<Response, Response>;
 async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> Answer {
     let req: NewSandbox = parse_body(&body)?;
     refuse_unsupported(&req)?;
+    let lifecycle = lifecycle(&req)?;
     let network = req.network.unwrap_or_default();
     let policy = network.policy(req.allow_internet_access, false)?;
     let rules = network.rules()?;
@@ -444,6 +516,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
         allow_public_traffic: network.allow_public_traffic,
         mask_request_host,
         rules,
+        lifecycle,
     };
     let started = std::time::Instant::now();
     let sb = state.manager.create(&who, create).await.map_err(answer)?;
@@ -473,11 +546,79 @@ async fn connect(
     body: Bytes,
 ) -> Answer {
     let req: TimeoutBody = parse_body(&body)?;
-    let sb = state
+    let (sb, resumed) = state
         .manager
-        .connect(&who, &id, timeout_secs(req.timeout)?)
+        .resume(&who, &id, Some(timeout_secs(req.timeout)?))
+        .await
         .map_err(answer)?;
-    Ok(axum::Json(sandbox_json(&sb, domain(&state))).into_response())
+    // 201 when it was paused and now runs again, as E2B answers.
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(sandbox_json(&sb, domain(&state)))).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PauseBody {
+    /// `false`: keep only the files (E2B's `mode="filesystem"`).
+    memory: Option<bool>,
+    /// Refuse when the agent does not answer (husk's agent answers while the sandbox runs,
+    /// and a frozen one is paused already).
+    #[serde(rename = "requireHealthyGuest")]
+    #[allow(dead_code)]
+    require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already.
+async fn pause(
+    State(state): State<AppState>,
+    Who(who): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    let req: PauseBody = parse_body(&body)?;
+    let mode = if req.memory == Some(false) {
+        PauseMode::Filesystem
+    } else {
+        PauseMode::Full
+    };
+    match state.manager.pause(&who, &id, mode).await.map_err(answer)? {
+        Paused::Paused => Ok(StatusCode::NO_CONTENT.into_response()),
+        Paused::AlreadyPaused => Err(error(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        )),
+    }
+}
+
+/// The deprecated `POST /sandboxes/{id}/resume`: 201 with the sandbox, 409 when it runs.
+async fn resume(
+    State(state): State<AppState>,
+    Who(who): Who,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Answer {
+    let req: TimeoutBody = parse_body(&body)?;
+    let view = state.manager.view(&who, &id).map_err(answer)?;
+    if view.paused.is_none() {
+        return Err(error(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already running"),
+        ));
+    }
+    let (sb, _) = state
+        .manager
+        .resume(&who, &id, Some(timeout_secs(req.timeout)?))
+        .await
+        .map_err(answer)?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(sandbox_json(&sb, domain(&state))),
+    )
+        .into_response())
 }
 
 async fn set_timeout(
@@ -565,8 +706,8 @@ async fn logs(State(state): State<AppState>, Who(who): Who, Path(id): Path<Strin
 }
 
 async fn info(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
-    let sb = state.manager.get(&who, &id).map_err(answer)?;
-    Ok(axum::Json(detail_json(&sb, domain(&state))).into_response())
+    let view = state.manager.view(&who, &id).map_err(answer)?;
+    Ok(axum::Json(detail_json(&view, domain(&state))).into_response())
 }
 
 async fn kill(State(state): State<AppState>, Who(who): Who, Path(id): Path<String>) -> Answer {
@@ -671,11 +812,15 @@ async fn list(
         .filter(|s| !s.is_empty())
         .collect();
     for s in &states {
-        if *s != "running" && *s != "paused" {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                format!("unknown state '{s}'"),
-            ));
+        match *s {
+            "running" => filter.running = true,
+            "paused" => filter.paused = true,
+            _ => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown state '{s}'"),
+                ))
+            }
         }
     }
     let limit = match get("limit").map(str::parse::<usize>) {
@@ -698,18 +843,12 @@ async fn list(
             ))
         }
     };
-    // Only running sandboxes exist in husk.
-    let mut items = if states.is_empty() || states.contains(&"running") {
-        state.manager.list(&who, &filter)
-    } else {
-        Vec::new()
-    };
+    let mut items = state.manager.list_views(&who, &filter);
     if desc {
         items.reverse();
     }
     // The page token is the position key of the last item returned: (start time, id).
-    let key =
-        |sb: &LiveSandbox| format!("{:020}.{}", sb.started_at().unix_timestamp_nanos(), sb.id());
+    let key = |v: &SandboxView| format!("{:020}.{}", v.started_at.unix_timestamp_nanos(), v.id);
     if let Some(token) = get("nextToken") {
         items.retain(|sb| {
             let k = key(sb);
@@ -721,7 +860,7 @@ async fn list(
         });
     }
     let total = items.len();
-    let page: Vec<&Arc<LiveSandbox>> = items.iter().take(limit).collect();
+    let page: Vec<&SandboxView> = items.iter().take(limit).collect();
     let mut resp =
         axum::Json(page.iter().map(|sb| listed_json(sb)).collect::<Vec<_>>()).into_response();
     if total > limit {

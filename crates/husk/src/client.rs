@@ -165,6 +165,29 @@ impl Client {
         })
     }
 
+    /// GETs a JSON list and the `X-Next-Token` of the next page, if any.
+    pub async fn get_json_paged(
+        &self,
+        path: &str,
+    ) -> Result<(Vec<serde_json::Value>, Option<String>)> {
+        let resp = self
+            .request(reqwest::Method::GET, path)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        let resp = check(resp).await?;
+        let next = resp
+            .headers()
+            .get("x-next-token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
+        let list = serde_json::from_slice(&bytes)
+            .with_context(|| format!("unexpected answer from the server to GET {path}"))?;
+        Ok((list, next))
+    }
+
     /// GETs a JSON answer.
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let resp = self
@@ -177,6 +200,35 @@ impl Client {
         let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
         serde_json::from_slice(&bytes)
             .with_context(|| format!("unexpected answer from the server to GET {path}"))
+    }
+
+    /// POSTs a JSON body; the answer's status and JSON body (none when empty) for 2xx and
+    /// 409, an error with the server's message otherwise.
+    pub async fn post_json<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<(u16, Option<serde_json::Value>)> {
+        let resp = self
+            .request(reqwest::Method::POST, path)
+            .timeout(REQUEST_TIMEOUT)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        let status = resp.status().as_u16();
+        let resp = if status == 409 {
+            resp
+        } else {
+            check(resp).await?
+        };
+        let bytes = read_bounded(resp, 1 << 20).await.unwrap_or_default();
+        if bytes.is_empty() {
+            return Ok((status, None));
+        }
+        let v = serde_json::from_slice(&bytes)
+            .with_context(|| format!("unexpected answer from the server to POST {path}"))?;
+        Ok((status, Some(v)))
     }
 
     /// Sends a DELETE; `Ok(true)` when the server took it (2xx), `Ok(false)` for 409 (already

@@ -1,4 +1,5 @@
-//! `husk sandbox`: looking at a server's running sandboxes. `logs` shows a sandbox's denied
+//! `husk sandbox`: a server's sandboxes. `list` shows them, running and paused; `pause`,
+//! `resume` and `kill` act on one (the E2B API's calls); `logs` shows a sandbox's denied
 //! connections (what its network policy refused), oldest first.
 
 use std::path::PathBuf;
@@ -16,8 +17,77 @@ pub struct SandboxArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SandboxCommand {
+    /// The team's sandboxes, running and paused, oldest first.
+    List(ListArgs),
+    /// Pauses a sandbox: frozen in place with its memory, or (--files-only) its files saved
+    /// to disk and its processes ended. It keeps its id and stays until resumed or killed.
+    Pause(PauseArgs),
+    /// Resumes a paused sandbox (a running one gets its timeout extended).
+    Resume(ResumeArgs),
+    /// Kills a sandbox, running or paused, with everything it had.
+    Kill(IdArgs),
     /// A sandbox's log: the connections its network policy refused.
     Logs(LogsArgs),
+}
+
+/// Where the server is.
+#[derive(clap::Args, Debug)]
+pub struct ServerFlags {
+    /// The husk server [default: $HUSK_SERVER, else http://127.0.0.1:3000]. The key comes
+    /// from HUSK_API_KEY, else E2B_API_KEY, else STATE_DIR/admin.key.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// State directory holding the admin key [default: /var/lib/husk].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl ServerFlags {
+    fn client(&self) -> Result<Client> {
+        Client::from_flags(self.server.as_deref(), self.state_dir.as_deref())
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    /// Only sandboxes in this state.
+    #[arg(long, value_parser = ["running", "paused"])]
+    pub state: Option<String>,
+    #[command(flatten)]
+    pub server: ServerFlags,
+    /// Print the list as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PauseArgs {
+    /// The sandbox's id.
+    pub id: String,
+    /// Keep only its files (saved to disk; its processes end, its memory is freed).
+    #[arg(long)]
+    pub files_only: bool,
+    #[command(flatten)]
+    pub server: ServerFlags,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ResumeArgs {
+    /// The sandbox's id.
+    pub id: String,
+    /// Seconds it then runs before its timeout [default: the server's, 300].
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+    #[command(flatten)]
+    pub server: ServerFlags,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct IdArgs {
+    /// The sandbox's id.
+    pub id: String,
+    #[command(flatten)]
+    pub server: ServerFlags,
 }
 
 #[derive(clap::Args, Debug)]
@@ -43,6 +113,10 @@ struct Denials {
 
 pub fn main(args: SandboxArgs) -> i32 {
     let result = match args.command {
+        SandboxCommand::List(a) => list(a),
+        SandboxCommand::Pause(a) => pause(a),
+        SandboxCommand::Resume(a) => resume(a),
+        SandboxCommand::Kill(a) => kill(a),
         SandboxCommand::Logs(a) => logs(a),
     };
     match result {
@@ -52,6 +126,108 @@ pub fn main(args: SandboxArgs) -> i32 {
             1
         }
     }
+}
+
+/// A sandbox as the list shows it (E2B's listed sandbox).
+#[derive(Deserialize, Debug)]
+struct Listed {
+    #[serde(rename = "sandboxID")]
+    id: String,
+    #[serde(rename = "templateID")]
+    template: String,
+    state: String,
+    #[serde(rename = "startedAt")]
+    started_at: String,
+    #[serde(rename = "endAt")]
+    end_at: String,
+}
+
+fn list(args: ListArgs) -> Result<i32> {
+    let client = args.server.client()?;
+    let rt = client::runtime()?;
+    let mut path = "/v2/sandboxes?order=asc&limit=100".to_owned();
+    if let Some(s) = &args.state {
+        path.push_str(&format!("&state={s}"));
+    }
+    // Every page (the server answers at most 100 at a time).
+    let mut all: Vec<serde_json::Value> = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let page_path = match &next {
+            Some(t) => format!("{path}&nextToken={t}"),
+            None => path.clone(),
+        };
+        let (page, token) = rt.block_on(client.get_json_paged(&page_path))?;
+        all.extend(page);
+        match token {
+            Some(t) => next = Some(t),
+            None => break,
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(0);
+    }
+    if all.is_empty() {
+        eprintln!("husk: no sandboxes");
+        return Ok(0);
+    }
+    println!(
+        "{:<22} {:<8} {:<24} {:<26} ENDS (PAUSED AT)",
+        "ID", "STATE", "TEMPLATE", "STARTED"
+    );
+    for v in all {
+        let s: Listed = serde_json::from_value(v)?;
+        println!(
+            "{:<22} {:<8} {:<24} {:<26} {}",
+            s.id, s.state, s.template, s.started_at, s.end_at
+        );
+    }
+    Ok(0)
+}
+
+fn pause(args: PauseArgs) -> Result<i32> {
+    let client = args.server.client()?;
+    let rt = client::runtime()?;
+    let body = serde_json::json!({"memory": !args.files_only});
+    let path = format!("/sandboxes/{}/pause", args.id);
+    let (status, _) = rt.block_on(client.post_json(&path, &body))?;
+    if status == 409 {
+        eprintln!("husk: sandbox {} is paused already", args.id);
+    } else if args.files_only {
+        eprintln!("husk: sandbox {} paused (its files saved to disk)", args.id);
+    } else {
+        eprintln!("husk: sandbox {} paused (frozen with its memory)", args.id);
+    }
+    Ok(0)
+}
+
+fn resume(args: ResumeArgs) -> Result<i32> {
+    let client = args.server.client()?;
+    let rt = client::runtime()?;
+    let body = match args.timeout {
+        Some(t) => serde_json::json!({"timeout": t}),
+        None => serde_json::json!({}),
+    };
+    let path = format!("/v2/sandboxes/{}/connect", args.id);
+    let (status, _) = rt.block_on(client.post_json(&path, &body))?;
+    if status == 201 {
+        eprintln!("husk: sandbox {} resumed", args.id);
+    } else {
+        eprintln!(
+            "husk: sandbox {} was running (its timeout is extended)",
+            args.id
+        );
+    }
+    Ok(0)
+}
+
+fn kill(args: IdArgs) -> Result<i32> {
+    let client = args.server.client()?;
+    let rt = client::runtime()?;
+    rt.block_on(client.delete(&format!("/sandboxes/{}", args.id)))?;
+    eprintln!("husk: sandbox {} killed", args.id);
+    Ok(0)
 }
 
 fn logs(args: LogsArgs) -> Result<i32> {

@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Concurrent sandboxes per team (a team's own quota, set with `husk key quota`, wins).
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_sandboxes: u32,
+    /// Paused sandboxes per team (in place and on disk together); they do not count against
+    /// --max-sandboxes.
+    #[arg(long, default_value_t = husk_core::manager::DEFAULT_PAUSED_QUOTA, value_name = "N")]
+    pub max_paused: u32,
     /// Memory for each sandbox's processes (its disk and /dev/shm, held in RAM, come on top).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     pub memory: String,
@@ -156,6 +160,7 @@ pub fn main(args: ServeArgs) -> i32 {
     let mut config = Config {
         default_quota: args.max_sandboxes,
         memory_reserve: args.memory_reserve,
+        paused_quota: args.max_paused,
         ..Config::default()
     };
     match (
@@ -202,6 +207,10 @@ pub fn main(args: ServeArgs) -> i32 {
             args.state_dir.join("templates"),
             run_dir.join("templates"),
             run_dir.join("images"),
+        ],
+        layer_roots: vec![
+            args.state_dir.join(husk_core::saved_layers::PAUSED_DIR),
+            args.state_dir.join(husk_core::saved_layers::SNAPSHOTS_DIR),
         ],
     };
     let spawner = match husk_runtime::service::start_confined(
@@ -414,6 +423,9 @@ async fn run(
         Err(e) => return fail(crate::report::chain(&e)),
     };
     manager.set_network(network, default_policy);
+    // Paused sandboxes' files are saved (and removed) by the files helper; those an earlier
+    // server left paused are taken up here.
+    manager.set_saved_layers(files.clone(), args.state_dir.clone());
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -497,7 +509,7 @@ async fn run(
             }
         }
         eprintln!(
-            "husk: stopping: destroying {} sandbox(es)",
+            "husk: stopping: destroying {} sandbox(es); those paused are kept on disk",
             shutdown_manager.count()
         );
         shutdown_manager.shutdown().await;

@@ -128,6 +128,33 @@ def rules_ca():
         s.kill()
 
 
+def pause():
+    """Pause and resume on a stock kernel: frozen in place (the cgroup's freezer, v1 or v2)
+    and saved to disk (the writable layer copied out by the files helper, then mounted again,
+    id-mapped, under a new sandbox with the same id)."""
+    s = Sandbox.create(timeout=600, **OPTS)
+    try:
+        s.files.write("/home/user/kept.txt", "before the pause")
+        s.commands.run("rm -f /tmp/gone; touch /tmp/gone; rm /tmp/gone; mkdir -p /tmp/d", user="root")
+        bg = s.commands.run("sleep 1000", background=True)
+        assert s.pause() is True, "pause() was refused"
+        assert Sandbox.get_info(s.sandbox_id, **OPTS).state.value == "paused"
+        Sandbox.connect(s.sandbox_id, **OPTS)
+        pids = [p.pid for p in s.commands.list()]
+        assert bg.pid in pids, f"the background command {bg.pid} is gone: {pids}"
+        assert s.pause(mode="filesystem") is True, "the filesystem pause was refused"
+        Sandbox.connect(s.sandbox_id, **OPTS)
+        got = s.files.read("/home/user/kept.txt")
+        assert got == "before the pause", repr(got)
+        r = s.commands.run("stat -c %U /home/user/kept.txt; test -d /tmp/d && echo dir")
+        assert r.stdout.split() == ["user", "dir"], repr(r.stdout)
+        old = [p.pid for p in s.commands.list() if "sleep 1000" in " ".join([p.cmd, *p.args])]
+        assert old == [], f"processes outlived a filesystem pause: {old}"
+        return "full and filesystem"
+    finally:
+        s.kill()
+
+
 def kill():
     sbx = state["sbx"]
     sbx.kill()
@@ -158,5 +185,6 @@ only_full("sdk-files", files, needs=["sdk-create"])
 only_full("sdk-template", template)
 only_full("sdk-10-at-once", ten_at_once)
 check("sdk-rules-ca", rules_ca, needs=["sdk-create"])
+check("sdk-pause", pause)
 check("sdk-kill", kill, needs=["sdk-create"])
 check("sdk-none-left", none_left)

@@ -130,13 +130,19 @@ def test_settings_husk_cannot_honour_are_refused_clearly(husk):
         ({"network": {"maskRequestHost": "has space"}}, "maskRequestHost"),
         ({"iam": {"tokens": {"aws": {"audience": "sts", "token_type": "JWT-SVID"}}}}, "iam"),
         ({"mcp": {"github": {"token": "x"}}}, "mcp"),
-        ({"autoResume": {"enabled": True}}, "autoResume"),
-        ({"autoPause": True}, "autoPause"),
+        # Auto-resume only with a pause at the timeout (a killed sandbox cannot resume).
+        ({"autoResume": {"enabled": True}}, "autoResume needs autoPause"),
+        ({"autoPause": True, "autoResume": {"enabled": "yes"}}, "autoResume.enabled"),
+        ({"autoPause": True, "autoResume": 3}, "autoResume"),
     ]:
         r = post_create(husk, body)
         assert r.status == 400 and words in r.text, (body, r.status, r.text)
     # What asks for nothing passes: an empty token map, a disabled resume.
-    for body in [{"iam": {"tokens": {}}}, {"autoResume": {"enabled": False}}]:
+    for body in [
+        {"iam": {"tokens": {}}},
+        {"autoResume": {"enabled": False}},
+        {"autoPause": True, "autoPauseMemory": False, "autoResume": {"enabled": True}},
+    ]:
         r = post_create(husk, body)
         assert r.status == 201, (body, r.status, r.text)
         Sandbox.kill(r.json()["sandboxID"], **husk.opts())

@@ -42,7 +42,6 @@ def test_team_quota_is_enforced_with_429(husk):
 
 def test_unsupported_features_answer_501_with_a_message(husk, sandbox):
     for method, path in [
-        ("POST", f"/sandboxes/{sandbox.sandbox_id}/pause"),
         ("POST", f"/sandboxes/{sandbox.sandbox_id}/fork"),
         ("POST", f"/sandboxes/{sandbox.sandbox_id}/snapshots"),
         ("PUT", f"/sandboxes/{sandbox.sandbox_id}/network"),

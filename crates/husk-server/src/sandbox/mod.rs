@@ -27,7 +27,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use husk_core::calls::User;
-use husk_core::manager::LiveSandbox;
+use husk_core::manager::{Credentials, Inactive, LiveSandbox};
 use serde_json::json;
 
 use crate::app::{AppState, SandboxTarget};
@@ -51,8 +51,21 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
     let Some(SandboxTarget { id, port }) = req.extensions().get::<SandboxTarget>().cloned() else {
         return sandbox_not_found("");
     };
-    let Some(sb) = state.manager.get_any(&id) else {
-        return sandbox_not_found(&id);
+    // A paused sandbox with auto-resume wakes for a request that would be let in once it
+    // runs (never for one that would not: naming it must not be enough).
+    let headers = req.headers().clone();
+    let sb = match state
+        .manager
+        .active(&id, |c| wakes(&headers, port, c))
+        .await
+    {
+        Ok(sb) => sb,
+        Err(Inactive::NotFound) => return sandbox_not_found(&id),
+        Err(Inactive::Paused) => return sandbox_paused(&id),
+        Err(Inactive::ResumeFailed(e)) => {
+            tracing::warn!(sandbox = %id, error = %husk_core::error_chain(&e), "auto-resume failed");
+            return crate::error::answer(e);
+        }
     };
     if sb.is_gone() {
         return sandbox_not_found(&id);
@@ -96,6 +109,39 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
         }
         (_, p) => no_such_endpoint(p),
     }
+}
+
+/// Whether a request to `port` of a paused sandbox carries what would let it in: the access
+/// token for the in-sandbox API, the access or traffic token for the code interpreter, and for
+/// the sandbox's own servers the traffic token unless they are public.
+fn wakes(headers: &axum::http::HeaderMap, port: u16, c: &Credentials<'_>) -> bool {
+    use subtle::ConstantTimeEq;
+    let traffic = || {
+        headers
+            .get_all(ingress::TRAFFIC_TOKEN_HEADER)
+            .iter()
+            .any(|v| bool::from(v.as_bytes().ct_eq(c.traffic_access_token.as_bytes())))
+    };
+    let access = || access_token_ok(headers, Some(c.access_token));
+    match port {
+        ENVD_PORT => access(),
+        interpreter::PORT => access() || traffic(),
+        _ => c.public_traffic || traffic(),
+    }
+}
+
+/// The answer for a paused sandbox that a request may not wake: a 502 as for a sandbox that
+/// does not run (the SDKs then report it not running), saying it is paused.
+fn sandbox_paused(id: &str) -> Response {
+    let body = json!({
+        "sandboxId": id,
+        "message": format!(
+            "The sandbox {id} is paused: resume it with Sandbox.connect(), or create it with \
+             auto-resume"
+        ),
+        "code": 502,
+    });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
 }
 
 /// Shared by the services: the sandbox as an `Arc`.
