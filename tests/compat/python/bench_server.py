@@ -18,6 +18,8 @@ Prints, from one run against one server it starts itself:
   network namespace of the benchmark's own, only its loopback up; removed at the end, and by
   tests/compat/netsim/reaper.py if this process dies), creates interleaved with the first
   server's (egress off): create -> agent ready server side and client side, and the ratios;
+- pause and resume in each mode, idle and loaded (files and memory), beside freezing a cgroup
+  directly and copying the same bytes to disk (the floors);
 - the code interpreter, on a third server with the `base` and `code-interpreter` presets built
   (shared layer cache) and the stock e2b-code-interpreter SDK: `Sandbox.create()` + first
   `run_code("1+1")`; `run_code("1+1")` in a ready sandbox beside the same ipykernel driven
@@ -707,6 +709,106 @@ def abuse(n: int, connections: int) -> None:
         server.close()
 
 
+def pause_resume(server, n: int, loaded_mb: int) -> None:
+    """Pause and resume (issue 19), through the SDK: an idle sandbox and one holding
+    `loaded_mb` MiB of files (in /home/user) and as much memory (a process that holds it), in
+    each mode. Resume is `Sandbox.connect()` and, for a filesystem pause, the first command
+    after it (the sandbox boots again). The peers: freezing and thawing the same kind of
+    cgroup directly (the floor of a full pause), and copying the same bytes from tmpfs to the
+    state directory's disk with a sync (the floor of a filesystem pause)."""
+    opts = server.opts()
+    print(f"pause and resume (n={n}; loaded: {loaded_mb} MiB of files + {loaded_mb} MiB of memory)")
+    def load(sbx) -> None:
+        sbx.commands.run(f"head -c {loaded_mb}M /dev/urandom > /home/user/blob")
+        hold = (f"python3 -c 'import time; b = bytearray({loaded_mb} << 20); "
+                "b[::4096] = b\"x\" * len(b[::4096]); time.sleep(1e6)'")
+        sbx.commands.run(hold, background=True)
+        # The memory is taken once the process has touched every page.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rss = sbx.commands.run("ps -o rss= -C python3 || true").stdout.split()
+            if rss and int(rss[0]) >= (loaded_mb << 10) * 9 // 10:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the memory holder did not take its memory")
+
+    for loaded in (False, True):
+        what = "loaded" if loaded else "idle"
+        # Full: one sandbox paused and resumed n times (each pause freezes it all again).
+        sbx = Sandbox.create(timeout=3600, **opts)
+        try:
+            if loaded:
+                load(sbx)
+            pauses, resumes, firsts = [], [], []
+            for _ in range(n):
+                pauses.append(timed(lambda: sbx.pause()))
+                resumes.append(timed(lambda: Sandbox.connect(sbx.sandbox_id, **opts)))
+                firsts.append(timed(lambda: sbx.commands.run("true")))
+            line(f"full pause, {what}", pauses)
+            line(f"full resume (connect), {what}", resumes)
+            line("  first command after it", firsts)
+        finally:
+            sbx.kill()
+        # Filesystem: a fresh sandbox each time, so that every pause copies all it holds (a
+        # second pause of the same sandbox copies only what changed since it resumed).
+        pauses, resumes, firsts = [], [], []
+        for _ in range(max(3, n // 4)):
+            sbx = Sandbox.create(timeout=3600, **opts)
+            try:
+                if loaded:
+                    load(sbx)
+                pauses.append(timed(lambda: sbx.pause(mode="filesystem")))
+                resumes.append(timed(lambda: Sandbox.connect(sbx.sandbox_id, **opts)))
+                firsts.append(timed(lambda: sbx.commands.run("true")))
+            finally:
+                sbx.kill()
+        line(f"filesystem pause, {what}", pauses)
+        line(f"filesystem resume (connect), {what}", resumes)
+        line("  first command after it", firsts)
+    # The peers, on this host.
+    cg = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.procs").exists() \
+        else Path("/sys/fs/cgroup")
+    peer = cg / f"husk-bench-freeze-{os.getpid()}"
+    peer.mkdir()
+    child = subprocess.Popen(["sleep", "1000"])
+    try:
+        (peer / "cgroup.procs").write_text(str(child.pid))
+
+        def set_frozen(v: str) -> None:
+            (peer / "cgroup.freeze").write_text(v)
+            want = f"frozen {v}"
+            while want not in (peer / "cgroup.events").read_text():
+                time.sleep(0.0001)
+
+        freezes = [timed(lambda: set_frozen("1")) + timed(lambda: set_frozen("0")) for _ in range(n)]
+        line("peer: cgroup freeze + thaw, one process", freezes)
+    finally:
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                peer.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+    src = Path("/dev/shm") / f"husk-bench-{os.getpid()}"
+    dst = server.state_dir / f"bench-copy-{os.getpid()}"
+    try:
+        with open(src, "wb") as f:
+            f.write(os.urandom(loaded_mb << 20))
+        copies = []
+        for _ in range(max(3, n // 4)):
+            copies.append(timed(lambda: (shutil.copyfile(src, dst), os.sync())))
+            dst.unlink()
+        line(f"peer: copy {loaded_mb} MiB tmpfs -> state dir + sync", copies)
+    finally:
+        src.unlink(missing_ok=True)
+        dst.unlink(missing_ok=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
@@ -715,7 +817,8 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
     ap.add_argument("--abuse-connections", type=int, default=2000)
-    ap.add_argument("--only", choices=["abuse", "main", "hops"],
+    ap.add_argument("--loaded-mb", type=int, default=256)
+    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs)")
@@ -730,6 +833,9 @@ def main() -> None:
         key = server.admin_key
         opts = server.opts(api_key=key)
         print(f"husk serve benchmark ({server.bin}), stock e2b {importlib.metadata.version('e2b')}")
+        if args.only == "pause":
+            pause_resume(server, args.iterations, args.loaded_mb)
+            return
         raw_creates(server.port, key, args.iterations)
         keyed_request_latency(server.port, key, args.iterations * 5)
         sdk_create_first_command(opts, args.iterations)
@@ -747,6 +853,7 @@ def main() -> None:
         run_round_trip(server, max(5, args.iterations // 4))
         batch_walls(server, args.batch_items)
         network_vs_none(server, args.iterations)
+        pause_resume(server, max(5, args.iterations // 4), args.loaded_mb)
         code_interpreter(max(5, args.iterations // 4))
     finally:
         server.close()

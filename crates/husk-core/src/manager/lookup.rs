@@ -223,22 +223,6 @@ impl Manager {
         Ok(())
     }
 
-    /// Connecting extends the timeout to `timeout` from now, never shortens it.
-    pub fn connect(
-        &self,
-        who: &Principal,
-        id: &str,
-        timeout: Duration,
-    ) -> Result<Arc<LiveSandbox>, CoreError> {
-        let sb = self.get(who, id)?;
-        let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
-        if end > sb.end_at() {
-            sb.set_end_at(end);
-            let _ = self.store.update_sandbox_end(id, end);
-        }
-        Ok(sb)
-    }
-
     /// How many sandboxes are alive.
     pub fn count(&self) -> usize {
         read(&self.sandboxes).len()

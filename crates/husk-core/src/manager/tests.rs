@@ -169,7 +169,9 @@ async fn another_team_cannot_see_or_touch_a_sandbox() {
     assert!(not_found(m.kill(&b, id).await));
     assert!(not_found(m.set_timeout(&b, id, Duration::from_secs(1))));
     assert!(not_found(
-        m.connect(&b, id, Duration::from_secs(3600)).map(|_| ())
+        m.resume(&b, id, Some(Duration::from_secs(3600)))
+            .await
+            .map(|_| ())
     ));
     assert!(not_found(
         m.metrics(&b, id, TimeRange::default()).await.map(|_| ())
@@ -218,6 +220,11 @@ async fn a_sandbox_ends_at_its_timeout() {
             .await,
         "not destroyed at its timeout"
     );
+    // The record goes right after the host's destroy returns.
+    let end = std::time::Instant::now() + DEADLINE;
+    while records(&m) != 0 && std::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!((m.count(), records(&m)), (0, 0));
 }
 
@@ -251,12 +258,18 @@ async fn connecting_extends_the_timeout_but_never_shortens_it() {
     let a = team("a");
     let sb = m.create(&a, req()).await.unwrap();
     let end = sb.end_at();
-    m.connect(&a, &sb.id, Duration::from_secs(1)).unwrap();
+    let resumed = |r: Result<(Arc<super::LiveSandbox>, bool), CoreError>| r.unwrap().1;
+    assert!(!resumed(
+        m.resume(&a, &sb.id, Some(Duration::from_secs(1))).await
+    ));
     assert_eq!(sb.end_at(), end);
-    m.connect(&a, &sb.id, Duration::from_secs(3600)).unwrap();
+    assert!(!resumed(
+        m.resume(&a, &sb.id, Some(Duration::from_secs(3600))).await
+    ));
     assert!(sb.end_at() > end);
     // Clamped to the server's maximum.
-    m.connect(&a, &sb.id, Duration::from_secs(u32::MAX as u64))
+    m.resume(&a, &sb.id, Some(Duration::from_secs(u32::MAX as u64)))
+        .await
         .unwrap();
     let max = time::OffsetDateTime::now_utc() + m.max_timeout();
     assert!(sb.end_at() <= max);
