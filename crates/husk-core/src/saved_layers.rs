@@ -58,6 +58,12 @@ pub trait SavedLayers: Send + Sync + 'static {
 
     /// Removes layer `layer` of `sandbox`, or (`None`) every layer of it.
     fn drop_layers(&self, sandbox: &str, layer: Option<&str>) -> Result<(), LayerError>;
+
+    /// Removes every saved layer but the `(sandbox, layer)` pairs in `keep` (an empty layer
+    /// name keeps all of the sandbox's), and what a copy cut short left: what a server that
+    /// stopped without removing its sandboxes' layers left behind. Called when no sandbox
+    /// runs. Returns how many were removed.
+    fn prune(&self, keep: &[(String, String)]) -> Result<u64, LayerError>;
 }
 
 /// `STATE_DIR/paused/<sandbox>/<layer>`: the path sandboxes get in their spec.
@@ -196,6 +202,58 @@ pub mod host {
         }
     }
 
+    /// [`super::SavedLayers::prune`] in the helper. Only names that are sandbox ids and layer
+    /// names (or a copy's temporary name) are removed: nothing else lives here.
+    pub fn prune(state_dir: &Path, keep: &[(String, String)]) -> Result<u64, LayerError> {
+        let paused = state_dir.join(PAUSED_DIR);
+        let entries = match fs::read_dir(&paused) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(LayerError::Host(format!("{}: {e}", paused.display()))),
+        };
+        let mut removed = 0;
+        let remove = |p: &Path| match fs::remove_dir_all(p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(LayerError::Host(format!("{}: {e}", p.display())))
+            }
+            _ => Ok(()),
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if check_sandbox(&name).is_err() {
+                continue;
+            }
+            let kept: Vec<&str> = keep
+                .iter()
+                .filter(|(s, _)| *s == name)
+                .map(|(_, l)| l.as_str())
+                .collect();
+            if kept.is_empty() {
+                remove(&e.path())?;
+                removed += 1;
+                continue;
+            }
+            if kept.contains(&"") {
+                continue;
+            }
+            let Ok(layers) = fs::read_dir(e.path()) else {
+                continue;
+            };
+            for l in layers.flatten() {
+                let lname = l.file_name().to_string_lossy().into_owned();
+                let ours = check_layer(&lname).is_ok()
+                    || lname
+                        .strip_prefix(".tmp-")
+                        .is_some_and(|n| check_layer(n).is_ok());
+                if ours && !kept.contains(&lname.as_str()) {
+                    remove(&l.path())?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// [`super::SavedLayers::drop_layers`] in the helper.
     pub fn drop_layers(
         state_dir: &Path,
@@ -223,6 +281,54 @@ pub mod host {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prune_keeps_what_is_named_and_only_removes_its_own_names() {
+        let dir = std::env::temp_dir().join(format!(
+            "husk-prune-{}-{}",
+            std::process::id(),
+            new_layer_name().unwrap()
+        ));
+        let paused = dir.join(PAUSED_DIR);
+        let (l1, l2, l3) = (
+            new_layer_name().unwrap(),
+            new_layer_name().unwrap(),
+            new_layer_name().unwrap(),
+        );
+        for p in [
+            format!("keep1/{l1}/home"),
+            format!("keep1/{l2}"),
+            format!("keep1/.tmp-{l3}"),
+            format!("gone1/{l1}"),
+            "Not-An-Id/x".to_owned(),
+            "keep1/not-a-layer".to_owned(),
+        ] {
+            std::fs::create_dir_all(paused.join(p)).unwrap();
+        }
+        let keep = vec![("keep1".to_owned(), l1.clone())];
+        let removed = host::prune(&dir, &keep);
+        let left = |p: &str| paused.join(p).exists();
+        let state = (
+            left(&format!("keep1/{l1}/home")),
+            left(&format!("keep1/{l2}")),
+            left(&format!("keep1/.tmp-{l3}")),
+            left("gone1"),
+            left("Not-An-Id/x"),
+            left("keep1/not-a-layer"),
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(removed.unwrap(), 3);
+        assert_eq!(state, (true, false, false, false, true, true));
+        // Nothing there: nothing to do.
+        assert_eq!(host::prune(&dir, &keep).unwrap(), 0);
+        // A sandbox kept whole (its record could not be read): none of its layers go.
+        std::fs::create_dir_all(paused.join(format!("whole/{l2}"))).unwrap();
+        let whole = vec![("whole".to_owned(), String::new())];
+        let kept =
+            host::prune(&dir, &whole).map(|n| (n, paused.join(format!("whole/{l2}")).exists()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(kept.unwrap(), (0, true));
+    }
 
     #[test]
     fn names_are_checked_before_they_become_paths() {

@@ -263,6 +263,17 @@ impl crate::saved_layers::SavedLayers for FakeLayers {
             .retain(|(s, l)| !(s == sandbox && layer.is_none_or(|x| x == l)));
         Ok(())
     }
+
+    fn prune(&self, keep: &[(String, String)]) -> Result<u64, crate::saved_layers::LayerError> {
+        let mut layers = self.layers.lock().unwrap();
+        let before = layers.len();
+        // An empty layer name keeps all of the sandbox's.
+        layers.retain(|(s, l)| {
+            keep.iter()
+                .any(|(ks, kl)| ks == s && (kl == l || kl.is_empty()))
+        });
+        Ok((before - layers.len()) as u64)
+    }
 }
 
 /// The agent's side of the protocol, as much of it as the core's own logic uses.

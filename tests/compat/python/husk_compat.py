@@ -213,12 +213,19 @@ def remove_state_dir(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def start_server(startup_timeout: float = 30, extra_args: Tuple[str, ...] = ()) -> HuskServer:
+def start_server(
+    startup_timeout: float = 30,
+    extra_args: Tuple[str, ...] = (),
+    state_dir: Optional[Path] = None,
+) -> HuskServer:
+    """A new server; with `state_dir`, on an earlier server's state (a restart), which the
+    returned server's close() removes as its own."""
     binary = husk_binary()
     # No sandbox egress unless the caller sets one up (never the host's routing in tests).
     if not any(a.startswith("--egress") for a in extra_args):
         extra_args = (*extra_args, "--egress", "off")
-    state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
+    if state_dir is None:
+        state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
     log_path = state_dir.parent / f"{state_dir.name}.log"
     log = open(log_path, "wb")
     try:

@@ -724,3 +724,72 @@ def test_husk_cli_lists_pauses_resumes_and_kills(sandbox_factory, husk):
     assert r.returncode == 0, r.stderr
     r = cli("resume", sbx.sandbox_id)
     assert r.returncode != 0 and "not found" in r.stderr, r.stderr
+
+
+# --- a restart of the server ------------------------------------------------------------------
+
+
+def test_sandboxes_paused_to_disk_survive_a_restart_of_the_server():
+    """SIGTERM, then a new server on the same state directory: a sandbox paused to disk comes
+    back as it was (id, token, metadata, envs, files); one paused in place was saved to disk at
+    the stop (its files kept, its processes not); a running one is gone. Then a SIGKILL: what
+    was paused to disk survives that too. Nothing is left after the kills."""
+    from husk_compat import start_server
+
+    first = start_server()
+    servers = [first]
+    try:
+        opts = first.opts()
+        disk = Sandbox.create(timeout=300, metadata={"k": "v"}, envs={"E": "1"}, **opts)
+        disk.files.write("/home/user/r", "kept")
+        resident = Sandbox.create(timeout=300, **opts)
+        resident.files.write("/home/user/r2", "kept too")
+        old = resident.commands.run("sleep 1234", background=True)
+        running = Sandbox.create(timeout=300, **opts)
+        assert disk.pause(mode="filesystem") is True
+        assert resident.pause() is True
+        state_dir = first.state_dir
+        assert first.stop() == 0, first.log_tail()
+
+        second = start_server(state_dir=state_dir)
+        servers.append(second)
+        opts = second.opts()
+        assert listed(opts, states=[SandboxState.PAUSED]) == {
+            disk.sandbox_id: SandboxState.PAUSED,
+            resident.sandbox_id: SandboxState.PAUSED,
+        }
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect(running.sandbox_id, **opts)
+        back = Sandbox.connect(disk.sandbox_id, **opts)
+        assert back.get_info().metadata == {"k": "v"}
+        assert back.files.read("/home/user/r") == "kept"
+        assert back.commands.run("echo $E").stdout == "1\n"
+        # The access token is the one the first server gave.
+        assert back._envd_access_token == disk._envd_access_token
+        back2 = Sandbox.connect(resident.sandbox_id, **opts)
+        assert back2.files.read("/home/user/r2") == "kept too"
+        procs = [" ".join([p.cmd, *p.args]) for p in back2.commands.list()]
+        assert not any("sleep 1234" in p for p in procs), procs
+        assert old.pid  # it was a real process before the stop
+
+        # Paused to disk again, then the server is killed outright.
+        assert back.pause(mode="filesystem") is True
+        second.proc.kill()
+        second.proc.wait(timeout=30)
+        third = start_server(state_dir=state_dir)
+        servers.append(third)
+        opts = third.opts()
+        again = Sandbox.connect(disk.sandbox_id, **opts)
+        assert again.files.read("/home/user/r") == "kept"
+        assert again.kill() is True
+        assert Sandbox.kill(resident.sandbox_id, **opts) is False  # it ran, so it died
+        leftovers = list((state_dir / "paused").iterdir()) if (state_dir / "paused").exists() else []
+        assert leftovers == [], leftovers
+    finally:
+        # Each stops its own process; the last one removes the shared state directory.
+        for s in servers[:-1]:
+            try:
+                s.stop()
+            except Exception:
+                pass
+        servers[-1].close()

@@ -85,7 +85,29 @@ impl Manager {
     /// `state_dir`. Also takes up the sandboxes an earlier server left paused there.
     pub fn set_saved_layers(&self, layers: Arc<dyn SavedLayers>, state_dir: PathBuf) {
         let _ = self.layer_store.set(LayerStore { layers, state_dir });
-        self.load_dormant();
+        // Without the records, nothing can be told apart: nothing is removed.
+        if let Ok(unread) = self.load_dormant() {
+            self.prune_layers(unread);
+        }
+    }
+
+    /// Removes the saved layers no paused sandbox needs: those a sandbox booted on and
+    /// kept until it was killed, when the server that ran it stopped without killing it
+    /// (a crash), and copies cut short. Called at start, while no sandbox runs.
+    fn prune_layers(&self, unread: Vec<String>) {
+        let Some(store) = self.layer_store.get() else {
+            return;
+        };
+        let keep: Vec<(String, String)> = read(&self.dormant)
+            .values()
+            .map(|d| (d.description.id.clone(), d.description.layer.clone()))
+            .chain(unread.into_iter().map(|id| (id, String::new())))
+            .collect();
+        match store.layers.prune(&keep) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "removed saved files no paused sandbox needs"),
+            Err(e) => tracing::warn!(error = %e, "could not prune saved files"),
+        }
     }
 
     fn layer_store(&self) -> Result<&LayerStore, CoreError> {
@@ -106,14 +128,16 @@ impl Manager {
     /// The sandboxes paused to disk that the store holds (an earlier server's): each is
     /// taken up as it was. One whose description cannot be read is left in the store and
     /// reported (a newer husk wrote it, say), never deleted.
-    fn load_dormant(&self) {
+    /// Returns the ids of the records it could not read (their files are kept whole).
+    fn load_dormant(&self) -> Result<Vec<String>, ()> {
         let records = match self.store.saved_sandboxes() {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the paused sandboxes");
-                return;
+                return Err(());
             }
         };
+        let mut unread = Vec::new();
         let mut map = write(&self.dormant);
         for r in records {
             match Description::from_record(&r) {
@@ -127,13 +151,15 @@ impl Manager {
                     );
                 }
                 Err(e) => {
-                    tracing::warn!(sandbox = %r.id, error = %e, "cannot take up a paused sandbox")
+                    tracing::warn!(sandbox = %r.id, error = %e, "cannot take up a paused sandbox");
+                    unread.push(r.id.clone());
                 }
             }
         }
         if !map.is_empty() {
             tracing::info!(count = map.len(), "took up sandboxes paused to disk");
         }
+        Ok(unread)
     }
 
     /// A dormant sandbox of `who`'s team.

@@ -236,8 +236,34 @@ async fn a_record_from_another_version_is_reported_and_kept() {
     let m2 = Manager::new(f.store.clone(), f.host.clone(), Config::default()).unwrap();
     m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
     assert!(m2.view(&team("a"), "abc").is_err());
-    // Never deleted: a newer husk may still read it.
+    // Never deleted: a newer husk may still read it; its files are kept whole.
     assert_eq!(f.store.saved_sandboxes().unwrap().len(), 1);
+    f.layers
+        .layers
+        .lock()
+        .unwrap()
+        .push(("abc".into(), "0123456789abcdef".into()));
+    m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
+    assert_eq!(f.layers.layers.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn at_start_layers_no_paused_sandbox_needs_are_removed() {
+    let f = fixture(10, 10);
+    let a = team("a");
+    let sb = f.m.create(&a, req()).await.unwrap();
+    f.m.pause(&a, &sb.id, PauseMode::Filesystem).await.unwrap();
+    // A sandbox resumed on its layer, then lost with its server (no kill removed its layer).
+    f.layers
+        .layers
+        .lock()
+        .unwrap()
+        .push(("lost".into(), "0123456789abcdef".into()));
+    let m2 = Manager::new(f.store.clone(), f.host.clone(), Config::default()).unwrap();
+    m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
+    let left = f.layers.layers.lock().unwrap().clone();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].0, sb.id);
 }
 
 #[tokio::test]

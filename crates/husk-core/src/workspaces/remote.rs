@@ -150,6 +150,10 @@ pub enum FilesRequest {
         sandbox: String,
         layer: Option<String>,
     },
+    /// Remove every saved layer but these (sandbox, layer) pairs.
+    PruneLayers {
+        keep: Vec<(String, String)>,
+    },
 }
 
 /// The files helper's answers.
@@ -175,6 +179,7 @@ pub enum FilesReply {
     Outputs(String),
     NotSaved(SaveError),
     Captured(crate::saved_layers::Captured),
+    Pruned(u64),
     /// A layer could not be saved or removed: the message, and whether the sandbox was the
     /// cause (gone, or without a layer of its own) rather than the host.
     LayerFailed {
@@ -936,6 +941,17 @@ impl crate::saved_layers::SavedLayers for RemoteWorkspaces {
             )),
         }
     }
+
+    fn prune(&self, keep: &[(String, String)]) -> Result<u64, crate::saved_layers::LayerError> {
+        match self.layer_call(FilesRequest::PruneLayers {
+            keep: keep.to_vec(),
+        })? {
+            FilesReply::Pruned(n) => Ok(n),
+            other => Err(crate::saved_layers::LayerError::Host(
+                unexpected(&other).to_string(),
+            )),
+        }
+    }
 }
 
 /// What the helper serves from.
@@ -964,9 +980,9 @@ fn answer(
     sock: BorrowedFd<'_>,
 ) -> (FilesReply, Option<OwnedFd>) {
     let (reply, fd) = match req {
-        FilesRequest::CaptureLayer { .. } | FilesRequest::DropLayers { .. } => {
-            (layers(served, req), None)
-        }
+        FilesRequest::CaptureLayer { .. }
+        | FilesRequest::DropLayers { .. }
+        | FilesRequest::PruneLayers { .. } => (layers(served, req), None),
         req => handle(&served.ws, served.roots.as_ref(), req, fd, sock),
     };
     (bounded(reply), fd)
@@ -1003,6 +1019,7 @@ fn layers_in(
         FilesRequest::DropLayers { sandbox, layer } => {
             host::drop_layers(state_dir, &sandbox, layer.as_deref()).map(|()| FilesReply::Unit)
         }
+        FilesRequest::PruneLayers { keep } => host::prune(state_dir, &keep).map(FilesReply::Pruned),
         _ => Err(LayerError::Unavailable),
     };
     done.unwrap_or_else(|e| FilesReply::LayerFailed {
@@ -1157,7 +1174,7 @@ fn handle(
             None,
         ),
         // Answered by `layers` (they need the state directory, not the workspaces).
-        Q::CaptureLayer { .. } | Q::DropLayers { .. } => (
+        Q::CaptureLayer { .. } | Q::DropLayers { .. } | Q::PruneLayers { .. } => (
             R::Failed(Failure::new(
                 FailureKind::Internal,
                 "layer requests are not workspace requests",
@@ -1249,7 +1266,9 @@ pub mod fuzzing {
             }
             // Layer requests against the scratch state directory (no spawner: a capture
             // answers that it cannot; a removal checks its names, then removes there).
-            FilesRequest::CaptureLayer { .. } | FilesRequest::DropLayers { .. } => {
+            FilesRequest::CaptureLayer { .. }
+            | FilesRequest::DropLayers { .. }
+            | FilesRequest::PruneLayers { .. } => {
                 drop((r, w));
                 let state_dir = ws.dir.parent().map(Path::to_path_buf);
                 (layers_in(state_dir.as_deref(), None, req.clone()), None)
