@@ -537,6 +537,9 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
 #[serde(default)]
 struct TimeoutBody {
     timeout: Option<i64>,
+    /// On connect: `false` resumes a paused sandbox by booting it again on its files (E2B's
+    /// `on_resume="reboot"`) rather than restoring its memory.
+    memory: Option<bool>,
 }
 
 async fn connect(
@@ -546,9 +549,10 @@ async fn connect(
     body: Bytes,
 ) -> Answer {
     let req: TimeoutBody = parse_body(&body)?;
+    let reboot = req.memory == Some(false);
     let (sb, resumed) = state
         .manager
-        .resume(&who, &id, Some(timeout_secs(req.timeout)?))
+        .resume(&who, &id, Some(timeout_secs(req.timeout)?), reboot)
         .await
         .map_err(answer)?;
     // 201 when it was paused and now runs again, as E2B answers.
@@ -611,7 +615,7 @@ async fn resume(
     }
     let (sb, _) = state
         .manager
-        .resume(&who, &id, Some(timeout_secs(req.timeout)?))
+        .resume(&who, &id, Some(timeout_secs(req.timeout)?), false)
         .await
         .map_err(answer)?;
     Ok((

@@ -793,3 +793,15 @@ def test_sandboxes_paused_to_disk_survive_a_restart_of_the_server():
             except Exception:
                 pass
         servers[-1].close()
+
+
+def test_on_resume_reboot_boots_a_sandbox_paused_in_place_on_its_files(sandbox_factory, opts):
+    sbx = sandbox_factory(timeout=120)
+    sbx.files.write("/home/user/f", "kept")
+    sbx.commands.run("sleep 4321", background=True)
+    assert sbx.pause() is True
+    back = Sandbox.connect(sbx.sandbox_id, on_resume="reboot", **opts)
+    assert back.files.read("/home/user/f") == "kept"
+    procs = [" ".join([p.cmd, *p.args]) for p in back.commands.list()]
+    assert not any("sleep 4321" in p for p in procs), procs
+    assert back.get_info().state == SandboxState.RUNNING

@@ -237,6 +237,9 @@ impl Manager {
         policy: husk_net::NetPolicy,
         rules: crate::net_rules::NetRules,
     ) -> Result<(), CoreError> {
+        if self.dormant(&who.team, id).is_some() {
+            return Err(CoreError::Paused(id.to_string()));
+        }
         let sb = self.get(who, id)?;
         let Some(net) = &sb.net else {
             if policy == husk_net::NetPolicy::None && rules.is_empty() {

@@ -140,6 +140,10 @@ impl Manager {
         id: &str,
         range: TimeRange,
     ) -> Result<Vec<Metrics>, CoreError> {
+        // Paused to disk: it has no figures while it does not exist (E2B's are empty too).
+        if self.dormant(&who.team, id).is_some() {
+            return Ok(Vec::new());
+        }
         let sb = self.get(who, id)?;
         let now = OffsetDateTime::now_utc();
         let start = range.start.unwrap_or(sb.started_at()).max(sb.started_at());

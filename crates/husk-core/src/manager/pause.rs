@@ -330,14 +330,28 @@ impl Manager {
 
     /// Connects to a sandbox of `who`'s team, resuming it if it is paused (its timeout then
     /// `timeout` from now, else the one it was created with); for a running one the timeout
-    /// is extended to `timeout` from now, never shortened. Returns whether it was resumed.
+    /// is extended to `timeout` from now, never shortened. With `reboot`, a sandbox paused in
+    /// place is booted again on its files instead of thawed (E2B's `on_resume="reboot"`).
+    /// Returns whether it was resumed.
     pub async fn resume(
         self: &Arc<Self>,
         who: &Principal,
         id: &str,
         timeout: Option<Duration>,
+        reboot: bool,
     ) -> Result<(Arc<LiveSandbox>, bool), CoreError> {
         if let Ok(sb) = self.get(who, id) {
+            if sb.is_paused() && reboot {
+                {
+                    let _transition = sb.transition.lock().await;
+                    if sb.is_paused() {
+                        self.save_to_disk(&sb, PauseMode::Full).await?;
+                    }
+                }
+                if let Some(d) = self.dormant(&who.team, id) {
+                    return self.resume_from_disk(who, d, timeout).await;
+                }
+            }
             if sb.is_paused() {
                 let resumed = self.resume_in_place(&sb, timeout).await?;
                 return Ok((sb, resumed));

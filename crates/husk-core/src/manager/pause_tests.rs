@@ -122,7 +122,7 @@ async fn a_full_pause_freezes_in_place_and_a_resume_thaws() {
         Err(Inactive::Paused)
     ));
     let (again, resumed) =
-        f.m.resume(&a, &sb.id, Some(Duration::from_secs(60)))
+        f.m.resume(&a, &sb.id, Some(Duration::from_secs(60)), false)
             .await
             .unwrap();
     assert!(resumed);
@@ -131,7 +131,7 @@ async fn a_full_pause_freezes_in_place_and_a_resume_thaws() {
     let left = sb.end_at() - time::OffsetDateTime::now_utc();
     assert!(left > time::Duration::seconds(55) && left <= time::Duration::seconds(60));
     // Connecting to a running sandbox resumes nothing.
-    let (_, resumed) = f.m.resume(&a, &sb.id, None).await.unwrap();
+    let (_, resumed) = f.m.resume(&a, &sb.id, None, false).await.unwrap();
     assert!(!resumed);
 }
 
@@ -162,7 +162,7 @@ async fn a_filesystem_pause_saves_destroys_and_boots_the_same_sandbox_again() {
     );
     // Resumed: a new sandbox on the host, with the same id and credentials, booted on the
     // saved layer, with what it was created with.
-    let (back, resumed) = f.m.resume(&a, &id, None).await.unwrap();
+    let (back, resumed) = f.m.resume(&a, &id, None, false).await.unwrap();
     assert!(resumed);
     assert_eq!(
         (back.id.as_str(), back.access_token.as_str()),
@@ -218,7 +218,7 @@ async fn a_sandbox_paused_to_disk_outlives_its_manager() {
         m2.view(&team("b"), &id),
         Err(CoreError::NotFound(_))
     ));
-    let (back, resumed) = m2.resume(&a, &id, None).await.unwrap();
+    let (back, resumed) = m2.resume(&a, &id, None, false).await.unwrap();
     assert!(resumed);
     assert_eq!(back.id, id);
 }
@@ -285,12 +285,12 @@ async fn paused_sandboxes_have_their_own_quota() {
     ));
     // Resuming the first would make two running.
     assert!(matches!(
-        f.m.resume(&a, &first.id, None).await,
+        f.m.resume(&a, &first.id, None, false).await,
         Err(CoreError::QuotaExceeded { .. })
     ));
     assert!(first.is_paused());
     f.m.kill(&a, &second.id).await.unwrap();
-    assert!(f.m.resume(&a, &first.id, None).await.unwrap().1);
+    assert!(f.m.resume(&a, &first.id, None, false).await.unwrap().1);
 }
 
 #[tokio::test]
@@ -304,7 +304,7 @@ async fn another_team_cannot_pause_resume_or_see_a_paused_sandbox() {
     ));
     f.m.pause(&a, &sb.id, PauseMode::Filesystem).await.unwrap();
     assert!(matches!(
-        f.m.resume(&b, &sb.id, None).await,
+        f.m.resume(&b, &sb.id, None, false).await,
         Err(CoreError::NotFound(_))
     ));
     assert!(matches!(
@@ -401,4 +401,25 @@ async fn at_shutdown_a_sandbox_paused_in_place_is_saved_to_disk() {
     assert_eq!(saved[0].id, sb.id);
     assert!(f.host.live().is_empty());
     assert!(f.m.get(&a, &running.id).is_err());
+}
+
+#[tokio::test]
+async fn a_reboot_boots_a_sandbox_paused_in_place_again_on_its_files() {
+    let f = fixture(10, 10);
+    let a = team("a");
+    let sb = f.m.create(&a, req()).await.unwrap();
+    f.m.pause(&a, &sb.id, PauseMode::Full).await.unwrap();
+    let (back, resumed) = f.m.resume(&a, &sb.id, None, true).await.unwrap();
+    assert!(resumed);
+    assert_eq!(back.id, sb.id);
+    assert_eq!(back.access_token, sb.access_token);
+    // A new sandbox on the host, on the layer saved from the old one, which is gone.
+    assert_ne!(back.runtime_id, sb.runtime_id);
+    assert_eq!(f.host.destroyed(), vec![sb.runtime_id.clone()]);
+    assert_eq!(f.host.specs().last().unwrap().layers.len(), 1);
+    assert!(!back.is_paused());
+    // A reboot of a running sandbox is a plain connect.
+    let (same, resumed) = f.m.resume(&a, &sb.id, None, true).await.unwrap();
+    assert!(!resumed);
+    assert!(Arc::ptr_eq(&same, &back));
 }

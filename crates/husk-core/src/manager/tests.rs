@@ -169,7 +169,7 @@ async fn another_team_cannot_see_or_touch_a_sandbox() {
     assert!(not_found(m.kill(&b, id).await));
     assert!(not_found(m.set_timeout(&b, id, Duration::from_secs(1))));
     assert!(not_found(
-        m.resume(&b, id, Some(Duration::from_secs(3600)))
+        m.resume(&b, id, Some(Duration::from_secs(3600)), false)
             .await
             .map(|_| ())
     ));
@@ -260,17 +260,24 @@ async fn connecting_extends_the_timeout_but_never_shortens_it() {
     let end = sb.end_at();
     let resumed = |r: Result<(Arc<super::LiveSandbox>, bool), CoreError>| r.unwrap().1;
     assert!(!resumed(
-        m.resume(&a, &sb.id, Some(Duration::from_secs(1))).await
+        m.resume(&a, &sb.id, Some(Duration::from_secs(1)), false)
+            .await
     ));
     assert_eq!(sb.end_at(), end);
     assert!(!resumed(
-        m.resume(&a, &sb.id, Some(Duration::from_secs(3600))).await
+        m.resume(&a, &sb.id, Some(Duration::from_secs(3600)), false)
+            .await
     ));
     assert!(sb.end_at() > end);
     // Clamped to the server's maximum.
-    m.resume(&a, &sb.id, Some(Duration::from_secs(u32::MAX as u64)))
-        .await
-        .unwrap();
+    m.resume(
+        &a,
+        &sb.id,
+        Some(Duration::from_secs(u32::MAX as u64)),
+        false,
+    )
+    .await
+    .unwrap();
     let max = time::OffsetDateTime::now_utc() + m.max_timeout();
     assert!(sb.end_at() <= max);
 }
