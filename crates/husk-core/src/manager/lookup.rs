@@ -198,6 +198,10 @@ impl Manager {
         if self.kill_dormant(&who.team, id).await {
             return Ok(());
         }
+        // A resume under way when the kill came has made it live meanwhile.
+        if self.get(who, id).is_ok() && self.remove(id).await {
+            return Ok(());
+        }
         Err(CoreError::NotFound(id.to_string()))
     }
 

@@ -53,12 +53,10 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
     };
     // A paused sandbox with auto-resume wakes for a request that would be let in once it
     // runs (never for one that would not: naming it must not be enough).
-    let headers = req.headers().clone();
-    let sb = match state
-        .manager
-        .active(&id, |c| wakes(&headers, port, c))
-        .await
-    {
+    // Only the two credentials are kept for the check (the request itself cannot be held
+    // across the resume: its body is not `Sync`).
+    let creds = credentials_of(req.headers());
+    let sb = match state.manager.active(&id, |c| wakes(&creds, port, c)).await {
         Ok(sb) => sb,
         Err(Inactive::NotFound) => return sandbox_not_found(&id),
         Err(Inactive::Paused) => return sandbox_paused(&id),
@@ -115,6 +113,7 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
 /// token for the in-sandbox API, the access or traffic token for the code interpreter, and for
 /// the sandbox's own servers the traffic token unless they are public.
 fn wakes(headers: &axum::http::HeaderMap, port: u16, c: &Credentials<'_>) -> bool {
+    // (`headers` holds only the two credentials, see `credentials_of`.)
     use subtle::ConstantTimeEq;
     let traffic = || {
         headers
@@ -128,6 +127,20 @@ fn wakes(headers: &axum::http::HeaderMap, port: u16, c: &Credentials<'_>) -> boo
         interpreter::PORT => access() || traffic(),
         _ => c.public_traffic || traffic(),
     }
+}
+
+/// The request's access and traffic tokens, alone.
+fn credentials_of(headers: &axum::http::HeaderMap) -> axum::http::HeaderMap {
+    let mut out = axum::http::HeaderMap::new();
+    for name in [
+        crate::envd::auth::ACCESS_TOKEN_HEADER,
+        ingress::TRAFFIC_TOKEN_HEADER,
+    ] {
+        for v in headers.get_all(name) {
+            out.append(name, v.clone());
+        }
+    }
+    out
 }
 
 /// The answer for a paused sandbox that a request may not wake: a 502 as for a sandbox that
