@@ -805,3 +805,31 @@ def test_on_resume_reboot_boots_a_sandbox_paused_in_place_on_its_files(sandbox_f
     procs = [" ".join([p.cmd, *p.args]) for p in back.commands.list()]
     assert not any("sleep 4321" in p for p in procs), procs
     assert back.get_info().state == SandboxState.RUNNING
+
+
+def test_pause_and_resume_without_a_valid_key_say_nothing(sandbox, husk, opts):
+    bad = {"X-API-KEY": "e2b_" + "0" * 40}
+    for path in [
+        f"/sandboxes/{sandbox.sandbox_id}/pause",
+        f"/sandboxes/{sandbox.sandbox_id}/resume",
+        f"/v2/sandboxes/{sandbox.sandbox_id}/connect",
+    ]:
+        for headers in (bad, {}):
+            r = http_request(husk.port, "POST", path, headers, b"{}")
+            assert r.status == 401, (path, r.status, r.text)
+    assert state_of(sandbox.sandbox_id, opts) == SandboxState.RUNNING
+
+
+def test_malformed_pause_and_resume_bodies_are_refused_and_change_nothing(sandbox, husk, opts):
+    key = {"X-API-KEY": husk.admin_key}
+    for path, body in [
+        (f"/sandboxes/{sandbox.sandbox_id}/pause", b'{"memory": "no"}'),
+        (f"/sandboxes/{sandbox.sandbox_id}/pause", b"{not json"),
+        (f"/v2/sandboxes/{sandbox.sandbox_id}/connect", b'{"timeout": -5}'),
+        (f"/v2/sandboxes/{sandbox.sandbox_id}/connect", b'{"memory": 3}'),
+    ]:
+        r = http_request(husk.port, "POST", path, key, body)
+        assert r.status == 400, (path, body, r.status, r.text)
+        assert r.json()["message"], r.text
+    assert state_of(sandbox.sandbox_id, opts) == SandboxState.RUNNING
+    assert sandbox.commands.run("echo ok").stdout == "ok\n"
