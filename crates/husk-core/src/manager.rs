@@ -157,6 +157,8 @@ pub struct Config {
     pub memory_reserve: u64,
     /// Paused sandboxes per team (in place and on disk together).
     pub paused_quota: u32,
+    /// How long a sandbox may stay paused before it is killed; `None`: until killed.
+    pub paused_retention: Option<Duration>,
 }
 
 impl Default for Config {
@@ -167,6 +169,7 @@ impl Default for Config {
             limits: Limits::default(),
             memory_reserve: DEFAULT_MEMORY_RESERVE,
             paused_quota: DEFAULT_PAUSED_QUOTA,
+            paused_retention: None,
         }
     }
 }

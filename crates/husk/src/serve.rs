@@ -31,6 +31,10 @@ pub struct ServeArgs {
     /// --max-sandboxes.
     #[arg(long, default_value_t = husk_core::manager::DEFAULT_PAUSED_QUOTA, value_name = "N")]
     pub max_paused: u32,
+    /// Kill sandboxes paused for longer than this (checked every minute) [default: never:
+    /// paused sandboxes stay until killed].
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration)]
+    pub paused_retention: Option<std::time::Duration>,
     /// Memory for each sandbox's processes (its disk and /dev/shm, held in RAM, come on top).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     pub memory: String,
@@ -161,6 +165,7 @@ pub fn main(args: ServeArgs) -> i32 {
         default_quota: args.max_sandboxes,
         memory_reserve: args.memory_reserve,
         paused_quota: args.max_paused,
+        paused_retention: args.paused_retention,
         ..Config::default()
     };
     match (
@@ -495,6 +500,7 @@ async fn run(
         });
     tokio::spawn(prune_records(manager.store_arc(), args.record_retention));
     manager.spawn_metrics_sampler();
+    manager.spawn_paused_expiry();
     let shutdown_manager = manager.clone();
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failed_in_stop = failed.clone();

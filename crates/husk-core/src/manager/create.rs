@@ -297,6 +297,7 @@ impl Manager {
             timeout,
             base_layer,
             paused: std::sync::atomic::AtomicBool::new(false),
+            paused_at: Mutex::new(None),
             transition: tokio::sync::Mutex::new(()),
         });
         let record = SandboxRecord {

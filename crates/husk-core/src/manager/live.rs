@@ -75,6 +75,8 @@ pub struct LiveSandbox {
     pub(super) base_layer: Option<String>,
     /// Frozen in place: a pause that keeps its processes and memory.
     pub(super) paused: std::sync::atomic::AtomicBool,
+    /// When it was paused in place (for the operator's retention).
+    pub(super) paused_at: Mutex<Option<OffsetDateTime>>,
     /// Held while it is being paused or resumed, so that two never cross.
     pub(super) transition: tokio::sync::Mutex<()>,
 }

@@ -245,6 +245,8 @@ impl Manager {
                     .await
                     .map_err(|e| CoreError::internal("the pause task", e))?
                     .map_err(|e| CoreError::internal("freezing the sandbox", e))?;
+                *sb.paused_at.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(OffsetDateTime::now_utc());
                 sb.paused.store(true, Ordering::Release);
                 // The supervisor stops counting its timeout.
                 sb.timeout_changed.notify_one();
@@ -507,6 +509,62 @@ impl Manager {
         if let Ok(Err(e)) = res {
             tracing::warn!(error = %e, "removing a sandbox's saved files failed");
         }
+    }
+
+    /// Kills the sandboxes paused for longer than the operator's retention (paused in place
+    /// or on disk). Returns how many.
+    pub async fn expire_paused(&self) -> usize {
+        let Some(keep) = self.config.paused_retention else {
+            return 0;
+        };
+        let before = OffsetDateTime::now_utc() - keep;
+        let resident: Vec<String> = read(&self.sandboxes)
+            .values()
+            .filter(|s| {
+                s.is_paused()
+                    && s.paused_at
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .is_some_and(|t| t < before)
+            })
+            .map(|s| s.id.clone())
+            .collect();
+        let dormant: Vec<(String, String)> = read(&self.dormant)
+            .values()
+            .filter(|d| d.description.paused_at() < before)
+            .map(|d| (d.description.team.clone(), d.description.id.clone()))
+            .collect();
+        let mut n = 0;
+        for id in resident {
+            if self.remove(&id).await {
+                n += 1;
+            }
+        }
+        for (team, id) in dormant {
+            if self.kill_dormant(&team, &id).await {
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!(count = n, "killed sandboxes paused beyond the retention");
+        }
+        n
+    }
+
+    /// Checks the retention every minute until the manager is dropped.
+    pub fn spawn_paused_expiry(self: &Arc<Self>) {
+        if self.config.paused_retention.is_none() {
+            return;
+        }
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                let Some(m) = manager.upgrade() else { return };
+                m.expire_paused().await;
+            }
+        });
     }
 
     /// At the server's stop: sandboxes paused in place are saved to disk (their memory cannot

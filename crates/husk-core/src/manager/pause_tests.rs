@@ -423,3 +423,47 @@ async fn a_reboot_boots_a_sandbox_paused_in_place_again_on_its_files() {
     assert!(!resumed);
     assert!(Arc::ptr_eq(&same, &back));
 }
+
+#[tokio::test]
+async fn paused_sandboxes_beyond_the_retention_are_killed() {
+    let store = Arc::new(Store::open_in_memory().unwrap());
+    let host = FakeHost::new();
+    let layers = Arc::new(FakeLayers::default());
+    let m = Manager::new(
+        store.clone(),
+        host.clone(),
+        Config {
+            memory_reserve: 0,
+            paused_retention: Some(Duration::from_millis(300)),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    m.set_saved_layers(layers.clone(), "/var/lib/husk-test".into());
+    let a = team("a");
+    let (resident, on_disk, running) = (
+        m.create(&a, req()).await.unwrap(),
+        m.create(&a, req()).await.unwrap(),
+        m.create(&a, req()).await.unwrap(),
+    );
+    m.pause(&a, &resident.id, PauseMode::Full).await.unwrap();
+    m.pause(&a, &on_disk.id, PauseMode::Filesystem)
+        .await
+        .unwrap();
+    // Not yet.
+    assert_eq!(m.expire_paused().await, 0);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(m.expire_paused().await, 2);
+    assert!(matches!(
+        m.view(&a, &resident.id),
+        Err(CoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        m.view(&a, &on_disk.id),
+        Err(CoreError::NotFound(_))
+    ));
+    assert!(layers.layers.lock().unwrap().is_empty());
+    assert!(store.saved_sandboxes().unwrap().is_empty());
+    // A running sandbox is no paused one, however old.
+    assert!(m.get(&a, &running.id).is_ok());
+}

@@ -72,7 +72,13 @@ impl Description {
             team: sb.team.clone(),
             template: sb.template.clone(),
             started_at: nanos(sb.started_at),
-            paused_at: nanos(OffsetDateTime::now_utc()),
+            // A sandbox paused in place and saved at the server's stop keeps its pause time.
+            paused_at: nanos(
+                sb.paused_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or_else(OffsetDateTime::now_utc),
+            ),
             timeout_secs: sb.timeout.as_secs(),
             metadata: sb.metadata.clone(),
             env: sb.env.clone(),
