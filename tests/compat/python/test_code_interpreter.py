@@ -636,3 +636,20 @@ def test_java(ci_sandbox_factory):
     assert ctx.language == "java"
     r = sbx.run_code("x", context=ctx)
     assert r.error is not None and r.error.name == "CompilationException", r
+
+
+def test_a_full_pause_keeps_the_kernels_state_and_a_filesystem_pause_starts_it_again(ci_husk, ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    assert sbx.run_code("x = 41; open('/home/user/nb.txt', 'w').write('saved')").error is None
+    assert sbx.pause() is True
+    Sandbox.connect(sbx.sandbox_id, **ci_husk.opts())
+    # Frozen and thawed: the kernel's variables are still there.
+    r = sbx.run_code("x + 1")
+    assert r.error is None and r.text == "42", (r.error, r.text)
+    assert sbx.pause(mode="filesystem") is True
+    Sandbox.connect(sbx.sandbox_id, **ci_husk.opts())
+    # Booted again: the template's kernel starts afresh, the files are the sandbox's.
+    r = sbx.run_code("print(open('/home/user/nb.txt').read())")
+    assert r.error is None and r.logs.stdout == ["saved\n"], (r.error, r.logs)
+    r = sbx.run_code("x")
+    assert r.error is not None and r.error.name == "NameError", r.error
