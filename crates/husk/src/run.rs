@@ -232,8 +232,12 @@ impl Config {
             .transpose()
             .map_err(|e| anyhow!("--timeout: {e}"))?;
         spec.timeout = timeout;
-        // Nothing to copy in: the command may start the moment the sandbox is ready.
-        spec.autostart = a.copies.is_empty();
+        // Nothing to copy in: the command may start the moment the sandbox is ready. Not with a
+        // network: its services (the resolver, the proxy, the denial log's NFLOG binding) start
+        // only once the sandbox exists (they start threads, which the fork must not see), and a
+        // command that ran before them would have its first refusals go unlogged (a race that
+        // lost `--net`'s denial reports about one run in three).
+        spec.autostart = a.copies.is_empty() && a.job.net.is_empty();
         if spec.tty {
             spec.tty_size = husk_runtime::pty::window_size(io::stdout().as_fd())
                 .or_else(|| husk_runtime::pty::window_size(io::stdin().as_fd()));
