@@ -20,22 +20,23 @@ pub const MAX_RULES_PER_HOST: usize = 16;
 const SECRET_PLACEHOLDER: &str = "${e2b.secrets.";
 
 /// One rule: headers set, in order.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
     /// Names as written (shown back so); values with their placeholders.
     pub headers: Vec<(String, String)>,
 }
 
 /// The rules for one host, as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostRules {
     /// Normalized (lowercase, no trailing dot).
     pub host: String,
     pub rules: Vec<Rule>,
 }
 
-/// All of a sandbox's rules, as written.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// All of a sandbox's rules, as written (kept so by a paused sandbox's description; checked
+/// again, by [`NetRules::new`], when it is read back).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NetRules {
     pub hosts: Vec<HostRules>,
 }

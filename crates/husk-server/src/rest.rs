@@ -522,11 +522,7 @@ async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> An
     let sb = state.manager.create(&who, create).await.map_err(answer)?;
     // How long the server took from the request to a ready agent (the benchmark reads it).
     let timing = format!("create;dur={:.3}", started.elapsed().as_secs_f64() * 1000.0);
-    let mut resp = (
-        StatusCode::CREATED,
-        axum::Json(sandbox_json(&sb, domain(&state))),
-    )
-        .into_response();
+    let mut resp = sandbox_answer(&state, StatusCode::CREATED, &sb);
     if let Ok(v) = HeaderValue::from_str(&timing) {
         resp.headers_mut().insert("server-timing", v);
     }
@@ -561,19 +557,20 @@ async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, axum::Json(sandbox_json(&sb, domain(&state)))).into_response())
+    Ok(sandbox_answer(&state, status, &sb))
+}
+
+/// A `Sandbox` answer (create, connect, resume).
+fn sandbox_answer(state: &AppState, status: StatusCode, sb: &LiveSandbox) -> Response {
+    (status, axum::Json(sandbox_json(sb, domain(state)))).into_response()
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct PauseBody {
-    /// `false`: keep only the files (E2B's `mode="filesystem"`).
+    /// `false`: keep only the files (E2B's `mode="filesystem"`). (`requireHealthyGuest` is
+    /// left unread: husk's agent answers while its sandbox runs, and a frozen one is paused.)
     memory: Option<bool>,
-    /// Refuse when the agent does not answer (husk's agent answers while the sandbox runs,
-    /// and a frozen one is paused already).
-    #[serde(rename = "requireHealthyGuest")]
-    #[allow(dead_code)]
-    require_healthy_guest: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already.
@@ -606,8 +603,7 @@ async fn resume(
     body: Bytes,
 ) -> Answer {
     let req: TimeoutBody = parse_body(&body)?;
-    let view = state.manager.view(&who, &id).map_err(answer)?;
-    if view.paused.is_none() {
+    if !state.manager.is_paused(&who, &id).map_err(answer)? {
         return Err(error(
             StatusCode::CONFLICT,
             format!("sandbox {id} is already running"),
@@ -618,11 +614,7 @@ async fn resume(
         .resume(&who, &id, Some(timeout_secs(req.timeout)?), false)
         .await
         .map_err(answer)?;
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(sandbox_json(&sb, domain(&state))),
-    )
-        .into_response())
+    Ok(sandbox_answer(&state, StatusCode::CREATED, &sb))
 }
 
 async fn set_timeout(

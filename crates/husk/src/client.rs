@@ -170,36 +170,37 @@ impl Client {
         &self,
         path: &str,
     ) -> Result<(Vec<serde_json::Value>, Option<String>)> {
-        let resp = self
-            .request(reqwest::Method::GET, path)
-            .timeout(REQUEST_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| self.send_error(e))?;
-        let resp = check(resp).await?;
+        let resp = self.get_ok(path).await?;
         let next = resp
             .headers()
             .get("x-next-token")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
-        let list = serde_json::from_slice(&bytes)
-            .with_context(|| format!("unexpected answer from the server to GET {path}"))?;
-        Ok((list, next))
+        Ok((self.json_of(resp, path).await?, next))
     }
 
-    /// GETs a JSON answer.
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+    /// A GET answered 2xx (an error with the server's message otherwise).
+    async fn get_ok(&self, path: &str) -> Result<reqwest::Response> {
         let resp = self
             .request(reqwest::Method::GET, path)
             .timeout(REQUEST_TIMEOUT)
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
-        let resp = check(resp).await?;
+        check(resp).await
+    }
+
+    /// The JSON body of a GET's answer.
+    async fn json_of<T: DeserializeOwned>(&self, resp: reqwest::Response, path: &str) -> Result<T> {
         let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
         serde_json::from_slice(&bytes)
             .with_context(|| format!("unexpected answer from the server to GET {path}"))
+    }
+
+    /// GETs a JSON answer.
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let resp = self.get_ok(path).await?;
+        self.json_of(resp, path).await
     }
 
     /// POSTs a JSON body; the answer's status and JSON body (none when empty) for 2xx and

@@ -94,13 +94,8 @@ pub struct IdArgs {
 pub struct LogsArgs {
     /// The sandbox's id.
     pub id: String,
-    /// The husk server [default: $HUSK_SERVER, else http://127.0.0.1:3000]. The key comes
-    /// from HUSK_API_KEY, else E2B_API_KEY, else STATE_DIR/admin.key.
-    #[arg(long, value_name = "URL")]
-    pub server: Option<String>,
-    /// State directory holding the admin key [default: /var/lib/husk].
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: ServerFlags,
     /// Print the records as JSON.
     #[arg(long)]
     pub json: bool,
@@ -231,7 +226,7 @@ fn kill(args: IdArgs) -> Result<i32> {
 }
 
 fn logs(args: LogsArgs) -> Result<i32> {
-    let client = Client::from_flags(args.server.as_deref(), args.state_dir.as_deref())?;
+    let client = args.server.client()?;
     let rt = client::runtime()?;
     let path = format!("/husk/v1/sandboxes/{}/denials", args.id);
     if args.json {

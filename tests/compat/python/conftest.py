@@ -10,8 +10,9 @@ import warnings
 from typing import Callable, List, Tuple
 
 import pytest
+import pytest_asyncio
 
-from e2b import Sandbox
+from e2b import AsyncSandbox, Sandbox
 
 from husk_compat import (
     CODE_INTERPRETER_PRESETS,
@@ -210,5 +211,26 @@ def ci_cleanup_ids(ci_husk: HuskServer):
     for sandbox_id in ids:
         try:
             Sandbox.kill(sandbox_id, **ci_husk.opts())
+        except Exception:
+            pass
+
+
+# Async sandboxes with the stock AsyncSandbox, killed in teardown pass or fail (test_async.py,
+# test_pause_async.py).
+@pytest_asyncio.fixture
+async def asbx_factory(husk):
+    made = []
+
+    async def make(api_key=None, **kwargs) -> AsyncSandbox:
+        key = api_key or husk.admin_key
+        kwargs.setdefault("timeout", 120)
+        sbx = await AsyncSandbox.create(**kwargs, **husk.opts(api_key=key))
+        made.append((sbx.sandbox_id, key))
+        return sbx
+
+    yield make
+    for sandbox_id, key in made:
+        try:
+            await AsyncSandbox.kill(sandbox_id, **husk.opts(api_key=key))
         except Exception:
             pass

@@ -3,6 +3,7 @@ deadline, and plain-HTTP access to the server for the tests that look below the 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import http.client
 import json
@@ -58,6 +59,18 @@ def wait_for(
         if time.monotonic() >= end:
             raise Deadline(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+async def await_for(check, timeout: float, what: str, interval: float = 0.1):
+    """Async twin of husk_compat.wait_for: awaits `check()` until truthy or the deadline."""
+    end = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def unique(prefix: str = "t") -> str:

@@ -27,40 +27,9 @@ from e2b import (
     TimeoutException,
 )
 
-from husk_compat import fetch_url, unique
+from husk_compat import await_for, fetch_url, unique
 
 WRONG_KEY = "e2b_" + "f" * 40
-
-
-async def await_for(check, timeout: float, what: str, interval: float = 0.1):
-    """Async twin of husk_compat.wait_for: awaits `check()` until truthy or the deadline."""
-    end = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-@pytest_asyncio.fixture
-async def asbx_factory(husk):
-    made = []
-
-    async def make(api_key=None, **kwargs) -> AsyncSandbox:
-        key = api_key or husk.admin_key
-        kwargs.setdefault("timeout", 120)
-        sbx = await AsyncSandbox.create(**kwargs, **husk.opts(api_key=key))
-        made.append((sbx.sandbox_id, key))
-        return sbx
-
-    yield make
-    for sandbox_id, key in made:
-        try:
-            await AsyncSandbox.kill(sandbox_id, **husk.opts(api_key=key))
-        except Exception:
-            pass
 
 
 @pytest_asyncio.fixture

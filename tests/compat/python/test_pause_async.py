@@ -4,12 +4,9 @@ auto-resume, and errors (killed sandboxes, another team, kill of a paused sandbo
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import time
 
 import pytest
-import pytest_asyncio
 
 from e2b import (
     AsyncSandbox,
@@ -19,40 +16,9 @@ from e2b import (
     SandboxState,
 )
 
-from husk_compat import unique
+from husk_compat import await_for, unique
 
 SHORT = 10
-
-
-async def await_for(check, timeout: float, what: str, interval: float = 0.1):
-    """Async twin of husk_compat.wait_for: awaits `check()` until truthy or the deadline."""
-    end = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-@pytest_asyncio.fixture
-async def asbx_factory(husk):
-    made = []
-
-    async def make(api_key=None, **kwargs) -> AsyncSandbox:
-        key = api_key or husk.admin_key
-        kwargs.setdefault("timeout", 120)
-        sbx = await AsyncSandbox.create(**kwargs, **husk.opts(api_key=key))
-        made.append((sbx.sandbox_id, key))
-        return sbx
-
-    yield make
-    for sandbox_id, key in made:
-        try:
-            await AsyncSandbox.kill(sandbox_id, **husk.opts(api_key=key))
-        except Exception:
-            pass
 
 
 async def listed(opts, tag=None, states=None) -> dict:

@@ -23,6 +23,27 @@ pub struct ListFilter {
     pub paused: bool,
 }
 
+impl ListFilter {
+    /// Whether a sandbox with these properties is listed (checked before its view is made).
+    fn admits(
+        &self,
+        paused: bool,
+        metadata: &BTreeMap<String, String>,
+        template: &str,
+        started_at: OffsetDateTime,
+    ) -> bool {
+        // Neither state asked for: both.
+        let state_ok = (self.running == self.paused) || (self.paused == paused);
+        state_ok
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| metadata.get(k) == Some(v))
+            && self.template.as_deref().is_none_or(|t| t == template)
+            && self.started_after.is_none_or(|t| started_at > t)
+    }
+}
+
 /// What a client sees of a sandbox, running or paused: its info and list entries.
 #[derive(Debug, Clone)]
 pub struct SandboxView {
@@ -89,35 +110,12 @@ impl SandboxView {
             metadata: d.metadata.clone(),
             allow_internet_access: d.allow_internet_access,
             network: d.network.clone().unwrap_or(husk_net::NetPolicy::None),
-            net_rules: d.net_rules(),
+            net_rules: d.rules.clone(),
             public_traffic: d.public_traffic,
             mask_request_host: d.mask_request_host.clone(),
-            workspaces: d
-                .workspaces
-                .iter()
-                .map(|(name, path, writable)| WorkspaceMount {
-                    name: name.clone(),
-                    path: path.clone(),
-                    writable: *writable,
-                })
-                .collect(),
+            workspaces: d.workspaces.clone(),
             lifecycle: d.lifecycle,
         }
-    }
-
-    fn matches(&self, filter: &ListFilter) -> bool {
-        let state_ok = match (filter.running, filter.paused) {
-            (false, false) | (true, true) => true,
-            (true, false) => self.paused.is_none(),
-            (false, true) => self.paused.is_some(),
-        };
-        state_ok
-            && filter
-                .metadata
-                .iter()
-                .all(|(k, v)| self.metadata.get(k) == Some(v))
-            && filter.template.as_ref().is_none_or(|t| &self.template == t)
-            && filter.started_after.is_none_or(|t| self.started_at > t)
     }
 }
 
@@ -144,25 +142,6 @@ impl Manager {
         read(&self.sandboxes).values().cloned().collect()
     }
 
-    /// The team's sandboxes matching `filter`, oldest first.
-    pub fn list(&self, who: &Principal, filter: &ListFilter) -> Vec<Arc<LiveSandbox>> {
-        let mut v: Vec<Arc<LiveSandbox>> = read(&self.sandboxes)
-            .values()
-            .filter(|s| s.team == who.team)
-            .filter(|s| {
-                filter
-                    .metadata
-                    .iter()
-                    .all(|(k, v)| s.metadata.get(k) == Some(v))
-            })
-            .filter(|s| filter.template.as_ref().is_none_or(|t| &s.template == t))
-            .filter(|s| filter.started_after.is_none_or(|t| s.started_at > t))
-            .cloned()
-            .collect();
-        v.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
-        v
-    }
-
     /// A sandbox of `who`'s team as its info shows it, running or paused.
     pub fn view(&self, who: &Principal, id: &str) -> Result<SandboxView, CoreError> {
         if let Ok(sb) = self.get(who, id) {
@@ -178,14 +157,18 @@ impl Manager {
         let mut v: Vec<SandboxView> = read(&self.sandboxes)
             .values()
             .filter(|s| s.team == who.team)
+            .filter(|s| filter.admits(s.is_paused(), &s.metadata, &s.template, s.started_at))
             .map(|s| SandboxView::of_live(s))
-            .chain(
-                self.dormant_of(&who.team)
-                    .iter()
-                    .map(|d| SandboxView::of_dormant(d)),
-            )
-            .filter(|s| s.matches(filter))
             .collect();
+        v.extend(
+            self.dormant_of(&who.team)
+                .iter()
+                .filter(|d| {
+                    let d = d.description();
+                    filter.admits(true, &d.metadata, &d.template, d.started_at())
+                })
+                .map(|d| SandboxView::of_dormant(d)),
+        );
         v.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
         v
     }
@@ -212,15 +195,13 @@ impl Manager {
         id: &str,
         timeout: Duration,
     ) -> Result<(), CoreError> {
-        let sb = match self.get(who, id) {
-            Ok(sb) if !sb.is_paused() => sb,
-            Ok(_) => return Err(CoreError::Paused(id.to_string())),
-            Err(e) if self.dormant(&who.team, id).is_some() => {
-                drop(e);
-                return Err(CoreError::Paused(id.to_string()));
-            }
-            Err(e) => return Err(e),
-        };
+        if self.dormant(&who.team, id).is_some() {
+            return Err(CoreError::Paused(id.to_string()));
+        }
+        let sb = self.get(who, id)?;
+        if sb.is_paused() {
+            return Err(CoreError::Paused(id.to_string()));
+        }
         let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout);
         sb.set_end_at(end);
         let _ = self.store.update_sandbox_end(id, end);

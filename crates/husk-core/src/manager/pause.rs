@@ -170,18 +170,21 @@ impl Manager {
             .cloned()
     }
 
-    /// The team's dormant sandboxes, oldest first.
+    /// The team's dormant sandboxes.
     pub(super) fn dormant_of(&self, team: &str) -> Vec<Arc<Dormant>> {
-        let mut v: Vec<Arc<Dormant>> = read(&self.dormant)
+        read(&self.dormant)
             .values()
             .filter(|d| d.description.team == team)
             .cloned()
-            .collect();
-        v.sort_by(|a, b| {
-            (a.description.started_at, &a.description.id)
-                .cmp(&(b.description.started_at, &b.description.id))
-        });
-        v
+            .collect()
+    }
+
+    /// Whether a sandbox of `who`'s team is paused (in place or on disk).
+    pub fn is_paused(&self, who: &Principal, id: &str) -> Result<bool, CoreError> {
+        if self.dormant(&who.team, id).is_some() {
+            return Ok(true);
+        }
+        self.get(who, id).map(|sb| sb.is_paused())
     }
 
     /// How many sandboxes of `team` are paused (in place or on disk).

@@ -7,14 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::tests::{team, DEADLINE};
 use super::{
     Config, CoreError, CreateRequest, Inactive, Lifecycle, ListFilter, Manager, OnTimeout,
     PauseMode, Paused,
 };
-use crate::store::{Principal, Store};
+use crate::store::Store;
 use crate::testing::{FakeHost, FakeLayers};
-
-const DEADLINE: Duration = Duration::from_secs(10);
 
 struct Fixture {
     m: Arc<Manager>,
@@ -24,34 +23,25 @@ struct Fixture {
 }
 
 fn fixture(quota: u32, paused_quota: u32) -> Fixture {
+    fixture_with(Config {
+        default_quota: quota,
+        paused_quota,
+        memory_reserve: 0,
+        ..Config::default()
+    })
+}
+
+fn fixture_with(config: Config) -> Fixture {
     let store = Arc::new(Store::open_in_memory().unwrap());
     let host = FakeHost::new();
     let layers = Arc::new(FakeLayers::default());
-    let m = Manager::new(
-        store.clone(),
-        host.clone(),
-        Config {
-            default_quota: quota,
-            paused_quota,
-            memory_reserve: 0,
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let m = Manager::new(store.clone(), host.clone(), config).unwrap();
     m.set_saved_layers(layers.clone(), "/var/lib/husk-test".into());
     Fixture {
         m,
         host,
         layers,
         store,
-    }
-}
-
-fn team(name: &str) -> Principal {
-    Principal {
-        team: name.into(),
-        key_id: format!("key-of-{name}"),
-        admin: false,
     }
 }
 
@@ -426,20 +416,13 @@ async fn a_reboot_boots_a_sandbox_paused_in_place_again_on_its_files() {
 
 #[tokio::test]
 async fn paused_sandboxes_beyond_the_retention_are_killed() {
-    let store = Arc::new(Store::open_in_memory().unwrap());
-    let host = FakeHost::new();
-    let layers = Arc::new(FakeLayers::default());
-    let m = Manager::new(
-        store.clone(),
-        host.clone(),
-        Config {
-            memory_reserve: 0,
-            paused_retention: Some(Duration::from_millis(300)),
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    m.set_saved_layers(layers.clone(), "/var/lib/husk-test".into());
+    let Fixture {
+        m, layers, store, ..
+    } = fixture_with(Config {
+        memory_reserve: 0,
+        paused_retention: Some(Duration::from_millis(300)),
+        ..Config::default()
+    });
     let a = team("a");
     let (resident, on_disk, running) = (
         m.create(&a, req()).await.unwrap(),

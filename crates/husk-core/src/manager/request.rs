@@ -89,7 +89,7 @@ impl MaskedHost {
 }
 
 /// A team's workspace mounted into a sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkspaceMount {
     /// The workspace's name.
     pub name: String,

@@ -11,14 +11,11 @@ use time::OffsetDateTime;
 
 use super::{CoreError, CreateRequest, EnvVars, Lifecycle, LiveSandbox, MaskedHost, PauseMode};
 use super::{Identity, WorkspaceMount};
-use crate::net_rules::{HostRules, NetRules, Rule};
+use crate::net_rules::NetRules;
 use crate::store::SavedSandboxRecord;
 
 /// The description's format; bump on a change old readers cannot take (and read the old one).
 pub const DESCRIPTION_VERSION: u32 = 1;
-
-/// Header rules as saved: host, then each rule's headers (name, value as written).
-pub type SavedRules = Vec<(String, Vec<Vec<(String, String)>>)>;
 
 /// A sandbox kept on disk while paused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,11 +34,11 @@ pub struct Description {
     /// As created (secrets as `husk-secret://` references, never their values).
     pub env: Vec<(String, String)>,
     pub limits: Limits,
-    pub workspaces: Vec<(String, String, bool)>,
+    pub workspaces: Vec<WorkspaceMount>,
     /// Its egress policy; `None`: it had no link out.
     pub network: Option<husk_net::NetPolicy>,
-    /// Header rules as written (placeholders, not secrets): host, then each rule's headers.
-    pub rules: SavedRules,
+    /// Header rules as written (placeholders, not secrets).
+    pub rules: NetRules,
     pub allow_internet_access: Option<bool>,
     pub public_traffic: bool,
     pub mask_request_host: Option<String>,
@@ -83,18 +80,9 @@ impl Description {
             metadata: sb.metadata.clone(),
             env: sb.env.clone(),
             limits: sb.limits.clone(),
-            workspaces: sb
-                .workspaces
-                .iter()
-                .map(|w| (w.name.clone(), w.path.clone(), w.writable))
-                .collect(),
+            workspaces: sb.workspaces.clone(),
             network: sb.net.as_ref().map(|n| n.policy()),
-            rules: sb
-                .net_rules()
-                .hosts
-                .into_iter()
-                .map(|h| (h.host, h.rules.into_iter().map(|r| r.headers).collect()))
-                .collect(),
+            rules: sb.net_rules(),
             allow_internet_access: sb.allow_internet_access,
             public_traffic: sb.public_traffic,
             mask_request_host: sb.mask_request_host.as_ref().map(|m| m.as_str().to_owned()),
@@ -153,21 +141,12 @@ impl Description {
     pub fn request(&self) -> Result<CreateRequest, CoreError> {
         let bad =
             |what: &str, e: String| CoreError::internal(format!("the saved sandbox's {what}"), e);
+        // Checked again as a client's rules are: the description is read from disk.
         let rules = if self.rules.is_empty() {
             None
         } else {
-            let hosts = self
-                .rules
-                .iter()
-                .map(|(host, rules)| {
-                    let rules = rules
-                        .iter()
-                        .map(|headers| Rule {
-                            headers: headers.clone(),
-                        })
-                        .collect();
-                    (host.clone(), rules)
-                })
+            let hosts = (self.rules.hosts.iter())
+                .map(|h| (h.host.clone(), h.rules.clone()))
                 .collect();
             Some(NetRules::new(hosts).map_err(|e| bad("network rules", e.to_string()))?)
         };
@@ -177,15 +156,7 @@ impl Description {
             metadata: self.metadata.clone(),
             env: EnvVars::new(self.env.clone()).map_err(|e| bad("environment", e.to_string()))?,
             allow_internet_access: self.allow_internet_access,
-            workspaces: self
-                .workspaces
-                .iter()
-                .map(|(name, path, writable)| WorkspaceMount {
-                    name: name.clone(),
-                    path: path.clone(),
-                    writable: *writable,
-                })
-                .collect(),
+            workspaces: self.workspaces.clone(),
             limits: Some(self.limits.clone()),
             network: self.network.clone(),
             allow_public_traffic: Some(self.public_traffic),
@@ -208,20 +179,6 @@ impl Description {
             traffic_access_token: self.traffic_access_token.clone(),
             started_at: self.started_at(),
             layer: self.layer.clone(),
-        }
-    }
-
-    /// Its header rules as written.
-    pub fn net_rules(&self) -> NetRules {
-        NetRules {
-            hosts: self
-                .rules
-                .iter()
-                .map(|(host, rules)| HostRules {
-                    host: host.clone(),
-                    rules: rules.iter().map(|h| Rule { headers: h.clone() }).collect(),
-                })
-                .collect(),
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::testing::{AgentMode, FakeHost, FAKE_DISK};
 
 /// Long enough for anything the manager does in the background here (a destroy, a
 /// supervisor noticing a dead agent); the polls end as soon as the condition holds.
-const DEADLINE: Duration = Duration::from_secs(10);
+pub(super) const DEADLINE: Duration = Duration::from_secs(10);
 
 fn manager_with(config: Config) -> (Arc<Manager>, Arc<FakeHost>) {
     let store = Arc::new(Store::open_in_memory().unwrap());
@@ -32,7 +32,7 @@ fn manager(quota: u32) -> (Arc<Manager>, Arc<FakeHost>) {
     })
 }
 
-fn team(name: &str) -> Principal {
+pub(super) fn team(name: &str) -> Principal {
     Principal {
         team: name.into(),
         key_id: format!("key-of-{name}"),
@@ -180,11 +180,11 @@ async fn another_team_cannot_see_or_touch_a_sandbox() {
         m.set_network_policy(&b, id, husk_net::NetPolicy::None, Default::default())
             .await
     ));
-    assert!(m.list(&b, &ListFilter::default()).is_empty());
+    assert!(m.list_views(&b, &ListFilter::default()).is_empty());
     // None of it changed the sandbox.
     assert_eq!(host.live(), vec![sb.runtime_id.clone()]);
     assert_eq!(m.get(&a, id).unwrap().end_at(), sb.end_at());
-    assert_eq!(m.list(&a, &ListFilter::default()).len(), 1);
+    assert_eq!(m.list_views(&a, &ListFilter::default()).len(), 1);
 }
 
 #[tokio::test]
@@ -479,12 +479,12 @@ async fn list_filters_and_orders_oldest_first() {
         ids.push(m.create(&a, r).await.unwrap().id.clone());
     }
     let all: Vec<String> = m
-        .list(&a, &ListFilter::default())
+        .list_views(&a, &ListFilter::default())
         .iter()
         .map(|s| s.id.clone())
         .collect();
     assert_eq!(all, ids);
-    let one = m.list(
+    let one = m.list_views(
         &a,
         &ListFilter {
             metadata: vec![("n".into(), "1".into())],
@@ -493,7 +493,7 @@ async fn list_filters_and_orders_oldest_first() {
     );
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].id, ids[1]);
-    let base = m.list(
+    let base = m.list_views(
         &a,
         &ListFilter {
             template: Some("base".into()),

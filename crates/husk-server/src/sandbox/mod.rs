@@ -53,10 +53,12 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
     };
     // A paused sandbox with auto-resume wakes for a request that would be let in once it
     // runs (never for one that would not: naming it must not be enough).
-    // Only the two credentials are kept for the check (the request itself cannot be held
-    // across the resume: its body is not `Sync`).
-    let creds = credentials_of(req.headers());
-    let sb = match state.manager.active(&id, |c| wakes(&creds, port, c)).await {
+    let presented = Presented::of(req.headers());
+    let sb = match state
+        .manager
+        .active(&id, |c| presented.wakes(port, c))
+        .await
+    {
         Ok(sb) => sb,
         Err(Inactive::NotFound) => return sandbox_not_found(&id),
         Err(Inactive::Paused) => return sandbox_paused(&id),
@@ -109,38 +111,47 @@ async fn handle(State(state): State<AppState>, req: Request<Body>) -> Response {
     }
 }
 
-/// Whether a request to `port` of a paused sandbox carries what would let it in: the access
-/// token for the in-sandbox API, the access or traffic token for the code interpreter, and for
-/// the sandbox's own servers the traffic token unless they are public.
-fn wakes(headers: &axum::http::HeaderMap, port: u16, c: &Credentials<'_>) -> bool {
-    // (`headers` holds only the two credentials, see `credentials_of`.)
-    use subtle::ConstantTimeEq;
-    let traffic = || {
-        headers
-            .get_all(ingress::TRAFFIC_TOKEN_HEADER)
-            .iter()
-            .any(|v| bool::from(v.as_bytes().ct_eq(c.traffic_access_token.as_bytes())))
-    };
-    let access = || access_token_ok(headers, Some(c.access_token));
-    match port {
-        ENVD_PORT => access(),
-        interpreter::PORT => access() || traffic(),
-        _ => c.public_traffic || traffic(),
-    }
+/// The credentials a request presents, kept apart from it (the request cannot be held across
+/// a resume: its body is not `Sync`). Taken for every request to a sandbox: the values are
+/// shared with the request's headers, not copied, and nothing is allocated for a request
+/// without a traffic token.
+struct Presented {
+    access: Option<axum::http::HeaderValue>,
+    traffic: Vec<axum::http::HeaderValue>,
 }
 
-/// The request's access and traffic tokens, alone.
-fn credentials_of(headers: &axum::http::HeaderMap) -> axum::http::HeaderMap {
-    let mut out = axum::http::HeaderMap::new();
-    for name in [
-        crate::envd::auth::ACCESS_TOKEN_HEADER,
-        ingress::TRAFFIC_TOKEN_HEADER,
-    ] {
-        for v in headers.get_all(name) {
-            out.append(name, v.clone());
+impl Presented {
+    fn of(headers: &axum::http::HeaderMap) -> Presented {
+        Presented {
+            access: headers.get(crate::envd::auth::ACCESS_TOKEN_HEADER).cloned(),
+            traffic: headers
+                .get_all(ingress::TRAFFIC_TOKEN_HEADER)
+                .iter()
+                .cloned()
+                .collect(),
         }
     }
-    out
+
+    /// Whether a request to `port` of a paused sandbox carries what would let it in: the
+    /// access token for the in-sandbox API, the access or traffic token for the code
+    /// interpreter, and for the sandbox's own servers the traffic token unless they are public.
+    fn wakes(&self, port: u16, c: &Credentials<'_>) -> bool {
+        use crate::files::auth::constant_time_eq;
+        let access = || {
+            self.access
+                .as_ref()
+                .is_some_and(|v| constant_time_eq(v.as_bytes(), c.access_token.as_bytes()))
+        };
+        let traffic = || {
+            (self.traffic.iter())
+                .any(|v| constant_time_eq(v.as_bytes(), c.traffic_access_token.as_bytes()))
+        };
+        match port {
+            ENVD_PORT => access(),
+            interpreter::PORT => access() || traffic(),
+            _ => c.public_traffic || traffic(),
+        }
+    }
 }
 
 /// The answer for a paused sandbox that a request may not wake: a 502 as for a sandbox that
