@@ -27,6 +27,9 @@ mod pause;
 mod pause_tests;
 mod request;
 mod saved;
+mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 mod supervise;
 #[cfg(test)]
 mod tests;
@@ -43,6 +46,9 @@ pub use request::{
     WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
 };
 pub use saved::{Description, DESCRIPTION_VERSION};
+pub use snapshot::{
+    canonical_name, Snapshot, SnapshotFilter, SnapshotState, DEFAULT_SNAPSHOT_QUOTA, MAX_FORKS,
+};
 
 /// The envd API version whose features husk implements (the SDKs gate features on it).
 pub const ENVD_VERSION: &str = "0.6.4";
@@ -65,6 +71,8 @@ pub enum CoreError {
     #[error("team {team} has reached its limit of {limit} paused sandboxes; kill one first")]
     PausedQuotaExceeded { team: String, limit: u32 },
     /// The sandbox is paused and the call needs it running.
+    #[error("team {team} has reached its limit of {limit} snapshots; delete one first")]
+    SnapshotQuotaExceeded { team: String, limit: u32 },
     #[error("sandbox {0} is paused; resume it with Sandbox.connect()")]
     Paused(String),
     #[error("{0}")]
@@ -159,6 +167,8 @@ pub struct Config {
     pub paused_quota: u32,
     /// How long a sandbox may stay paused before it is killed; `None`: until killed.
     pub paused_retention: Option<Duration>,
+    /// Snapshots per team (those listed; retired ones are kept only while used).
+    pub snapshot_quota: u32,
 }
 
 impl Default for Config {
@@ -170,6 +180,7 @@ impl Default for Config {
             memory_reserve: DEFAULT_MEMORY_RESERVE,
             paused_quota: DEFAULT_PAUSED_QUOTA,
             paused_retention: None,
+            snapshot_quota: DEFAULT_SNAPSHOT_QUOTA,
         }
     }
 }
@@ -199,6 +210,8 @@ pub struct Manager {
     dormant: RwLock<pause::DormantMap>,
     /// Where paused sandboxes' files are saved, once the server has its files helper.
     layer_store: std::sync::OnceLock<pause::LayerStore>,
+    /// Teams' snapshots, and what stands on them.
+    snapshots: Mutex<snapshot::SnapshotTable>,
 }
 
 /// The server's sandbox networking (the network helper) and its default policy.
@@ -236,6 +249,7 @@ impl Manager {
             network: std::sync::OnceLock::new(),
             dormant: RwLock::new(HashMap::new()),
             layer_store: std::sync::OnceLock::new(),
+            snapshots: Mutex::new(snapshot::SnapshotTable::default()),
             store,
             host,
             config,

@@ -1,8 +1,11 @@
-//! Saved layers: what a paused sandbox changed over its template, kept on the host's disk
-//! under `STATE_DIR/paused/<sandbox id>/<layer>` (overlay-format directories, owned by image
-//! ids, see `husk_runtime::layer_capture`), so that it survives the sandbox, the server and a
-//! reboot of the host, and a later sandbox with the same id mounts it under its own writable
-//! layer.
+//! Saved layers: what a sandbox changed over its template, kept on the host's disk
+//! (overlay-format directories, owned by image ids, see `husk_runtime::layer_capture`), so
+//! that it survives the sandbox, the server and a reboot of the host:
+//!
+//! - a paused sandbox's, under `STATE_DIR/paused/<sandbox id>/<layer>`: a later sandbox with
+//!   the same id mounts it under its own writable layer;
+//! - a snapshot's, under `STATE_DIR/snapshots/<snapshot id>/<layer>`: sandboxes created from
+//!   the snapshot mount it (and the layers of the snapshots it was taken over) read-only.
 //!
 //! The layer is copied out of the frozen sandbox by the files helper (privileged: the layer's
 //! files belong to the sandbox's uids, and the spawner hands it the layer by the sandbox's
@@ -16,6 +19,46 @@ pub const PAUSED_DIR: &str = "paused";
 
 /// Where snapshots' layers live, below the state directory.
 pub const SNAPSHOTS_DIR: &str = "snapshots";
+
+/// Which of the two directories a layer lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Home {
+    /// `STATE_DIR/paused/<sandbox id>/`.
+    Paused,
+    /// `STATE_DIR/snapshots/<snapshot id>/`.
+    Snapshot,
+}
+
+impl Home {
+    /// Its directory below the state directory.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Home::Paused => PAUSED_DIR,
+            Home::Snapshot => SNAPSHOTS_DIR,
+        }
+    }
+}
+
+/// One saved layer: `STATE_DIR/<home>/<owner>/<layer>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct LayerRef {
+    pub home: Home,
+    /// The paused sandbox's or the snapshot's id.
+    pub owner: String,
+    pub layer: String,
+}
+
+impl LayerRef {
+    /// Its path on the host (names checked: they come from records on disk).
+    pub fn path(&self, state_dir: &Path) -> Result<PathBuf, LayerError> {
+        check_sandbox(&self.owner)?;
+        check_layer(&self.layer)?;
+        Ok(state_dir
+            .join(self.home.dir())
+            .join(&self.owner)
+            .join(&self.layer))
+    }
+}
 
 /// What a capture made.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -47,28 +90,24 @@ pub enum LayerError {
 /// Copies sandboxes' writable layers to disk and removes them.
 pub trait SavedLayers: Send + Sync + 'static {
     /// Freezes the sandbox the spawner knows as `runtime_id` and copies its writable layer
-    /// into a new layer of sandbox `sandbox`, merged with its layer `below` if given (the one
-    /// it was started on, which stays). The sandbox stays frozen.
+    /// into a new layer of `owner` in `into`, merged with the layer `below` if given (the
+    /// paused layer it was started on, which stays). The sandbox stays frozen.
     fn capture(
         &self,
         runtime_id: &str,
-        sandbox: &str,
-        below: Option<&str>,
+        into: Home,
+        owner: &str,
+        below: Option<&LayerRef>,
     ) -> Result<Captured, LayerError>;
 
-    /// Removes layer `layer` of `sandbox`, or (`None`) every layer of it.
-    fn drop_layers(&self, sandbox: &str, layer: Option<&str>) -> Result<(), LayerError>;
+    /// Removes layer `layer` of `owner` in `home`, or (`None`) every layer of it.
+    fn drop_layers(&self, home: Home, owner: &str, layer: Option<&str>) -> Result<(), LayerError>;
 
-    /// Removes every saved layer but the `(sandbox, layer)` pairs in `keep` (an empty layer
-    /// name keeps all of the sandbox's), and what a copy cut short left: what a server that
-    /// stopped without removing its sandboxes' layers left behind. Called when no sandbox
-    /// runs. Returns how many were removed.
-    fn prune(&self, keep: &[(String, String)]) -> Result<u64, LayerError>;
-}
-
-/// `STATE_DIR/paused/<sandbox>/<layer>`: the path sandboxes get in their spec.
-pub fn layer_path(state_dir: &Path, sandbox: &str, layer: &str) -> PathBuf {
-    state_dir.join(PAUSED_DIR).join(sandbox).join(layer)
+    /// Removes every saved layer in `home` but the `(owner, layer)` pairs in `keep` (an empty
+    /// layer name keeps all of the owner's), and what a copy cut short left: what a server
+    /// that stopped without removing its layers left behind. Called when no sandbox runs.
+    /// Returns how many were removed.
+    fn prune(&self, home: Home, keep: &[(String, String)]) -> Result<u64, LayerError>;
 }
 
 /// A sandbox id as a directory name: what ids are (`[a-z0-9]`, at most 64).
@@ -111,8 +150,8 @@ pub fn new_layer_name() -> Result<String, LayerError> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// The helper's side: copies and removals under `STATE_DIR/paused`, which only it (and the
-/// spawner, reading) touches.
+/// The helper's side: copies and removals under `STATE_DIR/paused` and `STATE_DIR/snapshots`,
+/// which only it (and the spawner, reading) touches.
 pub mod host {
     use std::fs;
     use std::os::fd::AsFd;
@@ -122,7 +161,7 @@ pub mod host {
     use husk_runtime::layer_capture::{capture_layer, CaptureLimits};
     use husk_runtime::service::RootChannel;
 
-    use super::{check_layer, check_sandbox, new_layer_name, Captured, LayerError, PAUSED_DIR};
+    use super::{check_layer, check_sandbox, new_layer_name, Captured, Home, LayerError, LayerRef};
 
     /// Bounds of one capture: a sandbox's layer is bounded by its disk (a tmpfs) already;
     /// these only stop a runaway.
@@ -136,16 +175,15 @@ pub mod host {
         state_dir: &Path,
         roots: &RootChannel,
         runtime_id: &str,
-        sandbox: &str,
-        below: Option<&str>,
+        into: Home,
+        owner: &str,
+        below: Option<&LayerRef>,
     ) -> Result<Captured, LayerError> {
-        check_sandbox(sandbox)?;
-        if let Some(b) = below {
-            check_layer(b)?;
-        }
-        let paused = state_dir.join(PAUSED_DIR);
-        let dir = paused.join(sandbox);
-        for d in [&paused, &dir] {
+        check_sandbox(owner)?;
+        let below = below.map(|b| b.path(state_dir)).transpose()?;
+        let home = state_dir.join(into.dir());
+        let dir = home.join(owner);
+        for d in [&home, &dir] {
             match fs::DirBuilder::new().mode(0o700).create(d) {
                 Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                     return Err(LayerError::Host(format!("{}: {e}", d.display())))
@@ -153,7 +191,6 @@ pub mod host {
                 _ => {}
             }
         }
-        let below = below.map(|b| dir.join(b));
         if let Some(b) = &below {
             if !fs::symlink_metadata(b).is_ok_and(|m| m.is_dir()) {
                 return Err(LayerError::Host(format!(
@@ -204,8 +241,12 @@ pub mod host {
 
     /// [`super::SavedLayers::prune`] in the helper. Only names that are sandbox ids and layer
     /// names (or a copy's temporary name) are removed: nothing else lives here.
-    pub fn prune(state_dir: &Path, keep: &[(String, String)]) -> Result<u64, LayerError> {
-        let paused = state_dir.join(PAUSED_DIR);
+    pub fn prune(
+        state_dir: &Path,
+        home: Home,
+        keep: &[(String, String)],
+    ) -> Result<u64, LayerError> {
+        let paused = state_dir.join(home.dir());
         let entries = match fs::read_dir(&paused) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -257,11 +298,12 @@ pub mod host {
     /// [`super::SavedLayers::drop_layers`] in the helper.
     pub fn drop_layers(
         state_dir: &Path,
-        sandbox: &str,
+        home: Home,
+        owner: &str,
         layer: Option<&str>,
     ) -> Result<(), LayerError> {
-        check_sandbox(sandbox)?;
-        let dir = state_dir.join(PAUSED_DIR).join(sandbox);
+        check_sandbox(owner)?;
+        let dir = state_dir.join(home.dir()).join(owner);
         let target = match layer {
             Some(l) => {
                 check_layer(l)?;
@@ -306,7 +348,7 @@ mod tests {
             std::fs::create_dir_all(paused.join(p)).unwrap();
         }
         let keep = vec![("keep1".to_owned(), l1.clone())];
-        let removed = host::prune(&dir, &keep);
+        let removed = host::prune(&dir, Home::Paused, &keep);
         let left = |p: &str| paused.join(p).exists();
         let state = (
             left(&format!("keep1/{l1}/home")),
@@ -320,12 +362,12 @@ mod tests {
         assert_eq!(removed.unwrap(), 3);
         assert_eq!(state, (true, false, false, false, true, true));
         // Nothing there: nothing to do.
-        assert_eq!(host::prune(&dir, &keep).unwrap(), 0);
+        assert_eq!(host::prune(&dir, Home::Paused, &keep).unwrap(), 0);
         // A sandbox kept whole (its record could not be read): none of its layers go.
         std::fs::create_dir_all(paused.join(format!("whole/{l2}"))).unwrap();
         let whole = vec![("whole".to_owned(), String::new())];
-        let kept =
-            host::prune(&dir, &whole).map(|n| (n, paused.join(format!("whole/{l2}")).exists()));
+        let kept = host::prune(&dir, Home::Paused, &whole)
+            .map(|n| (n, paused.join(format!("whole/{l2}")).exists()));
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(kept.unwrap(), (0, true));
     }

@@ -184,6 +184,21 @@ pub struct SavedSandboxRecord {
     pub description: String,
 }
 
+/// A snapshot as the store keeps it: who it belongs to, its name and state, and the core's
+/// description of it (JSON, opaque to the store).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub team: String,
+    pub name: Option<String>,
+    /// `live` or `retired`.
+    pub state: String,
+    /// The image of the template it was taken over (`None`: the host template).
+    pub digest: Option<String>,
+    pub created_at: OffsetDateTime,
+    pub record: String,
+}
+
 /// The SQLite store: one connection for writes behind a mutex, and a few more for reads (so
 /// that one team's large read never holds up another team's request). Cheap calls, no caching.
 pub struct Sqlite {

@@ -97,12 +97,16 @@ pub struct TemplateManifest {
 }
 
 /// What a template name resolved to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Resolved {
     /// The template's name as registered (`base` may resolve to the host template).
     pub name: String,
     pub rootfs: RootSource,
     pub defaults: TemplateDefaults,
+    /// A snapshot's layers over the root (top first); empty for a template.
+    pub layers: Vec<crate::saved_layers::LayerRef>,
+    /// The snapshot it is, if it is one.
+    pub snapshot: Option<String>,
 }
 
 /// Where built templates' files live under the state directory.
@@ -155,8 +159,7 @@ impl Templates {
     pub fn resolve(&self, name: &str) -> Result<Resolved, TemplateError> {
         let host = || Resolved {
             name: HOST_TEMPLATE.to_string(),
-            rootfs: RootSource::Host,
-            defaults: TemplateDefaults::default(),
+            ..Resolved::default()
         };
         // E2B's `name:default` is the template registered as `name` (other tags are names of
         // their own: `name:tag`).
@@ -182,6 +185,7 @@ impl Templates {
                 digest: rec.digest.clone(),
             },
             defaults: rec.manifest.defaults.clone(),
+            ..Resolved::default()
         })
     }
 

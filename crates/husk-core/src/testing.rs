@@ -218,33 +218,62 @@ impl FakeHost {
     }
 }
 
-/// [`crate::saved_layers::SavedLayers`] in memory: a capture records a layer name, a drop
-/// forgets it.
+/// [`crate::saved_layers::SavedLayers`] in memory: a capture records a layer (and freezes the
+/// sandbox on `host`, if set, as the files helper does), a drop forgets it.
 #[derive(Default)]
 pub struct FakeLayers {
-    /// (sandbox, layer) pairs that exist.
-    pub layers: Mutex<Vec<(String, String)>>,
-    /// Captures asked: (runtime id, sandbox, below).
-    pub captures: Mutex<Vec<(String, String, Option<String>)>>,
+    /// The host whose sandboxes a capture freezes.
+    pub host: std::sync::OnceLock<Arc<FakeHost>>,
+    /// Layers that exist.
+    pub layers: Mutex<Vec<crate::saved_layers::LayerRef>>,
+    /// Captures asked: (runtime id, into, owner, below).
+    #[allow(clippy::type_complexity)]
+    pub captures: Mutex<
+        Vec<(
+            String,
+            crate::saved_layers::Home,
+            String,
+            Option<crate::saved_layers::LayerRef>,
+        )>,
+    >,
+}
+
+impl FakeLayers {
+    /// The (owner, layer) pairs that exist in `home`.
+    pub fn in_home(&self, home: crate::saved_layers::Home) -> Vec<(String, String)> {
+        let layers = self.layers.lock().unwrap();
+        (layers.iter())
+            .filter(|l| l.home == home)
+            .map(|l| (l.owner.clone(), l.layer.clone()))
+            .collect()
+    }
 }
 
 impl crate::saved_layers::SavedLayers for FakeLayers {
     fn capture(
         &self,
         runtime_id: &str,
-        sandbox: &str,
-        below: Option<&str>,
+        into: crate::saved_layers::Home,
+        owner: &str,
+        below: Option<&crate::saved_layers::LayerRef>,
     ) -> Result<crate::saved_layers::Captured, crate::saved_layers::LayerError> {
         let layer = crate::saved_layers::new_layer_name()?;
-        self.captures.lock().unwrap().push((
-            runtime_id.into(),
-            sandbox.into(),
-            below.map(str::to_owned),
-        ));
+        if let Some(h) = self.host.get() {
+            h.set_frozen(runtime_id, true)
+                .map_err(|e| crate::saved_layers::LayerError::Sandbox(e.to_string()))?;
+        }
+        self.captures
+            .lock()
+            .unwrap()
+            .push((runtime_id.into(), into, owner.into(), below.cloned()));
         self.layers
             .lock()
             .unwrap()
-            .push((sandbox.into(), layer.clone()));
+            .push(crate::saved_layers::LayerRef {
+                home: into,
+                owner: owner.into(),
+                layer: layer.clone(),
+            });
         Ok(crate::saved_layers::Captured {
             layer,
             bytes: 0,
@@ -254,23 +283,29 @@ impl crate::saved_layers::SavedLayers for FakeLayers {
 
     fn drop_layers(
         &self,
-        sandbox: &str,
+        home: crate::saved_layers::Home,
+        owner: &str,
         layer: Option<&str>,
     ) -> Result<(), crate::saved_layers::LayerError> {
-        self.layers
-            .lock()
-            .unwrap()
-            .retain(|(s, l)| !(s == sandbox && layer.is_none_or(|x| x == l)));
+        self.layers.lock().unwrap().retain(|l| {
+            !(l.home == home && l.owner == owner && layer.is_none_or(|x| x == l.layer))
+        });
         Ok(())
     }
 
-    fn prune(&self, keep: &[(String, String)]) -> Result<u64, crate::saved_layers::LayerError> {
+    fn prune(
+        &self,
+        home: crate::saved_layers::Home,
+        keep: &[(String, String)],
+    ) -> Result<u64, crate::saved_layers::LayerError> {
         let mut layers = self.layers.lock().unwrap();
         let before = layers.len();
-        // An empty layer name keeps all of the sandbox's.
-        layers.retain(|(s, l)| {
-            keep.iter()
-                .any(|(ks, kl)| ks == s && (kl == l || kl.is_empty()))
+        // An empty layer name keeps all of the owner's.
+        layers.retain(|l| {
+            l.home != home
+                || keep
+                    .iter()
+                    .any(|(ko, kl)| *ko == l.owner && (*kl == l.layer || kl.is_empty()))
         });
         Ok((before - layers.len()) as u64)
     }

@@ -90,9 +90,9 @@ impl From<CoreError> for ApiError {
             CoreError::NotFound(_)
             | CoreError::TemplateNotFound(_)
             | CoreError::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
-            CoreError::QuotaExceeded { .. } | CoreError::PausedQuotaExceeded { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            CoreError::QuotaExceeded { .. }
+            | CoreError::PausedQuotaExceeded { .. }
+            | CoreError::SnapshotQuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             CoreError::Paused(_) => StatusCode::CONFLICT,
             CoreError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             CoreError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,

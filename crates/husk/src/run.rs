@@ -48,12 +48,11 @@ pub struct Config {
 /// What `--template NAME` means: `host` without touching the state directory, else the
 /// registered template (checked: a damaged image is refused here, before any sandbox).
 fn resolve_template(name: &str, state_dir: Option<&Path>) -> Result<husk_core::template::Resolved> {
-    use husk_core::template::{Resolved, TemplateDefaults, Templates, HOST_TEMPLATE};
+    use husk_core::template::{Resolved, Templates, HOST_TEMPLATE};
     if name == HOST_TEMPLATE {
         return Ok(Resolved {
             name: name.into(),
-            rootfs: husk_runtime::RootSource::Host,
-            defaults: TemplateDefaults::default(),
+            ..Resolved::default()
         });
     }
     let dir = state_dir.unwrap_or(Path::new(husk_core::store::DEFAULT_STATE_DIR));

@@ -51,15 +51,17 @@ impl Manager {
         who: &Principal,
         req: CreateRequest,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
-        self.create_as(who, req, None).await
+        self.create_as(who, req, None, None).await
     }
 
-    /// Creates a sandbox, new or (`identity`) booted again on its saved files.
+    /// Creates a sandbox, new or (`identity`) booted again on its saved files; `pin` names
+    /// the snapshot it stands on whatever the request's template says (a fork, a resume).
     pub(super) async fn create_as(
         self: &Arc<Self>,
         who: &Principal,
         req: CreateRequest,
         identity: Option<Identity>,
+        pin: Option<String>,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         // The environment was checked when the request was made (EnvVars).
         // `husk-secret://NAME` values must name secrets of the team (resolved per process).
@@ -84,8 +86,11 @@ impl Manager {
         let mounts = self.workspace_mounts(&who.team, &req.workspaces)?;
         let limits = self.request_limits(req.limits.as_ref())?;
         self.check_memory_reserve()?;
-        // May hash the image the first time this process uses it.
-        let template = self.resolve_template(&req.template).await?;
+        // May hash the image the first time this process uses it. A snapshot stays pinned
+        // until the sandbox is registered (nothing removes its files meanwhile).
+        let (template, pin) = self
+            .resolve_for(&who.team, &req.template, pin.as_deref())
+            .await?;
         template_user(&template)?;
         let reservation = self.reserve(&who.team)?;
         // In a task of its own: a client that goes away mid-create must not abandon a
@@ -97,6 +102,7 @@ impl Manager {
                 .create_reserved(&who, req, template, mounts, limits, identity)
                 .await;
             drop(reservation);
+            drop(pin);
             result
         })
         .await
@@ -117,8 +123,21 @@ impl Manager {
             None => new_sandbox_id()?,
         };
         let mut spec = SandboxSpec::idle();
-        if let Some(i) = &identity {
-            spec.layers = vec![self.layer_path(&i.id, &i.layer)?];
+        // Its own paused layer, then its snapshot's layers.
+        let own = identity.as_ref().map(|i| crate::saved_layers::LayerRef {
+            home: crate::saved_layers::Home::Paused,
+            owner: i.id.clone(),
+            layer: i.layer.clone(),
+        });
+        for l in own.iter().chain(template.layers.iter()) {
+            spec.layers.push(self.layer_path(l)?);
+        }
+        if spec.layers.len() > husk_runtime::spec::MAX_SAVED_LAYERS {
+            return Err(CoreError::TemplateBroken(format!(
+                "template '{}' stands on {} layers, more than a sandbox can mount",
+                template.name,
+                spec.layers.len()
+            )));
         }
         spec.agent = true;
         spec.hostname = id.clone();
@@ -296,6 +315,7 @@ impl Manager {
             lifecycle: req.lifecycle,
             timeout,
             base_layer,
+            origin: template.clone(),
             paused: std::sync::atomic::AtomicBool::new(false),
             paused_at: Mutex::new(None),
             transition: tokio::sync::Mutex::new(()),
@@ -406,6 +426,7 @@ mod tests {
                 user: user.map(str::to_owned),
                 ..TemplateDefaults::default()
             },
+            ..Resolved::default()
         }
     }
 

@@ -73,6 +73,8 @@ pub struct LiveSandbox {
     /// Its own saved layer it was booted on (a sandbox resumed from disk), if any: removed
     /// with it, or merged into the next one when it is paused again.
     pub(super) base_layer: Option<String>,
+    /// What its template resolved to: its root, the snapshot layers it stands on, defaults.
+    pub(super) origin: crate::template::Resolved,
     /// Frozen in place: a pause that keeps its processes and memory.
     pub(super) paused: std::sync::atomic::AtomicBool,
     /// When it was paused in place (for the operator's retention).
@@ -85,6 +87,17 @@ pub struct LiveSandbox {
 const MAX_REDACTED_PROCESSES: usize = 256;
 
 impl LiveSandbox {
+    /// The paused layer it was booted on, if any.
+    pub(super) fn base_layer_ref(&self) -> Option<crate::saved_layers::LayerRef> {
+        self.base_layer
+            .as_ref()
+            .map(|l| crate::saved_layers::LayerRef {
+                home: crate::saved_layers::Home::Paused,
+                owner: self.id.clone(),
+                layer: l.clone(),
+            })
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }

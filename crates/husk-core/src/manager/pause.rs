@@ -24,7 +24,7 @@ use time::OffsetDateTime;
 
 use super::saved::Description;
 use super::{read, write, CoreError, LiveSandbox, Manager, PauseMode};
-use crate::saved_layers::{LayerError, SavedLayers};
+use crate::saved_layers::{Home, LayerError, LayerRef, SavedLayers};
 use crate::store::Principal;
 
 /// A sandbox paused to disk.
@@ -73,7 +73,7 @@ pub(super) struct LayerStore {
     pub(super) state_dir: PathBuf,
 }
 
-fn layer_error(e: LayerError) -> CoreError {
+pub(super) fn layer_error(e: LayerError) -> CoreError {
     match e {
         LayerError::Unavailable => CoreError::Unsupported(e.to_string()),
         other => CoreError::internal("saving the sandbox's files", other),
@@ -89,6 +89,10 @@ impl Manager {
         if let Ok(unread) = self.load_dormant() {
             self.prune_layers(unread);
         }
+        match self.load_snapshots() {
+            Ok(()) => self.prune_snapshot_files(),
+            Err(e) => tracing::warn!(error = %e, "cannot read the snapshots"),
+        }
     }
 
     /// Removes the saved layers no paused sandbox needs: those a sandbox booted on and
@@ -103,26 +107,24 @@ impl Manager {
             .map(|d| (d.description.id.clone(), d.description.layer.clone()))
             .chain(unread.into_iter().map(|id| (id, String::new())))
             .collect();
-        match store.layers.prune(&keep) {
+        match store.layers.prune(Home::Paused, &keep) {
             Ok(0) => {}
             Ok(n) => tracing::info!(count = n, "removed saved files no paused sandbox needs"),
             Err(e) => tracing::warn!(error = %e, "could not prune saved files"),
         }
     }
 
-    fn layer_store(&self) -> Result<&LayerStore, CoreError> {
+    pub(super) fn layer_store(&self) -> Result<&LayerStore, CoreError> {
         self.layer_store
             .get()
             .ok_or_else(|| layer_error(LayerError::Unavailable))
     }
 
-    /// The path of `sandbox`'s saved layer `layer` (what its spec names).
-    pub(super) fn layer_path(&self, sandbox: &str, layer: &str) -> Result<PathBuf, CoreError> {
-        Ok(crate::saved_layers::layer_path(
-            &self.layer_store()?.state_dir,
-            sandbox,
-            layer,
-        ))
+    /// The path of a saved layer (what a sandbox's spec names).
+    pub(super) fn layer_path(&self, layer: &LayerRef) -> Result<PathBuf, CoreError> {
+        layer
+            .path(&self.layer_store()?.state_dir)
+            .map_err(|e| CoreError::internal("a saved layer's name", e))
     }
 
     /// The sandboxes paused to disk that the store holds (an earlier server's): each is
@@ -274,11 +276,12 @@ impl Manager {
     ) -> Result<(), CoreError> {
         let store = self.layer_store()?;
         let layers = store.layers.clone();
-        let (rid, id, below) = (sb.runtime_id.clone(), sb.id.clone(), sb.base_layer.clone());
-        let captured =
-            tokio::task::spawn_blocking(move || layers.capture(&rid, &id, below.as_deref()))
-                .await
-                .map_err(|e| CoreError::internal("the pause task", e))?;
+        let (rid, id, below) = (sb.runtime_id.clone(), sb.id.clone(), sb.base_layer_ref());
+        let captured = tokio::task::spawn_blocking(move || {
+            layers.capture(&rid, Home::Paused, &id, below.as_ref())
+        })
+        .await
+        .map_err(|e| CoreError::internal("the pause task", e))?;
         let captured = match captured {
             Ok(c) => c,
             Err(e) => {
@@ -295,8 +298,10 @@ impl Manager {
             .and_then(|r| self.store.put_saved_sandbox(&r).map_err(CoreError::Store));
         if let Err(e) = recorded {
             let (layers, id, layer) = (store.layers.clone(), sb.id.clone(), captured.layer);
-            let _ =
-                tokio::task::spawn_blocking(move || layers.drop_layers(&id, Some(&layer))).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                layers.drop_layers(Home::Paused, &id, Some(&layer))
+            })
+            .await;
             if !sb.is_paused() {
                 self.thaw(sb).await;
             }
@@ -314,7 +319,10 @@ impl Manager {
         // The layer it was booted on is merged into the new one.
         if let Some(old) = sb.base_layer.clone() {
             let (layers, id) = (store.layers.clone(), sb.id.clone());
-            let _ = tokio::task::spawn_blocking(move || layers.drop_layers(&id, Some(&old))).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                layers.drop_layers(Home::Paused, &id, Some(&old))
+            })
+            .await;
         }
         tracing::info!(
             sandbox = %sb.id,
@@ -325,7 +333,7 @@ impl Manager {
         Ok(())
     }
 
-    async fn thaw(&self, sb: &LiveSandbox) {
+    pub(super) async fn thaw(&self, sb: &LiveSandbox) {
         let host = self.host.clone();
         let rid = sb.runtime_id.clone();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || host.thaw(&rid)).await {
@@ -428,7 +436,12 @@ impl Manager {
             admin: false,
         };
         let sb = self
-            .create_as(&owner, req, Some(d.description.identity()))
+            .create_as(
+                &owner,
+                req,
+                Some(d.description.identity()),
+                d.description.snapshot.clone(),
+            )
             .await?;
         write(&self.dormant).remove(&id);
         if let Err(e) = self.store.delete_saved_sandbox(&id) {
@@ -499,6 +512,9 @@ impl Manager {
             tracing::warn!(sandbox = %id, error = %e, "could not forget the paused sandbox's record");
         }
         self.drop_layers(id).await;
+        if d.description.snapshot.is_some() {
+            self.collect_snapshots().await;
+        }
         true
     }
 
@@ -508,7 +524,8 @@ impl Manager {
             return;
         };
         let (layers, id) = (store.layers.clone(), id.to_owned());
-        let res = tokio::task::spawn_blocking(move || layers.drop_layers(&id, None)).await;
+        let res =
+            tokio::task::spawn_blocking(move || layers.drop_layers(Home::Paused, &id, None)).await;
         if let Ok(Err(e)) = res {
             tracing::warn!(error = %e, "removing a sandbox's saved files failed");
         }

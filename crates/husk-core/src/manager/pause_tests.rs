@@ -12,17 +12,26 @@ use super::{
     Config, CoreError, CreateRequest, Inactive, Lifecycle, ListFilter, Manager, OnTimeout,
     PauseMode, Paused,
 };
+use crate::saved_layers::{Home, LayerRef};
 use crate::store::Store;
 use crate::testing::{FakeHost, FakeLayers};
 
-struct Fixture {
-    m: Arc<Manager>,
-    host: Arc<FakeHost>,
-    layers: Arc<FakeLayers>,
-    store: Arc<Store>,
+pub(super) fn paused_layer(owner: &str, layer: &str) -> LayerRef {
+    LayerRef {
+        home: Home::Paused,
+        owner: owner.into(),
+        layer: layer.into(),
+    }
 }
 
-fn fixture(quota: u32, paused_quota: u32) -> Fixture {
+pub(super) struct Fixture {
+    pub(super) m: Arc<Manager>,
+    pub(super) host: Arc<FakeHost>,
+    pub(super) layers: Arc<FakeLayers>,
+    pub(super) store: Arc<Store>,
+}
+
+pub(super) fn fixture(quota: u32, paused_quota: u32) -> Fixture {
     fixture_with(Config {
         default_quota: quota,
         paused_quota,
@@ -31,10 +40,11 @@ fn fixture(quota: u32, paused_quota: u32) -> Fixture {
     })
 }
 
-fn fixture_with(config: Config) -> Fixture {
+pub(super) fn fixture_with(config: Config) -> Fixture {
     let store = Arc::new(Store::open_in_memory().unwrap());
     let host = FakeHost::new();
     let layers = Arc::new(FakeLayers::default());
+    let _ = layers.host.set(host.clone());
     let m = Manager::new(store.clone(), host.clone(), config).unwrap();
     m.set_saved_layers(layers.clone(), "/var/lib/husk-test".into());
     Fixture {
@@ -45,7 +55,7 @@ fn fixture_with(config: Config) -> Fixture {
     }
 }
 
-fn req() -> CreateRequest {
+pub(super) fn req() -> CreateRequest {
     let mut metadata = BTreeMap::new();
     metadata.insert("k".to_owned(), "v".to_owned());
     CreateRequest {
@@ -138,7 +148,7 @@ async fn a_filesystem_pause_saves_destroys_and_boots_the_same_sandbox_again() {
     f.m.pause(&a, &id, PauseMode::Filesystem).await.unwrap();
     // Destroyed on the host, its layer saved, recorded in the store.
     assert_eq!(f.host.destroyed(), vec![sb.runtime_id.clone()]);
-    let layers = f.layers.layers.lock().unwrap().clone();
+    let layers = f.layers.in_home(Home::Paused);
     assert_eq!(layers.len(), 1);
     assert_eq!(layers[0].0, id);
     assert_eq!(f.store.saved_sandboxes().unwrap().len(), 1);
@@ -174,8 +184,11 @@ async fn a_filesystem_pause_saves_destroys_and_boots_the_same_sandbox_again() {
     // Paused again: the new layer is merged over the one it booted on, which goes.
     f.m.pause(&a, &id, PauseMode::Filesystem).await.unwrap();
     let captures = f.layers.captures.lock().unwrap().clone();
-    assert_eq!(captures[1].2.as_deref(), Some(layers[0].1.as_str()));
-    let now = f.layers.layers.lock().unwrap().clone();
+    assert_eq!(
+        captures[1].3.as_ref().map(|b| b.layer.as_str()),
+        Some(layers[0].1.as_str())
+    );
+    let now = f.layers.in_home(Home::Paused);
     assert_eq!(now.len(), 1);
     assert_ne!(now[0].1, layers[0].1);
     // Killed while paused: record and files gone.
@@ -232,7 +245,7 @@ async fn a_record_from_another_version_is_reported_and_kept() {
         .layers
         .lock()
         .unwrap()
-        .push(("abc".into(), "0123456789abcdef".into()));
+        .push(paused_layer("abc", "0123456789abcdef"));
     m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
     assert_eq!(f.layers.layers.lock().unwrap().len(), 1);
 }
@@ -248,10 +261,10 @@ async fn at_start_layers_no_paused_sandbox_needs_are_removed() {
         .layers
         .lock()
         .unwrap()
-        .push(("lost".into(), "0123456789abcdef".into()));
+        .push(paused_layer("lost", "0123456789abcdef"));
     let m2 = Manager::new(f.store.clone(), f.host.clone(), Config::default()).unwrap();
     m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
-    let left = f.layers.layers.lock().unwrap().clone();
+    let left = f.layers.in_home(Home::Paused);
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].0, sb.id);
 }

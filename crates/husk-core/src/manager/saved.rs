@@ -49,6 +49,9 @@ pub struct Description {
     pub layer: String,
     /// How it was paused (a full pause is saved to disk when the server stops).
     pub mode: PauseMode,
+    /// The snapshot it was created from (its layers stay while it is paused).
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 fn nanos(t: OffsetDateTime) -> i128 {
@@ -91,6 +94,7 @@ impl Description {
             lifecycle: sb.lifecycle,
             layer,
             mode,
+            snapshot: sb.origin.snapshot.clone(),
         }
     }
 
@@ -122,6 +126,9 @@ impl Description {
         }
         crate::saved_layers::check_sandbox(&d.id).map_err(|e| e.to_string())?;
         crate::saved_layers::check_layer(&d.layer).map_err(|e| e.to_string())?;
+        if let Some(s) = &d.snapshot {
+            crate::saved_layers::check_sandbox(s).map_err(|e| e.to_string())?;
+        }
         Ok(d)
     }
 

@@ -81,6 +81,9 @@ impl Manager {
         if drop_layers && sb.base_layer.is_some() {
             self.drop_layers(id).await;
         }
+        if sb.origin.snapshot.is_some() {
+            self.collect_snapshots().await;
+        }
         true
     }
 

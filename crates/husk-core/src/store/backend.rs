@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use super::remote::RemoteStore;
 use super::{
     KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord, SealedRow,
-    SecretUse, Sqlite, StoreError, TemplateRecord, VolumeRecord,
+    SecretUse, SnapshotRow, Sqlite, StoreError, TemplateRecord, VolumeRecord,
 };
 
 /// The store: the SQLite database of this process, or the state helper's.
@@ -97,6 +97,9 @@ delegate! {
     fn put_saved_sandbox(&self, record: &SavedSandboxRecord) -> Result<(), StoreError>;
     fn delete_saved_sandbox(&self, id: &str) -> Result<bool, StoreError>;
     fn saved_sandboxes(&self) -> Result<Vec<SavedSandboxRecord>, StoreError>;
+    fn put_snapshots(&self, rows: &[SnapshotRow]) -> Result<(), StoreError>;
+    fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError>;
+    fn snapshots(&self) -> Result<Vec<SnapshotRow>, StoreError>;
     fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError>;
     fn write_secret(&self, r: &SealedRow, mode: PutMode) -> Result<bool, StoreError>;
     fn secret(&self, team: &str, name: &str) -> Result<Option<SealedRow>, StoreError>;

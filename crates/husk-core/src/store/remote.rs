@@ -23,7 +23,7 @@ use zeroize::Zeroizing;
 
 use super::{
     KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord, SealedRow,
-    SecretUse, Store, StoreError, TemplateRecord, VolumeRecord,
+    SecretUse, SnapshotRow, Store, StoreError, TemplateRecord, VolumeRecord,
 };
 use crate::secrets::{Metadata, SecretError, Secrets};
 
@@ -93,6 +93,11 @@ pub enum StateRequest {
         id: String,
     },
     SavedSandboxes,
+    PutSnapshots(Vec<SnapshotRow>),
+    DeleteSnapshot {
+        id: String,
+    },
+    Snapshots,
     PutSecret(SealedRow, PutMode),
     Secret {
         team: String,
@@ -168,6 +173,7 @@ pub enum StateReply {
     Unfinished(Vec<(RunTable, String, String)>),
     Sandboxes(Vec<SandboxRecord>),
     SavedSandboxes(Vec<SavedSandboxRecord>),
+    Snapshots(Vec<SnapshotRow>),
     Sealed(Option<SealedRow>),
     SealedRows(Vec<SealedRow>),
     Uses(Vec<SecretUse>),
@@ -557,6 +563,18 @@ impl RemoteStore {
         ask!(self, StateRequest::SavedSandboxes, StateReply::SavedSandboxes(s) => s)
     }
 
+    pub fn put_snapshots(&self, rows: &[SnapshotRow]) -> Result<(), StoreError> {
+        ask!(self, StateRequest::PutSnapshots(rows.to_vec()), StateReply::Unit => ())
+    }
+
+    pub fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::DeleteSnapshot { id: id.into() }, StateReply::Bool(b) => b)
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRow>, StoreError> {
+        ask!(self, StateRequest::Snapshots, StateReply::Snapshots(s) => s)
+    }
+
     pub fn put_secret(&self, r: &SealedRow) -> Result<(), StoreError> {
         self.write_secret(r, PutMode::Upsert).map(|_| ())
     }
@@ -799,6 +817,15 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             }
             Q::DeleteSavedSandbox { id } => R::Bool(store.delete_saved_sandbox(&id)?),
             Q::SavedSandboxes => R::SavedSandboxes(store.saved_sandboxes()?),
+            Q::PutSnapshots(rows) => {
+                for r in &rows {
+                    super::validate_team(&r.team)?;
+                }
+                store.put_snapshots(&rows)?;
+                R::Unit
+            }
+            Q::DeleteSnapshot { id } => R::Bool(store.delete_snapshot(&id)?),
+            Q::Snapshots => R::Snapshots(store.snapshots()?),
             Q::PutSecret(row, mode) => {
                 super::validate_team(&row.team)?;
                 R::Bool(store.write_secret(&row, mode)?)

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use rusqlite::{ffi, params};
 use time::OffsetDateTime;
 
-use super::{from_db_time, to_db_time, SandboxRecord, SavedSandboxRecord, Sqlite, StoreError};
+use super::{
+    from_db_time, to_db_time, SandboxRecord, SavedSandboxRecord, SnapshotRow, Sqlite, StoreError,
+};
 
 impl Sqlite {
     /// Records a new sandbox. Its id must not be recorded already.
@@ -153,6 +155,78 @@ impl Sqlite {
                 team,
                 saved_at: from_db_time(saved_at)?,
                 description,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Records (or replaces) snapshots, all or none: retiring one and recording another under
+    /// its name is one change.
+    pub fn put_snapshots(&self, rows: &[SnapshotRow]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO snapshots (id, team, name, state, digest, created_at, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (id) DO UPDATE SET team = excluded.team, name = excluded.name,
+                    state = excluded.state, digest = excluded.digest,
+                    created_at = excluded.created_at, record = excluded.record",
+            )?;
+            for r in rows {
+                stmt.execute(params![
+                    r.id,
+                    r.team,
+                    r.name,
+                    r.state,
+                    r.digest,
+                    to_db_time(r.created_at)?,
+                    r.record
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets a snapshot. Returns whether it was recorded.
+    pub fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn()
+            .prepare_cached("DELETE FROM snapshots WHERE id = ?1")?
+            .execute([id])?;
+        Ok(changed > 0)
+    }
+
+    /// Every snapshot, oldest first.
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRow>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare(
+            "SELECT id, team, name, state, digest, created_at, record FROM snapshots
+             ORDER BY created_at, id",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, Option<String>>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, String>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, team, name, state, digest, created_at, record) = row?;
+            out.push(SnapshotRow {
+                id,
+                team,
+                name,
+                state,
+                digest,
+                created_at: from_db_time(created_at)?,
+                record,
             });
         }
         Ok(out)

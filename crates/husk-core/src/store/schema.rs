@@ -149,7 +149,27 @@ CREATE TABLE saved_sandboxes (
 ) STRICT;
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
+/// Version 9: snapshots, templates a team made of a sandbox's files. `record` is the core's
+/// JSON description (versioned inside); its layers are in the state directory
+/// (`snapshots/<id>/`). `state` is `live` (listed, created from by name) or `retired`
+/// (deleted, replaced under its name, or a fork's: kept only while a sandbox or another
+/// snapshot stands on it). `digest` is its template's image, which stays while it is used.
+const V9: &str = "
+CREATE TABLE snapshots (
+    id         TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
+    team       TEXT NOT NULL,
+    name       TEXT NULL CHECK (name IS NULL OR length(name) BETWEEN 1 AND 128),
+    state      TEXT NOT NULL CHECK (state IN ('live', 'retired')),
+    digest     TEXT NULL,
+    created_at INTEGER NOT NULL,
+    record     TEXT NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX snapshots_by_name ON snapshots (team, name)
+    WHERE state = 'live' AND name IS NOT NULL;
+CREATE INDEX snapshots_by_digest ON snapshots (digest) WHERE digest IS NOT NULL;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

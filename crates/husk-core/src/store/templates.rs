@@ -115,7 +115,10 @@ impl Sqlite {
     pub fn image_in_use(&self, digest: &str) -> Result<bool, StoreError> {
         let conn = self.reader();
         let n: i64 = conn
-            .prepare_cached("SELECT count(*) FROM templates WHERE digest = ?1")?
+            .prepare_cached(
+                "SELECT (SELECT count(*) FROM templates WHERE digest = ?1)
+                      + (SELECT count(*) FROM snapshots WHERE digest = ?1)",
+            )?
             .query_row(params![digest], |r| r.get(0))?;
         Ok(n > 0)
     }

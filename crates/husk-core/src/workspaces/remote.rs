@@ -138,20 +138,23 @@ pub enum FilesRequest {
         limits: OutputLimits,
     },
     /// Freeze sandbox `runtime_id` (the spawner's id) and copy its writable layer into a new
-    /// layer of paused sandbox `sandbox` (`crate::saved_layers`), merged with its layer
-    /// `below`.
+    /// layer of `owner` (a paused sandbox or a snapshot, `crate::saved_layers`), merged with
+    /// the layer `below`.
     CaptureLayer {
         runtime_id: String,
-        sandbox: String,
-        below: Option<String>,
+        into: crate::saved_layers::Home,
+        owner: String,
+        below: Option<crate::saved_layers::LayerRef>,
     },
-    /// Remove layer `layer` of paused sandbox `sandbox`, or all of them.
+    /// Remove layer `layer` of `owner`, or all of them.
     DropLayers {
-        sandbox: String,
+        home: crate::saved_layers::Home,
+        owner: String,
         layer: Option<String>,
     },
-    /// Remove every saved layer but these (sandbox, layer) pairs.
+    /// Remove every saved layer in `home` but these (owner, layer) pairs.
     PruneLayers {
+        home: crate::saved_layers::Home,
         keep: Vec<(String, String)>,
     },
 }
@@ -909,13 +912,15 @@ impl crate::saved_layers::SavedLayers for RemoteWorkspaces {
     fn capture(
         &self,
         runtime_id: &str,
-        sandbox: &str,
-        below: Option<&str>,
+        into: crate::saved_layers::Home,
+        owner: &str,
+        below: Option<&crate::saved_layers::LayerRef>,
     ) -> Result<crate::saved_layers::Captured, crate::saved_layers::LayerError> {
         let req = FilesRequest::CaptureLayer {
             runtime_id: runtime_id.into(),
-            sandbox: sandbox.into(),
-            below: below.map(str::to_owned),
+            into,
+            owner: owner.into(),
+            below: below.cloned(),
         };
         match self.layer_call(req)? {
             FilesReply::Captured(c) => Ok(c),
@@ -927,11 +932,13 @@ impl crate::saved_layers::SavedLayers for RemoteWorkspaces {
 
     fn drop_layers(
         &self,
-        sandbox: &str,
+        home: crate::saved_layers::Home,
+        owner: &str,
         layer: Option<&str>,
     ) -> Result<(), crate::saved_layers::LayerError> {
         let req = FilesRequest::DropLayers {
-            sandbox: sandbox.into(),
+            home,
+            owner: owner.into(),
             layer: layer.map(str::to_owned),
         };
         match self.layer_call(req)? {
@@ -942,8 +949,13 @@ impl crate::saved_layers::SavedLayers for RemoteWorkspaces {
         }
     }
 
-    fn prune(&self, keep: &[(String, String)]) -> Result<u64, crate::saved_layers::LayerError> {
+    fn prune(
+        &self,
+        home: crate::saved_layers::Home,
+        keep: &[(String, String)],
+    ) -> Result<u64, crate::saved_layers::LayerError> {
         match self.layer_call(FilesRequest::PruneLayers {
+            home,
             keep: keep.to_vec(),
         })? {
             FilesReply::Pruned(n) => Ok(n),
@@ -1009,17 +1021,22 @@ fn layers_in(
     let done = match req {
         FilesRequest::CaptureLayer {
             runtime_id,
-            sandbox,
+            into,
+            owner,
             below,
         } => match roots {
-            Some(roots) => host::capture(state_dir, roots, &runtime_id, &sandbox, below.as_deref())
-                .map(FilesReply::Captured),
+            Some(roots) => {
+                host::capture(state_dir, roots, &runtime_id, into, &owner, below.as_ref())
+                    .map(FilesReply::Captured)
+            }
             None => Err(LayerError::Unavailable),
         },
-        FilesRequest::DropLayers { sandbox, layer } => {
-            host::drop_layers(state_dir, &sandbox, layer.as_deref()).map(|()| FilesReply::Unit)
+        FilesRequest::DropLayers { home, owner, layer } => {
+            host::drop_layers(state_dir, home, &owner, layer.as_deref()).map(|()| FilesReply::Unit)
         }
-        FilesRequest::PruneLayers { keep } => host::prune(state_dir, &keep).map(FilesReply::Pruned),
+        FilesRequest::PruneLayers { home, keep } => {
+            host::prune(state_dir, home, &keep).map(FilesReply::Pruned)
+        }
         _ => Err(LayerError::Unavailable),
     };
     done.unwrap_or_else(|e| FilesReply::LayerFailed {
