@@ -48,6 +48,11 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+
+    /// As an item of a list answer (E2B's per-fork `error`): `{"code", "message"}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({"code": self.status.as_u16(), "message": self.message})
+    }
 }
 
 impl IntoResponse for ApiError {

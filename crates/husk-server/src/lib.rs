@@ -15,6 +15,7 @@ pub mod rest;
 pub mod runs;
 pub mod sandbox;
 pub mod secrets;
+pub mod snapshots;
 pub mod templates;
 pub mod transfers;
 mod upload;

@@ -16,7 +16,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, on, post, put, MethodFilter, MethodRouter};
+use axum::routing::{get, post, put};
 use axum::Router;
 use husk_core::manager::{
     CreateRequest, EnvVars, Lifecycle, ListFilter, LiveSandbox, MaskedHost, OnTimeout, PauseMode,
@@ -49,9 +49,12 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/fork", unsupported("forking sandboxes"))
-        .route("/sandboxes/{id}/snapshots", unsupported("snapshots"))
-        .route("/snapshots", unsupported("snapshots"))
+        .route("/sandboxes/{id}/fork", post(crate::snapshots::fork))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(crate::snapshots::create_snapshot),
+        )
+        .route("/snapshots", get(crate::snapshots::list_snapshots))
         .route("/sandboxes/{id}/network", put(update_network))
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/husk/v1/sandboxes/{id}/denials", get(denials))
@@ -94,7 +97,7 @@ fn auth(state: &AppState, headers: &HeaderMap) -> Result<Principal, Response> {
         .ok_or_else(|| error(StatusCode::UNAUTHORIZED, "Invalid API key"))
 }
 
-fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, Response> {
+pub(crate) fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, Response> {
     if body.len() > MAX_BODY {
         return Err(error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -373,7 +376,7 @@ fn volume_mounts_json(workspaces: &[husk_core::manager::WorkspaceMount]) -> Valu
         .collect()
 }
 
-fn timeout_secs(t: Option<i64>) -> Result<Duration, Response> {
+pub(crate) fn timeout_secs(t: Option<i64>) -> Result<Duration, Response> {
     match t {
         None => Ok(Duration::from_secs(DEFAULT_TIMEOUT_SECS)),
         Some(t) if t < 0 => Err(error(
@@ -385,14 +388,14 @@ fn timeout_secs(t: Option<i64>) -> Result<Duration, Response> {
 }
 
 /// A sandbox's `domain`: the server's, when the operator named one.
-fn domain(state: &AppState) -> Value {
+pub(crate) fn domain(state: &AppState) -> Value {
     state
         .domain
         .as_ref()
         .map_or(Value::Null, |d| json!(d.as_str()))
 }
 
-fn sandbox_json(sb: &LiveSandbox, domain: Value) -> Value {
+pub(crate) fn sandbox_json(sb: &LiveSandbox, domain: Value) -> Value {
     json!({
         "templateID": sb.template(),
         "sandboxID": sb.id(),
@@ -483,7 +486,7 @@ fn listed_json(v: &SandboxView) -> Value {
 }
 
 /// Handlers answer errors as finished responses, so `?` works on every step.
-type Answer = Result<Response, Response>;
+pub(crate) type Answer = Result<Response, Response>;
 
 async fn create(State(state): State<AppState>, Who(who): Who, body: Bytes) -> Answer {
     let req: NewSandbox = parse_body(&body)?;
@@ -561,7 +564,7 @@ async fn connect(
 }
 
 /// A `Sandbox` answer (create, connect, resume).
-fn sandbox_answer(state: &AppState, status: StatusCode, sb: &LiveSandbox) -> Response {
+pub(crate) fn sandbox_answer(state: &AppState, status: StatusCode, sb: &LiveSandbox) -> Response {
     (status, axum::Json(sandbox_json(sb, domain(state)))).into_response()
 }
 
@@ -867,21 +870,6 @@ async fn list(
         }
     }
     Ok(resp)
-}
-
-/// A feature husk does not offer: 501 with a message, after the key is checked (so a caller
-/// without a valid key learns nothing either way).
-fn unsupported(what: &'static str) -> MethodRouter<AppState> {
-    let answer = move |_: Who| async move {
-        error(
-            StatusCode::NOT_IMPLEMENTED,
-            format!("{what} is not supported by husk"),
-        )
-    };
-    on(MethodFilter::GET, answer)
-        .on(MethodFilter::POST, answer)
-        .on(MethodFilter::PUT, answer)
-        .on(MethodFilter::DELETE, answer)
 }
 
 #[cfg(test)]

@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// --max-sandboxes.
     #[arg(long, default_value_t = husk_core::manager::DEFAULT_PAUSED_QUOTA, value_name = "N")]
     pub max_paused: u32,
+    /// Snapshots per team (`sbx.create_snapshot()`; a fork's are not counted).
+    #[arg(long, default_value_t = husk_core::manager::DEFAULT_SNAPSHOT_QUOTA, value_name = "N")]
+    pub max_snapshots: u32,
     /// Kill sandboxes paused for longer than this (checked every minute) [default: never:
     /// paused sandboxes stay until killed].
     #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration)]
@@ -166,6 +169,7 @@ pub fn main(args: ServeArgs) -> i32 {
         memory_reserve: args.memory_reserve,
         paused_quota: args.max_paused,
         paused_retention: args.paused_retention,
+        snapshot_quota: args.max_snapshots,
         ..Config::default()
     };
     match (

@@ -129,7 +129,7 @@ impl Snapshot {
     }
 
     /// A row read back, checked against the row's own id, team and state.
-    fn from_row(r: &SnapshotRow) -> Result<Snapshot, String> {
+    pub fn from_row(r: &SnapshotRow) -> Result<Snapshot, String> {
         let v: serde_json::Value =
             serde_json::from_str(&r.record).map_err(|e| format!("not JSON: {e}"))?;
         let version = v.get("version").and_then(|v| v.as_u64()).unwrap_or(0);

@@ -316,13 +316,21 @@ async fn e2b_delete(
     Who(who): Who,
     Path(id): Path<String>,
 ) -> Answer {
-    removable(&who, &id)?;
-    let svc = service(&state)?;
+    // One of the team's snapshots (E2B's `delete_snapshot`), which any key of the team may
+    // delete; else a template, which takes an admin key.
+    if let Some(done) = crate::snapshots::delete_snapshot(&state, &who.team, &id).await {
+        return Ok(done);
+    }
     let templates = built(state.manager.store())?;
     let names: Vec<String> = family(&templates, &id)
         .iter()
         .map(|t| t.name.clone())
         .collect();
+    if names.is_empty() && !who.admin {
+        return Err(not_found(&id));
+    }
+    removable(&who, &id)?;
+    let svc = service(&state)?;
     if names.is_empty() {
         return Err(not_found(&id));
     }
