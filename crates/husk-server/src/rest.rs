@@ -97,7 +97,9 @@ fn auth(state: &AppState, headers: &HeaderMap) -> Result<Principal, Response> {
         .ok_or_else(|| error(StatusCode::UNAUTHORIZED, "Invalid API key"))
 }
 
-pub(crate) fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, Response> {
+pub(crate) fn parse_body<T: for<'de> Deserialize<'de> + Default>(
+    body: &Bytes,
+) -> Result<T, Response> {
     if body.len() > MAX_BODY {
         return Err(error(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -87,7 +87,10 @@ pub async fn list_snapshots(
     let mut resp =
         axum::Json(page.iter().map(|s| snapshot_json(s)).collect::<Vec<_>>()).into_response();
     if items.len() > limit {
-        if let Some(v) = page.last().and_then(|l| HeaderValue::from_str(&key(l)).ok()) {
+        if let Some(v) = page
+            .last()
+            .and_then(|l| HeaderValue::from_str(&key(l)).ok())
+        {
             resp.headers_mut().insert("x-next-token", v);
         }
     }

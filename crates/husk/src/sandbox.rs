@@ -1,6 +1,6 @@
 //! `husk sandbox`: a server's sandboxes. `list` shows them, running and paused; `pause`,
-//! `resume` and `kill` act on one (the E2B API's calls); `logs` shows a sandbox's denied
-//! connections (what its network policy refused), oldest first.
+//! `resume`, `snapshot`, `fork` and `kill` act on one (the E2B API's calls); `logs` shows a
+//! sandbox's denied connections (what its network policy refused), oldest first.
 
 use std::path::PathBuf;
 
@@ -24,6 +24,12 @@ pub enum SandboxCommand {
     Pause(PauseArgs),
     /// Resumes a paused sandbox (a running one gets its timeout extended).
     Resume(ResumeArgs),
+    /// Snapshots a running sandbox: a template of its files that new sandboxes start from
+    /// (`husk template list` shows it). The sandbox is frozen for the copy, then goes on.
+    Snapshot(SnapshotArgs),
+    /// Starts new sandboxes from one snapshot of a running sandbox, with its settings; the
+    /// source goes on. Prints one line per fork: its id, or why it did not start.
+    Fork(ForkArgs),
     /// Kills a sandbox, running or paused, with everything it had.
     Kill(IdArgs),
     /// A sandbox's log: the connections its network policy refused.
@@ -83,6 +89,31 @@ pub struct ResumeArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct SnapshotArgs {
+    /// The sandbox's id.
+    pub id: String,
+    /// Name it (`name` or `name:tag`); a snapshot of the team already named so is replaced.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub server: ServerFlags,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ForkArgs {
+    /// The sandbox's id.
+    pub id: String,
+    /// How many sandboxes to start (1 to 20).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub count: u32,
+    /// Seconds each runs before its timeout [default: the source's].
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+    #[command(flatten)]
+    pub server: ServerFlags,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct IdArgs {
     /// The sandbox's id.
     pub id: String,
@@ -111,6 +142,8 @@ pub fn main(args: SandboxArgs) -> i32 {
         SandboxCommand::List(a) => list(a),
         SandboxCommand::Pause(a) => pause(a),
         SandboxCommand::Resume(a) => resume(a),
+        SandboxCommand::Snapshot(a) => snapshot(a),
+        SandboxCommand::Fork(a) => fork(a),
         SandboxCommand::Kill(a) => kill(a),
         SandboxCommand::Logs(a) => logs(a),
     };
@@ -215,6 +248,65 @@ fn resume(args: ResumeArgs) -> Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// The answer of a POST, or the server's reason for a 409 (a paused sandbox) as the error.
+fn refused(status: u16, answer: Option<serde_json::Value>) -> Result<serde_json::Value> {
+    let answer = answer.unwrap_or_default();
+    if status == 409 {
+        anyhow::bail!(
+            "{}",
+            answer["message"]
+                .as_str()
+                .unwrap_or("the sandbox is paused")
+        );
+    }
+    Ok(answer)
+}
+
+fn snapshot(args: SnapshotArgs) -> Result<i32> {
+    let client = args.server.client()?;
+    let rt = client::runtime()?;
+    let body = match &args.name {
+        Some(n) => serde_json::json!({"name": n}),
+        None => serde_json::json!({}),
+    };
+    let path = format!("/sandboxes/{}/snapshots", args.id);
+    let (status, answer) = rt.block_on(client.post_json(&path, &body))?;
+    let answer = refused(status, answer)?;
+    let id = answer["snapshotID"].as_str().unwrap_or_default();
+    // The id alone on stdout, for scripts: `husk sandbox snapshot X | xargs ...`.
+    println!("{id}");
+    eprintln!("husk: snapshot of sandbox {} taken", args.id);
+    Ok(0)
+}
+
+fn fork(args: ForkArgs) -> Result<i32> {
+    let client = args.server.client()?;
+    let rt = client::runtime()?;
+    let mut body = serde_json::json!({"count": args.count});
+    if let Some(t) = args.timeout {
+        body["timeout"] = t.into();
+    }
+    let path = format!("/sandboxes/{}/fork", args.id);
+    let (status, answer) = rt.block_on(client.post_json(&path, &body))?;
+    let answer = refused(status, answer)?;
+    let mut failed = 0;
+    for item in answer.as_array().map(Vec::as_slice).unwrap_or_default() {
+        match item["sandbox"]["sandboxID"].as_str() {
+            Some(id) => println!("{id}"),
+            None => {
+                failed += 1;
+                eprintln!(
+                    "husk: a fork did not start: {}",
+                    item["error"]["message"]
+                        .as_str()
+                        .unwrap_or("(no reason given)")
+                );
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
 }
 
 fn kill(args: IdArgs) -> Result<i32> {

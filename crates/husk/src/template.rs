@@ -290,9 +290,21 @@ fn list(store: &Store, json: bool) -> i32 {
         Ok(t) => t,
         Err(e) => return fail(crate::report::chain(&e)),
     };
+    // Teams' snapshots are templates too (made of a sandbox, on its template).
+    let snapshots: Vec<husk_core::manager::Snapshot> = match store.snapshots() {
+        Ok(rows) => rows
+            .iter()
+            .filter_map(|r| husk_core::manager::Snapshot::from_row(r).ok())
+            .filter(|s| s.state == husk_core::manager::SnapshotState::Live)
+            .collect(),
+        Err(e) => return fail(crate::report::chain(&e)),
+    };
     if json {
         for t in &templates {
             println!("{}", summary_json(t));
+        }
+        for s in &snapshots {
+            println!("{}", snapshot_json(s));
         }
         return 0;
     }
@@ -317,6 +329,18 @@ fn list(store: &Store, json: bool) -> i32 {
             &t.digest[..t.digest.len().min(19)]
         );
     }
+    for s in &snapshots {
+        println!(
+            "{:<24} {:>10} {:>8} {:<22} snapshot of {} (team {}, parent {})",
+            s.snapshot_id(),
+            human(s.bytes),
+            s.layers.len(),
+            s.created_at().format(&Rfc3339).unwrap_or_default(),
+            s.source,
+            s.team,
+            s.parent
+        );
+    }
     if !templates.iter().any(|t| t.name == template::BASE_TEMPLATE) {
         eprintln!("(`base` means the host template until a template called base is built)");
     }
@@ -325,6 +349,20 @@ fn list(store: &Store, json: bool) -> i32 {
 
 /// A template as JSON (the same shape the HTTP API returns).
 pub use husk_core::template::summary_json;
+
+/// A snapshot as JSON, beside the templates in `husk template list --json`.
+fn snapshot_json(s: &husk_core::manager::Snapshot) -> serde_json::Value {
+    serde_json::json!({
+        "name": s.snapshot_id(),
+        "kind": "snapshot",
+        "team": s.team,
+        "parent": s.parent,
+        "source": s.source,
+        "size": s.bytes,
+        "layers": s.layers.len(),
+        "created_at": s.created_at().format(&Rfc3339).unwrap_or_default(),
+    })
+}
 
 fn inspect(store: &Store, name: &str) -> i32 {
     match store.template(name) {

@@ -20,6 +20,8 @@ Prints, from one run against one server it starts itself:
   server's (egress off): create -> agent ready server side and client side, and the ratios;
 - pause and resume in each mode, idle and loaded (files and memory), beside freezing a cgroup
   directly and copying the same bytes to disk (the floors);
+- snapshots and forks: snapshot of an idle and a loaded sandbox, a create from it, a fork of
+  10, beside 10 plain creates one after the other and the same copy to disk;
 - the code interpreter, on a third server with the `base` and `code-interpreter` presets built
   (shared layer cache) and the stock e2b-code-interpreter SDK: `Sandbox.create()` + first
   `run_code("1+1")`; `run_code("1+1")` in a ready sandbox beside the same ipykernel driven
@@ -709,6 +711,104 @@ def abuse(n: int, connections: int) -> None:
         server.close()
 
 
+def load_sandbox(sbx, loaded_mb: int) -> None:
+    """`loaded_mb` MiB of files in /home/user and a process holding as much memory."""
+    sbx.commands.run(f"head -c {loaded_mb}M /dev/urandom > /home/user/blob")
+    hold = (f"python3 -c 'import time; b = bytearray({loaded_mb} << 20); "
+            "b[::4096] = b\"x\" * len(b[::4096]); time.sleep(1e6)'")
+    sbx.commands.run(hold, background=True)
+    # The memory is taken once the process has touched every page.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rss = sbx.commands.run("ps -o rss= -C python3 || true").stdout.split()
+        if rss and int(rss[0]) >= (loaded_mb << 10) * 9 // 10:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the memory holder did not take its memory")
+
+
+def snapshots_forks(server, n: int, loaded_mb: int, forks: int = 10) -> None:
+    """Snapshots and forks (issue 19), through the SDK: `create_snapshot()` of an idle sandbox
+    and of one holding `loaded_mb` MiB of files and as much memory (each snapshot copies the
+    sandbox's whole writable layer; the sandbox is frozen meanwhile), a create from the
+    snapshot with its first command, and `fork(count=forks)` (one snapshot, then `forks`
+    sandboxes, answered once all are ready). The peers: the same number of plain creates one
+    after the other (what a client does without fork), and copying the same bytes from tmpfs
+    to the state directory's disk with a sync."""
+    opts = server.opts()
+    print(f"snapshots and forks (n={n}; loaded: {loaded_mb} MiB of files + {loaded_mb} MiB of memory)")
+    for loaded in (False, True):
+        what = "loaded" if loaded else "idle"
+        sbx = Sandbox.create(timeout=3600, **opts)
+        try:
+            if loaded:
+                load_sandbox(sbx, loaded_mb)
+            snaps, creates, firsts = [], [], []
+            for _ in range(n):
+                info = None
+
+                def take():
+                    nonlocal info
+                    info = sbx.create_snapshot()
+
+                snaps.append(timed(take))
+                child = None
+
+                def create():
+                    nonlocal child
+                    child = Sandbox.create(info.snapshot_id, timeout=60, **opts)
+
+                creates.append(timed(create))
+                firsts.append(timed(lambda: child.commands.run("true")))
+                child.kill()
+                Sandbox.delete_snapshot(info.snapshot_id, **opts)
+            line(f"snapshot, {what}", snaps)
+            line(f"create from the snapshot, {what}", creates)
+            line("  first command in it", firsts)
+            walls = []
+            for _ in range(max(3, n // 4)):
+                made = []
+
+                def fork():
+                    made.extend(sbx.fork(count=forks))
+
+                walls.append(timed(fork))
+                failed = [m for m in made if isinstance(m, Exception)]
+                for m in made:
+                    if not isinstance(m, Exception):
+                        m.kill()
+                if failed:
+                    raise RuntimeError(f"forks failed: {failed}")
+            line(f"fork of {forks} (all ready), {what}", walls)
+        finally:
+            sbx.kill()
+    walls = []
+    for _ in range(max(3, n // 4)):
+        made = []
+
+        def creates():
+            for _ in range(forks):
+                made.append(Sandbox.create(timeout=60, **opts))
+
+        walls.append(timed(creates))
+        for m in made:
+            m.kill()
+    line(f"peer: {forks} plain creates one after the other", walls)
+    src = Path("/dev/shm") / f"husk-bench-{os.getpid()}"
+    dst = server.state_dir / f"bench-copy-{os.getpid()}"
+    try:
+        with open(src, "wb") as f:
+            f.write(os.urandom(loaded_mb << 20))
+        copies = []
+        for _ in range(max(3, n // 4)):
+            copies.append(timed(lambda: (shutil.copyfile(src, dst), os.sync())))
+            dst.unlink()
+        line(f"peer: copy {loaded_mb} MiB tmpfs -> state dir + sync", copies)
+    finally:
+        src.unlink(missing_ok=True)
+        dst.unlink(missing_ok=True)
+
+
 def pause_resume(server, n: int, loaded_mb: int) -> None:
     """Pause and resume (issue 19), through the SDK: an idle sandbox and one holding
     `loaded_mb` MiB of files (in /home/user) and as much memory (a process that holds it), in
@@ -718,19 +818,9 @@ def pause_resume(server, n: int, loaded_mb: int) -> None:
     state directory's disk with a sync (the floor of a filesystem pause)."""
     opts = server.opts()
     print(f"pause and resume (n={n}; loaded: {loaded_mb} MiB of files + {loaded_mb} MiB of memory)")
+
     def load(sbx) -> None:
-        sbx.commands.run(f"head -c {loaded_mb}M /dev/urandom > /home/user/blob")
-        hold = (f"python3 -c 'import time; b = bytearray({loaded_mb} << 20); "
-                "b[::4096] = b\"x\" * len(b[::4096]); time.sleep(1e6)'")
-        sbx.commands.run(hold, background=True)
-        # The memory is taken once the process has touched every page.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            rss = sbx.commands.run("ps -o rss= -C python3 || true").stdout.split()
-            if rss and int(rss[0]) >= (loaded_mb << 10) * 9 // 10:
-                return
-            time.sleep(0.1)
-        raise RuntimeError("the memory holder did not take its memory")
+        load_sandbox(sbx, loaded_mb)
 
     for loaded in (False, True):
         what = "loaded" if loaded else "idle"
@@ -818,7 +908,7 @@ def main() -> None:
     ap.add_argument("--batch-items", type=int, default=20)
     ap.add_argument("--abuse-connections", type=int, default=2000)
     ap.add_argument("--loaded-mb", type=int, default=256)
-    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause"],
+    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs)")
@@ -835,6 +925,9 @@ def main() -> None:
         print(f"husk serve benchmark ({server.bin}), stock e2b {importlib.metadata.version('e2b')}")
         if args.only == "pause":
             pause_resume(server, args.iterations, args.loaded_mb)
+            return
+        if args.only == "snapshot":
+            snapshots_forks(server, args.iterations, args.loaded_mb)
             return
         raw_creates(server.port, key, args.iterations)
         keyed_request_latency(server.port, key, args.iterations * 5)
@@ -854,6 +947,7 @@ def main() -> None:
         batch_walls(server, args.batch_items)
         network_vs_none(server, args.iterations)
         pause_resume(server, max(5, args.iterations // 4), args.loaded_mb)
+        snapshots_forks(server, max(5, args.iterations // 4), args.loaded_mb)
         code_interpreter(max(5, args.iterations // 4))
     finally:
         server.close()
