@@ -619,6 +619,8 @@ fn helpers(c: &Corpus) {
             limit: 10,
         }),
         ("templates", StateRequest::Templates),
+        ("snapshots", StateRequest::Snapshots),
+        ("delete-snapshot", StateRequest::DeleteSnapshot { id: "snap123".into() }),
         ("volume-token", StateRequest::VolumeToken { id: "vol_0123".into() }),
         ("volumes", StateRequest::Volumes { team: "t".into() }),
     ];
@@ -686,13 +688,54 @@ fn helpers(c: &Corpus) {
             "capture-layer",
             F::CaptureLayer {
                 runtime_id: "s3-0123456789a".into(),
-                sandbox: "abc123".into(),
-                below: Some("0123456789abcdef".into()),
+                into: husk_core::saved_layers::Home::Paused,
+                owner: "abc123".into(),
+                below: Some(husk_core::saved_layers::LayerRef {
+                    home: husk_core::saved_layers::Home::Paused,
+                    owner: "abc123".into(),
+                    layer: "0123456789abcdef".into(),
+                }),
             },
             b"",
         ),
-        ("drop-layer", F::DropLayers { sandbox: "abc123".into(), layer: Some("0123456789abcdef".into()) }, b""),
-        ("drop-layers-traversal", F::DropLayers { sandbox: "../workspaces".into(), layer: None }, b""),
+        (
+            "capture-snapshot-below-traversal",
+            F::CaptureLayer {
+                runtime_id: "s3-0123456789a".into(),
+                into: husk_core::saved_layers::Home::Snapshot,
+                owner: "snap123".into(),
+                below: Some(husk_core::saved_layers::LayerRef {
+                    home: husk_core::saved_layers::Home::Paused,
+                    owner: "..".into(),
+                    layer: "../../workspaces".into(),
+                }),
+            },
+            b"",
+        ),
+        (
+            "drop-layer",
+            F::DropLayers {
+                home: husk_core::saved_layers::Home::Paused,
+                owner: "abc123".into(),
+                layer: Some("0123456789abcdef".into()),
+            },
+            b"",
+        ),
+        (
+            "drop-layers-traversal",
+            F::DropLayers { home: husk_core::saved_layers::Home::Paused, owner: "../workspaces".into(), layer: None },
+            b"",
+        ),
+        (
+            "drop-snapshot",
+            F::DropLayers { home: husk_core::saved_layers::Home::Snapshot, owner: "snap123".into(), layer: None },
+            b"",
+        ),
+        (
+            "prune-snapshots",
+            F::PruneLayers { home: husk_core::saved_layers::Home::Snapshot, keep: vec![("snap123".into(), String::new())] },
+            b"",
+        ),
     ];
     for (name, req, stream) in files {
         let frame = postcard::to_stdvec(&req).unwrap();

@@ -155,6 +155,38 @@ def pause():
         s.kill()
 
 
+def snapshot():
+    """A snapshot of a running sandbox (its layer copied while frozen, on this kernel's
+    overlayfs and id-mapped mounts), a sandbox created from it, a fork of 2, and nothing of
+    either left once they are deleted and killed."""
+    s = Sandbox.create(timeout=120, **OPTS)
+    made = []
+    try:
+        s.files.write("/home/user/snap.txt", "in the snapshot")
+        s.commands.run("mkdir -p /tmp/d && rm -f /home/user/.bashrc")
+        info = s.create_snapshot(name="vm-check")
+        s.files.write("/home/user/snap.txt", "after the snapshot")
+        c = Sandbox.create(info.snapshot_id, timeout=60, **OPTS)
+        made.append(c)
+        got = c.files.read("/home/user/snap.txt")
+        assert got == "in the snapshot", repr(got)
+        r = c.commands.run("stat -c %U /home/user/snap.txt; test -d /tmp/d && echo dir; "
+                           "test -e /home/user/.bashrc || echo deleted")
+        assert r.stdout.split() == ["user", "dir", "deleted"], repr(r.stdout)
+        forks = s.fork(count=2)
+        for f in forks:
+            assert not isinstance(f, Exception), f"a fork failed: {f}"
+            made.append(f)
+            got = f.files.read("/home/user/snap.txt")
+            assert got == "after the snapshot", repr(got)
+        assert Sandbox.delete_snapshot(info.snapshot_id, **OPTS) is True
+        return "snapshot, create from it, fork of 2"
+    finally:
+        for m in made:
+            m.kill()
+        s.kill()
+
+
 def kill():
     sbx = state["sbx"]
     sbx.kill()
@@ -186,5 +218,6 @@ only_full("sdk-template", template)
 only_full("sdk-10-at-once", ten_at_once)
 check("sdk-rules-ca", rules_ca, needs=["sdk-create"])
 check("sdk-pause", pause)
+check("sdk-snapshot", snapshot)
 check("sdk-kill", kill, needs=["sdk-create"])
 check("sdk-none-left", none_left)
