@@ -304,7 +304,7 @@ fn list(store: &Store, json: bool) -> i32 {
             println!("{}", summary_json(t));
         }
         for s in &snapshots {
-            println!("{}", snapshot_json(s));
+            println!("{}", s.summary_json());
         }
         return 0;
     }
@@ -349,20 +349,6 @@ fn list(store: &Store, json: bool) -> i32 {
 
 /// A template as JSON (the same shape the HTTP API returns).
 pub use husk_core::template::summary_json;
-
-/// A snapshot as JSON, beside the templates in `husk template list --json`.
-fn snapshot_json(s: &husk_core::manager::Snapshot) -> serde_json::Value {
-    serde_json::json!({
-        "name": s.snapshot_id(),
-        "kind": "snapshot",
-        "team": s.team,
-        "parent": s.parent,
-        "source": s.source,
-        "size": s.bytes,
-        "layers": s.layers.len(),
-        "created_at": s.created_at().format(&Rfc3339).unwrap_or_default(),
-    })
-}
 
 fn inspect(store: &Store, name: &str) -> i32 {
     match store.template(name) {

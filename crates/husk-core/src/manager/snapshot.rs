@@ -106,6 +106,21 @@ impl Snapshot {
             .collect()
     }
 
+    /// As husk's CLI and API list it beside the templates.
+    pub fn summary_json(&self) -> serde_json::Value {
+        use time::format_description::well_known::Rfc3339;
+        serde_json::json!({
+            "name": self.snapshot_id(),
+            "kind": "snapshot",
+            "team": self.team,
+            "parent": self.parent,
+            "source": self.source,
+            "size": self.bytes,
+            "layers": self.layers.len(),
+            "created_at": self.created_at().format(&Rfc3339).unwrap_or_default(),
+        })
+    }
+
     pub fn created_at(&self) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp_nanos(self.created_at)
             .unwrap_or(OffsetDateTime::UNIX_EPOCH)

@@ -148,11 +148,18 @@ fn listed_json(t: &TemplateRecord) -> Value {
     v
 }
 
-async fn list(State(state): State<AppState>, Who(_): Who) -> Answer {
+async fn list(State(state): State<AppState>, Who(who): Who) -> Answer {
     let templates = built(state.manager.store())?;
     let base_built = templates.iter().any(|t| t.name == BASE_TEMPLATE);
     let mut all = vec![host_json(base_built)];
     all.extend(templates.iter().map(listed_json));
+    // The caller's team's snapshots, templates of its own (another team's are not shown).
+    let snapshots = (state.manager).list_snapshots(&who.team, &Default::default());
+    all.extend(snapshots.iter().map(|s| {
+        let mut v = s.summary_json();
+        v["builtin"] = Value::Bool(false);
+        v
+    }));
     Ok(axum::Json(json!({ "templates": all })).into_response())
 }
 
