@@ -781,17 +781,32 @@ pub fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The last value of query parameter `k`.
+pub(crate) fn query_value<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    q.iter()
+        .rev()
+        .find(|(n, _)| n == k)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A list's page size: `limit` (1-100), 100 when not given.
+pub(crate) fn page_limit(q: &[(String, String)]) -> Result<usize, Response> {
+    match query_value(q, "limit").map(str::parse::<usize>) {
+        None => Ok(100),
+        Some(Ok(n)) if (1..=100).contains(&n) => Ok(n),
+        Some(_) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "limit must be between 1 and 100",
+        )),
+    }
+}
+
 async fn list(
     State(state): State<AppState>,
     Who(who): Who,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Answer {
-    let get = |k: &str| {
-        q.iter()
-            .rev()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-    };
+    let get = |k: &str| query_value(&q, k);
     let mut filter = ListFilter::default();
     for (_, v) in q.iter().filter(|(k, _)| k == "metadata") {
         filter.metadata.extend(parse_metadata_filter(v));
@@ -824,16 +839,7 @@ async fn list(
             }
         }
     }
-    let limit = match get("limit").map(str::parse::<usize>) {
-        None => 100,
-        Some(Ok(n)) if (1..=100).contains(&n) => n,
-        Some(_) => {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "limit must be between 1 and 100",
-            ))
-        }
-    };
+    let limit = page_limit(&q)?;
     let desc = match get("order") {
         None | Some("desc") => true,
         Some("asc") => false,

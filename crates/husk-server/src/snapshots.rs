@@ -15,7 +15,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::{answer, ApiError};
-use crate::rest::{domain, error, parse_body, sandbox_json, timeout_secs, Answer, Who};
+use crate::rest::{
+    domain, error, page_limit, parse_body, query_value, sandbox_json, timeout_secs, Answer, Who,
+};
 use crate::AppState;
 
 #[derive(Deserialize, Default)]
@@ -56,23 +58,8 @@ pub async fn list_snapshots(
     Who(who): Who,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Answer {
-    let get = |k: &str| {
-        q.iter()
-            .rev()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
-    let limit = match get("limit").map(str::parse::<usize>) {
-        None => 100,
-        Some(Ok(n)) if (1..=100).contains(&n) => n,
-        Some(_) => {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "limit must be between 1 and 100",
-            ))
-        }
-    };
+    let get = |k: &str| query_value(&q, k).filter(|v| !v.is_empty());
+    let limit = page_limit(&q)?;
     let filter = SnapshotFilter {
         sandbox: get("sandboxID").map(str::to_owned),
         name: get("name").map(str::to_owned),

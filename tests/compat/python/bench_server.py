@@ -711,6 +711,24 @@ def abuse(n: int, connections: int) -> None:
         server.close()
 
 
+def copy_peer(server, n: int, loaded_mb: int) -> None:
+    """The floor of saving a sandbox's files: the same bytes copied from tmpfs to the state
+    directory's disk, with a sync."""
+    src = Path("/dev/shm") / f"husk-bench-{os.getpid()}"
+    dst = server.state_dir / f"bench-copy-{os.getpid()}"
+    try:
+        with open(src, "wb") as f:
+            f.write(os.urandom(loaded_mb << 20))
+        copies = []
+        for _ in range(max(3, n // 4)):
+            copies.append(timed(lambda: (shutil.copyfile(src, dst), os.sync())))
+            dst.unlink()
+        line(f"peer: copy {loaded_mb} MiB tmpfs -> state dir + sync", copies)
+    finally:
+        src.unlink(missing_ok=True)
+        dst.unlink(missing_ok=True)
+
+
 def load_sandbox(sbx, loaded_mb: int) -> None:
     """`loaded_mb` MiB of files in /home/user and a process holding as much memory."""
     sbx.commands.run(f"head -c {loaded_mb}M /dev/urandom > /home/user/blob")
@@ -794,19 +812,7 @@ def snapshots_forks(server, n: int, loaded_mb: int, forks: int = 10) -> None:
         for m in made:
             m.kill()
     line(f"peer: {forks} plain creates one after the other", walls)
-    src = Path("/dev/shm") / f"husk-bench-{os.getpid()}"
-    dst = server.state_dir / f"bench-copy-{os.getpid()}"
-    try:
-        with open(src, "wb") as f:
-            f.write(os.urandom(loaded_mb << 20))
-        copies = []
-        for _ in range(max(3, n // 4)):
-            copies.append(timed(lambda: (shutil.copyfile(src, dst), os.sync())))
-            dst.unlink()
-        line(f"peer: copy {loaded_mb} MiB tmpfs -> state dir + sync", copies)
-    finally:
-        src.unlink(missing_ok=True)
-        dst.unlink(missing_ok=True)
+    copy_peer(server, n, loaded_mb)
 
 
 def pause_resume(server, n: int, loaded_mb: int) -> None:
@@ -884,19 +890,7 @@ def pause_resume(server, n: int, loaded_mb: int) -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
-    src = Path("/dev/shm") / f"husk-bench-{os.getpid()}"
-    dst = server.state_dir / f"bench-copy-{os.getpid()}"
-    try:
-        with open(src, "wb") as f:
-            f.write(os.urandom(loaded_mb << 20))
-        copies = []
-        for _ in range(max(3, n // 4)):
-            copies.append(timed(lambda: (shutil.copyfile(src, dst), os.sync())))
-            dst.unlink()
-        line(f"peer: copy {loaded_mb} MiB tmpfs -> state dir + sync", copies)
-    finally:
-        src.unlink(missing_ok=True)
-        dst.unlink(missing_ok=True)
+    copy_peer(server, n, loaded_mb)
 
 
 def main() -> None:

@@ -54,6 +54,23 @@ pub struct Description {
     pub snapshot: Option<String>,
 }
 
+/// A record of the core's (JSON with a `version`) read back, if this husk reads its version:
+/// one another husk wrote is refused with a message that says so, never misread.
+pub(super) fn read_versioned<T: serde::de::DeserializeOwned>(
+    json: &str,
+    version: u32,
+    what: &str,
+) -> Result<T, String> {
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
+    let found = v.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+    if found != u64::from(version) {
+        return Err(format!(
+            "written by a husk whose {what} version is {found}; this one reads {version}"
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
 fn nanos(t: OffsetDateTime) -> i128 {
     t.unix_timestamp_nanos()
 }
@@ -111,16 +128,7 @@ impl Description {
 
     /// A record read back: its description, checked against the record's own id and team.
     pub fn from_record(r: &SavedSandboxRecord) -> Result<Description, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(&r.description).map_err(|e| format!("not JSON: {e}"))?;
-        let version = v.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-        if version != u64::from(DESCRIPTION_VERSION) {
-            return Err(format!(
-                "saved by a husk whose description version is {version}; this one reads \
-                 {DESCRIPTION_VERSION}"
-            ));
-        }
-        let d: Description = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        let d: Description = read_versioned(&r.description, DESCRIPTION_VERSION, "description")?;
         if d.id != r.id || d.team != r.team {
             return Err("its description names another sandbox".into());
         }

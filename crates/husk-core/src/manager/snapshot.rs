@@ -145,16 +145,7 @@ impl Snapshot {
 
     /// A row read back, checked against the row's own id, team and state.
     pub fn from_row(r: &SnapshotRow) -> Result<Snapshot, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(&r.record).map_err(|e| format!("not JSON: {e}"))?;
-        let version = v.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-        if version != u64::from(SNAPSHOT_VERSION) {
-            return Err(format!(
-                "written by a husk whose snapshot version is {version}; this one reads \
-                 {SNAPSHOT_VERSION}"
-            ));
-        }
-        let s: Snapshot = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        let s: Snapshot = super::saved::read_versioned(&r.record, SNAPSHOT_VERSION, "snapshot")?;
         if s.id != r.id || s.team != r.team || s.state.as_str() != r.state {
             return Err("its record names another snapshot".into());
         }
