@@ -191,13 +191,30 @@ pub(super) struct Pin {
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        if let Some(m) = self.manager.upgrade() {
+        let Some(m) = self.manager.upgrade() else {
+            return;
+        };
+        let unpinned_retired = {
             let mut t = m.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = t.pins.get_mut(&self.id) {
-                *n -= 1;
-                if *n == 0 {
-                    t.pins.remove(&self.id);
+            let last = match t.pins.get_mut(&self.id) {
+                Some(n) => {
+                    *n -= 1;
+                    *n == 0
                 }
+                None => false,
+            };
+            if last {
+                t.pins.remove(&self.id);
+            }
+            last && (t.map.get(&self.id)).is_some_and(|s| s.state == SnapshotState::Retired)
+        };
+        // A create from a snapshot deleted meanwhile that failed: nothing else may come to
+        // collect it.
+        if unpinned_retired {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    m.collect_snapshots().await;
+                });
             }
         }
     }
@@ -281,11 +298,18 @@ impl Manager {
         Ok(())
     }
 
-    /// Removes the files no snapshot record names (copies cut short). Called at start.
+    /// Removes the retired snapshots nothing stands on (an earlier server's, whose last
+    /// sandbox ended with it), and the files no record names (copies cut short). Called at
+    /// start, while no sandbox runs.
     pub(super) fn prune_snapshot_files(&self) {
         let Ok(store) = self.layer_store() else {
             return;
         };
+        for id in self.forget_unkept_snapshots() {
+            if let Err(e) = store.layers.drop_layers(Home::Snapshot, &id, None) {
+                tracing::warn!(snapshot = %id, error = %e, "removing a snapshot's files failed");
+            }
+        }
         let keep: Vec<(String, String)> = {
             let t = self.snapshot_table();
             let own = t.map.values().flat_map(|s| {
@@ -560,10 +584,22 @@ impl Manager {
     /// Removes the retired snapshots nothing stands on any more: no running, paused or
     /// starting sandbox, and no snapshot that is kept. Returns how many.
     pub(super) async fn collect_snapshots(&self) -> usize {
-        let gone: Vec<String> = {
+        let gone = self.forget_unkept_snapshots();
+        let n = gone.len();
+        if n > 0 {
+            self.drop_snapshot_files(gone).await;
+            tracing::info!(count = n, "removed snapshots nothing stands on");
+        }
+        n
+    }
+
+    /// Forgets the retired snapshots nothing keeps (records and map); returns their ids, whose
+    /// files the caller removes (once forgotten, nothing can name them again).
+    fn forget_unkept_snapshots(&self) -> Vec<String> {
+        {
             let mut t = self.snapshot_table();
             if !t.map.values().any(|s| s.state == SnapshotState::Retired) {
-                return 0;
+                return Vec::new();
             }
             let mut roots: HashSet<String> = t.pins.keys().cloned().collect();
             roots.extend(t.unread.iter().cloned());
@@ -604,13 +640,7 @@ impl Manager {
                 t.map.remove(id);
             }
             gone
-        };
-        let n = gone.len();
-        if n > 0 {
-            self.drop_snapshot_files(gone).await;
-            tracing::info!(count = n, "removed snapshots nothing stands on");
         }
-        n
     }
 
     async fn drop_snapshot_files(&self, ids: Vec<String>) {

@@ -354,6 +354,11 @@ async fn snapshots_outlive_their_manager_and_nothing_else_does() {
         .await
         .unwrap();
     assert!(f.m.delete_snapshot("a", &gone.id).await.unwrap());
+    // Deleted, kept by a running sandbox that a crash of the server then ends.
+    let crashed = f.m.snapshot(&a, &sb.id, None).await.unwrap();
+    f.m.create(&a, from(&crashed.id)).await.unwrap();
+    assert!(f.m.delete_snapshot("a", &crashed.id).await.unwrap());
+    assert!(snapshot_files(&f).contains(&crashed.id));
     // What a capture cut short by a crash left.
     f.layers
         .layers
