@@ -212,6 +212,8 @@ pub struct Manager {
     layer_store: std::sync::OnceLock<pause::LayerStore>,
     /// Teams' snapshots, and what stands on them.
     snapshots: Mutex<snapshot::SnapshotTable>,
+    /// Per team, the places among layer copies under way (`Manager::capture_slot`).
+    capture_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// The server's sandbox networking (the network helper) and its default policy.
@@ -250,6 +252,7 @@ impl Manager {
             dormant: RwLock::new(HashMap::new()),
             layer_store: std::sync::OnceLock::new(),
             snapshots: Mutex::new(snapshot::SnapshotTable::default()),
+            capture_slots: Mutex::new(HashMap::new()),
             store,
             host,
             config,

@@ -656,8 +656,10 @@ impl Job<'_> {
         // the open, which must not block on a fifo or take a terminal.
         let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
         let mut input = File::from(open_checked(src, name, flags, st, at)?);
-        let size = u64::try_from(st.st_size).unwrap_or(0);
-        self.admit_bytes(size)?;
+        // What the file takes, not its size: holes are kept as holes (below), so a sparse
+        // file costs the host's disk what it cost the sandbox's.
+        let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        self.admit_bytes(allocated.min(u64::try_from(st.st_size).unwrap_or(0)))?;
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let mut output = File::from(
             sys::openat2(dest, name, flags, 0o600, RESOLVE).map_err(io_err("create", at))?,
@@ -1061,6 +1063,9 @@ fn times_of(st: &libc::stat) -> [libc::timespec; 2] {
 
 /// Copies `input` to `output` until end of file, adding to `bytes`, which must stay at most
 /// `max` (a file may hold more than its size said when it was inspected).
+/// Copies `input` to the empty `output` extent by extent (`SEEK_DATA`/`SEEK_HOLE`): holes stay
+/// holes, only data is read, written and counted against `max`. A file system that cannot
+/// tell (`EINVAL`) is copied whole.
 fn copy_bounded(
     input: &mut File,
     output: &mut File,
@@ -1069,13 +1074,59 @@ fn copy_bounded(
     max: u64,
     at: At<'_>,
 ) -> Result<(), CaptureError> {
-    loop {
-        let n = match input.read(buf) {
+    use std::io::{Seek, SeekFrom};
+    let size = input.metadata().map_err(io_err("stat", at))?.len();
+    let mut pos = 0;
+    while pos < size {
+        let data = match sys::seek_extent(input.as_fd(), pos, libc::SEEK_DATA) {
+            Ok(Some(d)) => d,
+            // Only a hole up to the end.
+            Ok(None) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && pos == 0 => {
+                input.rewind().map_err(io_err("seek in", at))?;
+                return copy_stream(input, output, buf, bytes, max, u64::MAX, at);
+            }
+            Err(e) => return Err(io_err("seek in", at)(e)),
+        };
+        let hole = sys::seek_extent(input.as_fd(), data, libc::SEEK_HOLE)
+            .map_err(io_err("seek in", at))?
+            .unwrap_or(size)
+            .min(size);
+        if hole <= data {
+            break;
+        }
+        input
+            .seek(SeekFrom::Start(data))
+            .map_err(io_err("seek in", at))?;
+        output
+            .seek(SeekFrom::Start(data))
+            .map_err(io_err("seek in", at))?;
+        copy_stream(input, output, buf, bytes, max, hole - data, at)?;
+        pos = hole;
+    }
+    // A hole at the end is no extent: the size says where the file ends.
+    output.set_len(size).map_err(io_err("write", at))
+}
+
+/// Copies up to `len` bytes from `input`'s offset to `output`'s, counting them in `bytes`.
+fn copy_stream(
+    input: &mut File,
+    output: &mut File,
+    buf: &mut [u8],
+    bytes: &mut u64,
+    max: u64,
+    mut len: u64,
+    at: At<'_>,
+) -> Result<(), CaptureError> {
+    while len > 0 {
+        let want = buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
+        let n = match input.read(buf.get_mut(..want).unwrap_or_default()) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(io_err("read", at)(e)),
         };
+        len -= n as u64;
         let total = bytes.saturating_add(n as u64);
         if total > max {
             return Err(CaptureError::LimitExceeded {
@@ -1087,6 +1138,7 @@ fn copy_bounded(
         output.write_all(chunk).map_err(io_err("write", at))?;
         *bytes = total;
     }
+    Ok(())
 }
 
 /// Whether directory `fd` (readable) carries overlayfs's opaque marker.

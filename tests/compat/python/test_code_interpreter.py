@@ -653,3 +653,29 @@ def test_a_full_pause_keeps_the_kernels_state_and_a_filesystem_pause_starts_it_a
     assert r.error is None and r.logs.stdout == ["saved\n"], (r.error, r.logs)
     r = sbx.run_code("x")
     assert r.error is not None and r.error.name == "NameError", r.error
+
+
+def test_a_snapshot_and_a_fork_start_the_kernels_again_on_the_sandboxs_files(ci_husk, ci_sandbox_factory):
+    sbx = ci_sandbox_factory()
+    assert sbx.run_code("x = 41; open('/home/user/nb.txt', 'w').write('saved')").error is None
+    info = sbx.create_snapshot(name="notebook")
+    # The source goes on, its kernel's state whole.
+    r = sbx.run_code("x + 1")
+    assert r.error is None and r.text == "42", (r.error, r.text)
+    # A sandbox from the snapshot: the template's kernel starts afresh on the sandbox's files.
+    child = ci_sandbox_factory(template=info.snapshot_id)
+    r = child.run_code("print(open('/home/user/nb.txt').read())")
+    assert r.error is None and r.logs.stdout == ["saved\n"], (r.error, r.logs)
+    r = child.run_code("x")
+    assert r.error is not None and r.error.name == "NameError", r.error
+    # A fork: the same, in a sandbox of its own.
+    forks = sbx.fork(count=1)
+    assert len(forks) == 1 and not isinstance(forks[0], Exception), forks
+    fork = forks[0]
+    try:
+        assert fork.sandbox_id not in (sbx.sandbox_id, child.sandbox_id)
+        r = fork.run_code("print(open('/home/user/nb.txt').read()); 1 + 1")
+        assert r.error is None and r.text == "2" and r.logs.stdout == ["saved\n"], (r.error, r.text, r.logs)
+    finally:
+        fork.kill()
+    assert Sandbox.delete_snapshot(info.snapshot_id, **ci_husk.opts()) is True

@@ -1,15 +1,17 @@
 """Snapshots and forks with the stock sync SDK (e2b==2.63.0).
 
 `create_snapshot` (unnamed, `name`, `name:tag`, both modes; the source frozen for the copy
-only, then going on with the same id), `Sandbox.create` from a snapshot (by its snapshot id,
-bare id, `team/name[:tag]`, bare name; files as they were at the snapshot, later changes not),
-snapshots of sandboxes made from snapshots (stacked, up to husk's depth), a name taken over,
-`list_snapshots` (the team's live ones, newest first, filters, pages), `delete_snapshot` (any
-key of the team; sandboxes standing on a deleted snapshot go on, pause and resume), `fork`
-(files, envs, metadata, network, own ids and tokens, timeouts, count bounds), tenancy, no key,
-malformed bodies, husk's CLI, the quotas (`--max-snapshots`, `--max-sandboxes`), a restart of
-the server, and that nothing is left under STATE_DIR/snapshots once everything is killed and
-deleted.
+only, then going on with the same id and expiry), `Sandbox.create` from a snapshot (by its
+snapshot id, bare id, `team/name[:tag]`, bare name; files as they were at the snapshot, later
+changes not; special files; volumes left out), snapshots of sandboxes made from snapshots or
+resumed from disk (stacked, up to husk's depth), a name taken over, `list_snapshots` (the
+team's live ones, newest first, filters, pages), `delete_snapshot` (any key of the team;
+sandboxes standing on a deleted snapshot go on, pause and resume; deletes racing creates),
+`fork` (files, envs, metadata, network, volumes, lifecycle, own ids and tokens, timeouts,
+count bounds, 20 at once), tenancy, no key, malformed bodies, concurrent calls, husk's CLI, the
+quotas (`--max-snapshots`, also under concurrent requests; `--max-sandboxes` for forks), a
+restart of the server (SIGTERM, then SIGKILL), and that nothing is left under
+STATE_DIR/snapshots once everything is killed and deleted (also after a crash).
 
 Every test undoes what it made, pass or fail (`Kit`: sandboxes killed, snapshots deleted with
 the key that made them). Tests that need an exact team-wide view use a team of their own."""
@@ -30,7 +32,6 @@ import pytest
 
 from e2b import (
     AuthenticationException,
-    Volume,
     InvalidArgumentException,
     RateLimitException,
     Sandbox,
@@ -38,6 +39,7 @@ from e2b import (
     SandboxNotFoundException,
     SandboxQuery,
     SandboxState,
+    Volume,
 )
 
 from husk_compat import HuskServer, http_request, start_server, unique, wait_for
@@ -1052,7 +1054,7 @@ def test_fork_timeouts_the_static_call_and_forks_of_forks(kit, husk):
     assert src.files.read("/home/user/gen") == "0"
 
 
-def test_a_fork_of_twenty_and_forks_of_a_busy_sandbox(kit, husk):
+def test_a_fork_of_twenty(kit, husk):
     """The most forks one call starts (20), at once, each a whole copy."""
     src = kit.create()
     src.files.write("/home/user/n", "twenty")

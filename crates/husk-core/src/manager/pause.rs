@@ -114,6 +114,23 @@ impl Manager {
         }
     }
 
+    /// A place among the team's layer copies (pauses to disk and snapshots) under way: at
+    /// most [`CAPTURES_PER_TEAM`] at once, the rest wait, so one team's copies never take
+    /// every channel of the files helper from the others'.
+    pub(super) async fn capture_slot(&self, team: &str) -> tokio::sync::OwnedSemaphorePermit {
+        let slots = {
+            let mut map = self.capture_slots.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(team.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(CAPTURES_PER_TEAM)))
+                .clone()
+        };
+        // Never closed: acquiring cannot fail.
+        slots
+            .acquire_owned()
+            .await
+            .expect("a semaphore that is never closed")
+    }
+
     pub(super) fn layer_store(&self) -> Result<&LayerStore, CoreError> {
         self.layer_store
             .get()
@@ -277,6 +294,7 @@ impl Manager {
         let store = self.layer_store()?;
         let layers = store.layers.clone();
         let (rid, id, below) = (sb.runtime_id.clone(), sb.id.clone(), sb.base_layer_ref());
+        let _slot = self.capture_slot(&sb.team).await;
         let captured = tokio::task::spawn_blocking(move || {
             layers.capture(&rid, Home::Paused, &id, below.as_ref())
         })
@@ -608,6 +626,9 @@ impl Manager {
         saved
     }
 }
+
+/// Layer copies one team may have under way at once.
+pub(super) const CAPTURES_PER_TEAM: usize = 2;
 
 /// The dormant map's type.
 pub(super) type DormantMap = HashMap<String, Arc<Dormant>>;

@@ -390,24 +390,30 @@ impl Manager {
     ) -> Result<Arc<Snapshot>, CoreError> {
         let name = name.map(canonical_name).transpose()?;
         let sb = self.running(who, id)?;
+        // Checked again when it is recorded; here, so that no copy is made for nothing.
+        self.check_snapshot_quota(&self.snapshot_table(), &who.team, name.as_ref())?;
+        let (snap, _) = self.take_snapshot(&sb, name, SnapshotState::Live).await?;
+        Ok(snap)
+    }
+
+    /// Whether `team` may have one more live snapshot (named `name`: taking a name over from
+    /// one of its snapshots adds none).
+    fn check_snapshot_quota(
+        &self,
+        t: &SnapshotTable,
+        team: &str,
+        name: Option<&String>,
+    ) -> Result<(), CoreError> {
+        let live = || (t.map.values()).filter(|s| s.team == team && s.state == SnapshotState::Live);
+        let replaces = name.is_some() && live().any(|s| s.name.as_ref() == name);
         let limit = self.config.snapshot_quota;
-        let count = (self.snapshot_table().map.values())
-            .filter(|s| s.team == who.team && s.state == SnapshotState::Live)
-            .count();
-        // A name taken over frees its place.
-        let replaces = name.as_ref().is_some_and(|n| {
-            (self.snapshot_table().map.values()).any(|s| {
-                s.team == who.team && s.state == SnapshotState::Live && s.name.as_ref() == Some(n)
-            })
-        });
-        if count >= limit as usize && !replaces {
+        if live().count() >= limit as usize && !replaces {
             return Err(CoreError::SnapshotQuotaExceeded {
-                team: who.team.clone(),
+                team: team.to_owned(),
                 limit,
             });
         }
-        let (snap, _) = self.take_snapshot(&sb, name, SnapshotState::Live).await?;
-        Ok(snap)
+        Ok(())
     }
 
     /// A running sandbox of `who`'s team; a paused one is a conflict.
@@ -452,6 +458,7 @@ impl Manager {
             }
             let layers = store.layers.clone();
             let (rid, owner, below) = (sb.runtime_id.clone(), snap_id.clone(), sb.base_layer_ref());
+            let _slot = self.capture_slot(&sb.team).await;
             let captured = tokio::task::spawn_blocking(move || {
                 layers.capture(&rid, Home::Snapshot, &owner, below.as_ref())
             })
@@ -506,9 +513,14 @@ impl Manager {
         Ok((snap, pin))
     }
 
-    /// Records a new snapshot (retiring the live one of its name), pinned.
+    /// Records a new snapshot (retiring the live one of its name), pinned. The team's quota
+    /// of live snapshots is checked here, under the table's lock, where no other snapshot
+    /// can be recorded in between (the check before the copy only saves a copy for nothing).
     fn record_snapshot(self: &Arc<Self>, snap: &Arc<Snapshot>) -> Result<Pin, CoreError> {
         let mut t = self.snapshot_table();
+        if snap.state == SnapshotState::Live {
+            self.check_snapshot_quota(&t, &snap.team, snap.name.as_ref())?;
+        }
         let replaced: Vec<Arc<Snapshot>> = match &snap.name {
             Some(n) => (t.map.values())
                 .filter(|s| {

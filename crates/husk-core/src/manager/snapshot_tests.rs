@@ -341,6 +341,37 @@ async fn a_team_has_a_quota_of_snapshots() {
     assert!(f.m.fork(&a, &sb.id, 1, None).await.unwrap()[0].is_ok());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_snapshot_quota_holds_under_concurrent_requests() {
+    let f = fixture_with(Config {
+        default_quota: 10,
+        memory_reserve: 0,
+        snapshot_quota: 2,
+        ..Config::default()
+    });
+    let a = team("a");
+    let sb = f.m.create(&a, req()).await.unwrap();
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let (m, a, id) = (f.m.clone(), a.clone(), sb.id.clone());
+            tokio::spawn(async move { m.snapshot(&a, &id, None).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(CoreError::SnapshotQuotaExceeded { limit: 2, .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ok, 2);
+    assert_eq!(f.m.list_snapshots("a", &SnapshotFilter::default()).len(), 2);
+    // The copies of those refused were removed.
+    assert_eq!(snapshot_files(&f).len(), 2);
+    assert_eq!(f.store.snapshots().unwrap().len(), 2);
+}
+
 #[tokio::test]
 async fn snapshots_outlive_their_manager_and_nothing_else_does() {
     let f = fixture(10, 10);

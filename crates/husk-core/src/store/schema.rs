@@ -158,7 +158,7 @@ const V9: &str = "
 CREATE TABLE snapshots (
     id         TEXT PRIMARY KEY NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
     team       TEXT NOT NULL,
-    name       TEXT NULL CHECK (name IS NULL OR length(name) BETWEEN 1 AND 128),
+    name       TEXT NULL CHECK (name IS NULL OR length(name) BETWEEN 3 AND 129),
     state      TEXT NOT NULL CHECK (state IN ('live', 'retired')),
     digest     TEXT NULL,
     created_at INTEGER NOT NULL,

@@ -849,3 +849,52 @@ fn an_entry_that_is_not_what_was_inspected_is_refused() {
     fs::write(d.join("f"), "y").unwrap();
     raced("another file");
 }
+
+#[test]
+fn holes_stay_holes_and_only_data_counts() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    // The upper layer on tmpfs, as a sandbox's is; the result on /tmp's file system.
+    let shm = TempDir::under(Path::new("/dev/shm"), "sparse");
+    let up = shm.dir("upper");
+    let t = TempDir::new("sparse");
+    let dest = t.dir("dest");
+    const GIB: u64 = 1 << 30;
+    let mut f = fs::File::create(up.join("sparse")).unwrap();
+    f.write_all(&[b'a'; 4096]).unwrap();
+    f.seek(SeekFrom::Start(GIB / 2)).unwrap();
+    f.write_all(&[b'b'; 4096]).unwrap();
+    f.set_len(GIB).unwrap();
+    drop(f);
+    fs::File::create(up.join("all-hole"))
+        .unwrap()
+        .set_len(100 << 20)
+        .unwrap();
+    file(&up.join("dense"), &[b'c'; 10_000], (BASE, BASE), 0o644);
+    // 1 MiB of content allowed: a copy that filled the holes would be refused.
+    let limits = CaptureLimits {
+        max_bytes: 1 << 20,
+        max_entries: 100,
+    };
+    let report = capture(&up, &dest, None, &limits).unwrap();
+    assert_eq!(report.bytes, 2 * 4096 + 10_000);
+    let sparse = dest.join("sparse");
+    assert_eq!(meta(&sparse).len(), GIB);
+    assert!(
+        meta(&sparse).blocks() * 512 <= 1 << 20,
+        "{} blocks",
+        meta(&sparse).blocks()
+    );
+    let mut out = fs::File::open(&sparse).unwrap();
+    let mut buf = vec![0u8; 8192];
+    out.read_exact(&mut buf).unwrap();
+    assert!(buf[..4096].iter().all(|b| *b == b'a') && buf[4096..].iter().all(|b| *b == 0));
+    out.seek(SeekFrom::Start(GIB / 2 - 4096)).unwrap();
+    out.read_exact(&mut buf).unwrap();
+    assert!(buf[..4096].iter().all(|b| *b == 0) && buf[4096..].iter().all(|b| *b == b'b'));
+    out.seek(SeekFrom::Start(GIB - 4096)).unwrap();
+    out.read_exact(&mut buf[..4096]).unwrap();
+    assert!(buf[..4096].iter().all(|b| *b == 0));
+    assert_eq!(meta(&dest.join("all-hole")).len(), 100 << 20);
+    assert_eq!(meta(&dest.join("all-hole")).blocks(), 0);
+    assert_eq!(fs::read(dest.join("dense")).unwrap(), vec![b'c'; 10_000]);
+}

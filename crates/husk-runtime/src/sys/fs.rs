@@ -416,6 +416,23 @@ pub fn loop_attach_ro(file: BorrowedFd<'_>) -> io::Result<(std::path::PathBuf, O
     Ok((path, dev))
 }
 
+/// Where the next data (`SEEK_DATA`) or hole (`SEEK_HOLE`) of file `fd` starts at or after
+/// `from`: `Ok(None)` when there is no more data (`ENXIO`).
+pub fn seek_extent(fd: BorrowedFd<'_>, from: u64, whence: i32) -> io::Result<Option<u64>> {
+    let from =
+        libc::off_t::try_from(from).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `fd` is a valid open file descriptor; lseek only moves its offset.
+    let at = unsafe { libc::lseek(fd.as_raw_fd(), from, whence) };
+    if at < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(at as u64))
+}
+
 /// syncfs(2): writes out everything cached for the file system `fd` is on.
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: `fd` is a valid open file descriptor.
