@@ -111,6 +111,9 @@ impl Snapshot {
         use time::format_description::well_known::Rfc3339;
         serde_json::json!({
             "name": self.snapshot_id(),
+            "digest": null,
+            "image": null,
+            "manifest": null,
             "kind": "snapshot",
             "team": self.team,
             "parent": self.parent,
