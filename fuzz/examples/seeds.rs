@@ -620,6 +620,7 @@ fn helpers(c: &Corpus) {
         }),
         ("templates", StateRequest::Templates),
         ("snapshots", StateRequest::Snapshots),
+        ("lost-sandboxes", StateRequest::LostSandboxes { team: Some("t".into()), id: Some("abc".into()) }),
         ("delete-snapshot", StateRequest::DeleteSnapshot { id: "snap123".into() }),
         ("volume-token", StateRequest::VolumeToken { id: "vol_0123".into() }),
         ("volumes", StateRequest::Volumes { team: "t".into() }),

@@ -38,7 +38,7 @@ pub use create::new_sandbox_id;
 use create::Identity;
 pub use limits::host_memory_available;
 pub use live::{LiveSandbox, Metrics};
-pub use lookup::{ListFilter, SandboxView};
+pub use lookup::{ListFilter, LostInfo, SandboxView};
 pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};
 pub use pause::{Credentials, Dormant, Inactive, Paused};
 pub use request::{
@@ -73,6 +73,12 @@ pub enum CoreError {
     /// The sandbox is paused and the call needs it running.
     #[error("team {team} has reached its limit of {limit} snapshots; delete one first")]
     SnapshotQuotaExceeded { team: String, limit: u32 },
+    #[error("sandbox {id} was lost at {at}: {reason}")]
+    Lost {
+        id: String,
+        at: String,
+        reason: String,
+    },
     #[error("sandbox {0} is paused; resume it with Sandbox.connect()")]
     Paused(String),
     #[error("{0}")]
@@ -185,6 +191,17 @@ impl Default for Config {
     }
 }
 
+/// How long a lost sandbox stays known (its team is told what became of it).
+pub const LOST_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Why the sandboxes a server left running are lost when the next one starts.
+const LOST_IN_A_CRASH: &str = "the server that ran it ended without stopping in order (a crash, \
+    or the host went down); its processes and files are gone";
+
+/// Why running sandboxes are lost at an orderly stop.
+pub(crate) const LOST_AT_STOP: &str = "the server that ran it was stopped; running sandboxes \
+    end with it (pause a sandbox to keep it through a restart)";
+
 /// The default [`Config::paused_quota`].
 pub const DEFAULT_PAUSED_QUOTA: u32 = 1000;
 
@@ -233,16 +250,25 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 impl Manager {
     /// A manager over a started spawner (or another [`SandboxHost`]). Forgets records of
-    /// sandboxes a crashed earlier run left (the spawner has already reaped what they left on
-    /// the host).
+    /// sandboxes a crashed earlier run left as lost (the spawner has already reaped what they
+    /// left on the host), and forgets those lost longer than [`LOST_KEPT`] ago.
     pub fn new(
         store: Arc<Store>,
         host: Arc<dyn SandboxHost>,
         config: Config,
     ) -> Result<Arc<Manager>, CoreError> {
-        let stale = store.clear_sandboxes()?;
+        let now = time::OffsetDateTime::now_utc();
+        let stale = store.mark_sandboxes_lost(LOST_IN_A_CRASH, now)?;
         if stale > 0 {
-            tracing::info!(count = stale, "forgot sandboxes of an earlier run");
+            tracing::warn!(
+                count = stale,
+                "sandboxes of an earlier run ended with it (it did not stop in order); they are \
+                 listed as lost (husk sandbox list --state lost)"
+            );
+        }
+        let pruned = store.prune_lost_sandboxes(now - LOST_KEPT)?;
+        if pruned > 0 {
+            tracing::info!(count = pruned, "forgot sandboxes lost more than a week ago");
         }
         Ok(Arc::new(Manager {
             templates: Arc::new(Templates::new(store.clone())),

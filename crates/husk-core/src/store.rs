@@ -174,6 +174,14 @@ pub struct SandboxRecord {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// A sandbox that ended with the server that ran it: its record, when and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LostSandbox {
+    pub record: SandboxRecord,
+    pub lost_at: OffsetDateTime,
+    pub reason: String,
+}
+
 /// A sandbox kept beyond its processes (paused to disk): who it belongs to and the core's
 /// description of it (JSON, opaque to the store).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -93,6 +93,7 @@ impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> ApiError {
         let status = match &e {
             CoreError::NotFound(_)
+            | CoreError::Lost { .. }
             | CoreError::TemplateNotFound(_)
             | CoreError::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
             CoreError::QuotaExceeded { .. }

@@ -415,7 +415,9 @@ fn state_json(v: &SandboxView) -> (&'static str, Value) {
         OnTimeout::Kill => "kill",
         OnTimeout::Pause(_) => "pause",
     };
-    let state = if v.paused.is_some() {
+    let state = if v.lost.is_some() {
+        "lost"
+    } else if v.paused.is_some() {
         "paused"
     } else {
         "running"
@@ -471,7 +473,7 @@ fn detail_json(v: &SandboxView, domain: Value) -> Value {
 
 fn listed_json(v: &SandboxView) -> Value {
     let (state, _) = state_json(v);
-    json!({
+    let mut listed = json!({
         "templateID": v.template,
         "sandboxID": v.id,
         "clientID": "husk",
@@ -484,7 +486,12 @@ fn listed_json(v: &SandboxView) -> Value {
         "state": state,
         "metadata": v.metadata,
         "volumeMounts": volume_mounts_json(&v.workspaces),
-    })
+    });
+    // A lost sandbox's `endAt` is when it was lost; why, beside it.
+    if let (Some(l), Some(o)) = (&v.lost, listed.as_object_mut()) {
+        o.insert("lostReason".into(), json!(l.reason));
+    }
+    listed
 }
 
 /// Handlers answer errors as finished responses, so `?` works on every step.
@@ -827,10 +834,13 @@ async fn list(
         .flat_map(|(_, v)| v.split(','))
         .filter(|s| !s.is_empty())
         .collect();
+    // husk's own: `lost` (never sent by E2B's SDKs, whose lists know two states).
+    let mut lost = false;
     for s in &states {
         match *s {
             "running" => filter.running = true,
             "paused" => filter.paused = true,
+            "lost" => lost = true,
             _ => {
                 return Err(error(
                     StatusCode::BAD_REQUEST,
@@ -850,7 +860,15 @@ async fn list(
             ))
         }
     };
-    let mut items = state.manager.list_views(&who, &filter);
+    let mut items = if lost && !filter.running && !filter.paused {
+        Vec::new()
+    } else {
+        state.manager.list_views(&who, &filter)
+    };
+    if lost {
+        items.extend(state.manager.lost_views(&who, &filter).map_err(answer)?);
+        items.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+    }
     if desc {
         items.reverse();
     }

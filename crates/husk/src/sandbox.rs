@@ -17,7 +17,7 @@ pub struct SandboxArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SandboxCommand {
-    /// The team's sandboxes, running and paused, oldest first.
+    /// The team's sandboxes, running and paused (or lost), oldest first.
     List(ListArgs),
     /// Pauses a sandbox: frozen in place with its memory, or (--files-only) its files saved
     /// to disk and its processes ended. It keeps its id and stays until resumed or killed.
@@ -56,8 +56,9 @@ impl ServerFlags {
 
 #[derive(clap::Args, Debug)]
 pub struct ListArgs {
-    /// Only sandboxes in this state.
-    #[arg(long, value_parser = ["running", "paused"])]
+    /// Only sandboxes in this state; `lost`: those that ended with the server that ran them
+    /// (kept a week, with when and why).
+    #[arg(long, value_parser = ["running", "paused", "lost"])]
     pub state: Option<String>,
     #[command(flatten)]
     pub server: ServerFlags,
@@ -168,6 +169,8 @@ struct Listed {
     started_at: String,
     #[serde(rename = "endAt")]
     end_at: String,
+    #[serde(rename = "lostReason", default)]
+    lost_reason: Option<String>,
 }
 
 fn list(args: ListArgs) -> Result<i32> {
@@ -201,14 +204,21 @@ fn list(args: ListArgs) -> Result<i32> {
         return Ok(0);
     }
     println!(
-        "{:<22} {:<8} {:<24} {:<26} ENDS (PAUSED AT)",
+        "{:<22} {:<8} {:<24} {:<26} ENDS (PAUSED AT, LOST AT)",
         "ID", "STATE", "TEMPLATE", "STARTED"
     );
     for v in all {
         let s: Listed = serde_json::from_value(v)?;
         println!(
-            "{:<22} {:<8} {:<24} {:<26} {}",
-            s.id, s.state, s.template, s.started_at, s.end_at
+            "{:<22} {:<8} {:<24} {:<26} {}{}",
+            s.id,
+            s.state,
+            s.template,
+            s.started_at,
+            s.end_at,
+            s.lost_reason
+                .map(|r| format!("  ({r})"))
+                .unwrap_or_default()
         );
     }
     Ok(0)

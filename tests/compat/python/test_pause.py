@@ -8,8 +8,10 @@ killing a paused sandbox (nothing left in the state dir) and the team quota."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import secrets
+import subprocess
 import time
 
 import pytest
@@ -694,8 +696,6 @@ def test_a_private_sandbox_is_not_woken_by_traffic_without_its_token(sandbox_fac
 
 
 def test_husk_cli_lists_pauses_resumes_and_kills(sandbox_factory, husk):
-    import subprocess
-
     sbx = sandbox_factory(timeout=120)
     sbx.files.write("/home/user/cli", "kept")
 
@@ -732,8 +732,9 @@ def test_husk_cli_lists_pauses_resumes_and_kills(sandbox_factory, husk):
 def test_sandboxes_paused_to_disk_survive_a_restart_of_the_server():
     """SIGTERM, then a new server on the same state directory: a sandbox paused to disk comes
     back as it was (id, token, metadata, envs, files); one paused in place was saved to disk at
-    the stop (its files kept, its processes not); a running one is gone. Then a SIGKILL: what
-    was paused to disk survives that too. Nothing is left after the kills."""
+    the stop (its files kept, its processes not); a running one is gone, and said to be lost
+    (why, in the SDK's error and in `husk sandbox list --state lost`). Then a SIGKILL: what was
+    paused to disk survives that too, what ran is lost. Nothing is left after the kills."""
     from husk_compat import start_server
 
     first = start_server()
@@ -760,6 +761,11 @@ def test_sandboxes_paused_to_disk_survive_a_restart_of_the_server():
         }
         with pytest.raises(SandboxNotFoundException):
             Sandbox.connect(running.sandbox_id, **opts)
+        # The SDKs word their own 404s; the server's answer says what became of it.
+        r = http_request(second.port, "GET", f"/sandboxes/{running.sandbox_id}",
+                         headers={"X-API-KEY": second.admin_key})
+        assert r.status == 404 and "was lost" in r.text and "was stopped" in r.text, r.text
+        assert running.sandbox_id not in ids(Sandbox.list(**opts))
         back = Sandbox.connect(disk.sandbox_id, **opts)
         assert back.get_info().metadata == {"k": "v"}
         assert back.files.read("/home/user/r") == "kept"
@@ -783,6 +789,18 @@ def test_sandboxes_paused_to_disk_survive_a_restart_of_the_server():
         assert again.files.read("/home/user/r") == "kept"
         assert again.kill() is True
         assert Sandbox.kill(resident.sandbox_id, **opts) is False  # it ran, so it died
+        r = http_request(third.port, "GET", f"/sandboxes/{resident.sandbox_id}",
+                         headers={"X-API-KEY": third.admin_key})
+        assert r.status == 404 and "without stopping in order" in r.text, r.text
+        r = subprocess.run(
+            [str(third.bin), "sandbox", "list", "--state", "lost", "--json",
+             "--server", third.url, "--state-dir", str(state_dir)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        gone = {s["sandboxID"]: s for s in json.loads(r.stdout)}
+        assert set(gone) == {running.sandbox_id, resident.sandbox_id}, gone
+        assert all(s["state"] == "lost" and s["lostReason"] for s in gone.values()), gone
         leftovers = list((state_dir / "paused").iterdir()) if (state_dir / "paused").exists() else []
         assert leftovers == [], leftovers
     finally:

@@ -23,6 +23,13 @@ pub struct ListFilter {
     pub paused: bool,
 }
 
+/// When and why a sandbox was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostInfo {
+    pub at: OffsetDateTime,
+    pub reason: String,
+}
+
 impl ListFilter {
     /// Whether a sandbox with these properties is listed (checked before its view is made).
     fn admits(
@@ -67,9 +74,39 @@ pub struct SandboxView {
     pub mask_request_host: Option<String>,
     pub workspaces: Vec<WorkspaceMount>,
     pub lifecycle: Lifecycle,
+    /// Set for a sandbox that ended with the server that ran it.
+    pub lost: Option<LostInfo>,
 }
 
 impl SandboxView {
+    /// A lost sandbox: what its record kept (the rest is gone with it).
+    fn of_lost(l: &crate::store::LostSandbox) -> SandboxView {
+        SandboxView {
+            id: l.record.id.clone(),
+            template: l.record.template.clone(),
+            started_at: l.record.created_at,
+            end_at: l.lost_at,
+            cpu_count: 0,
+            memory_mb: 0,
+            disk_mb: 0,
+            paused: None,
+            access_token: String::new(),
+            traffic_access_token: String::new(),
+            metadata: l.record.metadata.clone(),
+            allow_internet_access: None,
+            network: husk_net::NetPolicy::None,
+            net_rules: crate::net_rules::NetRules::default(),
+            public_traffic: false,
+            mask_request_host: None,
+            workspaces: Vec::new(),
+            lifecycle: Lifecycle::default(),
+            lost: Some(LostInfo {
+                at: l.lost_at,
+                reason: l.reason.clone(),
+            }),
+        }
+    }
+
     fn of_live(sb: &LiveSandbox) -> SandboxView {
         SandboxView {
             id: sb.id.clone(),
@@ -90,6 +127,7 @@ impl SandboxView {
             mask_request_host: sb.mask_request_host.as_ref().map(|m| m.as_str().to_owned()),
             workspaces: sb.workspaces.clone(),
             lifecycle: sb.lifecycle,
+            lost: None,
         }
     }
 
@@ -115,6 +153,7 @@ impl SandboxView {
             mask_request_host: d.mask_request_host.clone(),
             workspaces: d.workspaces.clone(),
             lifecycle: d.lifecycle,
+            lost: None,
         }
     }
 }
@@ -147,9 +186,46 @@ impl Manager {
         if let Ok(sb) = self.get(who, id) {
             return Ok(SandboxView::of_live(&sb));
         }
-        self.dormant(&who.team, id)
-            .map(|d| SandboxView::of_dormant(&d))
-            .ok_or_else(|| CoreError::NotFound(id.to_string()))
+        match self.dormant(&who.team, id) {
+            Some(d) => Ok(SandboxView::of_dormant(&d)),
+            None => Err(self.not_found(&who.team, id)),
+        }
+    }
+
+    /// Why no sandbox `id` of `team` is there: it was lost (when and why), or it is not known.
+    pub(super) fn not_found(&self, team: &str, id: &str) -> CoreError {
+        match self.store.lost_sandboxes(Some(team), Some(id)) {
+            Ok(l) if !l.is_empty() => CoreError::Lost {
+                id: id.to_owned(),
+                at: l[0]
+                    .lost_at
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default(),
+                reason: l[0].reason.clone(),
+            },
+            _ => CoreError::NotFound(id.to_owned()),
+        }
+    }
+
+    /// The team's lost sandboxes matching `filter`'s metadata, template and start, most
+    /// recently lost first.
+    pub fn lost_views(
+        &self,
+        who: &Principal,
+        filter: &ListFilter,
+    ) -> Result<Vec<SandboxView>, CoreError> {
+        let all = ListFilter {
+            running: false,
+            paused: false,
+            ..filter.clone()
+        };
+        Ok((self.store.lost_sandboxes(Some(&who.team), None)?.iter())
+            .filter(|l| {
+                let r = &l.record;
+                all.admits(false, &r.metadata, &r.template, r.created_at)
+            })
+            .map(SandboxView::of_lost)
+            .collect())
     }
 
     /// The team's sandboxes, running and paused, matching `filter`, oldest first.
@@ -185,7 +261,8 @@ impl Manager {
         if self.get(who, id).is_ok() && self.remove(id).await {
             return Ok(());
         }
-        Err(CoreError::NotFound(id.to_string()))
+        // A lost one is not there to kill either; the answer says what became of it.
+        Err(self.not_found(&who.team, id))
     }
 
     /// Sets the sandbox to end `timeout` from now (may shorten).

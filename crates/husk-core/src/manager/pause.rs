@@ -398,7 +398,7 @@ impl Manager {
         }
         match self.dormant(&who.team, id) {
             Some(d) => self.resume_from_disk(who, d, timeout).await,
-            None => Err(CoreError::NotFound(id.to_string())),
+            None => Err(self.not_found(&who.team, id)),
         }
     }
 

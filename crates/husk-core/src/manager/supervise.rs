@@ -72,12 +72,23 @@ impl Manager {
     /// Removes and destroys a sandbox; with `drop_layers`, its saved files too (not when it
     /// is being paused to disk: they are what it resumes on).
     pub(super) async fn remove_with(&self, id: &str, drop_layers: bool) -> bool {
+        self.remove_as(id, drop_layers, None).await
+    }
+
+    /// [`Self::remove_with`]; with `lost`, its record is kept, marked lost for that reason.
+    async fn remove_as(&self, id: &str, drop_layers: bool, lost: Option<&str>) -> bool {
         let Some(sb) = write(&self.sandboxes).remove(id) else {
             return false;
         };
         sb.agent.close().await;
         self.destroy_runtime(sb.runtime_id.clone()).await;
-        let _ = self.store.delete_sandbox(id);
+        let _ = match lost {
+            Some(reason) => {
+                let now = time::OffsetDateTime::now_utc();
+                self.store.mark_sandbox_lost(id, reason, now)
+            }
+            None => self.store.delete_sandbox(id),
+        };
         if drop_layers && sb.base_layer.is_some() {
             self.drop_layers(id).await;
         }
@@ -88,7 +99,8 @@ impl Manager {
     }
 
     /// Server shutdown: sandboxes paused in place are saved to disk, every other one is
-    /// destroyed. Sandboxes paused to disk stay as they are, for the next server.
+    /// destroyed and listed as lost. Sandboxes paused to disk stay as they are, for the next
+    /// server.
     pub async fn shutdown(self: &Arc<Self>) {
         let saved = self.save_paused_at_stop().await;
         if saved > 0 {
@@ -96,7 +108,7 @@ impl Manager {
         }
         let ids: Vec<String> = read(&self.sandboxes).keys().cloned().collect();
         for id in ids {
-            self.remove(&id).await;
+            self.remove_as(&id, true, Some(super::LOST_AT_STOP)).await;
         }
     }
 }

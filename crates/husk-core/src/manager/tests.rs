@@ -514,6 +514,84 @@ async fn shutdown_destroys_every_sandbox() {
     assert!(host.live().is_empty());
     assert_eq!(host.destroyed().len(), 3);
     assert_eq!((m.count(), records(&m)), (0, 0));
+    // Each is listed as lost, to its own team only, saying why.
+    let lost = m.lost_views(&team("a"), &ListFilter::default()).unwrap();
+    assert_eq!(lost.len(), 2);
+    let why = &lost[0].lost.as_ref().unwrap().reason;
+    assert!(why.contains("was stopped"), "{why}");
+    assert_eq!(
+        m.lost_views(&team("b"), &ListFilter::default())
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn sandboxes_a_crash_left_are_lost_said_so_then_forgotten() {
+    let store = Arc::new(Store::open_in_memory().unwrap());
+    let host = FakeHost::new();
+    let config = Config {
+        memory_reserve: 0,
+        ..Config::default()
+    };
+    let m = Manager::new(store.clone(), host.clone(), config.clone()).unwrap();
+    let (a, b) = (team("a"), team("b"));
+    let sb = m.create(&a, req()).await.unwrap();
+    let id = sb.id.clone();
+    drop(sb);
+    // Another record, lost more than a week ago.
+    let old = crate::store::SandboxRecord {
+        id: "old".into(),
+        team: "a".into(),
+        template: "host".into(),
+        runtime_id: "s1-old".into(),
+        created_at: time::OffsetDateTime::now_utc() - time::Duration::days(9),
+        end_at: time::OffsetDateTime::now_utc(),
+        metadata: Default::default(),
+    };
+    store.insert_sandbox(&old).unwrap();
+    let eight_days_ago = time::OffsetDateTime::now_utc() - time::Duration::days(8);
+    store
+        .mark_sandbox_lost("old", "long ago", eight_days_ago)
+        .unwrap();
+    // The server crashed (nothing shut down); the next one starts over the same store.
+    let m2 = Manager::new(store.clone(), host.clone(), config).unwrap();
+    let lost = m2.lost_views(&a, &ListFilter::default()).unwrap();
+    assert_eq!(
+        lost.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+        vec![id.as_str()]
+    );
+    let resumed = m2.resume(&a, &id, None, false).await.err().unwrap();
+    for e in [m2.view(&a, &id).unwrap_err(), resumed] {
+        match e {
+            CoreError::Lost {
+                id: lost_id,
+                reason,
+                ..
+            } => {
+                assert_eq!(lost_id, id);
+                assert!(
+                    reason.contains("ended without stopping in order"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Nothing to kill: the answer says so, and the record stays for the week.
+    assert!(matches!(
+        m2.kill(&a, &id).await,
+        Err(CoreError::Lost { .. })
+    ));
+    assert_eq!(m2.lost_views(&a, &ListFilter::default()).unwrap().len(), 1);
+    // Another team learns nothing of it; the old one was forgotten.
+    assert!(matches!(m2.view(&b, &id), Err(CoreError::NotFound(_))));
+    assert!(matches!(
+        m2.kill(&b, &id).await,
+        Err(CoreError::NotFound(_))
+    ));
+    assert!(matches!(m2.view(&a, "old"), Err(CoreError::NotFound(_))));
 }
 
 #[tokio::test]

@@ -9,8 +9,8 @@ use time::OffsetDateTime;
 
 use super::remote::RemoteStore;
 use super::{
-    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord, SealedRow,
-    SecretUse, SnapshotRow, Sqlite, StoreError, TemplateRecord, VolumeRecord,
+    KeyInfo, LostSandbox, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord,
+    SealedRow, SecretUse, SnapshotRow, Sqlite, StoreError, TemplateRecord, VolumeRecord,
 };
 
 /// The store: the SQLite database of this process, or the state helper's.
@@ -93,7 +93,10 @@ delegate! {
     fn update_sandbox_end(&self, id: &str, end_at: OffsetDateTime) -> Result<bool, StoreError>;
     fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError>;
     fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError>;
-    fn clear_sandboxes(&self) -> Result<usize, StoreError>;
+    fn mark_sandboxes_lost(&self, reason: &str, at: OffsetDateTime) -> Result<usize, StoreError>;
+    fn mark_sandbox_lost(&self, id: &str, reason: &str, at: OffsetDateTime) -> Result<bool, StoreError>;
+    fn lost_sandboxes(&self, team: Option<&str>, id: Option<&str>) -> Result<Vec<LostSandbox>, StoreError>;
+    fn prune_lost_sandboxes(&self, before: OffsetDateTime) -> Result<usize, StoreError>;
     fn put_saved_sandbox(&self, record: &SavedSandboxRecord) -> Result<(), StoreError>;
     fn delete_saved_sandbox(&self, id: &str) -> Result<bool, StoreError>;
     fn saved_sandboxes(&self) -> Result<Vec<SavedSandboxRecord>, StoreError>;

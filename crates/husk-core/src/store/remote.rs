@@ -22,8 +22,8 @@ use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
 use super::{
-    KeyInfo, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord, SealedRow,
-    SecretUse, SnapshotRow, Store, StoreError, TemplateRecord, VolumeRecord,
+    KeyInfo, LostSandbox, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord,
+    SealedRow, SecretUse, SnapshotRow, Store, StoreError, TemplateRecord, VolumeRecord,
 };
 use crate::secrets::{Metadata, SecretError, Secrets};
 
@@ -87,7 +87,22 @@ pub enum StateRequest {
         id: String,
     },
     ListSandboxes,
-    ClearSandboxes,
+    MarkSandboxesLost {
+        reason: String,
+        at: OffsetDateTime,
+    },
+    MarkSandboxLost {
+        id: String,
+        reason: String,
+        at: OffsetDateTime,
+    },
+    LostSandboxes {
+        team: Option<String>,
+        id: Option<String>,
+    },
+    PruneLostSandboxes {
+        before: OffsetDateTime,
+    },
     PutSavedSandbox(SavedSandboxRecord),
     DeleteSavedSandbox {
         id: String,
@@ -173,6 +188,7 @@ pub enum StateReply {
     Unfinished(Vec<(RunTable, String, String)>),
     Sandboxes(Vec<SandboxRecord>),
     SavedSandboxes(Vec<SavedSandboxRecord>),
+    Lost(Vec<LostSandbox>),
     Snapshots(Vec<SnapshotRow>),
     Sealed(Option<SealedRow>),
     SealedRows(Vec<SealedRow>),
@@ -547,8 +563,37 @@ impl RemoteStore {
         ask!(self, StateRequest::ListSandboxes, StateReply::Sandboxes(s) => s)
     }
 
-    pub fn clear_sandboxes(&self) -> Result<usize, StoreError> {
-        ask!(self, StateRequest::ClearSandboxes, StateReply::Count(n) => n as usize)
+    pub fn mark_sandboxes_lost(
+        &self,
+        reason: &str,
+        at: OffsetDateTime,
+    ) -> Result<usize, StoreError> {
+        ask!(self, StateRequest::MarkSandboxesLost { reason: reason.into(), at }, StateReply::Count(n) => n as usize)
+    }
+
+    pub fn mark_sandbox_lost(
+        &self,
+        id: &str,
+        reason: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::MarkSandboxLost { id: id.into(), reason: reason.into(), at }, StateReply::Bool(b) => b)
+    }
+
+    pub fn lost_sandboxes(
+        &self,
+        team: Option<&str>,
+        id: Option<&str>,
+    ) -> Result<Vec<LostSandbox>, StoreError> {
+        let req = StateRequest::LostSandboxes {
+            team: team.map(str::to_owned),
+            id: id.map(str::to_owned),
+        };
+        ask!(self, req, StateReply::Lost(l) => l)
+    }
+
+    pub fn prune_lost_sandboxes(&self, before: OffsetDateTime) -> Result<usize, StoreError> {
+        ask!(self, StateRequest::PruneLostSandboxes { before }, StateReply::Count(n) => n as usize)
     }
 
     pub fn put_saved_sandbox(&self, record: &SavedSandboxRecord) -> Result<(), StoreError> {
@@ -810,7 +855,18 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::UpdateSandboxEnd { id, end_at } => R::Bool(store.update_sandbox_end(&id, end_at)?),
             Q::DeleteSandbox { id } => R::Bool(store.delete_sandbox(&id)?),
             Q::ListSandboxes => R::Sandboxes(store.list_sandboxes()?),
-            Q::ClearSandboxes => R::Count(store.clear_sandboxes()? as u64),
+            Q::MarkSandboxesLost { reason, at } => {
+                R::Count(store.mark_sandboxes_lost(&reason, at)? as u64)
+            }
+            Q::MarkSandboxLost { id, reason, at } => {
+                R::Bool(store.mark_sandbox_lost(&id, &reason, at)?)
+            }
+            Q::LostSandboxes { team, id } => {
+                R::Lost(store.lost_sandboxes(team.as_deref(), id.as_deref())?)
+            }
+            Q::PruneLostSandboxes { before } => {
+                R::Count(store.prune_lost_sandboxes(before)? as u64)
+            }
             Q::PutSavedSandbox(r) => {
                 store.put_saved_sandbox(&r)?;
                 R::Unit
@@ -1023,7 +1079,31 @@ mod tests {
         let listed = store.list_sandboxes().unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].metadata, rec.metadata);
-        assert_eq!(store.clear_sandboxes().unwrap(), 1);
+        let now2 = now + time::Duration::seconds(1);
+        assert_eq!(
+            store
+                .mark_sandboxes_lost("the server stopped", now2)
+                .unwrap(),
+            1
+        );
+        assert!(store.list_sandboxes().unwrap().is_empty());
+        let lost = store
+            .lost_sandboxes(Some(&rec.team), Some(&rec.id))
+            .unwrap();
+        assert_eq!(
+            (lost.len(), lost[0].reason.as_str()),
+            (1, "the server stopped")
+        );
+        assert!(store
+            .lost_sandboxes(Some("other"), None)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            store
+                .prune_lost_sandboxes(now2 + time::Duration::seconds(1))
+                .unwrap(),
+            1
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The record of live sandboxes: written when a sandbox is created, removed when it is
-//! destroyed, and read at start-up to find what a crashed server left behind.
+//! destroyed, and marked lost (kept a while, for its team to learn what became of it) when
+//! it ended with the server that ran it.
 
 use std::collections::BTreeMap;
 
@@ -7,8 +8,29 @@ use rusqlite::{ffi, params};
 use time::OffsetDateTime;
 
 use super::{
-    from_db_time, to_db_time, SandboxRecord, SavedSandboxRecord, SnapshotRow, Sqlite, StoreError,
+    from_db_time, to_db_time, LostSandbox, SandboxRecord, SavedSandboxRecord, SnapshotRow, Sqlite,
+    StoreError,
 };
+
+/// The columns of a sandbox's record, in [`record_of`]'s order.
+const RECORD_COLUMNS: &str = "id, team, template, runtime_id, created_at, end_at, metadata";
+
+/// A record from a row whose first columns are [`RECORD_COLUMNS`].
+fn record_of(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
+    let id: String = row.get(0)?;
+    let metadata: String = row.get(6)?;
+    let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata)
+        .map_err(|e| StoreError::Corrupt(format!("metadata of sandbox {id:?}: {e}")))?;
+    Ok(SandboxRecord {
+        team: row.get(1)?,
+        template: row.get(2)?,
+        runtime_id: row.get(3)?,
+        created_at: from_db_time(row.get(4)?)?,
+        end_at: from_db_time(row.get(5)?)?,
+        metadata,
+        id,
+    })
+}
 
 impl Sqlite {
     /// Records a new sandbox. Its id must not be recorded already.
@@ -64,45 +86,85 @@ impl Sqlite {
         Ok(changed > 0)
     }
 
-    /// Every recorded sandbox, oldest first.
+    /// Every live recorded sandbox (not lost), oldest first.
     pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(
-            "SELECT id, team, template, runtime_id, created_at, end_at, metadata FROM sandboxes
-             ORDER BY created_at, id",
-        )?;
-        let rows = stmt.query_map([], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, String>(3)?,
-                row.get::<_, i64>(4)?,
-                row.get::<_, i64>(5)?,
-                row.get::<_, String>(6)?,
-            ))
-        })?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RECORD_COLUMNS} FROM sandboxes WHERE lost_at IS NULL ORDER BY created_at, id"
+        ))?;
+        let mut rows = stmt.query([])?;
         let mut out = Vec::new();
-        for row in rows {
-            let (id, team, template, runtime_id, created_at, end_at, metadata) = row?;
-            let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata)
-                .map_err(|e| StoreError::Corrupt(format!("metadata of sandbox {id:?}: {e}")))?;
-            out.push(SandboxRecord {
-                id,
-                team,
-                template,
-                runtime_id,
-                created_at: from_db_time(created_at)?,
-                end_at: from_db_time(end_at)?,
-                metadata,
+        while let Some(row) = rows.next()? {
+            out.push(record_of(row)?);
+        }
+        Ok(out)
+    }
+
+    /// Marks every live sandbox lost at `at` for `reason` (what a server that stopped without
+    /// ending them left: nothing of them runs any more). Returns how many.
+    pub fn mark_sandboxes_lost(
+        &self,
+        reason: &str,
+        at: OffsetDateTime,
+    ) -> Result<usize, StoreError> {
+        let at = to_db_time(at)?;
+        Ok(self.conn().execute(
+            "UPDATE sandboxes SET lost_at = ?1, lost_reason = ?2 WHERE lost_at IS NULL",
+            params![at, reason],
+        )?)
+    }
+
+    /// Marks one live sandbox lost. Returns whether it was recorded (and live).
+    pub fn mark_sandbox_lost(
+        &self,
+        id: &str,
+        reason: &str,
+        at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let at = to_db_time(at)?;
+        let changed = self
+            .conn()
+            .prepare_cached(
+                "UPDATE sandboxes SET lost_at = ?2, lost_reason = ?3
+                 WHERE id = ?1 AND lost_at IS NULL",
+            )?
+            .execute(params![id, at, reason])?;
+        Ok(changed > 0)
+    }
+
+    /// The lost sandboxes of `team` (every team's: `None`), or only `id`, most recently lost
+    /// first.
+    pub fn lost_sandboxes(
+        &self,
+        team: Option<&str>,
+        id: Option<&str>,
+    ) -> Result<Vec<LostSandbox>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, team, template, runtime_id, created_at, end_at, metadata, lost_at,
+                    lost_reason FROM sandboxes
+             WHERE lost_at IS NOT NULL AND (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR id = ?2)
+             ORDER BY lost_at DESC, id",
+        )?;
+        let mut rows = stmt.query(params![team, id])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(LostSandbox {
+                record: record_of(row)?,
+                lost_at: from_db_time(row.get(7)?)?,
+                reason: row.get::<_, Option<String>>(8)?.unwrap_or_default(),
             });
         }
         Ok(out)
     }
 
-    /// Forgets every sandbox (after a restart has destroyed what was left). Returns how many.
-    pub fn clear_sandboxes(&self) -> Result<usize, StoreError> {
-        Ok(self.conn().execute("DELETE FROM sandboxes", [])?)
+    /// Forgets the sandboxes lost before `before`. Returns how many.
+    pub fn prune_lost_sandboxes(&self, before: OffsetDateTime) -> Result<usize, StoreError> {
+        let before = to_db_time(before)?;
+        Ok(self.conn().execute(
+            "DELETE FROM sandboxes WHERE lost_at IS NOT NULL AND lost_at < ?1",
+            params![before],
+        )?)
     }
 
     /// Records (or replaces) a sandbox kept beyond its processes.

@@ -169,7 +169,16 @@ CREATE UNIQUE INDEX snapshots_by_name ON snapshots (team, name)
 CREATE INDEX snapshots_by_digest ON snapshots (digest) WHERE digest IS NOT NULL;
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
+/// Version 10: sandboxes that ended with the server that ran them (it stopped or crashed and
+/// nothing could take them up again) stay recorded, marked lost with when and why, so that
+/// their team is told what happened to them rather than "not found"; kept for a week.
+const V10: &str = "
+ALTER TABLE sandboxes ADD COLUMN lost_at INTEGER NULL;
+ALTER TABLE sandboxes ADD COLUMN lost_reason TEXT NULL;
+CREATE INDEX sandboxes_lost ON sandboxes (lost_at) WHERE lost_at IS NOT NULL;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

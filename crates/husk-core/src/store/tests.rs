@@ -427,11 +427,46 @@ fn sandbox_records_round_trip() {
 
     assert!(store.delete_sandbox("a").expect("delete"));
     assert!(!store.delete_sandbox("a").expect("delete again"));
-    assert_eq!(store.list_sandboxes().expect("list"), vec![b]);
+    assert_eq!(store.list_sandboxes().expect("list"), vec![b.clone()]);
 
     store.insert_sandbox(&record("c", t0)).expect("insert c");
-    assert_eq!(store.clear_sandboxes().expect("clear"), 2);
+    // One lost by itself, then every live one: none is listed live any more; each keeps its
+    // record, when and why, until pruned; none is marked twice.
+    let t1 = t0 + Duration::seconds(5);
+    assert!(store.mark_sandbox_lost("c", "it died", t0).expect("lost c"));
+    assert!(!store
+        .mark_sandbox_lost("c", "again", t1)
+        .expect("lost c again"));
+    assert!(!store.mark_sandbox_lost("nope", "x", t1).expect("lost nope"));
+    assert_eq!(
+        store
+            .mark_sandboxes_lost("the server stopped", t1)
+            .expect("lost"),
+        1
+    );
     assert!(store.list_sandboxes().expect("list").is_empty());
+    let lost = store.lost_sandboxes(None, None).expect("lost");
+    let seen: Vec<(&str, &str)> = lost
+        .iter()
+        .map(|l| (l.record.id.as_str(), l.reason.as_str()))
+        .collect();
+    assert_eq!(seen, vec![("b", "the server stopped"), ("c", "it died")]);
+    assert_eq!(lost[0].record, b);
+    assert_eq!(lost[0].lost_at, t1);
+    assert_eq!(store.prune_lost_sandboxes(t1).expect("prune"), 1);
+    assert_eq!(store.lost_sandboxes(None, None).expect("lost").len(), 1);
+    assert_eq!(
+        store
+            .lost_sandboxes(Some("other"), Some("b"))
+            .expect("b")
+            .len(),
+        1
+    );
+    assert!(store
+        .lost_sandboxes(Some("acme"), Some("b"))
+        .expect("b")
+        .is_empty());
+    assert!(store.delete_sandbox("b").expect("delete lost"));
 
     // Times the database cannot represent are refused, not wrapped.
     let far = record(
