@@ -573,7 +573,7 @@ async fn connect(
 }
 
 /// A `Sandbox` answer (create, connect, resume).
-pub(crate) fn sandbox_answer(state: &AppState, status: StatusCode, sb: &LiveSandbox) -> Response {
+fn sandbox_answer(state: &AppState, status: StatusCode, sb: &LiveSandbox) -> Response {
     (status, axum::Json(sandbox_json(sb, domain(state)))).into_response()
 }
 
