@@ -239,6 +239,19 @@ pub struct FakeLayers {
 }
 
 impl FakeLayers {
+    /// Makes layer `layer` of `owner` in `home` exist (what an earlier server, or a copy cut
+    /// short, left on disk).
+    pub fn put(&self, home: crate::saved_layers::Home, owner: &str, layer: &str) {
+        self.layers
+            .lock()
+            .unwrap()
+            .push(crate::saved_layers::LayerRef {
+                home,
+                owner: owner.into(),
+                layer: layer.into(),
+            });
+    }
+
     /// The (owner, layer) pairs that exist in `home`.
     pub fn in_home(&self, home: crate::saved_layers::Home) -> Vec<(String, String)> {
         let layers = self.layers.lock().unwrap();

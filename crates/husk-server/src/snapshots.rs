@@ -24,8 +24,10 @@ use crate::AppState;
 #[serde(default)]
 struct SnapshotBody {
     name: Option<String>,
-    /// `false`: only the file system (husk's snapshots never hold memory: both are the same).
-    memory: Option<bool>,
+    /// `false`: only the file system. Read for its type only (a malformed one is a 400):
+    /// husk's snapshots never hold memory, so both are the same.
+    #[serde(rename = "memory")]
+    _memory: Option<bool>,
 }
 
 /// E2B's `SnapshotInfo`.
@@ -41,7 +43,6 @@ pub async fn create_snapshot(
     body: Bytes,
 ) -> Answer {
     let req: SnapshotBody = parse_body(&body)?;
-    let _ = req.memory;
     let name = req.name.as_deref().filter(|n| !n.is_empty());
     let snap = state
         .manager

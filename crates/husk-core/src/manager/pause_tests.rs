@@ -12,17 +12,9 @@ use super::{
     Config, CoreError, CreateRequest, Inactive, Lifecycle, ListFilter, Manager, OnTimeout,
     PauseMode, Paused,
 };
-use crate::saved_layers::{Home, LayerRef};
+use crate::saved_layers::Home;
 use crate::store::Store;
 use crate::testing::{FakeHost, FakeLayers};
-
-pub(super) fn paused_layer(owner: &str, layer: &str) -> LayerRef {
-    LayerRef {
-        home: Home::Paused,
-        owner: owner.into(),
-        layer: layer.into(),
-    }
-}
 
 pub(super) struct Fixture {
     pub(super) m: Arc<Manager>,
@@ -241,11 +233,7 @@ async fn a_record_from_another_version_is_reported_and_kept() {
     assert!(m2.view(&team("a"), "abc").is_err());
     // Never deleted: a newer husk may still read it; its files are kept whole.
     assert_eq!(f.store.saved_sandboxes().unwrap().len(), 1);
-    f.layers
-        .layers
-        .lock()
-        .unwrap()
-        .push(paused_layer("abc", "0123456789abcdef"));
+    f.layers.put(Home::Paused, "abc", "0123456789abcdef");
     m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
     assert_eq!(f.layers.layers.lock().unwrap().len(), 1);
 }
@@ -257,11 +245,7 @@ async fn at_start_layers_no_paused_sandbox_needs_are_removed() {
     let sb = f.m.create(&a, req()).await.unwrap();
     f.m.pause(&a, &sb.id, PauseMode::Filesystem).await.unwrap();
     // A sandbox resumed on its layer, then lost with its server (no kill removed its layer).
-    f.layers
-        .layers
-        .lock()
-        .unwrap()
-        .push(paused_layer("lost", "0123456789abcdef"));
+    f.layers.put(Home::Paused, "lost", "0123456789abcdef");
     let m2 = Manager::new(f.store.clone(), f.host.clone(), Config::default()).unwrap();
     m2.set_saved_layers(f.layers.clone(), "/var/lib/husk-test".into());
     let left = f.layers.in_home(Home::Paused);

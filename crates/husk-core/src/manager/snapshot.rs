@@ -255,7 +255,7 @@ pub struct SnapshotFilter {
 /// Whether `s` (of `team`) is what `given` names: its id (`id`, `id:default`), or its name
 /// (`name`, `name:tag`, `team/name`, `team/name:tag`; a name without a tag matches every tag
 /// only when `any_tag`).
-fn names(s: &Snapshot, team: &str, given: &str, any_tag: bool) -> bool {
+fn is_named(s: &Snapshot, team: &str, given: &str, any_tag: bool) -> bool {
     if given == s.id || given.strip_suffix(":default") == Some(s.id.as_str()) {
         return true;
     }
@@ -343,37 +343,41 @@ impl Manager {
     ) -> Result<(Resolved, Option<Pin>), CoreError> {
         if let Some(id) = pin {
             return self
-                .pin_snapshot(|s| s.id == id && s.team == team)
+                .pin_snapshot(Some(id), |s| s.team == team)
                 .ok_or_else(|| CoreError::TemplateNotFound(format!("{id}:default")));
         }
         let live = |s: &Snapshot| s.team == team && s.state == SnapshotState::Live;
         if name.contains('/') {
             return self
-                .pin_snapshot(|s| live(s) && names(s, team, name, false))
+                .pin_snapshot(None, |s| live(s) && is_named(s, team, name, false))
                 .ok_or_else(|| CoreError::TemplateNotFound(name.to_owned()));
         }
-        // By id first; by bare name only when no template has that name.
-        let by_id = |s: &Snapshot| {
-            live(s) && (name == s.id || name.strip_suffix(":default") == Some(s.id.as_str()))
-        };
-        if let Some(found) = self.pin_snapshot(by_id) {
+        // By id first (a lookup: every create passes here); by bare name only when no
+        // template has that name.
+        let id = name.strip_suffix(":default").unwrap_or(name);
+        if let Some(found) = self.pin_snapshot(Some(id), live) {
             return Ok(found);
         }
         match self.resolve_template(name).await {
             Err(CoreError::TemplateNotFound(n)) => self
-                .pin_snapshot(|s| live(s) && names(s, team, name, false))
+                .pin_snapshot(None, |s| live(s) && is_named(s, team, name, false))
                 .ok_or(CoreError::TemplateNotFound(n)),
             other => other.map(|r| (r, None)),
         }
     }
 
-    /// The snapshot `pred` picks, pinned.
+    /// The snapshot `id` (or, without one, the first) that `pred` admits, pinned.
     fn pin_snapshot(
         self: &Arc<Self>,
+        id: Option<&str>,
         pred: impl Fn(&Snapshot) -> bool,
     ) -> Option<(Resolved, Option<Pin>)> {
         let mut t = self.snapshot_table();
-        let s = t.map.values().find(|s| pred(s))?.clone();
+        let s = match id {
+            Some(id) => t.map.get(id).filter(|s| pred(s)),
+            None => t.map.values().find(|s| pred(s)),
+        }?
+        .clone();
         *t.pins.entry(s.id.clone()).or_default() += 1;
         Some((
             s.resolved(),
@@ -563,7 +567,7 @@ impl Manager {
         let mut out: Vec<Arc<Snapshot>> = (t.map.values())
             .filter(|s| s.team == team && s.state == SnapshotState::Live)
             .filter(|s| filter.sandbox.as_ref().is_none_or(|sb| s.source == *sb))
-            .filter(|s| (filter.name.as_ref()).is_none_or(|n| names(s, team, n, true)))
+            .filter(|s| (filter.name.as_ref()).is_none_or(|n| is_named(s, team, n, true)))
             .cloned()
             .collect();
         out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
@@ -577,7 +581,9 @@ impl Manager {
             let mut t = self.snapshot_table();
             let Some(s) = (t.map.values())
                 .find(|s| {
-                    s.team == team && s.state == SnapshotState::Live && names(s, team, given, false)
+                    s.team == team
+                        && s.state == SnapshotState::Live
+                        && is_named(s, team, given, false)
                 })
                 .cloned()
             else {
@@ -765,19 +771,19 @@ mod tests {
         assert_eq!(s.snapshot_id(), "t1/web:v1");
         assert_eq!(s.names(), vec!["t1/web:v1".to_owned()]);
         for yes in ["abc123", "abc123:default", "web:v1", "t1/web:v1"] {
-            assert!(names(&s, "t1", yes, false), "{yes}");
+            assert!(is_named(&s, "t1", yes, false), "{yes}");
         }
         for no in ["web", "t1/web", "t2/web:v1", "web:v2", "abc", "abc123:v1"] {
-            assert!(!names(&s, "t1", no, false), "{no}");
+            assert!(!is_named(&s, "t1", no, false), "{no}");
         }
         // A list's filter without a tag matches every tag.
-        assert!(names(&s, "t1", "web", true));
-        assert!(names(&s, "t1", "t1/web", true));
-        assert!(!names(&s, "t1", "t2/web", true));
+        assert!(is_named(&s, "t1", "web", true));
+        assert!(is_named(&s, "t1", "t1/web", true));
+        assert!(!is_named(&s, "t1", "t2/web", true));
         let unnamed = snap(None);
         assert_eq!(unnamed.snapshot_id(), "abc123:default");
         assert!(unnamed.names().is_empty());
-        assert!(!names(&unnamed, "t1", "web", true));
+        assert!(!is_named(&unnamed, "t1", "web", true));
     }
 
     #[test]

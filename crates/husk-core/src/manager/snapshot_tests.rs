@@ -391,15 +391,7 @@ async fn snapshots_outlive_their_manager_and_nothing_else_does() {
     assert!(f.m.delete_snapshot("a", &crashed.id).await.unwrap());
     assert!(snapshot_files(&f).contains(&crashed.id));
     // What a capture cut short by a crash left.
-    f.layers
-        .layers
-        .lock()
-        .unwrap()
-        .push(crate::saved_layers::LayerRef {
-            home: Home::Snapshot,
-            owner: "lost".into(),
-            layer: "0123456789abcdef".into(),
-        });
+    f.layers.put(Home::Snapshot, "lost", "0123456789abcdef");
     let m2 = Manager::new(f.store.clone(), f.host.clone(), Config::default()).unwrap();
     m2.set_saved_layers(f.layers.clone(), STATE.into());
     let mut expect = vec![kept.id.clone(), gone.id.clone()];
@@ -430,15 +422,7 @@ async fn a_snapshot_record_from_another_version_is_kept_whole() {
         record: r#"{"version": 99}"#.into(),
     };
     f.store.put_snapshots(&[row]).unwrap();
-    f.layers
-        .layers
-        .lock()
-        .unwrap()
-        .push(crate::saved_layers::LayerRef {
-            home: Home::Snapshot,
-            owner: "newer".into(),
-            layer: "0123456789abcdef".into(),
-        });
+    f.layers.put(Home::Snapshot, "newer", "0123456789abcdef");
     let m2: Arc<Manager> =
         Manager::new(f.store.clone(), f.host.clone(), Config::default()).unwrap();
     m2.set_saved_layers(f.layers.clone(), STATE.into());

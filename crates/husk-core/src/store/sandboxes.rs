@@ -107,11 +107,7 @@ impl Sqlite {
         reason: &str,
         at: OffsetDateTime,
     ) -> Result<usize, StoreError> {
-        let at = to_db_time(at)?;
-        Ok(self.conn().execute(
-            "UPDATE sandboxes SET lost_at = ?1, lost_reason = ?2 WHERE lost_at IS NULL",
-            params![at, reason],
-        )?)
+        self.mark_lost(None, reason, at)
     }
 
     /// Marks one live sandbox lost. Returns whether it was recorded (and live).
@@ -121,15 +117,24 @@ impl Sqlite {
         reason: &str,
         at: OffsetDateTime,
     ) -> Result<bool, StoreError> {
+        Ok(self.mark_lost(Some(id), reason, at)? > 0)
+    }
+
+    /// Marks the live sandbox `id` (every live one: `None`) lost.
+    fn mark_lost(
+        &self,
+        id: Option<&str>,
+        reason: &str,
+        at: OffsetDateTime,
+    ) -> Result<usize, StoreError> {
         let at = to_db_time(at)?;
-        let changed = self
+        Ok(self
             .conn()
             .prepare_cached(
                 "UPDATE sandboxes SET lost_at = ?2, lost_reason = ?3
-                 WHERE id = ?1 AND lost_at IS NULL",
+                 WHERE lost_at IS NULL AND (?1 IS NULL OR id = ?1)",
             )?
-            .execute(params![id, at, reason])?;
-        Ok(changed > 0)
+            .execute(params![id, at, reason])?)
     }
 
     /// The lost sandboxes of `team` (every team's: `None`), or only `id`, most recently lost
@@ -140,12 +145,11 @@ impl Sqlite {
         id: Option<&str>,
     ) -> Result<Vec<LostSandbox>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, team, template, runtime_id, created_at, end_at, metadata, lost_at,
-                    lost_reason FROM sandboxes
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {RECORD_COLUMNS}, lost_at, lost_reason FROM sandboxes
              WHERE lost_at IS NOT NULL AND (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR id = ?2)
-             ORDER BY lost_at DESC, id",
-        )?;
+             ORDER BY lost_at DESC, id"
+        ))?;
         let mut rows = stmt.query(params![team, id])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
