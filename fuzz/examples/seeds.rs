@@ -309,6 +309,9 @@ fn agent(c: &Corpus) {
             offset: 0,
             len: 4096,
         },
+        Request::Deadline {
+            unix_ms: Some(1_800_000_000_000),
+        },
     ];
     let mut stream = frame(&ToAgent::Hello(hello));
     for (id, req) in calls.into_iter().enumerate() {
@@ -524,8 +527,21 @@ fn spawner(c: &Corpus) {
         "destroy",
         Input::default().byte(1).bytes(b"\x01\x0ds3-0123456789a"),
     );
-    // Freeze (4), Thaw (5), FrozenLayer (6) of a sandbox by its runtime id.
-    for (name, tag) in [("freeze", 4u8), ("thaw", 5), ("frozen-layer", 6)] {
+    // Shutdown (2), keeping kept sandboxes or not.
+    for (name, keep) in [("shutdown", 0u8), ("shutdown-keep", 1)] {
+        c.write(
+            "spawner_protocol",
+            name,
+            Input::default().byte(1).bytes(&[2, keep]),
+        );
+    }
+    // Freeze (4), Thaw (5), FrozenLayer (6), Reconnect (7) of a sandbox by its runtime id.
+    for (name, tag) in [
+        ("freeze", 4u8),
+        ("thaw", 5),
+        ("frozen-layer", 6),
+        ("reconnect", 7),
+    ] {
         let mut req = vec![tag, 13];
         req.extend_from_slice(b"s3-0123456789a");
         c.write("spawner_protocol", name, Input::default().byte(1).bytes(&req));

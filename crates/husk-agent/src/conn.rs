@@ -14,9 +14,10 @@ use husk_runtime::sys;
 /// Above this many queued bytes the loop stops reading process output.
 pub const HIGH_WATER: usize = 4 << 20;
 
-/// The framed connection.
+/// The framed connection. A kept sandbox's agent may be without one for a while (its server
+/// restarting): then it is *detached*, and what would be sent is dropped.
 pub struct Conn {
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
     inbuf: Vec<u8>,
     out: VecDeque<Vec<u8>>,
     /// Bytes of `out[0]` already written.
@@ -30,7 +31,7 @@ impl Conn {
     pub fn new(fd: OwnedFd) -> io::Result<Conn> {
         sys::set_nonblocking(fd.as_fd(), true)?;
         Ok(Conn {
-            fd,
+            fd: Some(fd),
             inbuf: Vec::with_capacity(64 << 10),
             out: VecDeque::new(),
             out_pos: 0,
@@ -39,8 +40,28 @@ impl Conn {
         })
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The socket; `None` while detached.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Drops the connection and everything queued for it or read from it.
+    pub fn detach(&mut self) {
+        self.fd = None;
+        self.inbuf.clear();
+        self.out.clear();
+        self.out_pos = 0;
+        self.queued = 0;
+        self.closed = false;
+    }
+
+    /// Serves `fd` from now on, in place of the connection there was (dropped as by
+    /// [`Conn::detach`]).
+    pub fn attach(&mut self, fd: OwnedFd) -> io::Result<()> {
+        sys::set_nonblocking(fd.as_fd(), true)?;
+        self.detach();
+        self.fd = Some(fd);
+        Ok(())
     }
 
     /// Bytes waiting to be written.
@@ -57,6 +78,9 @@ impl Conn {
 
     fn send(&mut self, msg: &FromAgent) -> Result<(), ProtoError> {
         let frame = husk_proto::encode(msg)?;
+        if self.fd.is_none() {
+            return Ok(());
+        }
         self.queued += frame.len();
         self.out.push_back(frame);
         Ok(())
@@ -77,8 +101,9 @@ impl Conn {
 
     /// Writes as much of the queue as the socket takes now.
     pub fn flush(&mut self) -> io::Result<()> {
+        let Some(fd) = &self.fd else { return Ok(()) };
         while let Some(front) = self.out.front() {
-            match sys::write_some(self.fd.as_fd(), &front[self.out_pos..]) {
+            match sys::write_some(fd.as_fd(), &front[self.out_pos..]) {
                 Ok(n) => {
                     self.out_pos += n;
                     self.queued -= n;
@@ -98,9 +123,12 @@ impl Conn {
     /// Reads what is available and returns the complete messages received. Sets `closed` at
     /// end of stream.
     pub fn receive(&mut self) -> Result<Vec<ToAgent>, ProtoError> {
+        let Some(fd) = &self.fd else {
+            return Ok(Vec::new());
+        };
         let mut buf = [0u8; 64 << 10];
         loop {
-            match sys::read(self.fd.as_fd(), &mut buf) {
+            match sys::read(fd.as_fd(), &mut buf) {
                 Ok(0) => {
                     self.closed = true;
                     break;

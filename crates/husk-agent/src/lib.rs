@@ -45,6 +45,9 @@ pub fn main(mut ctx: AgentContext<'_>) -> ! {
 
 struct Agent {
     hello: Hello,
+    /// A kept sandbox's backstop ([`Request::Deadline`]): while no server is connected, the
+    /// sandbox ends at this time.
+    deadline: Option<std::time::SystemTime>,
     procs: Procs,
     files: fs::Files,
     watches: watch::Watches,
@@ -62,10 +65,10 @@ fn poll_in(fd: i32) -> libc::pollfd {
 /// Waits for the server's hello (the first frame).
 fn handshake(conn: &mut Conn, ctx: &AgentContext<'_>) -> Result<Hello, String> {
     loop {
-        let mut fds = [
-            poll_in(conn.fd().as_raw_fd()),
-            poll_in(ctx.control().as_raw_fd()),
-        ];
+        let Some(fd) = conn.fd() else {
+            return Err("no connection".into());
+        };
+        let mut fds = [poll_in(fd.as_raw_fd()), poll_in(ctx.control().as_raw_fd())];
         match sys::poll(&mut fds, -1) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -96,7 +99,14 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
     let mut conn = Conn::new(fd).map_err(|e| e.to_string())?;
     let sigfd = sys::signalfd(&[libc::SIGCHLD]).map_err(|e| e.to_string())?;
     let hello = handshake(&mut conn, ctx)?;
+    // A kept sandbox (see husk_runtime::keep) outlives its server and spawner: a new
+    // connection comes through the rendezvous, and until then the agent runs detached.
+    let rendezvous = ctx.take_rendezvous();
+    // A new connection's first frame must be a hello, as the first connection's was.
+    let mut awaiting_hello = false;
+    let mut spawner_gone = false;
     let mut agent = Agent {
+        deadline: None,
         hello,
         procs: Procs::default(),
         files: fs::Files::new(),
@@ -107,8 +117,22 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
     // only `sudo` does not.
     let mut sudo = Sudo::new().ok();
     loop {
-        conn.flush().map_err(|e| e.to_string())?;
-        if conn.closed {
+        let flushed = conn.flush();
+        if conn.closed || flushed.is_err() {
+            if rendezvous.is_none() {
+                return flushed.map_err(|e| e.to_string());
+            }
+            // The server went away: what it asked for is its own business, and a watch's
+            // events have no one to go to.
+            conn.detach();
+            agent.watches = watch::Watches::new().map_err(|e| e.to_string())?;
+        }
+        if conn.fd().is_none()
+            && agent
+                .deadline
+                .is_some_and(|d| d <= std::time::SystemTime::now())
+        {
+            // The backstop: no server came back before the sandbox's timeout.
             return Ok(());
         }
         // Kernel events held back while the server was behind, now that there may be room.
@@ -121,8 +145,15 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         // and inotify's own bounded queue.
         let room = conn.queued() < HIGH_WATER;
         let mut set = PollSet::default();
-        set.add(Token::Conn, conn.fd().as_raw_fd(), out_events);
-        set.add(Token::Control, ctx.control().as_raw_fd(), libc::POLLIN);
+        if let Some(fd) = conn.fd() {
+            set.add(Token::Conn, fd.as_raw_fd(), out_events);
+        }
+        if !spawner_gone {
+            set.add(Token::Control, ctx.control().as_raw_fd(), libc::POLLIN);
+        }
+        if let Some(r) = &rendezvous {
+            set.add(Token::Rendezvous, r.as_raw_fd(), libc::POLLIN);
+        }
         set.add(Token::Signals, sigfd.as_raw_fd(), libc::POLLIN);
         let watch_events = if room { libc::POLLIN } else { 0 };
         set.add(Token::Watches, agent.watches.fd().as_raw_fd(), watch_events);
@@ -135,10 +166,20 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         for (kernel, fd, events) in agent.kernels.poll_set(room) {
             set.add(Token::Kernel(kernel, fd), fd, events);
         }
-        let deadline = [agent.procs.next_deadline(), agent.kernels.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min();
+        let backstop = agent.deadline.filter(|_| conn.fd().is_none()).map(|d| {
+            let left = d
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            Instant::now() + left
+        });
+        let deadline = [
+            agent.procs.next_deadline(),
+            agent.kernels.next_deadline(),
+            backstop,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -154,19 +195,56 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
         let ready = set.ready();
         let is_ready = |token: Token| ready.iter().find(|(t, _)| *t == token).map(|(_, r)| *r);
         if is_ready(Token::Control).is_some() {
-            // The spawner is gone: the sandbox ends with its PID 1.
-            return Ok(());
+            if rendezvous.is_none() {
+                // The spawner is gone: the sandbox ends with its PID 1.
+                return Ok(());
+            }
+            // A kept sandbox waits for the next one.
+            spawner_gone = true;
+        }
+        if let (Some(r), Some(_)) = (&rendezvous, is_ready(Token::Rendezvous)) {
+            // A message without a descriptor, or one that cannot be read, changes nothing.
+            if let Ok(Some(fd)) = husk_runtime::agent::receive_conn(r.as_fd()) {
+                if conn.attach(fd).is_ok() {
+                    awaiting_hello = true;
+                    agent.watches = watch::Watches::new().map_err(|e| e.to_string())?;
+                } else {
+                    conn.detach();
+                }
+            }
         }
         if is_ready(Token::Conn)
             .is_some_and(|r| r & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
         {
-            for msg in conn.receive().map_err(|e| e.to_string())? {
+            let received = conn.receive();
+            let msgs = match (received, &rendezvous) {
+                (Ok(m), _) => m,
+                (Err(e), None) => return Err(e.to_string()),
+                // A kept sandbox's agent drops a connection that breaks the protocol and
+                // waits for the next.
+                (Err(_), Some(_)) => {
+                    conn.detach();
+                    Vec::new()
+                }
+            };
+            for msg in msgs {
                 match msg {
-                    ToAgent::Call { id, req } => {
+                    ToAgent::Hello(h) if awaiting_hello && h.version == VERSION => {
+                        // The sandbox keeps what it was made with (its environment, user,
+                        // working directory): a new server names the same sandbox.
+                        awaiting_hello = false;
+                        conn.event(&FromAgent::Hello { version: VERSION });
+                    }
+                    ToAgent::Call { id, req } if !awaiting_hello => {
                         let result = agent.call(ctx, req);
                         conn.reply(id, result);
                     }
+                    _ if rendezvous.is_some() => {
+                        conn.detach();
+                        break;
+                    }
                     ToAgent::Hello(_) => return Err("second hello".into()),
+                    ToAgent::Call { .. } => return Err("call before hello".into()),
                 }
             }
         }
@@ -293,6 +371,11 @@ impl Agent {
             }
             Request::KernelStop { kernel } => {
                 self.kernels.stop(kernel)?;
+                Ok(Reply::Done)
+            }
+            Request::Deadline { unix_ms } => {
+                self.deadline =
+                    unix_ms.map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
                 Ok(Reply::Done)
             }
             other => self.files.handle(&other),

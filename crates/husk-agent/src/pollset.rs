@@ -13,6 +13,8 @@ pub enum Token {
     Conn,
     /// The spawner's control socket: readable (closed) when the spawner is gone.
     Control,
+    /// A kept sandbox's rendezvous: a new connection sent by a spawner.
+    Rendezvous,
     /// SIGCHLD.
     Signals,
     /// The inotify descriptor of every watch.

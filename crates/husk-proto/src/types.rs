@@ -308,6 +308,11 @@ pub enum Request {
     /// Kill the kernel's process group → [`Reply::Done`]; its [`crate::KernelEvent::Dead`]
     /// follows (as the last event of that kernel id).
     KernelStop { kernel: u32 },
+    /// When a kept sandbox ends if no server is connected to its agent then (milliseconds
+    /// since the Unix epoch; `None`: it waits for a server, however long) → [`Reply::Done`].
+    /// The server that is connected enforces the sandbox's timeout itself; this is the
+    /// backstop for while none is (the server restarting, or gone).
+    Deadline { unix_ms: Option<u64> },
 }
 
 impl Request {

@@ -20,6 +20,11 @@ pub type AgentEntry = fn(AgentContext<'_>) -> !;
 /// What the agent gets from the runtime.
 pub struct AgentContext<'a> {
     pub(crate) conn: Option<OwnedFd>,
+    /// A kept sandbox's rendezvous (see [`crate::keep`]): where a later spawner sends a new
+    /// connection.
+    pub(crate) rendezvous: Option<OwnedFd>,
+    /// What PID 1 of a kept sandbox holds for a later spawner, never used here.
+    pub(crate) _kept: Vec<OwnedFd>,
     pub(crate) control: OwnedFd,
     pub(crate) fences: &'a Fences,
     pub(crate) limits: Limits,
@@ -32,8 +37,14 @@ impl AgentContext<'_> {
         self.conn.take()
     }
 
+    /// Where a kept sandbox gets new connections (taken once): readable when a spawner sent
+    /// one ([`receive_conn`]). `None`: the sandbox ends with its spawner and first connection.
+    pub fn take_rendezvous(&mut self) -> Option<OwnedFd> {
+        self.rendezvous.take()
+    }
+
     /// The control socket to the spawner: readable at end of file when the spawner is gone,
-    /// which must end the sandbox.
+    /// which must end the sandbox unless it is kept.
     pub fn control(&self) -> BorrowedFd<'_> {
         self.control.as_fd()
     }
@@ -52,4 +63,14 @@ impl AgentContext<'_> {
     pub fn spawn(&self, plan: &ExecPlan, stdio: Stdio) -> io::Result<libc::pid_t> {
         exec::spawn(self.fences, plan, stdio)
     }
+}
+
+/// Receives the connection a spawner sent through a kept sandbox's rendezvous: `Ok(None)` when
+/// the message carried none (nothing to do).
+pub fn receive_conn(rendezvous: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let mut buf = [0u8; 8];
+    let (_, mut fds) = crate::sys::recv_with_fds(rendezvous, &mut buf)?;
+    // One descriptor is expected; anything more is dropped (closed) here.
+    let conn = fds.pop();
+    Ok(conn.filter(|_| fds.is_empty()))
 }

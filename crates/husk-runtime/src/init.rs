@@ -42,6 +42,23 @@ pub(crate) struct ChildArgs<'a> {
     pub mount_maps: &'a [Option<RawFd>],
     /// The spawner's argument area (the same addresses in this fork), to hide its contents.
     pub arg_area: Option<sys::ArgArea>,
+    /// For a sandbox that outlives its spawner (see [`crate::keep`]): what PID 1 holds for
+    /// the next one.
+    pub keep: Option<KeptFds>,
+}
+
+/// The descriptors PID 1 of a kept sandbox holds for a spawner to come (by number: the
+/// spawner made them before the fork, so it knows them, and records them in the registry).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeptFds {
+    /// The rendezvous' sending end: a new spawner takes a copy (`pidfd_getfd`) and sends the
+    /// agent a new connection through it.
+    pub send: RawFd,
+    /// Its receiving end: the agent's.
+    pub recv: RawFd,
+    /// Where init puts its copy of the writable layer (a placeholder until then): a new
+    /// spawner takes it to pause or snapshot the sandbox.
+    pub layer: RawFd,
 }
 
 /// Signals PID 1 forwards to the command.
@@ -107,7 +124,13 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     }
     let agent_fd = args.agent.map_or(args.control, |(_, fd)| fd);
     let idmap_fd = args.idmap.unwrap_or(args.control);
+    let kept: Vec<RawFd> = args
+        .keep
+        .iter()
+        .flat_map(|k| [k.send, k.recv, k.layer])
+        .collect();
     let mut keep = vec![args.control, agent_fd, idmap_fd];
+    keep.extend(&kept);
     keep.extend(args.mount_maps.iter().flatten());
     sys::close_fds_from(3, &keep);
     {
@@ -132,14 +155,22 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
             mount_maps: &mount_maps,
         })?;
         // The writable layer goes to the spawner now, while this is husk's own code, and is
-        // closed here: nothing of the sandbox ever holds a descriptor of it.
+        // closed here: nothing of the sandbox ever holds a descriptor of it, but PID 1 of a
+        // kept sandbox, for the spawner that takes it up after this one (husk's code, which
+        // never hands it on; the sandbox's commands run in Landlock domains that cannot
+        // reach PID 1's descriptors).
         if let Some(upper) = upper {
+            if let Some(k) = &args.keep {
+                sys::dup2(upper.as_raw_fd(), k.layer)?;
+            }
             control::send_from_init(control, &FromInit::Layer { upper })?;
         }
     }
     if args.idmap.is_some() || args.mount_maps.iter().any(Option::is_some) {
         // The id map is only needed for the mounts just made.
-        sys::close_fds_from(3, &[args.control, agent_fd]);
+        let mut keep = vec![args.control, agent_fd];
+        keep.extend(&kept);
+        sys::close_fds_from(3, &keep);
     }
     if let Some(ca) = &args.spec.trust_ca {
         // In the sandbox's tree (pivoted into), with the host's privileges still (the
@@ -199,8 +230,21 @@ fn enter_agent(args: &ChildArgs<'_>, control: OwnedFd) -> ! {
     if control::send_from_init(control.as_fd(), &FromInit::Ready { pty_master: None }).is_err() {
         sys::exit_now(1);
     }
+    let (rendezvous, kept) = match args.keep {
+        // SAFETY: these were inherited from the spawner (kept open by close_fds_from above)
+        // and nothing else in this process owns them.
+        Some(k) => unsafe {
+            (
+                Some(OwnedFd::from_raw_fd(k.recv)),
+                vec![OwnedFd::from_raw_fd(k.send), OwnedFd::from_raw_fd(k.layer)],
+            )
+        },
+        None => (None, Vec::new()),
+    };
     entry(crate::agent::AgentContext {
         conn: Some(conn),
+        rendezvous,
+        _kept: kept,
         control,
         fences: args.fences,
         limits: args.spec.limits.clone(),

@@ -35,6 +35,7 @@ pub mod helper;
 pub mod host_template;
 pub mod images;
 mod init;
+pub mod keep;
 pub mod layer_capture;
 pub mod layerfs;
 pub mod modules;

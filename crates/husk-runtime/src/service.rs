@@ -61,7 +61,11 @@ pub enum ServiceError {
 enum Request {
     Create(Box<SandboxSpec>),
     Destroy(String),
-    Shutdown,
+    /// Stops the spawner: every sandbox is destroyed, but kept ones when `keep` is set (they
+    /// stay for the next spawner of the same owner, see [`crate::keep`]).
+    Shutdown {
+        keep: bool,
+    },
     /// Freeze the sandbox and pass its root directory: asked on the root channel only.
     FrozenRoot(String),
     /// Freeze every process of the sandbox (a pause that keeps its memory).
@@ -71,6 +75,10 @@ enum Request {
     /// Freeze the sandbox and pass its writable layer with the host uid its root maps to:
     /// asked on the root channel only.
     FrozenLayer(String),
+    /// A new connection to a kept sandbox's agent (the agent socket and the sandbox's network
+    /// namespace come with [`Reply::Created`]): how a restarted server reaches the sandboxes
+    /// its spawner took up.
+    Reconnect(String),
 }
 
 /// Which channel a request came on, and so what it may ask.
@@ -96,7 +104,11 @@ impl Role {
             }
             (
                 Role::Server,
-                Request::Destroy(_) | Request::Shutdown | Request::Freeze(_) | Request::Thaw(_),
+                Request::Destroy(_)
+                | Request::Shutdown { .. }
+                | Request::Freeze(_)
+                | Request::Thaw(_)
+                | Request::Reconnect(_),
             ) => true,
             (Role::Roots, Request::FrozenRoot(_) | Request::FrozenLayer(_)) => true,
             (Role::Builder, Request::Create(_) | Request::Destroy(_)) => true,
@@ -111,6 +123,8 @@ enum Reply {
         reaped: usize,
         /// [`Spawner::cgroup_summary`].
         cgroups: String,
+        /// The kept sandboxes taken up at start ([`Spawner::adopt`]).
+        adopted: Vec<Adopted>,
     },
     /// The agent socket is attached.
     Created {
@@ -130,6 +144,16 @@ enum Reply {
     Done,
     Failed(Failure),
     ShutDown,
+}
+
+/// A kept sandbox the spawner took up at start: the server reconnects to it
+/// ([`SpawnerService::reconnect`]) or destroys it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adopted {
+    /// The runtime's id of the sandbox.
+    pub id: String,
+    /// PID 1, in the host's PID namespace.
+    pub init_pid: i32,
 }
 
 /// A sandbox created by the service.
@@ -162,6 +186,8 @@ pub struct SpawnerService {
     reaped: usize,
     /// [`Spawner::cgroup_summary`] of the spawner.
     cgroups: String,
+    /// The kept sandboxes it took up at start.
+    adopted: Vec<Adopted>,
 }
 
 /// Forks the spawner process. Must be called while the process is single-threaded.
@@ -184,6 +210,19 @@ pub fn start_confined(
     cgroups: CgroupOptions,
     confinement: Option<Confinement>,
 ) -> Result<SpawnerService, ServiceError> {
+    start_owned(agent, cgroups, confinement, None)
+}
+
+/// [`start_confined`] with an owner (a server's state directory): the server's agent
+/// sandboxes that do not die with their creator outlive the spawner, and this spawner takes
+/// up those of the same owner that still run ([`SpawnerService::adopted`]). See
+/// [`crate::keep`].
+pub fn start_owned(
+    agent: AgentEntry,
+    cgroups: CgroupOptions,
+    confinement: Option<Confinement>,
+    owner: Option<String>,
+) -> Result<SpawnerService, ServiceError> {
     let (ours, theirs) = sys::seqpacket_pair()?;
     let (roots_client, roots_served) = sys::seqpacket_pair()?;
     let (builds_client, builds_served) = sys::seqpacket_pair()?;
@@ -204,13 +243,12 @@ pub fn start_confined(
         drop(roots_client);
         drop(builds_client);
         serve(
-            theirs,
-            roots_served,
-            builds_served,
+            [theirs, roots_served, builds_served],
             parent,
             agent,
             &cgroups,
             confinement.as_ref(),
+            owner,
         )
     }
     drop(theirs);
@@ -223,14 +261,20 @@ pub fn start_confined(
         pid,
         reaped: 0,
         cgroups: String::new(),
+        adopted: Vec::new(),
     };
     let sock = service.sock.lock().map_err(|_| ServiceError::Gone)?;
     let (reply, _) = recv(sock.as_fd())?;
     drop(sock);
     match reply {
-        Reply::Ready { reaped, cgroups } => Ok(SpawnerService {
+        Reply::Ready {
             reaped,
             cgroups,
+            adopted,
+        } => Ok(SpawnerService {
+            reaped,
+            cgroups,
+            adopted,
             ..service
         }),
         Reply::Failed(f) => {
@@ -250,6 +294,12 @@ impl SpawnerService {
     /// How many sandboxes of an earlier, crashed husk were cleaned up at start.
     pub fn reaped_at_start(&self) -> usize {
         self.reaped
+    }
+
+    /// The kept sandboxes of this spawner's owner it took up at start (see [`crate::keep`]):
+    /// each to be reconnected to or destroyed.
+    pub fn adopted(&self) -> &[Adopted] {
+        &self.adopted
     }
 
     /// Where sandboxes' cgroups go and how the spawner got them (one line, for the log).
@@ -282,6 +332,7 @@ impl SpawnerService {
             pid,
             reaped: 0,
             cgroups: String::new(),
+            adopted: Vec::new(),
         }
     }
 
@@ -298,37 +349,17 @@ impl SpawnerService {
         netns: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Created, ServiceError> {
         let fds: Vec<std::os::fd::RawFd> = netns.iter().map(|f| f.as_raw_fd()).collect();
-        let (reply, mut fds) = self.call_with(&Request::Create(Box::new(spec.clone())), &fds)?;
-        match reply {
-            Reply::Created {
-                id,
-                init_pid,
-                cgroup,
-            } => {
-                // [agent, netns], in that order.
-                let (netns, agent) = match (fds.pop(), fds.pop(), fds.is_empty()) {
-                    (Some(netns), Some(agent), true) => (netns, agent),
-                    _ => {
-                        return Err(ServiceError::Protocol(
-                            "expected the agent socket and the network namespace".into(),
-                        ))
-                    }
-                };
-                let cgroup = SandboxCgroup::from_registry(&cgroup)
-                    .ok_or_else(|| ServiceError::Protocol("bad cgroup description".into()))?;
-                Ok(Created {
-                    id,
-                    init_pid,
-                    agent,
-                    netns,
-                    cgroup,
-                })
-            }
-            Reply::Failed(f) => Err(ServiceError::Failed(f)),
-            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
-        }
+        let (reply, fds) = self.call_with(&Request::Create(Box::new(spec.clone())), &fds)?;
+        created(reply, fds)
     }
 
+    /// A new connection to kept sandbox `id`'s agent (one the spawner took up at start, or
+    /// made): the agent drops the connection it had and serves this one, which starts with a
+    /// hello. The sandbox's network namespace and cgroups come with it, as with a create.
+    pub fn reconnect(&self, id: &str) -> Result<Created, ServiceError> {
+        let (reply, fds) = self.call(&Request::Reconnect(id.into()))?;
+        created(reply, fds)
+    }
     /// Freezes every process of a sandbox this channel made (a pause that keeps its memory);
     /// returns once the kernel reports it frozen.
     pub fn freeze(&self, id: &str) -> Result<(), ServiceError> {
@@ -359,7 +390,17 @@ impl SpawnerService {
 
     /// Destroys every sandbox, stops the spawner and waits for it to exit.
     pub fn shutdown(self) -> Result<(), ServiceError> {
-        let result = self.call(&Request::Shutdown);
+        self.stop(false)
+    }
+
+    /// Stops the spawner and waits for it to exit, leaving its kept sandboxes running for
+    /// the next spawner of its owner; every other sandbox is destroyed.
+    pub fn shutdown_keeping(self) -> Result<(), ServiceError> {
+        self.stop(true)
+    }
+
+    fn stop(self, keep: bool) -> Result<(), ServiceError> {
+        let result = self.call(&Request::Shutdown { keep });
         let _ = sys::waitpid(self.pid, 0);
         match result?.0 {
             Reply::ShutDown => Ok(()),
@@ -449,6 +490,38 @@ impl RootChannel {
     }
 }
 
+/// A [`Reply::Created`] and its descriptors (agent socket, network namespace) read.
+fn created(reply: Reply, mut fds: Vec<OwnedFd>) -> Result<Created, ServiceError> {
+    match reply {
+        Reply::Created {
+            id,
+            init_pid,
+            cgroup,
+        } => {
+            // [agent, netns], in that order.
+            let (netns, agent) = match (fds.pop(), fds.pop(), fds.is_empty()) {
+                (Some(netns), Some(agent), true) => (netns, agent),
+                _ => {
+                    return Err(ServiceError::Protocol(
+                        "expected the agent socket and the network namespace".into(),
+                    ))
+                }
+            };
+            let cgroup = SandboxCgroup::from_registry(&cgroup)
+                .ok_or_else(|| ServiceError::Protocol("bad cgroup description".into()))?;
+            Ok(Created {
+                id,
+                init_pid,
+                agent,
+                netns,
+                cgroup,
+            })
+        }
+        Reply::Failed(f) => Err(ServiceError::Failed(f)),
+        other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+    }
+}
+
 fn gone(e: io::Error) -> ServiceError {
     match e.raw_os_error() {
         Some(libc::EPIPE) | Some(libc::ECONNRESET) => ServiceError::Gone,
@@ -495,7 +568,8 @@ pub mod fuzzing {
                 crate::spawner::validate(spec).map_err(|e| e.to_string())
             }
             super::Request::Destroy(_)
-            | super::Request::Shutdown
+            | super::Request::Reconnect(_)
+            | super::Request::Shutdown { .. }
             | super::Request::FrozenRoot(_)
             | super::Request::FrozenLayer(_)
             | super::Request::Freeze(_)
@@ -518,15 +592,16 @@ fn open_netns(pid: libc::pid_t) -> io::Result<OwnedFd> {
 }
 
 /// The spawner process's main loop. Never returns.
+/// `channels`: the server's, the root channel and the build channel.
 fn serve(
-    sock: OwnedFd,
-    roots: OwnedFd,
-    builds: OwnedFd,
+    channels: [OwnedFd; 3],
     parent: libc::pid_t,
     agent: AgentEntry,
     cgroups: &CgroupOptions,
     confinement: Option<&Confinement>,
+    owner: Option<String>,
 ) -> ! {
+    let [sock, roots, builds] = channels;
     // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
     // shuts the spawner down in order. If the server dies, the spawner dies with it.
     let _ = sys::setsid();
@@ -556,6 +631,23 @@ fn serve(
         let _ = send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]);
         sys::exit_now(1)
     }
+    if let Some(owner) = owner {
+        spawner.set_owner(owner);
+    }
+    // Kept sandboxes of this owner first: the reaper would take them for others'.
+    let kept: HashMap<String, (Sandbox, Role)> = spawner
+        .adopt()
+        .into_iter()
+        .map(|sb| (sb.id().to_string(), (sb, Role::Server)))
+        .collect();
+    let mut adopted: Vec<Adopted> = kept
+        .values()
+        .map(|(sb, _)| Adopted {
+            id: sb.id().to_string(),
+            init_pid: sb.init_pid(),
+        })
+        .collect();
+    adopted.sort_by(|a, b| a.id.cmp(&b.id));
     let reaped = spawner.reap_stale();
     // Sandbox processes get /dev/null as stdio, never the server's terminal or log.
     let null = match sys::open(c"/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
@@ -567,15 +659,23 @@ fn serve(
         }
     };
     let cgroups = spawner.cgroup_summary();
-    if send_reply(&sock, &Reply::Ready { reaped, cgroups }, &[]).is_err() {
-        sys::exit_now(1);
-    }
+    let ready = Reply::Ready {
+        reaped,
+        cgroups,
+        adopted,
+    };
     let mut state = State {
         spawner,
-        sandboxes: HashMap::new(),
+        sandboxes: kept,
         null,
         confinement,
     };
+    // A reply too large for one message (thousands of kept sandboxes) is a failed start,
+    // never a partial list: every one of them stays for a spawner that can say it.
+    if send_reply(&sock, &ready, &[]).is_err() {
+        state.shutdown(true);
+        sys::exit_now(1);
+    }
     // The server's channel first: its end is the spawner's end. The root channel may close
     // (its helper gone) without stopping anything else.
     let mut channels: Vec<(OwnedFd, Role)> = vec![
@@ -618,8 +718,8 @@ fn serve(
                         )),
                         Vec::new(),
                     ),
-                    Ok(Request::Shutdown) => {
-                        state.shutdown();
+                    Ok(Request::Shutdown { keep }) => {
+                        state.shutdown(keep);
                         let _ = send_reply(sock, &Reply::ShutDown, &[]);
                         sys::exit_now(0)
                     }
@@ -653,8 +753,9 @@ fn serve(
             channels.remove(i);
         }
     }
-    // The server is gone: nothing it created may outlive it.
-    state.shutdown();
+    // The server is gone: nothing it created may outlive it, but its kept sandboxes, which
+    // the next spawner of its owner takes up.
+    state.shutdown(true);
     sys::exit_now(0)
 }
 
@@ -673,7 +774,12 @@ impl State<'_> {
     fn handle(&mut self, role: Role, req: Request, mut fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
         let failed = |f: Failure| (Reply::Failed(f), Vec::new());
         match req {
-            Request::Create(spec) => {
+            Request::Create(mut spec) => {
+                // Only the server's sandboxes are ever kept past the spawner (a build's end
+                // with the build).
+                if role != Role::Server {
+                    spec.die_with_parent = true;
+                }
                 let stdio = [self.null.as_fd(), self.null.as_fd(), self.null.as_fd()];
                 // At most one descriptor comes with a create: the network namespace to join.
                 let netns = fds.pop();
@@ -744,6 +850,25 @@ impl State<'_> {
                     Err(f) => failed(f),
                 }
             }
+            Request::Reconnect(id) => match self.sandboxes.get(&id) {
+                Some((sb, owner)) if *owner == role => {
+                    match (sb.reconnect(), open_netns(sb.init_pid())) {
+                        (Ok(conn), Ok(netns)) => (
+                            Reply::Created {
+                                id: id.clone(),
+                                init_pid: sb.init_pid(),
+                                cgroup: sb.cgroup().to_registry(),
+                            },
+                            vec![conn, netns],
+                        ),
+                        (Err(e), _) | (_, Err(e)) => failed(Failure::new(
+                            FailureKind::Internal,
+                            format!("reconnecting to sandbox {id}: {e}"),
+                        )),
+                    }
+                }
+                _ => failed(no_sandbox(&id)),
+            },
             Request::Freeze(id) => self.set_frozen(role, &id, true),
             Request::Thaw(id) => self.set_frozen(role, &id, false),
             Request::FrozenLayer(id) => {
@@ -775,7 +900,7 @@ impl State<'_> {
                     Err(e) => failed(Failure::from(&e)),
                 }
             }
-            Request::Shutdown => failed(Failure::new(
+            Request::Shutdown { .. } => failed(Failure::new(
                 FailureKind::Internal,
                 "the shutdown is answered by the loop",
             )),
@@ -797,11 +922,12 @@ impl State<'_> {
         }
     }
 
-    /// Destroys every sandbox and drops the spawner (its image mounts go with the last husk
-    /// process using them).
-    fn shutdown(mut self) {
+    /// Destroys every sandbox, but kept ones when `keep` is set (left for the next spawner
+    /// of the owner), and drops the spawner (its image mounts go with the last husk process
+    /// using them).
+    fn shutdown(mut self, keep: bool) {
         for (_, (mut sb, _)) in self.sandboxes.drain() {
-            let _ = sb.destroy();
+            let _ = if keep { sb.release() } else { sb.destroy() };
         }
         drop(self.spawner);
     }
@@ -832,7 +958,10 @@ mod tests {
         assert!(!Role::Server.allows(&Request::Create(layered.clone())));
         assert!(!Role::Server.allows(&Request::Create(host_net.clone())));
         assert!(Role::Server.allows(&Request::Destroy("s1".into())));
-        assert!(Role::Server.allows(&Request::Shutdown));
+        assert!(Role::Server.allows(&Request::Shutdown { keep: true }));
+        assert!(Role::Server.allows(&Request::Reconnect("s1".into())));
+        assert!(!Role::Roots.allows(&Request::Reconnect("s1".into())));
+        assert!(!Role::Builder.allows(&Request::Reconnect("s1".into())));
         assert!(!Role::Server.allows(&Request::FrozenRoot("s1".into())));
         assert!(!Role::Server.allows(&Request::FrozenLayer("s1".into())));
         // It pauses and resumes (its own; checked by owner when served).
@@ -845,12 +974,12 @@ mod tests {
         assert!(!Role::Roots.allows(&Request::Freeze("s1".into())));
         assert!(!Role::Roots.allows(&Request::Create(spec)));
         assert!(!Role::Roots.allows(&Request::Destroy("s1".into())));
-        assert!(!Role::Roots.allows(&Request::Shutdown));
+        assert!(!Role::Roots.allows(&Request::Shutdown { keep: false }));
         // The builder makes build sandboxes, and cannot stop the spawner or take roots.
         assert!(Role::Builder.allows(&Request::Create(layered)));
         assert!(Role::Builder.allows(&Request::Create(host_net)));
         assert!(Role::Builder.allows(&Request::Destroy("s1".into())));
-        assert!(!Role::Builder.allows(&Request::Shutdown));
+        assert!(!Role::Builder.allows(&Request::Shutdown { keep: false }));
         assert!(!Role::Builder.allows(&Request::FrozenRoot("s1".into())));
         assert!(!Role::Builder.allows(&Request::FrozenLayer("s1".into())));
         assert!(!Role::Builder.allows(&Request::Freeze("s1".into())));

@@ -92,6 +92,9 @@ pub struct Spawner {
     images_in_use: RefCell<Option<crate::images::InUse>>,
     /// Images whose content was checked (each is, before it is mounted for a sandbox).
     verifier: crate::images::Verifier,
+    /// Whose sandboxes outlive this spawner and may be taken up by a later one (see
+    /// [`crate::keep`]); `None`: every sandbox ends with its spawner.
+    owner: Option<String>,
 }
 
 impl Drop for Spawner {
@@ -178,7 +181,76 @@ impl Spawner {
             idmaps: RefCell::new(std::collections::HashMap::new()),
             images_in_use: RefCell::new(None),
             verifier: crate::images::Verifier::default(),
+            owner: None,
         })
+    }
+
+    /// Makes this spawner's agent sandboxes that do not die with their creator *kept*: they
+    /// outlive it, and a spawner with the same `owner` (a server's state directory) takes
+    /// them up ([`Spawner::adopt`]). See [`crate::keep`].
+    pub fn set_owner(&mut self, owner: String) {
+        self.owner = Some(owner);
+    }
+
+    /// Takes up the kept sandboxes of this spawner's owner whose PID 1 still runs (call it
+    /// before [`Spawner::reap_stale`], which would count them as others'): each with its uid
+    /// slot held again, its cgroups, its rendezvous and writable layer taken back from PID 1.
+    /// An entry that cannot be taken up (its PID 1 ended, a descriptor is gone) is left to the
+    /// reaper.
+    pub fn adopt(&self) -> Vec<Sandbox> {
+        let Some(owner) = &self.owner else {
+            return Vec::new();
+        };
+        let mut adopted = Vec::new();
+        for slot in self.registered_slots() {
+            let Ok(Some(uids)) = uidrange::try_take(&self.lock_path(), slot) else {
+                continue;
+            };
+            let entry = self.registry_entry(slot);
+            let Some((cgroup, Some(keep))) = fs::read_to_string(&entry)
+                .ok()
+                .and_then(|t| crate::keep::split_entry(&t))
+            else {
+                continue;
+            };
+            if keep.owner != *owner || keep.id.split('-').next().and_then(parse_slot) != Some(slot)
+            {
+                continue;
+            }
+            let Some(cgroup) = SandboxCgroup::from_registry(&cgroup) else {
+                continue;
+            };
+            let Some(pidfd) = keep.alive() else {
+                continue;
+            };
+            let take = |fd| sys::pidfd_getfd(pidfd.as_fd(), fd);
+            let Ok(rendezvous) = take(keep.send) else {
+                continue;
+            };
+            let upper = match keep.layer.map(take).transpose() {
+                Ok(u) => u,
+                Err(_) => continue,
+            };
+            adopted.push(Sandbox {
+                id: keep.id,
+                pid: keep.pid,
+                pidfd: Some(pidfd),
+                control: None,
+                cgroup,
+                uids: Some(uids),
+                limits_memory: 0,
+                files_in_memory: 0,
+                pty_master: None,
+                upper,
+                fate: None,
+                destroyed: false,
+                registry: Some(entry),
+                agent_conn: None,
+                rendezvous: Some(rendezvous),
+                adopted: true,
+            });
+        }
+        adopted
     }
 
     /// A new, empty network namespace (owned by the host's user namespace). The spawner enters
@@ -257,6 +329,12 @@ impl Spawner {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
             Err(_) => return false,
+        };
+        // A kept sandbox whose PID 1 runs is no leftover, whoever owns it.
+        let text = match crate::keep::split_entry(&text) {
+            Some((_, Some(keep))) if keep.alive().is_some() => return false,
+            Some((cgroup, _)) => cgroup,
+            None => return false,
         };
         // Only a sandbox cgroup of this very slot is touched: `.../husk/s<slot>`.
         let Some(cg) = SandboxCgroup::from_registry(&text).filter(|cg| {
@@ -379,6 +457,8 @@ impl Spawner {
             destroyed: false,
             registry: Some(self.registry_entry(slot)),
             agent_conn: None,
+            rendezvous: None,
+            adopted: false,
         };
         self.start(&mut sandbox, spec, stdio, netns)?;
         Ok(sandbox)
@@ -405,6 +485,16 @@ impl Spawner {
                     "an agent sandbox needs a spawner with an agent registered".into(),
                 ))
             }
+        };
+        // A kept sandbox's rendezvous and the place of its layer's copy in PID 1 (see
+        // crate::keep), made here so that their numbers are known.
+        let mut kept = match (&self.owner, &agent, spec.die_with_parent) {
+            (Some(_), Some(_), false) => {
+                let (send, recv) = sys::seqpacket_pair().map_err(io_ctx("rendezvous"))?;
+                let layer = send.try_clone().map_err(io_ctx("rendezvous"))?;
+                Some((send, recv, layer))
+            }
+            _ => None,
         };
         let base = sb.uids.as_ref().map(UidRange::base).unwrap_or(0);
         let staging = self.run_dir.join("staging");
@@ -507,6 +597,11 @@ impl Spawner {
                     idmap,
                     mount_maps: &owner_fds,
                     arg_area: self.arg_area,
+                    keep: kept.as_ref().map(|(send, recv, layer)| init::KeptFds {
+                        send: send.as_raw_fd(),
+                        recv: recv.as_raw_fd(),
+                        layer: layer.as_raw_fd(),
+                    }),
                 })
             }
             Forked::Parent { pid, pidfd } => {
@@ -564,6 +659,10 @@ impl Spawner {
                 Some(FromInit::Ready { pty_master }) => {
                     sb.pty_master = pty_master;
                     sb.control = Some(parent_end);
+                    if let (Some((send, _, layer)), Some(owner)) = (kept.take(), &self.owner) {
+                        self.record_kept(sb, owner, &send, layer.as_raw_fd())?;
+                        sb.rendezvous = Some(send);
+                    }
                     return Ok(());
                 }
                 Some(FromInit::SetupFailed(msg)) => return Err(SpawnError::Setup(msg)),
@@ -581,6 +680,34 @@ impl Spawner {
 }
 
 impl Spawner {
+    /// Adds a kept sandbox's line to its registry entry (see [`crate::keep`]), once it is
+    /// ready: before, a crash leaves an entry without one, which the reaper clears.
+    fn record_kept(
+        &self,
+        sb: &Sandbox,
+        owner: &str,
+        send: &OwnedFd,
+        layer: std::os::fd::RawFd,
+    ) -> Result<(), SpawnError> {
+        use std::io::Write;
+        let record = crate::keep::KeepRecord {
+            owner: owner.to_string(),
+            id: sb.id.clone(),
+            pid: sb.pid,
+            start: sys::process_start_time(sb.pid).map_err(io_ctx("read PID 1's start time"))?,
+            send: send.as_raw_fd(),
+            layer: sb.upper.is_some().then_some(layer),
+        };
+        let Some(entry) = &sb.registry else {
+            return Ok(());
+        };
+        fs::OpenOptions::new()
+            .append(true)
+            .open(entry)
+            .and_then(|mut f| f.write_all(record.line().as_bytes()))
+            .map_err(io_ctx("register the kept sandbox"))
+    }
+
     /// The raw fd of the user namespace with `slot`'s id mapping (kept open by the spawner;
     /// the sandbox's first process inherits it).
     fn idmap(&self, slot: u32, base: u32) -> Result<std::os::fd::RawFd, SpawnError> {
@@ -737,6 +864,10 @@ pub struct Sandbox {
     registry: Option<PathBuf>,
     /// The creator's end of the agent's stream socket (agent sandboxes), until taken.
     agent_conn: Option<OwnedFd>,
+    /// A kept sandbox's rendezvous, sending end (see [`crate::keep`]).
+    rendezvous: Option<OwnedFd>,
+    /// Taken up from an earlier spawner: PID 1 is not this process's child.
+    adopted: bool,
 }
 
 /// What [`Sandbox::next_event`] saw.
@@ -767,6 +898,32 @@ impl Sandbox {
     /// PID 1's pid (in the caller's PID namespace).
     pub fn init_pid(&self) -> libc::pid_t {
         self.pid
+    }
+
+    /// Whether the sandbox outlives this spawner (see [`crate::keep`]).
+    pub fn is_kept(&self) -> bool {
+        self.rendezvous.is_some()
+    }
+
+    /// A new connection to a kept sandbox's agent: the agent drops the one it had (if any)
+    /// and serves this one, which must start with a hello, like the first.
+    pub fn reconnect(&self) -> io::Result<OwnedFd> {
+        let Some(send) = &self.rendezvous else {
+            return Err(io::Error::other("the sandbox is not kept"));
+        };
+        let (ours, theirs) = sys::stream_pair()?;
+        crate::keep::send_conn(send.as_fd(), &theirs)?;
+        Ok(ours)
+    }
+
+    /// Leaves a kept sandbox running for a later spawner: its descriptors and uid slot's lock
+    /// are let go, its registry entry stays. Any other sandbox is destroyed.
+    pub fn release(mut self) -> Result<(), SpawnError> {
+        if self.is_kept() {
+            self.destroyed = true;
+            return Ok(());
+        }
+        self.destroy()
     }
 
     /// The sandbox's cgroup directories (to read its usage from another process).
@@ -918,8 +1075,16 @@ impl Sandbox {
         let _ = self.cgroup.kill_all();
         if let Some(pidfd) = self.pidfd.take() {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-            sys::waitid_pidfd(pidfd.as_fd(), false).map_err(io_ctx("reap sandbox init"))?;
+            if self.adopted {
+                // Not this process's child: its parent (the host's init, or a subreaper)
+                // reaps it; the pidfd turns readable once it has exited.
+                sys::pidfd_wait_exit(pidfd.as_fd(), Duration::from_secs(10))
+                    .map_err(io_ctx("wait for sandbox init"))?;
+            } else {
+                sys::waitid_pidfd(pidfd.as_fd(), false).map_err(io_ctx("reap sandbox init"))?;
+            }
         }
+        self.rendezvous = None;
         self.control = None;
         self.pty_master = None;
         self.upper = None;

@@ -3,7 +3,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::{size_of, MaybeUninit};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::{cvt, cvt_i};
 
@@ -586,6 +586,56 @@ pub unsafe fn userns_with_maps(uid_map: &str, gid_map: &str) -> io::Result<Owned
             made
         }
     }
+}
+
+/// pidfd_getfd(2) (Linux 5.6): a duplicate, close-on-exec, of descriptor `target` of the
+/// process behind `pidfd`. Needs ptrace access to it (`PTRACE_MODE_ATTACH_REALCREDS`): the
+/// spawner, root of the host, takes back what an adopted sandbox's PID 1 kept for it.
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments only.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) })?;
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Waits up to `timeout` for the process behind `pidfd` (not necessarily a child: its parent
+/// reaps it) to exit; whether it did.
+pub fn pidfd_wait_exit(pidfd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Result<bool> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut p = [libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        match super::poll(
+            &mut p,
+            left.as_millis().min(i32::MAX as u128) as libc::c_int,
+        ) {
+            Ok(0) if left.is_zero() => return Ok(false),
+            Ok(0) => {}
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`, field 22): with
+/// the pid, what names one process for good (a pid alone may be reused).
+pub fn process_start_time(pid: libc::pid_t) -> io::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold anything: count from after
+    // its last ')'. Field 3 is the first after it, so field 22 is the 20th.
+    let rest = stat
+        .rfind(')')
+        .map(|i| &stat[i + 1..])
+        .ok_or_else(|| io::Error::other("malformed /proc stat"))?;
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other("malformed /proc stat"))
 }
 
 #[cfg(test)]
