@@ -373,6 +373,10 @@ impl Agent {
                 self.kernels.stop(kernel)?;
                 Ok(Reply::Done)
             }
+            Request::KernelAttach { kernel } => {
+                self.kernels.attach(kernel)?;
+                Ok(Reply::Done)
+            }
             Request::Deadline { unix_ms } => {
                 self.deadline =
                     unix_ms.map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));

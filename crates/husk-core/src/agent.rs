@@ -381,7 +381,36 @@ impl AgentClient {
         }
     }
 
-    /// Closes the connection from the server's side (the agent exits, ending the sandbox).
+    /// Subscribes to the events of a kernel that runs already (a sandbox taken up again by a
+    /// restarted server): `CallError::Agent` (not found) if it does not run.
+    pub async fn kernel_attach(&self, kernel: u32) -> Result<KernelStream, CallError> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        match self
+            .send_call(
+                Request::KernelAttach { kernel },
+                Subscribe::Kernel(kernel, tx),
+            )
+            .await?
+        {
+            Reply::Done => Ok(KernelStream { rx }),
+            _ => Err(CallError::Gone),
+        }
+    }
+
+    /// Sets a kept sandbox's backstop: when it ends if no server is connected to it then.
+    pub async fn set_deadline(&self, at: Option<std::time::SystemTime>) -> Result<(), CallError> {
+        let unix_ms = at.map(|t| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis().min(u128::from(u64::MAX)) as u64)
+        });
+        match self.call(Request::Deadline { unix_ms }).await? {
+            Reply::Done => Ok(()),
+            _ => Err(CallError::Gone),
+        }
+    }
+
+    /// Closes the connection from the server's side: the agent exits, ending the sandbox, or,
+    /// in a kept sandbox, waits for the next server.
     pub async fn close(&self) {
         let _ = self.inner.writer.lock().await.shutdown().await;
     }

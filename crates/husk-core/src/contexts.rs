@@ -105,6 +105,24 @@ pub struct Context {
     /// Held by an execution from start to end (one at a time), and by a restart while it
     /// replaces the kernel (after stopping the old one, which ends a running execution).
     exec_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Made for one run, with the run's own environment and secrets: not kept through a
+    /// restart of the server (the run ends with it).
+    for_run: bool,
+}
+
+/// A context as a restarted server takes it up again (see `manager::kept`): its kernel is
+/// still running in the agent.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeptContext {
+    pub id: String,
+    pub language: String,
+    pub cwd: String,
+    /// Its kernel spec's name.
+    pub spec: String,
+    /// The agent's id of its kernel.
+    pub kernel: u32,
+    /// The default context of its language.
+    pub default: bool,
 }
 
 impl Context {
@@ -142,6 +160,9 @@ pub struct Contexts {
     /// Creating a default context is serialised, so two first calls do not start two.
     default_lock: tokio::sync::Mutex<()>,
     next_kernel: Arc<std::sync::atomic::AtomicU32>,
+    /// Told of every context made, removed or restarted (what a restarted server needs to
+    /// know changed).
+    changed: Arc<tokio::sync::Notify>,
 }
 
 /// The language names clients use, normalised: E2B's SDKs send `python`, `js`/`javascript`,
@@ -184,7 +205,82 @@ impl Contexts {
             table: Mutex::new(Table::default()),
             default_lock: tokio::sync::Mutex::new(()),
             next_kernel: Arc::new(std::sync::atomic::AtomicU32::new(1)),
+            changed: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Notified whenever a context is made, removed or restarted.
+    pub fn changed(&self) -> Arc<tokio::sync::Notify> {
+        self.changed.clone()
+    }
+
+    /// The contexts a restarted server takes up (not runs'), and the next kernel id.
+    pub fn kept(&self) -> (Vec<KeptContext>, u32) {
+        let t = lock(&self.table);
+        let mut v: Vec<KeptContext> = t
+            .contexts
+            .values()
+            .filter(|c| !c.for_run)
+            .map(|c| KeptContext {
+                id: c.id.clone(),
+                language: c.language.clone(),
+                cwd: c.cwd.clone(),
+                spec: c.spec.clone(),
+                kernel: c.kernel().id,
+                default: t.defaults.get(&c.language) == Some(&c.id),
+            })
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        (
+            v,
+            self.next_kernel.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// The contexts of a sandbox taken up again by a restarted server: each subscribed to its
+    /// kernel, which still runs in the agent. A context whose kernel is gone is left out
+    /// (its id then answers not found); returns those ids too.
+    pub async fn restore(
+        agent: AgentClient,
+        env: KernelEnv,
+        default_cwd: String,
+        kept: Vec<KeptContext>,
+        next_kernel: u32,
+    ) -> (Contexts, Vec<String>) {
+        let contexts = Contexts::new(agent, env, default_cwd);
+        let highest = kept.iter().map(|k| k.kernel + 1).max().unwrap_or(1);
+        contexts.next_kernel.store(
+            next_kernel.max(highest),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let mut gone = Vec::new();
+        for k in kept.into_iter().take(MAX_CONTEXTS) {
+            let stream = match contexts.agent.kernel_attach(k.kernel).await {
+                Ok(s) => s,
+                Err(_) => {
+                    gone.push(k.id);
+                    continue;
+                }
+            };
+            let kernel = Kernel::spawn_ready(k.kernel, contexts.agent.clone(), stream);
+            let ctx = Arc::new(Context {
+                id: k.id.clone(),
+                language: k.language.clone(),
+                cwd: k.cwd,
+                spec: k.spec,
+                env: contexts.env.clone(),
+                envs: Vec::new(),
+                kernel: Mutex::new(kernel),
+                exec_lock: Arc::new(tokio::sync::Mutex::new(())),
+                for_run: false,
+            });
+            let mut t = lock(&contexts.table);
+            if k.default {
+                t.defaults.insert(k.language, k.id.clone());
+            }
+            t.contexts.insert(k.id, ctx);
+        }
+        (contexts, gone)
     }
 
     /// The kernel specs of the sandbox's image (asked once).
@@ -326,6 +422,7 @@ impl Contexts {
             )));
         }
         let spec = self.spec_for(&language).await?;
+        let for_run = own.is_some();
         let (env, envs) = own.unwrap_or_else(|| (self.env.clone(), Vec::new()));
         let kernel = self.start_kernel(&spec, &cwd, &env, &envs).await?;
         let ctx = Arc::new(Context {
@@ -337,6 +434,7 @@ impl Contexts {
             envs,
             kernel: Mutex::new(kernel.clone()),
             exec_lock: Arc::new(tokio::sync::Mutex::new(())),
+            for_run,
         });
         let full = {
             let mut t = lock(&self.table);
@@ -355,6 +453,7 @@ impl Contexts {
                 "this sandbox has {MAX_CONTEXTS} contexts, the most it may; remove one first"
             )));
         }
+        self.changed.notify_one();
         Ok(ctx)
     }
 
@@ -407,6 +506,7 @@ impl Contexts {
             ctx
         };
         ctx.kernel().stop().await;
+        self.changed.notify_one();
         Ok(())
     }
 
@@ -422,6 +522,7 @@ impl Contexts {
             .start_kernel(&ctx.spec, &ctx.cwd, &ctx.env, &ctx.envs)
             .await?;
         *ctx.kernel.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        self.changed.notify_one();
         Ok(())
     }
 

@@ -28,6 +28,13 @@ pub trait SandboxHost: Send + Sync + 'static {
 
     /// Lets a frozen sandbox run again.
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError>;
+
+    /// The sandboxes an earlier server left running that the host took up at its start
+    /// (runtime ids): each to be reconnected to or destroyed.
+    fn adopted(&self) -> Vec<String>;
+
+    /// A new agent connection (and namespace, cgroups) of a sandbox the host took up.
+    fn reconnect(&self, runtime_id: &str) -> Result<Created, ServiceError>;
 }
 
 impl SandboxHost for SpawnerService {
@@ -49,5 +56,16 @@ impl SandboxHost for SpawnerService {
 
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError> {
         SpawnerService::thaw(self, runtime_id)
+    }
+
+    fn adopted(&self) -> Vec<String> {
+        SpawnerService::adopted(self)
+            .iter()
+            .map(|a| a.id.clone())
+            .collect()
+    }
+
+    fn reconnect(&self, runtime_id: &str) -> Result<Created, ServiceError> {
+        SpawnerService::reconnect(self, runtime_id)
     }
 }

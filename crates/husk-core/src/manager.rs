@@ -18,6 +18,9 @@ use crate::store::Store;
 use crate::template::{Resolved, TemplateError, Templates};
 
 mod create;
+mod kept;
+#[cfg(test)]
+mod kept_tests;
 mod limits;
 mod live;
 mod lookup;
@@ -36,6 +39,7 @@ mod tests;
 
 pub use create::new_sandbox_id;
 use create::Identity;
+pub use kept::{Running, TakenUp, RUNNING_VERSION};
 pub use limits::host_memory_available;
 pub use live::{LiveSandbox, Metrics};
 pub use lookup::{ListFilter, LostInfo, SandboxView};
@@ -194,13 +198,16 @@ impl Default for Config {
 /// How long a lost sandbox stays known (its team is told what became of it).
 pub const LOST_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Why the sandboxes a server left running are lost when the next one starts.
-const LOST_IN_A_CRASH: &str = "the server that ran it ended without stopping in order (a crash, \
-    or the host went down); its processes and files are gone";
+/// Why a sandbox an earlier server left running is lost when the next one starts without it:
+/// it did not outlive that server.
+const LOST_IN_A_CRASH: &str = "it ended while no husk server ran (the host restarted, its \
+    processes were killed, or the server ran with --destroy-on-exit and did not stop in \
+    order); its processes and files are gone";
 
 /// Why running sandboxes are lost at an orderly stop.
-pub(crate) const LOST_AT_STOP: &str = "the server that ran it was stopped; running sandboxes \
-    end with it (pause a sandbox to keep it through a restart)";
+pub(crate) const LOST_AT_STOP: &str = "the server that ran it was stopped with \
+    --destroy-on-exit, which ends running sandboxes (without it they keep running for the \
+    next server)";
 
 /// The default [`Config::paused_quota`].
 pub const DEFAULT_PAUSED_QUOTA: u32 = 1000;
@@ -258,12 +265,36 @@ impl Manager {
         config: Config,
     ) -> Result<Arc<Manager>, CoreError> {
         let now = time::OffsetDateTime::now_utc();
-        let stale = store.mark_sandboxes_lost(LOST_IN_A_CRASH, now)?;
+        // What the spawner took up is taken up by `take_up`; the rest of the records are of
+        // sandboxes that did not outlive the earlier server.
+        let adopted: std::collections::HashSet<String> = host.adopted().into_iter().collect();
+        let (mut stale, mut over) = (0, 0);
+        for rec in store.list_sandboxes()? {
+            if adopted.contains(&rec.runtime_id) {
+                continue;
+            }
+            match kept::lost_reason(&rec, now) {
+                Some(reason) => {
+                    store.mark_sandbox_lost(&rec.id, reason, now)?;
+                    stale += 1;
+                }
+                None => {
+                    store.delete_sandbox(&rec.id)?;
+                    over += 1;
+                }
+            }
+        }
         if stale > 0 {
             tracing::warn!(
                 count = stale,
-                "sandboxes of an earlier run ended with it (it did not stop in order); they are \
-                 listed as lost (husk sandbox list --state lost)"
+                "sandboxes of an earlier run did not outlive it; they are listed as lost \
+                 (husk sandbox list --state lost)"
+            );
+        }
+        if over > 0 {
+            tracing::info!(
+                count = over,
+                "sandboxes of an earlier run reached their timeout meanwhile"
             );
         }
         let pruned = store.prune_lost_sandboxes(now - LOST_KEPT)?;

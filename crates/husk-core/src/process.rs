@@ -109,7 +109,7 @@ impl Manager {
             self.audit_secrets(&sb.team, &sb.id, &command, &secrets.names);
         }
         if !secrets.redact.is_empty() {
-            sb.set_redaction(pid, secrets.redact.clone());
+            sb.set_redaction(pid, secrets.redact.clone(), secrets.names.clone());
         }
         Ok((pid, events.redacted(secrets.redact)))
     }

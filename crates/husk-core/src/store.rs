@@ -172,6 +172,9 @@ pub struct SandboxRecord {
     pub end_at: OffsetDateTime,
     /// The client's metadata, stored as a JSON object.
     pub metadata: BTreeMap<String, String>,
+    /// What a restarted server needs to take the sandbox up again (the core's versioned
+    /// JSON, `manager::kept`); `None` in records of older servers.
+    pub description: Option<String>,
 }
 
 /// A sandbox that ended with the server that ran it: its record, when and why.

@@ -97,7 +97,7 @@ pub struct TemplateManifest {
 }
 
 /// What a template name resolved to.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Resolved {
     /// The template's name as registered (`base` may resolve to the host template).
     pub name: String,

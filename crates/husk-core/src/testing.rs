@@ -61,7 +61,30 @@ struct State {
     files: BTreeMap<String, Arc<Mutex<FakeFiles>>>,
     /// Frozen sandboxes, by runtime id.
     frozen: std::collections::BTreeSet<String>,
+    /// Each sandbox's processes (pid → what it printed), by runtime id: they outlive an agent
+    /// connection.
+    procs: BTreeMap<String, Procs>,
+    /// Sandboxes taken up at the host's last [`FakeHost::restart`].
+    adopted: Vec<String>,
+    /// The last backstop each sandbox's agent was given (milliseconds since the epoch).
+    deadlines: Deadlines,
 }
+
+/// Backstops given to the agents, by runtime id.
+type Deadlines = Arc<Mutex<BTreeMap<String, Option<u64>>>>;
+
+/// What one fake agent serves.
+struct FakeAgent {
+    id: String,
+    mode: AgentMode,
+    started: Arc<Mutex<Vec<StartProc>>>,
+    files: Arc<Mutex<FakeFiles>>,
+    procs: Procs,
+    deadlines: Deadlines,
+}
+
+/// A fake sandbox's processes: pid → what it printed (replayed to whoever attaches).
+type Procs = Arc<Mutex<BTreeMap<u32, Vec<u8>>>>;
 
 /// A [`SandboxHost`] that records what it is asked and fails on demand.
 #[derive(Default)]
@@ -117,6 +140,35 @@ impl FakeHost {
         })
     }
 
+    /// What a restart of the spawner does: every live sandbox is taken up (and its agent
+    /// waits for a new connection).
+    pub fn restart(&self) {
+        let mut st = self.state();
+        st.adopted = st.live.keys().cloned().collect();
+    }
+
+    /// A sandbox that ended while no server ran (its PID 1 killed, the host rebooted): gone
+    /// without a destroy.
+    pub fn lose(&self, runtime_id: &str) {
+        let mut st = self.state();
+        if let Some(sock) = st.live.remove(runtime_id) {
+            let _ = sock.shutdown(Shutdown::Both);
+        }
+        st.adopted.retain(|r| r != runtime_id);
+    }
+
+    /// The last backstop the agent of `runtime_id` was given (`None`: none ever;
+    /// `Some(None)`: cleared).
+    pub fn deadline(&self, runtime_id: &str) -> Option<Option<u64>> {
+        let deadlines = self.state().deadlines.clone();
+        let got = deadlines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(runtime_id)
+            .copied();
+        got
+    }
+
     /// Ends the agent of a live sandbox, as if it had crashed.
     pub fn kill_agent(&self, runtime_id: &str) -> bool {
         match self.state().live.get(runtime_id) {
@@ -154,12 +206,12 @@ impl SandboxHost for FakeHost {
         let (ours, theirs) = UnixStream::pair()?;
         let handle = theirs.try_clone()?;
         let mode = st.mode.unwrap_or(AgentMode::Serve);
-        let started = st.started.clone();
         let files = Arc::new(Mutex::new(FakeFiles::default()));
-        st.files.insert(id.clone(), files.clone());
-        std::thread::Builder::new()
-            .name(format!("fake-agent-{id}"))
-            .spawn(move || fake_agent(theirs, mode, &started, &files))?;
+        st.files.insert(id.clone(), files);
+        st.procs.insert(id.clone(), Procs::default());
+        drop(st);
+        self.spawn_agent(&id, theirs, mode)?;
+        let mut st = self.state();
         st.live.insert(id.clone(), handle);
         Ok(Created {
             id,
@@ -192,6 +244,57 @@ impl SandboxHost for FakeHost {
 
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError> {
         self.set_frozen(runtime_id, false)
+    }
+
+    fn adopted(&self) -> Vec<String> {
+        self.state().adopted.clone()
+    }
+
+    fn reconnect(&self, runtime_id: &str) -> Result<Created, ServiceError> {
+        let handle = {
+            let mut st = self.state();
+            let Some(old) = st.live.remove(runtime_id) else {
+                return Err(ServiceError::Failed(Failure::new(
+                    husk_runtime::failure::FailureKind::NotFound,
+                    format!("no sandbox {runtime_id}"),
+                )));
+            };
+            // The agent drops the connection it had.
+            let _ = old.shutdown(Shutdown::Both);
+            st.mode.unwrap_or(AgentMode::Serve)
+        };
+        let (ours, theirs) = UnixStream::pair()?;
+        let keep = theirs.try_clone()?;
+        self.spawn_agent(runtime_id, theirs, handle)?;
+        self.state().live.insert(runtime_id.to_owned(), keep);
+        Ok(Created {
+            id: runtime_id.to_owned(),
+            init_pid: std::process::id() as i32,
+            agent: OwnedFd::from(ours),
+            netns: std::fs::File::open("/proc/self/ns/net")?.into(),
+            cgroup: SandboxCgroup::from_registry("").expect("an empty cgroup description"),
+        })
+    }
+}
+
+impl FakeHost {
+    /// Starts the agent of sandbox `id` on `sock` (its files and processes are the
+    /// sandbox's, whichever connection serves them).
+    fn spawn_agent(&self, id: &str, sock: UnixStream, mode: AgentMode) -> std::io::Result<()> {
+        let st = self.state();
+        let agent = FakeAgent {
+            id: id.to_owned(),
+            mode,
+            started: st.started.clone(),
+            files: st.files.get(id).cloned().unwrap_or_default(),
+            procs: st.procs.get(id).cloned().unwrap_or_default(),
+            deadlines: st.deadlines.clone(),
+        };
+        drop(st);
+        std::thread::Builder::new()
+            .name(format!("fake-agent-{id}"))
+            .spawn(move || fake_agent(sock, agent))?;
+        Ok(())
     }
 }
 
@@ -325,26 +428,17 @@ impl crate::saved_layers::SavedLayers for FakeLayers {
 }
 
 /// The agent's side of the protocol, as much of it as the core's own logic uses.
-fn fake_agent(
-    mut sock: UnixStream,
-    mode: AgentMode,
-    started: &Mutex<Vec<StartProc>>,
-    files: &Mutex<FakeFiles>,
-) {
-    serve(&mut sock, mode, started, files);
+fn fake_agent(mut sock: UnixStream, agent: FakeAgent) {
+    serve(&mut sock, &agent);
     // The host keeps a handle on the socket: hang up explicitly, as a dead agent's does.
     let _ = sock.shutdown(Shutdown::Both);
 }
 
-fn serve(
-    sock: &mut UnixStream,
-    mode: AgentMode,
-    started: &Mutex<Vec<StartProc>>,
-    files: &Mutex<FakeFiles>,
-) {
-    // pid → what the process printed (replayed to whoever attaches).
-    let mut outputs: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+fn serve(sock: &mut UnixStream, agent: &FakeAgent) {
+    let (mode, started, files) = (agent.mode, &*agent.started, &*agent.files);
     while let Ok(Some(frame)) = husk_proto::read_frame(sock) {
+        // pid → what the process printed (replayed to whoever attaches).
+        let mut outputs = agent.procs.lock().unwrap_or_else(|p| p.into_inner());
         let Ok(msg) = husk_proto::decode::<ToAgent>(&frame) else {
             return;
         };
@@ -399,6 +493,14 @@ fn serve(
                 sel: Selector::Pid(pid),
                 ..
             } if outputs.contains_key(&pid) => Ok(Reply::Done),
+            Request::Deadline { unix_ms } => {
+                agent
+                    .deadlines
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(agent.id.clone(), unix_ms);
+                Ok(Reply::Done)
+            }
             // A broken agent: a reply of the wrong kind.
             Request::Stat { path, .. } if path == WRONG_KIND => Ok(Reply::Done),
             req @ (Request::OpenRead { .. }

@@ -36,14 +36,29 @@ impl Links {
     }
 
     pub fn take(&mut self) -> Option<u32> {
-        let i = if self.next < self.capacity() {
-            self.next += 1;
-            self.next - 1
-        } else {
-            self.free.pop_front()?
+        let i = loop {
+            if self.next < self.capacity() {
+                self.next += 1;
+                // Reserved ahead of its turn (see reserve).
+                if self.used.contains(&(self.next - 1)) {
+                    continue;
+                }
+                break self.next - 1;
+            }
+            break self.free.pop_front()?;
         };
         self.used.insert(i);
         Some(i)
+    }
+
+    /// Takes index `i` itself (a link an earlier router recorded); whether it was free.
+    pub fn reserve(&mut self, i: u32) -> bool {
+        if i >= self.capacity() || self.used.contains(&i) {
+            return false;
+        }
+        self.free.retain(|&f| f != i);
+        self.used.insert(i);
+        true
     }
 
     pub fn give_back(&mut self, i: u32) {
@@ -78,5 +93,18 @@ mod tests {
         assert_eq!(l.take(), Some(0));
         assert_eq!(l.take(), None);
         assert_eq!(l.addresses(3).1, "100.96.0.7".parse::<Ipv4Addr>().unwrap());
+    }
+
+    #[test]
+    fn a_reserved_index_is_never_handed_out_until_given_back() {
+        let mut l = Links::new("100.96.0.0/29".parse().unwrap());
+        assert!(l.reserve(1));
+        assert!(!l.reserve(1), "already reserved");
+        assert!(!l.reserve(4), "beyond the subnet");
+        let taken: Vec<u32> = (0..3).map(|_| l.take().unwrap()).collect();
+        assert_eq!(taken, vec![0, 2, 3]);
+        assert_eq!(l.take(), None);
+        l.give_back(1);
+        assert_eq!(l.take(), Some(1));
     }
 }

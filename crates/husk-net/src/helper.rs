@@ -123,6 +123,16 @@ pub enum Request {
     /// A TCP socket (IPv6 if `v6`) made in the network namespace attached to the request,
     /// not connected: [`Reply::Socket`] with it attached.
     Socket { v6: bool },
+    /// Links the namespace attached to the request (a sandbox's that outlived an earlier
+    /// helper) again as the recorded link `index`, under `policy` and `rules`:
+    /// [`Reply::Attached`] (nothing attached).
+    Reattach {
+        index: u32,
+        policy: WirePolicy,
+        rules: Option<HeaderRules>,
+    },
+    /// Gives back the recorded links no sandbox was linked to again: [`Reply::Pruned`].
+    PruneLinks,
 }
 
 /// The network helper's answers.
@@ -131,9 +141,12 @@ pub enum Reply {
     /// `ca`: the sandbox's CA certificate (PEM), when it was attached with rules.
     Attached {
         link: u64,
+        /// The router's index of the link (what a later helper takes it up by).
+        index: u32,
         gateway: Ipv4Addr,
         ca: Option<String>,
     },
+    Pruned(u32),
     Done,
     Denials(Vec<WireDenial>),
     Socket,
@@ -164,7 +177,7 @@ impl Helper {
     }
 
     fn handle(&self, req: Request, fd: Option<OwnedFd>) -> (Reply, Option<OwnedFd>) {
-        if fd.is_some() && !matches!(req, Request::Socket { .. }) {
+        if fd.is_some() && !matches!(req, Request::Socket { .. } | Request::Reattach { .. }) {
             return failed(
                 FailureKind::InvalidSpec,
                 "a descriptor with a request that takes none",
@@ -172,6 +185,24 @@ impl Helper {
         }
         match req {
             Request::Attach { policy, rules } => self.attach(policy.into(), rules),
+            Request::Reattach {
+                index,
+                policy,
+                rules,
+            } => match fd {
+                Some(fd) => self.reattach(fd, index, policy.into(), rules),
+                None => failed(
+                    FailureKind::InvalidSpec,
+                    "a reattach request without a namespace",
+                ),
+            },
+            Request::PruneLinks => {
+                let pruned = self
+                    .service
+                    .as_ref()
+                    .map_or(0, |s| s.router().prune_orphans());
+                (Reply::Pruned(pruned as u32), None)
+            }
             Request::SetPolicy {
                 link,
                 policy,
@@ -226,8 +257,9 @@ impl Helper {
                     .remove(&link);
                 match gone {
                     // Dropping it removes its rules (queued to the router's worker), once a
-                    // policy change under way on it is done.
+                    // policy change under way on it is done; its record goes with it.
                     Some(a) => {
+                        a.detach();
                         drop(a);
                         (Reply::Done, None)
                     }
@@ -256,18 +288,9 @@ impl Helper {
         }
         match service.attach(policy, rules) {
             Ok(a) => {
-                let link = self.next.fetch_add(1, Ordering::Relaxed);
-                let gateway = a.gateway();
-                let ca = a.ca_pem();
                 let ns = a.netns.fd().try_clone_to_owned();
                 match ns {
-                    Ok(ns) => {
-                        self.links
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(link, Arc::new(a));
-                        (Reply::Attached { link, gateway, ca }, Some(ns))
-                    }
+                    Ok(ns) => (self.register(a), Some(ns)),
                     Err(e) => failed(
                         FailureKind::Exhausted,
                         format!("passing the namespace: {e}"),
@@ -278,6 +301,62 @@ impl Helper {
                 FailureKind::Internal,
                 format!(
                     "linking the sandbox to the router: {}",
+                    husk_runtime::failure::chain(&e)
+                ),
+            ),
+        }
+    }
+
+    /// Keeps a link the router made, under a number of its own.
+    fn register(&self, a: Attachment) -> Reply {
+        let link = self.next.fetch_add(1, Ordering::Relaxed);
+        let reply = Reply::Attached {
+            link,
+            index: a.index(),
+            gateway: a.gateway(),
+            ca: a.ca_pem(),
+        };
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(link, Arc::new(a));
+        reply
+    }
+
+    fn reattach(
+        &self,
+        fd: OwnedFd,
+        index: u32,
+        policy: NetPolicy,
+        rules: Option<HeaderRules>,
+    ) -> (Reply, Option<OwnedFd>) {
+        let Some(service) = &self.service else {
+            return failed(FailureKind::Host, "sandbox egress is off on this server");
+        };
+        if let Err(e) = policy.validate() {
+            return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
+        }
+        if let Some(Err(e)) = rules.as_ref().map(HeaderRules::validate) {
+            return failed(FailureKind::InvalidSpec, format!("invalid rules: {e}"));
+        }
+        let ns = match NetNs::from_fd(fd) {
+            Ok(ns) => ns,
+            Err(e) => return failed(FailureKind::InvalidSpec, e.to_string()),
+        };
+        // A sandbox's namespace, never one of the helper's own.
+        if self.own.iter().any(|o| o.same_as(&ns)) {
+            return failed(
+                FailureKind::InvalidSpec,
+                "only sandboxes' namespaces are linked",
+            );
+        }
+        match service.router().reattach(ns, index, policy, rules) {
+            Ok(a) => (self.register(a), None),
+            Err(RouterError::Config(m)) => failed(FailureKind::NotFound, m),
+            Err(e) => failed(
+                FailureKind::Internal,
+                format!(
+                    "linking the sandbox to the router again: {}",
                     husk_runtime::failure::chain(&e)
                 ),
             ),
@@ -456,7 +535,15 @@ impl NetHelper {
             },
             None,
         )? {
-            (Reply::Attached { link, gateway, ca }, Some(ns)) => {
+            (
+                Reply::Attached {
+                    link,
+                    index,
+                    gateway,
+                    ca,
+                },
+                Some(ns),
+            ) => {
                 let netns = NetNs::from_fd(ns).map_err(|e| HelperError::Protocol {
                     helper: "network",
                     message: e.to_string(),
@@ -464,12 +551,60 @@ impl NetHelper {
                 Ok(Link {
                     helper: self.clone(),
                     link,
+                    index,
                     netns,
                     gateway,
                     ca,
                     policy: Mutex::new(policy),
+                    kept: std::sync::atomic::AtomicBool::new(false),
                 })
             }
+            (other, _) => Err(Self::unexpected(&other)),
+        }
+    }
+
+    /// Links `netns`, the namespace of a sandbox that outlived the helper its link `index`
+    /// was made by, again (see [`crate::router::Router::reattach`]). Blocking.
+    pub fn reattach(
+        self: &Arc<Self>,
+        netns: NetNs,
+        index: u32,
+        policy: NetPolicy,
+        rules: Option<HeaderRules>,
+    ) -> Result<Link, HelperError> {
+        let req = Request::Reattach {
+            index,
+            policy: policy.clone().into(),
+            rules,
+        };
+        match self.call(&req, Some(netns.fd()))? {
+            (
+                Reply::Attached {
+                    link,
+                    index,
+                    gateway,
+                    ca,
+                },
+                None,
+            ) => Ok(Link {
+                helper: self.clone(),
+                link,
+                index,
+                netns,
+                gateway,
+                ca,
+                policy: Mutex::new(policy),
+                kept: std::sync::atomic::AtomicBool::new(false),
+            }),
+            (other, _) => Err(Self::unexpected(&other)),
+        }
+    }
+
+    /// Gives back the recorded links of an earlier helper that no sandbox was linked to
+    /// again; how many. Blocking.
+    pub fn prune_links(&self) -> Result<u32, HelperError> {
+        match self.call(&Request::PruneLinks, None)? {
+            (Reply::Pruned(n), None) => Ok(n),
             (other, _) => Err(Self::unexpected(&other)),
         }
     }
@@ -506,6 +641,10 @@ impl NetHelper {
 pub struct Link {
     helper: Arc<NetHelper>,
     link: u64,
+    /// The router's index of the link (see [`NetHelper::reattach`]).
+    index: u32,
+    /// Left to the next helper when dropped ([`Link::keep`]): not detached.
+    kept: std::sync::atomic::AtomicBool,
     /// The namespace the sandbox joins.
     pub netns: NetNs,
     gateway: Ipv4Addr,
@@ -514,6 +653,17 @@ pub struct Link {
 }
 
 impl Link {
+    /// The router's index of the link.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Leaves the link to the next helper: dropping it no longer detaches it (its sandbox
+    /// outlives the server, and is linked again by [`NetHelper::reattach`]).
+    pub fn keep(&self) {
+        self.kept.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The sandbox's CA certificate (PEM), when it was attached with header rules.
     pub fn ca_pem(&self) -> Option<&str> {
         self.ca.as_deref()
@@ -565,6 +715,9 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
+        if self.kept.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         // A round trip: the helper answers at once and removes the rules in the background.
         if let Err(e) = self.helper.call(&Request::Detach { link: self.link }, None) {
             tracing::warn!(error = %e, "removing a sandbox's link");

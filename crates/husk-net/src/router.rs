@@ -8,6 +8,14 @@
 //!
 //! Sandbox namespaces are prepared ahead (a pool, refilled by a background thread), so that
 //! creating a sandbox with a network costs no more than one without.
+//!
+//! A server's router (`RouterConfig::links_dir`) keeps a record of each link it hands out
+//! (its index, and the sandbox's CA if it has one), removed when the link is detached. A
+//! sandbox that outlives the server keeps its namespace but loses its link with the router's
+//! namespace; the next router reserves the recorded links at start, and
+//! [`Router::reattach`] links the sandbox's namespace again, at the same addresses, with the
+//! same CA, under the policy it had. What no sandbox claims is given back
+//! ([`Router::prune_orphans`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -86,6 +94,10 @@ pub struct RouterConfig {
     /// PEM files of CAs the domain proxy trusts, besides the host's, for the servers it
     /// reaches on behalf of header rules (a corporate CA; a test's).
     pub upstream_ca: Vec<PathBuf>,
+    /// Where each link's record is kept (see the module's documentation), so that the next
+    /// router takes up the links of sandboxes that outlived this one (`husk serve`); `None`:
+    /// links end with the router (`husk run`).
+    pub links_dir: Option<PathBuf>,
 }
 
 impl RouterConfig {
@@ -98,6 +110,7 @@ impl RouterConfig {
             pool: 4,
             run_dir: PathBuf::from("/run/husk"),
             upstream_ca: Vec::new(),
+            links_dir: None,
         }
     }
 }
@@ -145,6 +158,16 @@ struct Inner {
     /// Whether a pool thread runs (`pool > 0`); without one, links are made and removed by
     /// the caller, and the router starts no thread at all (`husk run` forks after it).
     background: bool,
+    /// Links an earlier router recorded, reserved until a sandbox claims them or they are
+    /// pruned: index → the sandbox's CA (certificate and key, PEM), if it had one.
+    orphans: Mutex<std::collections::HashMap<u32, Option<LinkRecord>>>,
+}
+
+/// What a link's record holds beyond its index (the file's name).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct LinkRecord {
+    ca_cert: String,
+    ca_key: String,
 }
 
 /// husk's router. Dropping it (or [`Router::shutdown`]) removes what it made.
@@ -213,8 +236,15 @@ impl Router {
         )
         .map_err(ctx("load the router's nftables rules"))?;
         let cfg_pool = cfg.pool;
+        // Before the pool takes any index: those of recorded links stay reserved.
+        let mut links = Links::new(cfg.subnet);
+        let orphans = match &cfg.links_dir {
+            Some(dir) => read_records(dir, &mut links).map_err(ctx("read the links' records"))?,
+            None => Default::default(),
+        };
         let inner = Arc::new(Inner {
-            links: Mutex::new(Links::new(cfg.subnet)),
+            links: Mutex::new(links),
+            orphans: Mutex::new(orphans),
             ns,
             cfg,
             denied: Arc::new(denied),
@@ -297,14 +327,18 @@ impl Router {
         let intercept = rules.as_ref().is_some_and(|r| !r.is_empty());
         let (script, installed) =
             nft::apply(prepared.index, Installed::default(), &policy, intercept);
-        if !script.is_empty() {
-            if let Err(e) = cmd::nft(Some(&self.inner.ns), &script) {
-                self.inner.release(Release {
-                    index: prepared.index,
-                    installed: Installed::default(),
-                });
-                return Err(ctx("apply the sandbox's network policy")(e));
-            }
+        let recorded = self.inner.write_record(prepared.index, ca.as_ref());
+        let applied = recorded.and_then(|()| match script.is_empty() {
+            true => Ok(()),
+            false => cmd::nft(Some(&self.inner.ns), &script),
+        });
+        if let Err(e) = applied {
+            self.inner.release(Release {
+                index: prepared.index,
+                installed: Installed::default(),
+            });
+            self.inner.remove_record(prepared.index);
+            return Err(ctx("apply the sandbox's network policy")(e));
         }
         let mut net = SandboxNet::new(address, gateway, policy);
         if let Some(ca) = ca {
@@ -322,7 +356,94 @@ impl Router {
             index: prepared.index,
             installed: Mutex::new(installed),
             router: Arc::downgrade(&self.inner),
+            detached: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Links the namespace `ns` of a sandbox that outlived the router it was attached to
+    /// (its link `index`, recorded by that router) again: the same addresses, the CA it had,
+    /// `policy` and `rules`. Blocking.
+    pub fn reattach(
+        &self,
+        ns: NetNs,
+        index: u32,
+        policy: NetPolicy,
+        rules: Option<HeaderRules>,
+    ) -> Result<Attachment, RouterError> {
+        let orphan = self
+            .inner
+            .orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&index);
+        let Some(record) = orphan else {
+            return Err(RouterError::Config(format!(
+                "no recorded link {index} to take up"
+            )));
+        };
+        let ca = record
+            .as_ref()
+            .map(|r| SandboxCa::restore("sandbox", &r.ca_cert, &r.ca_key).map_err(RouterError::Ca));
+        let done = (|| {
+            let ca = ca.transpose()?;
+            let (gateway, address) = self.inner.links().addresses(index);
+            self.inner
+                .link(&ns, index)
+                .map_err(ctx("link the sandbox to the router again"))?;
+            let intercept = rules.as_ref().is_some_and(|r| !r.is_empty());
+            let (script, installed) = nft::apply(index, Installed::default(), &policy, intercept);
+            if !script.is_empty() {
+                cmd::nft(Some(&self.inner.ns), &script)
+                    .map_err(ctx("apply the sandbox's network policy"))?;
+            }
+            let mut net = SandboxNet::new(address, gateway, policy);
+            if let Some(ca) = ca {
+                net = net.with_ca(ca);
+            }
+            if let Some(r) = rules {
+                net.set_rules(r).map_err(RouterError::Rules)?;
+            }
+            let net = Arc::new(net);
+            self.inner.sandboxes.insert(net.clone());
+            Ok(Attachment {
+                netns: ns,
+                net,
+                index,
+                installed: Mutex::new(installed),
+                router: Arc::downgrade(&self.inner),
+                detached: std::sync::atomic::AtomicBool::new(false),
+            })
+        })();
+        if done.is_err() {
+            // Not linked: as no sandbox's (the record goes, the index comes back).
+            self.inner.remove_record(index);
+            self.inner.release(Release {
+                index,
+                installed: Installed::default(),
+            });
+        }
+        done
+    }
+
+    /// Gives back the recorded links no sandbox claimed (their sandboxes are gone). Returns
+    /// how many.
+    pub fn prune_orphans(&self) -> usize {
+        let orphans: Vec<u32> = self
+            .inner
+            .orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(i, _)| i)
+            .collect();
+        for &index in &orphans {
+            self.inner.remove_record(index);
+            self.inner.release(Release {
+                index,
+                installed: Installed::default(),
+            });
+        }
+        orphans.len()
     }
 
     /// Stops the pool and removes everything the router made on the host. The namespace itself
@@ -380,35 +501,11 @@ impl Inner {
             let mut l = self.links();
             l.take().ok_or(RouterError::Exhausted(l.capacity()))?
         };
-        let (gateway, address) = self.links().addresses(index);
         let made = (|| -> io::Result<NetNs> {
             let ns = NetNs::create()?;
             // No IPv6 on the link (the router speaks IPv4 only); loopback keeps ::1.
             cmd::sysctl(Some(&ns), "net/ipv6/conf/default/disable_ipv6", "1")?;
-            let link = nft::link_name(index);
-            let script = format!(
-                "link add {link} type veth peer name eth0 netns {}\n\
-                 addr add {gateway}/31 dev {link}\n\
-                 link set {link} up\n",
-                fd_path(&ns)
-            );
-            if let Err(e) = cmd::ip(Some(&self.ns), &script) {
-                if !e.to_string().contains("File exists") {
-                    return Err(e);
-                }
-                // A released link whose namespace is still held somewhere (see release).
-                cmd::ip(Some(&self.ns), &format!("link del {link}\n"))?;
-                cmd::ip(Some(&self.ns), &script)?;
-            }
-            cmd::ip(
-                Some(&ns),
-                &format!(
-                    "link set lo up\n\
-                     addr add {address}/31 dev eth0\n\
-                     link set eth0 up\n\
-                     route add default via {gateway} dev eth0\n"
-                ),
-            )?;
+            self.link(&ns, index)?;
             Ok(ns)
         })();
         match made {
@@ -420,6 +517,78 @@ impl Inner {
                 });
                 Err(ctx("prepare a sandbox link")(e))
             }
+        }
+    }
+
+    /// Link `index` between the router and the sandbox namespace `ns`: `sb<N>` here, `eth0`
+    /// there, with the link's addresses and the sandbox's default route.
+    fn link(&self, ns: &NetNs, index: u32) -> io::Result<()> {
+        let (gateway, address) = self.links().addresses(index);
+        let link = nft::link_name(index);
+        let script = format!(
+            "link add {link} type veth peer name eth0 netns {}\n\
+             addr add {gateway}/31 dev {link}\n\
+             link set {link} up\n",
+            fd_path(ns)
+        );
+        // `File exists`: a released link whose namespace is still held somewhere (see
+        // release), or, taking a sandbox up again, the `eth0` of its old link while the kernel
+        // dismantles the earlier router's namespace: wait for it, within a bound.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match cmd::ip(Some(&self.ns), &script) {
+                Ok(()) => break,
+                Err(e)
+                    if e.to_string().contains("File exists")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    let _ = cmd::ip(Some(&self.ns), &format!("link del {link}\n"));
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        cmd::ip(
+            Some(ns),
+            &format!(
+                "link set lo up\n\
+                 addr add {address}/31 dev eth0\n\
+                 link set eth0 up\n\
+                 route add default via {gateway} dev eth0\n"
+            ),
+        )
+    }
+
+    /// Records link `index` (with the sandbox's CA) for the next router, when this one keeps
+    /// records: written whole (a temporary file renamed), root's alone.
+    fn write_record(&self, index: u32, ca: Option<&SandboxCa>) -> io::Result<()> {
+        let Some(dir) = &self.cfg.links_dir else {
+            return Ok(());
+        };
+        let record = ca.map(|ca| LinkRecord {
+            ca_cert: ca.pem().to_owned(),
+            ca_key: ca.key_pem(),
+        });
+        let bytes = postcard::to_stdvec(&record).map_err(io::Error::other)?;
+        let tmp = dir.join(format!(".{index}.tmp"));
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+        }
+        std::fs::rename(&tmp, dir.join(index.to_string()))
+    }
+
+    /// Forgets link `index`'s record.
+    fn remove_record(&self, index: u32) {
+        if let Some(dir) = &self.cfg.links_dir {
+            let _ = std::fs::remove_file(dir.join(index.to_string()));
         }
     }
 
@@ -501,6 +670,9 @@ pub struct Attachment {
     index: u32,
     installed: Mutex<Installed>,
     router: Weak<Inner>,
+    /// Detached for good ([`Attachment::detach`]): its record goes with it. Otherwise (the
+    /// router stopping) the record stays for the next router.
+    detached: std::sync::atomic::AtomicBool,
 }
 
 impl Attachment {
@@ -523,6 +695,17 @@ impl Attachment {
         Ok(())
     }
 
+    /// The link's index (what [`Router::reattach`] takes it up again by).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Marks the link as ended for good: when it is dropped, its record goes too.
+    pub fn detach(&self) {
+        self.detached
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The sandbox's CA certificate (PEM), when it was created with header rules.
     pub fn ca_pem(&self) -> Option<String> {
         self.net.ca().map(|c| c.pem().to_owned())
@@ -541,6 +724,9 @@ impl Drop for Attachment {
         };
         // Stop serving it at once; the link and rules go in the background.
         router.sandboxes.remove(self.net.address);
+        if self.detached.load(std::sync::atomic::Ordering::Relaxed) {
+            router.remove_record(self.index);
+        }
         let installed = *self.installed.lock().unwrap_or_else(|p| p.into_inner());
         let release = Release {
             index: self.index,
@@ -555,6 +741,36 @@ impl Drop for Attachment {
         drop(w);
         router.wake.notify_all();
     }
+}
+
+/// Reads the links' records in `dir` (made root's alone if new): each recorded index is
+/// reserved in `links`. A record that cannot be read is a link with no CA; a file that names
+/// no index of the subnet is removed.
+fn read_records(
+    dir: &std::path::Path,
+    links: &mut Links,
+) -> io::Result<std::collections::HashMap<u32, Option<LinkRecord>>> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let mut out = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        let index = name
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&i| i < links.capacity() && links.reserve(i));
+        let Some(index) = index else {
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        };
+        let record = std::fs::read(entry.path())
+            .ok()
+            .and_then(|b| postcard::from_bytes::<Option<LinkRecord>>(&b).ok())
+            .flatten();
+        out.insert(index, record);
+    }
+    Ok(out)
 }
 
 /// A path through which a child process opens `ns` (an `ip … netns PATH` argument).

@@ -313,6 +313,9 @@ pub enum Request {
     /// The server that is connected enforces the sandbox's timeout itself; this is the
     /// backstop for while none is (the server restarting, or gone).
     Deadline { unix_ms: Option<u64> },
+    /// Subscribes a new connection to a running kernel's events (a server that took the
+    /// sandbox up again) → [`Reply::Done`] if it runs and is ready, `NotFound` otherwise.
+    KernelAttach { kernel: u32 },
 }
 
 impl Request {

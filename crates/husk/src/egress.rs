@@ -113,6 +113,8 @@ impl EgressArgs {
         };
         cfg.pool = self.net_pool;
         cfg.upstream_ca = self.net_upstream_ca.clone();
+        // A server's sandboxes outlive it: their links are recorded for the next one.
+        cfg.links_dir = Some(run_dir.join("net/links"));
         match NetService::start(cfg) {
             Ok(s) => Ok(Some(s)),
             Err(e) if self.uplink.egress.is_none() => {

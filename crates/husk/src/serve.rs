@@ -38,6 +38,12 @@ pub struct ServeArgs {
     /// paused sandboxes stay until killed].
     #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration)]
     pub paused_retention: Option<std::time::Duration>,
+    /// Destroy running sandboxes when the server stops (and let them end with it when it
+    /// crashes), as husk did before sandboxes outlived it. By default they keep running
+    /// through a stop, a crash or an upgrade, and the next `husk serve` on the same state
+    /// directory takes them up again.
+    #[arg(long)]
+    pub destroy_on_exit: bool,
     /// Memory for each sandbox's processes (its disk and /dev/shm, held in RAM, come on top).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     pub memory: String,
@@ -222,10 +228,20 @@ pub fn main(args: ServeArgs) -> i32 {
             args.state_dir.join(husk_core::saved_layers::SNAPSHOTS_DIR),
         ],
     };
-    let spawner = match husk_runtime::service::start_confined(
+    // The spawner's owner: sandboxes outlive the server, and the next server on the same
+    // state directory takes them up (husk_runtime::keep). Its canonical path, so that a
+    // relative or symlinked --state-dir names the same owner.
+    let owner = (!args.destroy_on_exit).then(|| {
+        std::fs::canonicalize(&args.state_dir)
+            .unwrap_or_else(|_| args.state_dir.clone())
+            .display()
+            .to_string()
+    });
+    let spawner = match husk_runtime::service::start_owned(
         husk_agent::main,
         args.host.cgroups(),
         Some(confinement),
+        owner,
     ) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -237,6 +253,12 @@ pub fn main(args: ServeArgs) -> i32 {
     // Nothing is weaker without saying so (`husk doctor` has the whole report).
     for gap in husk_runtime::probe::unenforced() {
         eprintln!("husk: warning: Landlock {gap}");
+    }
+    if !spawner.adopted().is_empty() {
+        eprintln!(
+            "husk: {} sandbox(es) of the previous server are still running; taking them up",
+            spawner.adopted().len()
+        );
     }
     if spawner.reaped_at_start() > 0 {
         eprintln!(
@@ -330,6 +352,7 @@ pub fn main(args: ServeArgs) -> i32 {
             .map_err(|e| format!("async runtime: {}", crate::report::chain(&e)))?;
         Ok::<_, String>((listener, watched, runtime))
     })();
+    let keep = !args.destroy_on_exit;
     let code = match ready {
         Ok((listener, watched, runtime)) => {
             let code = runtime.block_on(run(
@@ -360,7 +383,13 @@ pub fn main(args: ServeArgs) -> i32 {
     state.shutdown();
     match Arc::try_unwrap(spawner) {
         Ok(s) => {
-            if let Err(e) = s.shutdown() {
+            // Sandboxes that outlive the server stay for the next one.
+            let stopped = if keep {
+                s.shutdown_keeping()
+            } else {
+                s.shutdown()
+            };
+            if let Err(e) = stopped {
                 eprintln!("husk: stopping the spawner: {e}");
             }
         }
@@ -483,6 +512,26 @@ async fn run(
     }
     // Sandboxes mount them (E2B volumeMounts, runs); runs save outputs into them.
     manager.set_workspaces(workspaces.clone());
+    // What the previous server left running (the spawner took it up): same ids, processes,
+    // network, kernels; before the listener serves anyone.
+    match manager.take_up().await {
+        Ok(t) if t.running + t.lost + t.strays > 0 => eprintln!(
+            "husk: took up {} running sandbox(es) of the previous server{}{}",
+            t.running,
+            if t.lost > 0 {
+                format!("; {} could not be taken up (listed as lost)", t.lost)
+            } else {
+                String::new()
+            },
+            if t.strays > 0 {
+                format!("; destroyed {} that no record named", t.strays)
+            } else {
+                String::new()
+            }
+        ),
+        Ok(_) => {}
+        Err(e) => return fail(crate::report::chain(&e)),
+    }
     let mut runs_config = husk_core::runs::RunsConfig::default();
     runs_config.max_output.max_bytes = args.max_run_output;
     let runs = match husk_core::runs::Runs::with_config(manager.clone(), runs_config) {
@@ -506,6 +555,7 @@ async fn run(
     manager.spawn_metrics_sampler();
     manager.spawn_paused_expiry();
     let shutdown_manager = manager.clone();
+    let destroy_on_exit = args.destroy_on_exit;
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failed_in_stop = failed.clone();
     let shutdown = async move {
@@ -518,14 +568,27 @@ async fn run(
                 failed_in_stop.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        eprintln!(
-            "husk: stopping: destroying {} sandbox(es); those paused are kept on disk",
-            shutdown_manager.count()
-        );
-        shutdown_manager.shutdown().await;
+        if destroy_on_exit {
+            eprintln!(
+                "husk: stopping: destroying {} sandbox(es) (--destroy-on-exit); those paused \
+                 are kept on disk",
+                shutdown_manager.count()
+            );
+            shutdown_manager.shutdown().await;
+        } else {
+            let kept = shutdown_manager.stop_keeping().await;
+            eprintln!(
+                "husk: stopping: {kept} sandbox(es) keep running for the next husk serve on \
+                 this state directory (--destroy-on-exit to destroy them)"
+            );
+        }
     };
     husk_server::serve(listener, state, args.conn.limits(), shutdown).await;
-    manager.shutdown().await;
+    if args.destroy_on_exit {
+        manager.shutdown().await;
+    } else {
+        manager.stop_keeping().await;
+    }
     i32::from(failed.load(std::sync::atomic::Ordering::Relaxed))
 }
 

@@ -90,7 +90,8 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
   // No sandbox egress unless the caller gives its own (never the host's routing in tests: the
   // network tests give their server a simulated internet of their own).
   if (!egressArgs.some((a) => a.startsWith('--egress'))) egressArgs = [...egressArgs, '--egress', 'off']
-  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, ...egressArgs]
+  // A test's server takes its sandboxes with it when it stops (by default they outlive it).
+  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, '--destroy-on-exit', ...egressArgs]
   // With setpriv (util-linux) the server gets SIGTERM if this process dies without stopping
   // it, so it still cleans up its sandboxes; setpriv execs husk in place (same pid).
   const setpriv = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p))

@@ -230,10 +230,15 @@ def start_server(
     startup_timeout: float = 30,
     extra_args: Tuple[str, ...] = (),
     state_dir: Optional[Path] = None,
+    keep: bool = False,
 ) -> HuskServer:
     """A new server; with `state_dir`, on an earlier server's state (a restart), which the
-    returned server's close() removes as its own."""
+    returned server's close() removes as its own. Its sandboxes end when it stops
+    (`--destroy-on-exit`), unless `keep`: then they outlive it, as by default, for the next
+    server on the same state directory to take up."""
     binary = husk_binary()
+    if not keep:
+        extra_args = (*extra_args, "--destroy-on-exit")
     # No sandbox egress unless the caller sets one up (never the host's routing in tests).
     if not any(a.startswith("--egress") for a in extra_args):
         extra_args = (*extra_args, "--egress", "off")

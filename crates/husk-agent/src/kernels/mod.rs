@@ -456,6 +456,19 @@ impl Kernels {
         }
     }
 
+    /// Whether `kernel` runs and is ready (for a server that takes the sandbox up again: its
+    /// events go to whichever connection the agent has).
+    pub fn attach(&mut self, kernel: u32) -> Result<(), AgentError> {
+        let k = self.live(kernel)?;
+        if k.phase != Phase::Ready || k.stopping || k.cause.is_some() {
+            return Err(err(
+                ErrorKind::NotFound,
+                format!("kernel {kernel} is not running"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Interrupts the kernel's running execution as its spec says.
     pub fn interrupt(&mut self, kernel: u32) -> Result<(), AgentError> {
         let k = self.live(kernel)?;

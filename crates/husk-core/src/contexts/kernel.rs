@@ -47,8 +47,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Kernel {
     /// Starts routing `stream`'s events.
-    pub fn spawn(id: u32, agent: AgentClient, mut stream: KernelStream) -> Arc<Kernel> {
-        let (state_tx, state) = watch::channel(State::Starting);
+    pub fn spawn(id: u32, agent: AgentClient, stream: KernelStream) -> Arc<Kernel> {
+        Self::spawn_in(id, agent, stream, State::Starting)
+    }
+
+    /// [`Kernel::spawn`] for a kernel that runs and is ready already (subscribed to again by
+    /// a restarted server).
+    pub fn spawn_ready(id: u32, agent: AgentClient, stream: KernelStream) -> Arc<Kernel> {
+        Self::spawn_in(id, agent, stream, State::Ready)
+    }
+
+    fn spawn_in(
+        id: u32,
+        agent: AgentClient,
+        mut stream: KernelStream,
+        first: State,
+    ) -> Arc<Kernel> {
+        let (state_tx, state) = watch::channel(first);
         let current: Route = Arc::default();
         let routes = current.clone();
         tokio::spawn(async move {

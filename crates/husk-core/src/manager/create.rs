@@ -140,6 +140,8 @@ impl Manager {
             )));
         }
         spec.agent = true;
+        // It may outlive the server (kept, when the spawner has an owner: husk_runtime::keep).
+        spec.die_with_parent = false;
         spec.hostname = id.clone();
         spec.limits = limits.clone();
         spec.mounts = mounts;
@@ -284,6 +286,7 @@ impl Manager {
                 None,
             ),
         };
+        let contexts_changed = contexts.changed();
         let sb = Arc::new(LiveSandbox {
             id: id.clone(),
             team: who.team.clone(),
@@ -312,6 +315,9 @@ impl Manager {
             cgroup: created.cgroup,
             metrics: Mutex::new(super::metrics::MetricsLog::new()),
             redactions: Mutex::new(HashMap::new()),
+            redacted_names: Mutex::new(HashMap::new()),
+            kept: Mutex::new(super::kept::KeptState::default()),
+            changed: contexts_changed,
             lifecycle: req.lifecycle,
             timeout,
             base_layer,
@@ -328,6 +334,7 @@ impl Manager {
             created_at: started_at,
             end_at: sb.end_at(),
             metadata: sb.metadata.clone(),
+            description: super::kept::Running::of(&sb).to_json().ok(),
         };
         if let Err(e) = self.store.insert_sandbox(&record) {
             tracing::warn!(sandbox = %id, error = %e, "could not record sandbox");

@@ -66,6 +66,12 @@ pub struct LiveSandbox {
     /// Secret values to mask in the output of processes that got them, by pid (so that a
     /// client reconnecting to such a process gets its output masked too). Bounded.
     pub(super) redactions: Mutex<HashMap<u32, Vec<zeroize::Zeroizing<Vec<u8>>>>>,
+    /// The names of those secrets, by pid (what its record keeps: see `kept.rs`).
+    pub(super) redacted_names: Mutex<HashMap<u32, Vec<String>>>,
+    /// What its supervisor last told the agent and the store (see `kept.rs`).
+    pub(super) kept: Mutex<super::kept::KeptState>,
+    /// Notified when something its record keeps changed (contexts, masks, network rules).
+    pub(super) changed: Arc<Notify>,
     /// What happens at its timeout, and whether activity resumes it when paused.
     pub(super) lifecycle: super::Lifecycle,
     /// The timeout it was created with (what an auto-resume gives it again).
@@ -218,15 +224,30 @@ impl LiveSandbox {
         &self.contexts
     }
 
-    /// Remembers the secret values of process `pid` (for [`LiveSandbox::redaction`]).
-    pub fn set_redaction(&self, pid: u32, values: Vec<zeroize::Zeroizing<Vec<u8>>>) {
-        let mut map = self.redactions.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= MAX_REDACTED_PROCESSES {
-            if let Some(k) = map.keys().min().copied() {
-                map.remove(&k);
+    /// Remembers the secret values of process `pid` (for [`LiveSandbox::redaction`]), and
+    /// the secrets' `names` (for the record: a restarted server opens them again).
+    pub fn set_redaction(
+        &self,
+        pid: u32,
+        values: Vec<zeroize::Zeroizing<Vec<u8>>>,
+        names: Vec<String>,
+    ) {
+        {
+            let mut map = self.redactions.lock().unwrap_or_else(|p| p.into_inner());
+            let mut named = self
+                .redacted_names
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if map.len() >= MAX_REDACTED_PROCESSES {
+                if let Some(k) = map.keys().min().copied() {
+                    map.remove(&k);
+                    named.remove(&k);
+                }
             }
+            map.insert(pid, values);
+            named.insert(pid, names);
         }
-        map.insert(pid, values);
+        self.changed.notify_one();
     }
 
     /// The secret values to mask in process `pid`'s output.

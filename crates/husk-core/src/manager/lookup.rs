@@ -326,6 +326,7 @@ impl Manager {
         .map_err(|e| CoreError::internal("the policy task", e))?
         .map_err(|e| CoreError::internal("changing the sandbox's egress policy", e))?;
         *sb.net_rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+        sb.changed.notify_one();
         Ok(())
     }
 

@@ -261,6 +261,7 @@ impl Manager {
                 if sb.is_paused() {
                     return Ok(Paused::AlreadyPaused);
                 }
+                self.clear_backstop(sb).await;
                 let host = self.host.clone();
                 let rid = sb.runtime_id.clone();
                 tokio::task::spawn_blocking(move || host.freeze(&rid))

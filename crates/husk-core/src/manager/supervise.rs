@@ -11,12 +11,19 @@ impl Manager {
     /// Ends the sandbox at its timeout, or when its agent dies.
     pub(super) async fn supervise(self: Arc<Self>, sb: Arc<LiveSandbox>) {
         loop {
+            // Its backstop and record follow what changed (see kept.rs).
+            self.sync_kept(&sb).await;
             if sb.is_paused() {
                 // A paused sandbox does not time out; its agent cannot end while frozen but
                 // may be killed.
                 tokio::select! {
                     _ = sb.timeout_changed.notified() => continue,
+                    _ = sb.changed.notified() => continue,
                     _ = sb.agent.closed() => {
+                        if !self.holds(&sb) {
+                            // Left running for the next server (stop_keeping), or removed.
+                            return;
+                        }
                         tracing::info!(sandbox = %sb.id, "agent gone: destroying sandbox");
                         break;
                     }
@@ -47,13 +54,24 @@ impl Manager {
             tokio::select! {
                 _ = tokio::time::sleep(left) => {}
                 _ = sb.timeout_changed.notified() => {}
+                _ = sb.changed.notified() => {}
                 _ = sb.agent.closed() => {
+                    if !self.holds(&sb) {
+                        return;
+                    }
                     tracing::info!(sandbox = %sb.id, "agent gone: destroying sandbox");
                     break;
                 }
             }
         }
         self.remove(&sb.id).await;
+    }
+
+    /// Whether `sb` is (still) one of the manager's live sandboxes.
+    fn holds(&self, sb: &Arc<LiveSandbox>) -> bool {
+        read(&self.sandboxes)
+            .get(&sb.id)
+            .is_some_and(|s| Arc::ptr_eq(s, sb))
     }
 
     pub(super) async fn destroy_runtime(&self, runtime_id: String) {

@@ -549,6 +549,7 @@ async fn sandboxes_a_crash_left_are_lost_said_so_then_forgotten() {
         created_at: time::OffsetDateTime::now_utc() - time::Duration::days(9),
         end_at: time::OffsetDateTime::now_utc(),
         metadata: Default::default(),
+        description: None,
     };
     store.insert_sandbox(&old).unwrap();
     let eight_days_ago = time::OffsetDateTime::now_utc() - time::Duration::days(8);
@@ -572,7 +573,7 @@ async fn sandboxes_a_crash_left_are_lost_said_so_then_forgotten() {
             } => {
                 assert_eq!(lost_id, id);
                 assert!(
-                    reason.contains("ended without stopping in order"),
+                    reason.contains("ended while no husk server ran"),
                     "{reason}"
                 );
             }

@@ -91,6 +91,7 @@ delegate! {
     fn prune_records(&self, before: OffsetDateTime) -> Result<u64, StoreError>;
     fn insert_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError>;
     fn update_sandbox_end(&self, id: &str, end_at: OffsetDateTime) -> Result<bool, StoreError>;
+    fn update_sandbox_description(&self, id: &str, end_at: OffsetDateTime, description: &str) -> Result<bool, StoreError>;
     fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError>;
     fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError>;
     fn mark_sandboxes_lost(&self, reason: &str, at: OffsetDateTime) -> Result<usize, StoreError>;

@@ -87,6 +87,11 @@ pub enum StateRequest {
         id: String,
     },
     ListSandboxes,
+    UpdateSandboxDescription {
+        id: String,
+        end_at: OffsetDateTime,
+        description: String,
+    },
     MarkSandboxesLost {
         reason: String,
         at: OffsetDateTime,
@@ -555,6 +560,20 @@ impl RemoteStore {
         ask!(self, req, StateReply::Bool(b) => b)
     }
 
+    pub fn update_sandbox_description(
+        &self,
+        id: &str,
+        end_at: OffsetDateTime,
+        description: &str,
+    ) -> Result<bool, StoreError> {
+        let req = StateRequest::UpdateSandboxDescription {
+            id: id.into(),
+            end_at,
+            description: description.into(),
+        };
+        ask!(self, req, StateReply::Bool(b) => b)
+    }
+
     pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
         ask!(self, StateRequest::DeleteSandbox { id: id.into() }, StateReply::Bool(b) => b)
     }
@@ -855,6 +874,11 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::UpdateSandboxEnd { id, end_at } => R::Bool(store.update_sandbox_end(&id, end_at)?),
             Q::DeleteSandbox { id } => R::Bool(store.delete_sandbox(&id)?),
             Q::ListSandboxes => R::Sandboxes(store.list_sandboxes()?),
+            Q::UpdateSandboxDescription {
+                id,
+                end_at,
+                description,
+            } => R::Bool(store.update_sandbox_description(&id, end_at, &description)?),
             Q::MarkSandboxesLost { reason, at } => {
                 R::Count(store.mark_sandboxes_lost(&reason, at)? as u64)
             }
@@ -1072,6 +1096,7 @@ mod tests {
             created_at: now,
             end_at: now,
             metadata: [("k".to_string(), "v".to_string())].into(),
+            description: Some("{}".into()),
         };
         store.insert_sandbox(&rec).unwrap();
         let err = store.insert_sandbox(&rec).unwrap_err();

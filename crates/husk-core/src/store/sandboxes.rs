@@ -13,7 +13,8 @@ use super::{
 };
 
 /// The columns of a sandbox's record, in [`record_of`]'s order.
-const RECORD_COLUMNS: &str = "id, team, template, runtime_id, created_at, end_at, metadata";
+const RECORD_COLUMNS: &str =
+    "id, team, template, runtime_id, created_at, end_at, metadata, description";
 
 /// A record from a row whose first columns are [`RECORD_COLUMNS`].
 fn record_of(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
@@ -28,6 +29,7 @@ fn record_of(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
         created_at: from_db_time(row.get(4)?)?,
         end_at: from_db_time(row.get(5)?)?,
         metadata,
+        description: row.get(7)?,
         id,
     })
 }
@@ -43,8 +45,9 @@ impl Sqlite {
         let conn = self.conn();
         let inserted = conn
             .prepare_cached(
-                "INSERT INTO sandboxes (id, team, template, runtime_id, created_at, end_at, metadata)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO sandboxes
+                    (id, team, template, runtime_id, created_at, end_at, metadata, description)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?
             .execute(params![
                 record.id,
@@ -53,7 +56,8 @@ impl Sqlite {
                 record.runtime_id,
                 created_at,
                 end_at,
-                metadata
+                metadata,
+                record.description
             ]);
         match inserted {
             Ok(_) => Ok(()),
@@ -74,6 +78,25 @@ impl Sqlite {
             .conn()
             .prepare_cached("UPDATE sandboxes SET end_at = ?2 WHERE id = ?1")?
             .execute(params![id, end_at])?;
+        Ok(changed > 0)
+    }
+
+    /// Replaces a live sandbox's description (see [`SandboxRecord::description`]) and end.
+    /// Returns whether it is recorded (and live).
+    pub fn update_sandbox_description(
+        &self,
+        id: &str,
+        end_at: OffsetDateTime,
+        description: &str,
+    ) -> Result<bool, StoreError> {
+        let end_at = to_db_time(end_at)?;
+        let changed = self
+            .conn()
+            .prepare_cached(
+                "UPDATE sandboxes SET end_at = ?2, description = ?3
+                 WHERE id = ?1 AND lost_at IS NULL",
+            )?
+            .execute(params![id, end_at, description])?;
         Ok(changed > 0)
     }
 
@@ -155,8 +178,8 @@ impl Sqlite {
         while let Some(row) = rows.next()? {
             out.push(LostSandbox {
                 record: record_of(row)?,
-                lost_at: from_db_time(row.get(7)?)?,
-                reason: row.get::<_, Option<String>>(8)?.unwrap_or_default(),
+                lost_at: from_db_time(row.get(8)?)?,
+                reason: row.get::<_, Option<String>>(9)?.unwrap_or_default(),
             });
         }
         Ok(out)

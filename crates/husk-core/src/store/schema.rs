@@ -178,7 +178,12 @@ ALTER TABLE sandboxes ADD COLUMN lost_reason TEXT NULL;
 CREATE INDEX sandboxes_lost ON sandboxes (lost_at) WHERE lost_at IS NOT NULL;
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
+/// A running sandbox's description, for the server that takes it up after a restart.
+const V11: &str = "
+ALTER TABLE sandboxes ADD COLUMN description TEXT NULL;
+";
+
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
 
 /// The schema version this husk writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

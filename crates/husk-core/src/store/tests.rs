@@ -390,6 +390,7 @@ fn record(id: &str, created_at: OffsetDateTime) -> SandboxRecord {
         created_at,
         end_at: created_at + Duration::seconds(300),
         metadata: BTreeMap::new(),
+        description: None,
     }
 }
 

@@ -151,11 +151,23 @@ impl Server {
     /// arguments in the same process, e.g. `unshare -m ... sh -c '...; exec "$@"' sh`), so
     /// the server's pid is the wrapper's.
     pub fn start_wrapped(wrapper: &[&str], state: &Path, args: &[&str]) -> Server {
+        Server::spawn(wrapper, state, args, false)
+    }
+
+    /// [`Server::start_with`] as `husk serve` runs by default: its sandboxes outlive it (a
+    /// stop, a crash) and the next server on `state` takes them up. Every other start passes
+    /// `--destroy-on-exit`, so that a test's server takes its sandboxes with it.
+    pub fn start_keeping(state: &Path, args: &[&str]) -> Server {
+        Server::spawn(&[], state, args, true)
+    }
+
+    fn spawn(wrapper: &[&str], state: &Path, args: &[&str], keep: bool) -> Server {
         let egress: &[&str] = if args.iter().any(|a| a.starts_with("--egress")) {
             &[]
         } else {
             &["--egress", "off"]
         };
+        let destroy: &[&str] = if keep { &[] } else { &["--destroy-on-exit"] };
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
@@ -168,6 +180,7 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .args(egress)
+            .args(destroy)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
