@@ -179,6 +179,9 @@ pub struct Config {
     pub paused_retention: Option<Duration>,
     /// Snapshots per team (those listed; retired ones are kept only while used).
     pub snapshot_quota: u32,
+    /// Whether running sandboxes outlive the server (a crash, an upgrade) for the next one
+    /// to take up (`kept.rs`); `false` (`husk serve --destroy-on-exit`): they end with it.
+    pub keep: bool,
 }
 
 impl Default for Config {
@@ -191,6 +194,7 @@ impl Default for Config {
             paused_quota: DEFAULT_PAUSED_QUOTA,
             paused_retention: None,
             snapshot_quota: DEFAULT_SNAPSHOT_QUOTA,
+            keep: true,
         }
     }
 }

@@ -156,8 +156,7 @@ mod tests {
     #[tokio::test]
     async fn a_restored_ca_signs_what_the_sandbox_already_trusts() {
         let original = SandboxCa::new("sandbox").unwrap();
-        let restored =
-            SandboxCa::restore("sandbox", original.pem(), &original.key_pem()).unwrap();
+        let restored = SandboxCa::restore("sandbox", original.pem(), &original.key_pem()).unwrap();
         assert_eq!(restored.pem(), original.pem());
         assert!(trusted_by(&original, original.pem()).await);
         assert!(trusted_by(&restored, original.pem()).await);

@@ -176,6 +176,7 @@ pub fn main(args: ServeArgs) -> i32 {
         paused_quota: args.max_paused,
         paused_retention: args.paused_retention,
         snapshot_quota: args.max_snapshots,
+        keep: !args.destroy_on_exit,
         ..Config::default()
     };
     match (
@@ -229,14 +230,30 @@ pub fn main(args: ServeArgs) -> i32 {
         ],
     };
     // The spawner's owner: sandboxes outlive the server, and the next server on the same
-    // state directory takes them up (husk_runtime::keep). Its canonical path, so that a
-    // relative or symlinked --state-dir names the same owner.
-    let owner = (!args.destroy_on_exit).then(|| {
-        std::fs::canonicalize(&args.state_dir)
-            .unwrap_or_else(|_| args.state_dir.clone())
-            .display()
-            .to_string()
-    });
+    // state directory takes them up (husk_runtime::keep), even one that will not keep its
+    // own (--destroy-on-exit). Its canonical path, so that a relative or symlinked
+    // --state-dir names the same owner.
+    // Made here if missing, as the store would make it (0700), so that its path resolves.
+    use std::os::unix::fs::DirBuilderExt;
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&args.state_dir)
+    {
+        return fail(format_args!(
+            "state directory {}: {e}",
+            args.state_dir.display()
+        ));
+    }
+    let owner = match std::fs::canonicalize(&args.state_dir) {
+        Ok(p) => Some(p.display().to_string()),
+        Err(e) => {
+            return fail(format_args!(
+                "state directory {}: {e}",
+                args.state_dir.display()
+            ))
+        }
+    };
     let spawner = match husk_runtime::service::start_owned(
         husk_agent::main,
         args.host.cgroups(),

@@ -789,3 +789,110 @@ fn the_servers_default_policy_and_extra_denied_ranges_apply() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("10.0.0.0/33"), "{err}");
 }
+
+/// A sandbox with a network outlives its server (`husk serve` without `--destroy-on-exit`):
+/// a stop and a crash leave it running, and the next server links it to its new router again
+/// at the same address, under the policy it had (a domain list through the proxy, a denied
+/// range), with a policy change and the denial log working as before. The last server, with
+/// `--destroy-on-exit`, takes it with it, and nothing of husk's remains.
+#[test]
+fn a_sandbox_keeps_its_network_through_restarts_of_its_server() {
+    let _host = HOST_TABLES.lock().unwrap_or_else(|p| p.into_inner());
+    let internet = Internet::new();
+    let links_before = internet.links().lines().count();
+    let tables_before = husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap();
+    let state = TempDir::new("net-keep");
+    let args = internet.serve_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let web = format!("http:http://{PUBLIC}/");
+    let named = "http:http://allowed.test/";
+    let other = "http:http://other.test/";
+    let check = |sb: &Sandbox<'_>| {
+        let v = sb.probe(&[named, other, &web]);
+        assert!(result(&v, named).starts_with("ok:"), "{v}");
+        assert!(!result(&v, other).starts_with("ok:"), "{v}");
+        assert_refused_fast(&v, &web);
+    };
+    let address = |sb: &Sandbox<'_>| {
+        sb.run(
+            Some("user"),
+            "/usr/bin/python3",
+            &["-c", "import socket;s=socket.socket(2,2);s.connect(('198.51.100.10',9));print(s.getsockname()[0])"],
+            &[],
+        )
+        .stdout
+        .trim()
+        .to_owned()
+    };
+    let (id, token, key, addr);
+    {
+        let server = Server::start_keeping(state.path(), &args);
+        key = server.key_for("net-keep");
+        let sb = Sandbox::create(
+            &server,
+            &key,
+            json!({"templateID": "base", "allow_internet_access": false,
+                   "network": {"allowOut": ["allowed.test"]}}),
+        );
+        check(&sb);
+        addr = address(&sb);
+        assert!(addr.starts_with("100.96."), "{addr}");
+        (id, token) = (sb.id.clone(), sb.token.clone());
+        // Not killed by its handle: it is to outlive the server.
+        std::mem::forget(sb);
+        drop(server); // SIGTERM
+    }
+    // Stopped, then started again: the same sandbox, the same address and policy.
+    let server = Server::start_keeping(state.path(), &args);
+    let sb = handle(&server, &key, &id, &token);
+    check(&sb);
+    assert_eq!(address(&sb), addr);
+    // Its policy still changes at run time, and its refusals are still logged.
+    sb.put_network(json!({}));
+    assert!(result(&sb.probe(&[&web]), &web).starts_with("ok:"));
+    sb.put_network(json!({"allowInternetAccess": false, "allowOut": ["allowed.test"]}));
+    check(&sb);
+    assert!(
+        sb.denials().iter().any(|d| d["address"] == PUBLIC),
+        "{:?}",
+        sb.denials()
+    );
+    std::mem::forget(sb);
+    // A crash (the network helper first, as in a crash where nothing cleans up).
+    server.kill_hard_with("husk-net");
+    let server = Server::start_keeping(state.path(), &args);
+    let sb = handle(&server, &key, &id, &token);
+    check(&sb);
+    assert_eq!(address(&sb), addr);
+    assert!(internet.denied_hits().is_empty());
+    std::mem::forget(sb);
+    drop(server);
+    // The last server destroys it as it stops.
+    let server = Server::start_with(state.path(), &args);
+    let sb = handle(&server, &key, &id, &token);
+    check(&sb);
+    drop(sb);
+    drop(server);
+    wait_until("the uplink is gone", || {
+        internet.links().lines().count() == links_before
+    });
+    assert_eq!(
+        husk_net::cmd::output(None, "nft", &["list", "tables"]).unwrap(),
+        tables_before
+    );
+    let records = std::fs::read_dir("/run/husk/net/links")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(records, 0, "link records left in /run/husk/net/links");
+}
+
+/// A handle on sandbox `id` (made through an earlier server) on `server`.
+fn handle<'a>(server: &'a Server, key: &str, id: &str, token: &str) -> Sandbox<'a> {
+    Sandbox {
+        server,
+        key: key.to_owned(),
+        id: id.to_owned(),
+        token: token.to_owned(),
+        created: Value::Null,
+    }
+}

@@ -352,3 +352,152 @@ fn the_server_runs_unprivileged_under_its_fences() {
         assert!(stderr.contains(says), "{user}: {stderr}");
     }
 }
+
+/// The runtime id of the sandbox recorded as `id`.
+fn runtime_id_of(state: &TempDir, id: &str) -> String {
+    husk_core::store::Store::open(state.path())
+        .unwrap()
+        .list_sandboxes()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == id)
+        .unwrap_or_else(|| panic!("no record of {id}"))
+        .runtime_id
+}
+
+/// The server's spawner: its child that is none of the named helpers.
+fn spawner_of(server_pid: u32) -> u32 {
+    let helpers: Vec<u32> = server_helpers(server_pid)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let children =
+        std::fs::read_to_string(format!("/proc/{server_pid}/task/{server_pid}/children")).unwrap();
+    let spawners: Vec<u32> = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|p| !helpers.contains(p))
+        .collect();
+    assert_eq!(
+        spawners.len(),
+        1,
+        "children {children}, helpers {helpers:?}"
+    );
+    spawners[0]
+}
+
+/// Sandboxes outlive their server (`husk serve` by default): an orderly stop, a crash of the
+/// server and a crash of its spawner leave their processes running, and the next server takes
+/// them up (same id, credentials, processes, files). One whose deadline passes while no
+/// server runs ends by its own backstop and is forgotten, not lost. The last server
+/// (`--destroy-on-exit`) takes everything with it: nothing of any sandbox remains.
+#[test]
+fn sandboxes_outlive_stops_and_crashes_of_their_server() {
+    use common::sandbox::Sandbox;
+    let state = TempDir::new("serve-keep");
+    let mut server = Server::start_keeping(state.path(), &[]);
+    let key = server.admin_key.clone();
+    let (id, token, sleeper) = {
+        let sb = Sandbox::create(
+            &server,
+            &key,
+            serde_json::json!({"templateID": "base", "timeout": 600}),
+        );
+        let pid = sb.spawn("/bin/sleep", &["1000"], &[]);
+        let ran = sb.run(None, "/bin/sh", &["-c", "echo kept > /home/user/f"], &[]);
+        assert_eq!(ran.code, 0, "{}", ran.output);
+        let out = (sb.id.clone(), sb.token.clone(), pid);
+        std::mem::forget(sb);
+        out
+    };
+    let rid = runtime_id_of(&state, &id);
+    // The same sandbox, as a handle of `server`'s.
+    let check = |server: &Server| {
+        let sb = Sandbox {
+            server,
+            key: key.clone(),
+            id: id.clone(),
+            token: token.clone(),
+            created: serde_json::Value::Null,
+        };
+        let info = server.request("GET", &format!("/sandboxes/{id}"), &key, "");
+        assert_eq!(info.status, 200, "{}", info.text());
+        let ran = sb.run(
+            None,
+            "/bin/sh",
+            &["-c", "cat /home/user/f; pgrep -x sleep"],
+            &[],
+        );
+        assert_eq!(ran.stdout, format!("kept\n{sleeper}\n"), "{}", ran.output);
+        std::mem::forget(sb);
+    };
+    let alive = |what: &str| {
+        assert!(
+            !sandbox_pids(&rid).is_empty(),
+            "{what}: the sandbox's processes are gone"
+        );
+    };
+
+    // An orderly stop.
+    signal_process(server.child(), "TERM");
+    server.wait_line("husk: stopped");
+    let status = wait_for(Duration::from_secs(30), || {
+        server.child().try_wait().unwrap()
+    })
+    .expect("husk serve did not exit after SIGTERM");
+    assert!(status.success(), "{status}");
+    alive("after a stop");
+    let server = Server::start_keeping(state.path(), &[]);
+    check(&server);
+
+    // A crash of the server.
+    server.kill_hard();
+    alive("after a crash");
+    let mut server = Server::start_keeping(state.path(), &[]);
+    check(&server);
+
+    // A crash of its spawner: the server stops, not zero, and the sandbox runs on.
+    let spawner = spawner_of(server.child().id());
+    signal_pid(spawner, "KILL");
+    let status = wait_for(Duration::from_secs(30), || {
+        server.child().try_wait().unwrap()
+    })
+    .expect("husk serve did not exit after its spawner died");
+    assert!(!status.success(), "{status}");
+    alive("after a crash of the spawner");
+    let server = Server::start_keeping(state.path(), &[]);
+    check(&server);
+
+    // A short-lived sandbox whose deadline passes while no server runs: its PID 1 ends it.
+    let short = {
+        let r = server.request(
+            "POST",
+            "/sandboxes",
+            &key,
+            r#"{"templateID":"base","timeout":2}"#,
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()["sandboxID"].as_str().unwrap().to_owned()
+    };
+    let short_rid = runtime_id_of(&state, &short);
+    server.kill_hard();
+    wait_for(Duration::from_secs(15), || {
+        sandbox_pids(&short_rid).is_empty().then_some(())
+    })
+    .expect("the backstop did not end the sandbox at its deadline");
+    alive("beside the one that timed out");
+
+    // The last server takes the first up and destroys it as it stops; the other is forgotten
+    // (it ended at its timeout) and its leftovers reaped.
+    let server = Server::start_with(state.path(), &[]);
+    check(&server);
+    assert_gone(&short_rid);
+    let lost = server.request("GET", "/v2/sandboxes?state=lost", &key, "");
+    assert_eq!(lost.status, 200, "{}", lost.text());
+    assert!(!lost.text().contains(&short), "{}", lost.text());
+    let gone = server.request("GET", &format!("/sandboxes/{short}"), &key, "");
+    assert_eq!(gone.status, 404, "{}", gone.text());
+    drop(server);
+    assert_gone(&rid);
+    assert!(runtime_ids(&state).is_empty());
+}

@@ -140,8 +140,8 @@ impl Manager {
             )));
         }
         spec.agent = true;
-        // It may outlive the server (kept, when the spawner has an owner: husk_runtime::keep).
-        spec.die_with_parent = false;
+        // It outlives the server unless the operator said otherwise (husk_runtime::keep).
+        spec.die_with_parent = !self.config.keep;
         spec.hostname = id.clone();
         spec.limits = limits.clone();
         spec.mounts = mounts;

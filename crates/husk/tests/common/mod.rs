@@ -41,12 +41,47 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        kill_kept(&self.0);
         unmount_beneath(&self.0);
         let _ = fs::remove_dir_all(&self.0);
     }
 }
 
 use husk_runtime::mountinfo::unmount_beneath;
+
+/// Kills PID 1 of every sandbox kept for a server on `state` (its owner, in the registry's
+/// keep lines: see `husk_runtime::keep`), so that a test that failed half-way leaves no
+/// sandbox running after its state directory is gone; the next spawner reaps the rest.
+pub fn kill_kept(state: &Path) {
+    let Ok(owner) = fs::canonicalize(state) else {
+        return;
+    };
+    let hex: String = owner
+        .display()
+        .to_string()
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("sandboxes");
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(text) = fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            // keep <owner hex> <id> <pid> <start time> <send fd> <layer fd>
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() != 7 || f[0] != "keep" || f[1] != hex {
+                continue;
+            }
+            let (Ok(pid), Ok(start)) = (f[3].parse::<i32>(), f[4].parse::<u64>()) else {
+                continue;
+            };
+            if husk_runtime::sys::process_start_time(pid).ok() == Some(start) {
+                let _ = husk_runtime::sys::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
 
 /// The loop devices backed by a file beneath `dir` (`loopN`).
 pub fn loop_devices_beneath(dir: &Path) -> Vec<String> {
@@ -307,6 +342,11 @@ pub fn wait_until_running(id: &str, comm: &str) {
 /// Asserts that nothing of sandbox `id` exists on the host any more: no process in its uid
 /// range, no cgroup directory, its uid slot free, the staging directory empty.
 pub fn assert_gone(id: &str) {
+    // A sandbox taken up from an earlier server is not its spawner's child: its PID 1 is
+    // reaped by the host's init, a moment after it died.
+    let _ = wait_for(Duration::from_secs(10), || {
+        sandbox_pids(id).is_empty().then_some(())
+    });
     let pids = sandbox_pids(id);
     assert!(
         pids.is_empty(),
