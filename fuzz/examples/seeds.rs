@@ -607,6 +607,17 @@ fn helpers(c: &Corpus) {
         ("denials", Request::Denials { link: 1, sync: true }),
         ("detach", Request::Detach { link: 1 }),
         ("socket", Request::Socket { v6: true }),
+        (
+            "reattach",
+            Request::Reattach {
+                index: 7,
+                policy: husk_net::NetPolicy::from_flags(&["allow=example.com".into()])
+                    .unwrap()
+                    .into(),
+                rules: None,
+            },
+        ),
+        ("prune-links", Request::PruneLinks),
     ];
     for (name, req) in net {
         let bytes = postcard::to_stdvec(&req).unwrap();
