@@ -150,6 +150,12 @@ pub struct CgroupOptions {
     /// Controllers whose limits the operator accepts not to enforce where the host lacks them
     /// (`--unenforced-limits`). husk still uses them where it can get them.
     pub unenforced: Vec<Controller>,
+    /// On a systemd host, a transient scope of its own (see [`crate::systemd`]) even when
+    /// the unit it runs in is delegated: a server's sandboxes outlive it (see
+    /// [`crate::keep`]), and its unit's cgroup is no place for them: systemd kills what is
+    /// left there when it stops the unit, and cannot start it again while a sub-cgroup with
+    /// controllers holds processes.
+    pub own_scope: bool,
 }
 
 /// How husk got the cgroup it manages, for logs and `husk doctor`.
@@ -242,12 +248,13 @@ impl CgroupLayout {
                 .v2
                 .as_ref()
                 .and_then(|p| p.parent())
-                .filter(|base| marked_delegated(base))
+                .filter(|base| !options.own_scope && marked_delegated(base))
                 .and_then(|base| base.file_name())
                 .map(|name| name.to_string_lossy().into_owned());
             let delegation = match marked_unit {
                 Some(unit) => Delegation::Delegated { unit },
-                None => crate::systemd::ensure_delegated().map_err(CgroupError::Systemd)?,
+                None => crate::systemd::ensure_delegated_with(options.own_scope)
+                    .map_err(CgroupError::Systemd)?,
             };
             if matches!(delegation, Delegation::Scope { .. }) {
                 layout = Self::discover()?;
@@ -285,7 +292,7 @@ impl CgroupLayout {
             let root = mount_root_of(base);
             check_available(&root, &layout.v2_controllers, &[])?;
             return Ok(format!(
-                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for a transient scope with Delegate=yes at start (none needed under dist/husk.service)",
+                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for a transient scope with Delegate=yes at start (husk serve does everywhere, so that its sandboxes outlive it)",
                 base.display()
             ));
         }

@@ -66,6 +66,12 @@ pub fn booted() -> bool {
 ///
 /// The caller must be single-threaded (it forks).
 pub fn ensure_delegated() -> Result<Delegation, SystemdError> {
+    ensure_delegated_with(false)
+}
+
+/// [`ensure_delegated`]; with `own_scope`, a scope of its own even when the unit is delegated
+/// already (see [`crate::cgroup::CgroupOptions::own_scope`]).
+pub fn ensure_delegated_with(own_scope: bool) -> Result<Delegation, SystemdError> {
     match sys::settled_thread_count() {
         Ok(1) => {}
         Ok(n) => {
@@ -81,7 +87,7 @@ pub fn ensure_delegated() -> Result<Delegation, SystemdError> {
     let child = unsafe { sys::fork() }.map_err(|e| SystemdError::Helper(format!("fork: {e}")))?;
     if child == 0 {
         drop(rd);
-        let answer = converse(pid as u32);
+        let answer = converse(pid as u32, own_scope);
         let bytes = postcard::to_allocvec(&answer).unwrap_or_default();
         let _ = sys::write_all(wr.as_fd(), &bytes);
         sys::exit_now(0);
@@ -107,13 +113,13 @@ fn read_answer(fd: std::os::fd::BorrowedFd<'_>) -> Result<Vec<u8>, SystemdError>
 }
 
 /// In the helper process: the whole conversation, on a single-threaded async runtime.
-fn converse(pid: u32) -> Result<Delegation, SystemdError> {
+fn converse(pid: u32, own_scope: bool) -> Result<Delegation, SystemdError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| SystemdError::Helper(format!("runtime: {e}")))?;
     rt.block_on(async {
-        tokio::time::timeout(DEADLINE, dbus::delegate(pid))
+        tokio::time::timeout(DEADLINE, dbus::delegate(pid, own_scope))
             .await
             .unwrap_or(Err(SystemdError::Timeout))
     })
@@ -184,7 +190,7 @@ mod dbus {
         })
     }
 
-    pub(super) async fn delegate(pid: u32) -> Result<Delegation, SystemdError> {
+    pub(super) async fn delegate(pid: u32, own_scope: bool) -> Result<Delegation, SystemdError> {
         let conn = connect().await?;
         let unit_path: OwnedObjectPath = conn
             .call_method(Some(DEST), PATH, Some(MANAGER), "GetUnitByPID", &(pid,))
@@ -203,7 +209,7 @@ mod dbus {
         } else {
             None
         };
-        if let Some(kind) = kind {
+        if let Some(kind) = kind.filter(|_| !own_scope) {
             if property::<bool>(&conn, &unit_path, kind, "Delegate").await? {
                 return Ok(Delegation::Delegated { unit });
             }

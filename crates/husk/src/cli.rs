@@ -110,6 +110,7 @@ impl HostArgs {
     pub fn cgroups(&self) -> husk_runtime::cgroup::CgroupOptions {
         husk_runtime::cgroup::CgroupOptions {
             unenforced: self.unenforced_limits.clone(),
+            own_scope: false,
         }
     }
 }

@@ -254,9 +254,14 @@ pub fn main(args: ServeArgs) -> i32 {
             ))
         }
     };
+    // Sandboxes that outlive the server live outside its unit (systemd hosts).
+    let cgroups = husk_runtime::cgroup::CgroupOptions {
+        own_scope: !args.destroy_on_exit,
+        ..args.host.cgroups()
+    };
     let spawner = match husk_runtime::service::start_owned(
         husk_agent::main,
-        args.host.cgroups(),
+        cgroups,
         Some(confinement),
         owner,
     ) {

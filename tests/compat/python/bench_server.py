@@ -893,6 +893,94 @@ def pause_resume(server, n: int, loaded_mb: int) -> None:
     copy_peer(server, n, loaded_mb)
 
 
+def server_restart(n: int, rounds: int = 3) -> None:
+    """A restart of the server with `n` running sandboxes (issue 19), each running a
+    background process: how long the stop takes, how long the next server takes to listen
+    (having taken every sandbox up), and until every sandbox has answered a command again
+    (SDK `connect` + `commands.run`, 20 at a time), after a SIGTERM and after a SIGKILL. The
+    peers, in the same run: the same server started and stopped with no sandbox, and a stop
+    with `--destroy-on-exit` (what a stop did before: every sandbox destroyed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    print(f"server restart with {n} running sandboxes ({rounds} rounds each)")
+    stops, listens, answers, kill_listens, kill_answers = [], [], [], [], []
+    empty_listens, empty_stops, destroy_stops = [], [], []
+
+    def started(state_dir=None, keep=True):
+        t = time.perf_counter()
+        s = start_server(state_dir=state_dir, keep=keep)
+        return s, (time.perf_counter() - t) * 1000
+
+    def all_answer(server, ids) -> float:
+        opts = server.opts()
+
+        def one(i):
+            Sandbox.connect(i, **opts).commands.run("true")
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(20) as pool:
+            list(pool.map(one, ids))
+        return (time.perf_counter() - t) * 1000
+
+    def fill(server) -> list:
+        opts = server.opts()
+
+        def one(_):
+            sbx = Sandbox.create(timeout=3600, **opts)
+            sbx.commands.run("sleep 100000", background=True)
+            return sbx.sandbox_id
+
+        with ThreadPoolExecutor(20) as pool:
+            return list(pool.map(one, range(n)))
+
+    servers = []
+    try:
+        for _ in range(rounds):
+            # The peers: a restart with no sandbox at all (on a state directory made before,
+            # as the restarts below are).
+            s, _ = started()
+            s.stop()
+            s, ms = started(state_dir=s.state_dir)
+            empty_listens.append(ms)
+            empty_stops.append(timed(s.stop))
+            s.close()
+            # n sandboxes through a SIGTERM, then through a SIGKILL.
+            first, _ = started()
+            servers.append(first)
+            ids = fill(first)
+            stops.append(timed(first.stop))
+            second, ms = started(state_dir=first.state_dir)
+            servers.append(second)
+            listens.append(ms)
+            answers.append(ms + all_answer(second, ids))
+            second.proc.kill()
+            second.proc.wait(timeout=60)
+            third, ms = started(state_dir=first.state_dir, keep=False)
+            servers.append(third)
+            kill_listens.append(ms)
+            kill_answers.append(ms + all_answer(third, ids))
+            # The old behaviour's stop, as the peer of a keeping stop: n destroyed.
+            destroy_stops.append(timed(third.stop))
+            third.close()
+            servers.clear()
+    finally:
+        for s in servers[:-1]:
+            try:
+                s.stop()
+            except Exception:  # noqa: BLE001 -- the last one's close removes the state
+                pass
+        if servers:
+            servers[-1].close()
+    line(f"stop (SIGTERM), {n} kept running", stops)
+    line("peer: stop, no sandbox", empty_stops)
+    line(f"peer: stop with --destroy-on-exit, {n} destroyed", destroy_stops)
+    line(f"start until listening, {n} taken up", listens)
+    line("peer: start until listening, none to take up", empty_listens)
+    line(f"start until all {n} answered a command", answers)
+    line(f"after a SIGKILL: start until listening", kill_listens)
+    line(f"after a SIGKILL: start until all {n} answered", kill_answers)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
@@ -902,13 +990,17 @@ def main() -> None:
     ap.add_argument("--batch-items", type=int, default=20)
     ap.add_argument("--abuse-connections", type=int, default=2000)
     ap.add_argument("--loaded-mb", type=int, default=256)
-    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot"],
+    ap.add_argument("--restart-sandboxes", type=int, default=100)
+    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs)")
     args = ap.parse_args()
     if args.only == "abuse":
         abuse(args.iterations, args.abuse_connections)
+        return
+    if args.only == "restart":
+        server_restart(args.restart_sandboxes)
         return
     # A SIGTERM unwinds like Ctrl-C, so the servers and the namespace are removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -945,6 +1037,8 @@ def main() -> None:
         code_interpreter(max(5, args.iterations // 4))
     finally:
         server.close()
+    if args.only is None:
+        server_restart(args.restart_sandboxes, rounds=1)
     if args.only != "main":
         abuse(args.iterations, args.abuse_connections)
 

@@ -220,8 +220,37 @@ def unmount_beneath(directory: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
+def kill_kept(directory: Path) -> None:
+    """Kills PID 1 of every sandbox kept for a server on `directory` (their owner, in the
+    registry's keep lines, see husk_runtime::keep), so that a test that failed half-way leaves
+    no sandbox running once its state dir is gone; the next husk start reaps the rest."""
+    try:
+        owner = os.path.realpath(directory).encode().hex()
+        entries = list(Path("/run/husk/sandboxes").iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            lines = entry.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split(" ")
+            # keep <owner hex> <id> <pid> <start time> <send fd> <layer fd>
+            if len(f) != 7 or f[0] != "keep" or f[1] != owner:
+                continue
+            try:
+                stat = Path(f"/proc/{f[3]}/stat").read_text()
+                if stat[stat.rindex(")") + 2:].split()[19] == f[4]:
+                    os.kill(int(f[3]), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                pass
+
+
 def remove_state_dir(directory: Path) -> None:
-    """Unmounts what a server left mounted in its state dir, then removes it."""
+    """Kills the sandboxes kept for it, unmounts what a server left mounted in its state dir,
+    then removes it."""
+    kill_kept(directory)
     unmount_beneath(directory)
     shutil.rmtree(directory, ignore_errors=True)
 
