@@ -679,3 +679,54 @@ def test_a_snapshot_and_a_fork_start_the_kernels_again_on_the_sandboxs_files(ci_
     finally:
         fork.kill()
     assert Sandbox.delete_snapshot(info.snapshot_id, **ci_husk.opts()) is True
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_kernels_keep_their_state_through_a_restart_of_the_server(husk):
+    """A server of its own (its sandboxes outlive it: `keep`), with the presets built into its
+    state directory (the shared layer cache makes that quick), stopped with SIGTERM; the next
+    server on that state directory takes the sandbox up with its kernels: the default context's
+    variables and a context of its own are still there. (`husk` only for its safety net.)"""
+    from husk_compat import CODE_INTERPRETER_PRESETS, PRESETS_DIR, build_template, start_server
+
+    first = start_server(keep=True)
+    servers = [first]
+    try:
+        for preset in CODE_INTERPRETER_PRESETS:
+            build_template(first, PRESETS_DIR / preset)
+        sbx = Sandbox.create(timeout=300, **first.opts())
+        assert sbx.run_code("x = 41").error is None
+        ctx = sbx.create_code_context()
+        assert sbx.run_code("y = 1", context=ctx).error is None
+        assert first.stop() == 0, first.log_tail()
+
+        second = start_server(state_dir=first.state_dir)  # its stop destroys the sandbox
+        servers.append(second)
+        back = Sandbox.connect(sbx.sandbox_id, **second.opts())
+        r = back.run_code("x + 1")
+        assert r.error is None and r.text == "42", (r.error, r.text)
+        r = back.run_code("y", context=ctx)
+        assert r.error is None and r.text == "1", (r.error, r.text)
+        assert ctx.id in {c.id for c in back.list_code_contexts()}
+        # The kernels go on working: new state in both.
+        assert back.run_code("x += 1", context=None).error is None
+        assert back.run_code("x").text == "42"
+        assert back.run_code("y + x", context=ctx).error is not None  # x is not in ctx
+        assert sbx.sandbox_id in {s.sandbox_id for s in Sandbox.list(**second.opts()).next_items()}
+        rc, tail = second.close()
+        assert rc == 0, tail
+        with pytest.raises(Exception):
+            Sandbox.connect(sbx.sandbox_id, **second.opts())
+    finally:
+        # Each stops its own process; a last one that kept its sandboxes (a failure half-way)
+        # hands them to a server that destroys them, whose close removes the state directory.
+        for s in servers:
+            try:
+                s.stop()
+            except Exception:
+                pass
+        if servers[-1] is first:
+            sweeper = start_server(state_dir=first.state_dir)
+            sweeper.close()
+        elif servers[-1].state_dir.exists():
+            servers[-1].close()

@@ -326,6 +326,7 @@ impl Manager {
             paused_at: Mutex::new(None),
             transition: tokio::sync::Mutex::new(()),
         });
+        let description = super::kept::Running::of(&sb).to_json().ok();
         let record = SandboxRecord {
             id: id.clone(),
             team: sb.team.clone(),
@@ -334,10 +335,12 @@ impl Manager {
             created_at: started_at,
             end_at: sb.end_at(),
             metadata: sb.metadata.clone(),
-            description: super::kept::Running::of(&sb).to_json().ok(),
+            description: description.clone(),
         };
-        if let Err(e) = self.store.insert_sandbox(&record) {
-            tracing::warn!(sandbox = %id, error = %e, "could not record sandbox");
+        match self.store.insert_sandbox(&record) {
+            // Its supervisor writes it again only once something changed.
+            Ok(()) => sb.kept_as_saved(description.unwrap_or_default()),
+            Err(e) => tracing::warn!(sandbox = %id, error = %e, "could not record sandbox"),
         }
         write(&self.sandboxes).insert(id.clone(), sb.clone());
         tokio::spawn(self.clone().supervise(sb.clone()));

@@ -204,6 +204,13 @@ pub(super) struct KeptState {
     saved: String,
 }
 
+impl LiveSandbox {
+    /// Its description as written with its record (at create, or as read back at take-up).
+    pub(super) fn kept_as_saved(&self, json: String) {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner()).saved = json;
+    }
+}
+
 /// What [`Manager::take_up`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TakenUp {
