@@ -103,19 +103,20 @@ impl KeepRecord {
 }
 
 /// A registry entry: the cgroup lines ([`crate::cgroup::SandboxCgroup::to_registry`]) and,
-/// for a kept sandbox, its [`KeepRecord`]. `None` when the keep line is malformed.
-pub(crate) fn split_entry(text: &str) -> Option<(String, Option<KeepRecord>)> {
+/// for a kept sandbox, its [`KeepRecord`]. A keep line that does not parse (one cut short by
+/// a crash) keeps nothing: such a sandbox cannot be taken up, and is reaped as a leftover.
+pub(crate) fn split_entry(text: &str) -> (String, Option<KeepRecord>) {
     let mut cgroup = String::new();
     let mut keep = None;
     for line in text.lines() {
         if line.starts_with(TAG) {
-            keep = Some(KeepRecord::parse(line)?);
+            keep = KeepRecord::parse(line);
         } else {
             cgroup.push_str(line);
             cgroup.push('\n');
         }
     }
-    Some((cgroup, keep))
+    (cgroup, keep)
 }
 
 /// Sends `conn` through a rendezvous' sending end: the agent takes it as its connection.
@@ -168,11 +169,15 @@ mod tests {
     #[test]
     fn an_entry_splits_into_its_cgroups_and_its_keep_line() {
         let text = format!("v2 /sys/fs/cgroup/husk/s12\n{}", record().line());
-        let (cgroup, keep) = split_entry(&text).unwrap();
+        let (cgroup, keep) = split_entry(&text);
         assert_eq!(cgroup, "v2 /sys/fs/cgroup/husk/s12\n");
         assert_eq!(keep, Some(record()));
-        assert_eq!(split_entry("v2 /sys/fs/cgroup/husk/s12\n").unwrap().1, None);
-        assert!(split_entry("v2 /x\nkeep broken\n").is_none());
+        assert_eq!(split_entry("v2 /sys/fs/cgroup/husk/s12\n").1, None);
+        // A keep line cut short keeps nothing (the sandbox is reaped as a leftover).
+        assert_eq!(
+            split_entry("v2 /x\nkeep broken\n"),
+            ("v2 /x\n".to_string(), None)
+        );
     }
 
     #[test]

@@ -209,7 +209,7 @@ impl Spawner {
             let entry = self.registry_entry(slot);
             let Some((cgroup, Some(keep))) = fs::read_to_string(&entry)
                 .ok()
-                .and_then(|t| crate::keep::split_entry(&t))
+                .map(|t| crate::keep::split_entry(&t))
             else {
                 continue;
             };
@@ -332,9 +332,8 @@ impl Spawner {
         };
         // A kept sandbox whose PID 1 runs is no leftover, whoever owns it.
         let text = match crate::keep::split_entry(&text) {
-            Some((_, Some(keep))) if keep.alive().is_some() => return false,
-            Some((cgroup, _)) => cgroup,
-            None => return false,
+            (_, Some(keep)) if keep.alive().is_some() => return false,
+            (cgroup, _) => cgroup,
         };
         // Only a sandbox cgroup of this very slot is touched: `.../husk/s<slot>`.
         let Some(cg) = SandboxCgroup::from_registry(&text).filter(|cg| {
