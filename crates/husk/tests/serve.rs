@@ -388,9 +388,10 @@ fn spawner_of(server_pid: u32) -> u32 {
 
 /// Sandboxes outlive their server (`husk serve` by default): an orderly stop, a crash of the
 /// server and a crash of its spawner leave their processes running, and the next server takes
-/// them up (same id, credentials, processes, files). One whose deadline passes while no
-/// server runs ends by its own backstop and is forgotten, not lost. The last server
-/// (`--destroy-on-exit`) takes everything with it: nothing of any sandbox remains.
+/// them up (same id, credentials, processes, files), and so does another binary (an upgrade).
+/// One whose deadline passes while no server runs ends by its own backstop and is forgotten,
+/// not lost. The last server (`--destroy-on-exit`) takes everything with it: nothing of any
+/// sandbox remains.
 #[test]
 fn sandboxes_outlive_stops_and_crashes_of_their_server() {
     use common::sandbox::Sandbox;
@@ -487,9 +488,14 @@ fn sandboxes_outlive_stops_and_crashes_of_their_server() {
     .expect("the backstop did not end the sandbox at its deadline");
     alive("beside the one that timed out");
 
-    // The last server takes the first up and destroys it as it stops; the other is forgotten
-    // (it ended at its timeout) and its leftovers reaped.
-    let server = Server::start_with(state.path(), &[]);
+    // The last server is another binary (a copy, as an upgrade installs a new file): it takes
+    // the first up and destroys it as it stops; the other is forgotten (it ended at its
+    // timeout) and its leftovers reaped.
+    let bin = TempDir::new("serve-keep-bin");
+    let copy = bin.path().join("husk-upgraded");
+    std::fs::copy(HUSK, &copy).unwrap();
+    let script = format!("shift; exec {} \"$@\"", copy.display());
+    let server = Server::start_wrapped(&["/bin/sh", "-c", &script, "sh"], state.path(), &[]);
     check(&server);
     assert_gone(&short_rid);
     let lost = server.request("GET", "/v2/sandboxes?state=lost", &key, "");

@@ -376,7 +376,12 @@ impl Manager {
         };
         let agent = AgentClient::connect(created.agent, hello)
             .await
-            .map_err(|e| CoreError::internal("the sandbox's agent did not answer", e))?;
+            .map_err(|e| {
+                CoreError::internal(
+                    "the sandbox's agent did not answer a hello of this husk's protocol version",
+                    e,
+                )
+            })?;
         let undo_agent = agent.clone();
         let result = self
             .finish_take_up(d, agent, netns, created.cgroup, created.init_pid)
