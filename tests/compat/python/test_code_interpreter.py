@@ -681,20 +681,47 @@ def test_a_snapshot_and_a_fork_start_the_kernels_again_on_the_sandboxs_files(ci_
     assert Sandbox.delete_snapshot(info.snapshot_id, **ci_husk.opts()) is True
 
 
-@pytest.mark.timeout(900, func_only=True)
-def test_kernels_keep_their_state_through_a_restart_of_the_server(husk):
-    """A server of its own (its sandboxes outlive it: `keep`), with the presets built into its
-    state directory (the shared layer cache makes that quick), stopped with SIGTERM; the next
-    server on that state directory takes the sandbox up with its kernels: the default context's
-    variables and a context of its own are still there. (`husk` only for its safety net.)"""
-    from husk_compat import CODE_INTERPRETER_PRESETS, PRESETS_DIR, build_template, start_server
+
+def slim_code_interpreter_spec(directory) -> str:
+    """A spec of the `code-interpreter` preset's first steps (base, its pinned pip packages and
+    IPython startup file: cached layers, shared with the preset) plus the Python kernel alone,
+    started with every sandbox: what a test of Python kernels needs, packed in a fraction of
+    the full preset's time. Written into `directory`; returns the template's name."""
+    import shutil
+
+    from husk_compat import PRESETS_DIR
+
+    preset = PRESETS_DIR / "code-interpreter"
+    text = (preset / "husk.toml").read_text()
+    head = text[: text.index("\n[[run]]")]
+    assert 'name = "code-interpreter"' in head and "[packages]" in head, head
+    name = "ci-restart"
+    head = head.replace('name = "code-interpreter"', f'name = "{name}"')
+    head += (
+        '\n[[run]]\ncmd = "python3 -m ipykernel install --prefix /usr/local"\n'
+        '\n[sandbox]\ncontexts = ["python"]\n'
+    )
+    (directory / "husk.toml").write_text(head)
+    shutil.copytree(preset / "ipython", directory / "ipython")
+    return name
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_kernels_keep_their_state_through_a_restart_of_the_server(husk, tmp_path):
+    """A server of its own (its sandboxes outlive it: `keep`), with `base` and a slim
+    code-interpreter template built into its state directory, stopped with SIGTERM; the next
+    server on that state directory takes the sandbox up with its kernels: the default
+    context's variables and a context of its own are still there. (`husk` only for its safety
+    net.)"""
+    from husk_compat import PRESETS_DIR, build_template, start_server
 
     first = start_server(keep=True)
     servers = [first]
     try:
-        for preset in CODE_INTERPRETER_PRESETS:
-            build_template(first, PRESETS_DIR / preset)
-        sbx = Sandbox.create(timeout=300, **first.opts())
+        build_template(first, PRESETS_DIR / "base")
+        template = slim_code_interpreter_spec(tmp_path)
+        build_template(first, tmp_path)
+        sbx = Sandbox.create(template=template, timeout=300, **first.opts())
         assert sbx.run_code("x = 41").error is None
         ctx = sbx.create_code_context()
         assert sbx.run_code("y = 1", context=ctx).error is None
@@ -708,15 +735,13 @@ def test_kernels_keep_their_state_through_a_restart_of_the_server(husk):
         r = back.run_code("y", context=ctx)
         assert r.error is None and r.text == "1", (r.error, r.text)
         assert ctx.id in {c.id for c in back.list_code_contexts()}
-        # The kernels go on working: new state in both.
-        assert back.run_code("x += 1", context=None).error is None
+        # The kernels go on: new state in the default context, still apart from the other.
+        assert back.run_code("x += 1").error is None
         assert back.run_code("x").text == "42"
-        assert back.run_code("y + x", context=ctx).error is not None  # x is not in ctx
-        assert sbx.sandbox_id in {s.sandbox_id for s in Sandbox.list(**second.opts()).next_items()}
+        r = back.run_code("x", context=ctx)
+        assert r.error is not None and r.error.name == "NameError", r.error
         rc, tail = second.close()
         assert rc == 0, tail
-        with pytest.raises(Exception):
-            Sandbox.connect(sbx.sandbox_id, **second.opts())
     finally:
         # Each stops its own process; a last one that kept its sandboxes (a failure half-way)
         # hands them to a server that destroys them, whose close removes the state directory.
@@ -726,7 +751,6 @@ def test_kernels_keep_their_state_through_a_restart_of_the_server(husk):
             except Exception:
                 pass
         if servers[-1] is first:
-            sweeper = start_server(state_dir=first.state_dir)
-            sweeper.close()
+            start_server(state_dir=first.state_dir).close()
         elif servers[-1].state_dir.exists():
             servers[-1].close()
