@@ -64,6 +64,9 @@ struct Routes {
 
 struct Inner {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// The same socket, for [`AgentClient::close`] to shut both ways without waiting for
+    /// the writer (a send may be stuck on a frozen agent's full socket).
+    hangup: std::os::unix::net::UnixStream,
     routes: Mutex<Routes>,
     next_id: AtomicU64,
     closed: watch::Sender<bool>,
@@ -243,6 +246,7 @@ impl AgentClient {
     pub async fn connect(fd: OwnedFd, hello: Hello) -> Result<AgentClient, CallError> {
         let std = std::os::unix::net::UnixStream::from(fd);
         std.set_nonblocking(true).map_err(|_| CallError::Gone)?;
+        let hangup = std.try_clone().map_err(|_| CallError::Gone)?;
         let stream = UnixStream::from_std(std).map_err(|_| CallError::Gone)?;
         let (mut r, mut w) = stream.into_split();
         let frame = husk_proto::encode(&ToAgent::Hello(hello)).map_err(|_| CallError::Gone)?;
@@ -254,6 +258,7 @@ impl AgentClient {
         let (closed, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(w),
+            hangup,
             routes: Mutex::new(Routes::default()),
             next_id: AtomicU64::new(1),
             closed,
@@ -410,9 +415,11 @@ impl AgentClient {
     }
 
     /// Closes the connection from the server's side: the agent exits, ending the sandbox, or,
-    /// in a kept sandbox, waits for the next server.
+    /// in a kept sandbox, waits for the next server. Both ways at once: what the server still
+    /// had subscribed (process output, watches, kernels) ends now, even from an agent that
+    /// cannot answer (frozen).
     pub async fn close(&self) {
-        let _ = self.inner.writer.lock().await.shutdown().await;
+        let _ = self.inner.hangup.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -38,8 +38,9 @@ pub struct ServeArgs {
     /// paused sandboxes stay until killed].
     #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration)]
     pub paused_retention: Option<std::time::Duration>,
-    /// Destroy running sandboxes when the server stops (and let them end with it when it
-    /// crashes), as husk did before sandboxes outlived it. By default they keep running
+    /// Destroy running sandboxes when the server stops, and let those it creates end with it
+    /// when it crashes, as husk did before sandboxes outlived it (those it took up from an
+    /// earlier server were made to outlive theirs, and still do). By default they keep running
     /// through a stop, a crash or an upgrade, and the next `husk serve` on the same state
     /// directory takes them up again.
     #[arg(long)]
@@ -466,6 +467,8 @@ async fn run(
     default_policy: husk_net::NetPolicy,
     config: Config,
 ) -> i32 {
+    // First of all: a stop asked for from now on waits for the server to have started.
+    let signals = stop_signals();
     let Helpers {
         spawner,
         network,
@@ -500,10 +503,6 @@ async fn run(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    eprintln!(
-        "husk: listening on http://{addr} (state in {})",
-        args.state_dir.display()
-    );
     let secrets = Arc::new(husk_core::secrets::Secrets::remote(manager.store_arc()));
     manager.set_secrets(secrets.clone());
     let workspaces = Arc::new(
@@ -538,7 +537,7 @@ async fn run(
     // network, kernels; before the listener serves anyone.
     match manager.take_up().await {
         Ok(t) if t.running + t.lost + t.strays > 0 => eprintln!(
-            "husk: took up {} running sandbox(es) of the previous server{}{}",
+            "husk: took up {} sandbox(es) the previous server left running or paused{}{}",
             t.running,
             if t.lost > 0 {
                 format!("; {} could not be taken up (listed as lost)", t.lost)
@@ -554,6 +553,12 @@ async fn run(
         Ok(_) => {}
         Err(e) => return fail(crate::report::chain(&e)),
     }
+    // Said once the sandboxes an earlier server left are back: a client that waits for this
+    // line finds them (connections made before wait in the listener's backlog).
+    eprintln!(
+        "husk: listening on http://{addr} (state in {})",
+        args.state_dir.display()
+    );
     let mut runs_config = husk_core::runs::RunsConfig::default();
     runs_config.max_output.max_bytes = args.max_run_output;
     let runs = match husk_core::runs::Runs::with_config(manager.clone(), runs_config) {
@@ -582,7 +587,7 @@ async fn run(
     let failed_in_stop = failed.clone();
     let shutdown = async move {
         tokio::select! {
-            _ = wait_for_stop() => {}
+            _ = wait_for_stop(signals) => {}
             gone = helper_exited(helpers) => {
                 // Without it the server cannot go on (its sandboxes, its state or its network
                 // are gone): stop, and say so, so that a service manager restarts husk.
@@ -752,14 +757,26 @@ fn time_duration(d: std::time::Duration) -> husk_core::store::TimeDuration {
     husk_core::store::TimeDuration::try_from(d).unwrap_or(husk_core::store::TimeDuration::MAX)
 }
 
-async fn wait_for_stop() {
+/// SIGTERM and SIGINT, caught from the moment this is made: a stop asked for while the
+/// server is still starting (taking sandboxes up) is an orderly stop once it has started, never
+/// the signal's default action.
+fn stop_signals() -> Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the server can still be killed; it then cleans up at the
-        // next start.
+    ) {
+        (Ok(term), Ok(int)) => Some((term, int)),
+        // Without signal handlers the server can still be killed; the next start takes up or
+        // cleans up what it left.
+        _ => None,
+    }
+}
+
+async fn wait_for_stop(
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+) {
+    let Some((mut term, mut int)) = signals else {
         return std::future::pending().await;
     };
     tokio::select! {

@@ -2,7 +2,8 @@
 //
 // startServer() runs `husk serve --listen 127.0.0.1:0 --state-dir <fresh temp dir>`, waits for
 // its "listening on http://127.0.0.1:PORT" line, reads the admin key, and returns helpers;
-// stop() sends SIGTERM and waits for the exit, then removes the state dir.
+// stop() sends SIGTERM and waits for the exit, then removes the state dir; halt() does the same
+// but keeps the state dir, for a next server started on it (`stateDir`).
 
 import { spawn, execFileSync, execFile } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync, existsSync, accessSync, constants } from 'node:fs'
@@ -79,19 +80,30 @@ export function unique(prefix = 't') {
 
 /**
  * Starts `husk serve`. `egressArgs`: its egress flags; by default `--egress off` (network.test.mjs
- * passes `--egress netns:PATH ...` for a simulated internet of its own).
+ * passes `--egress netns:PATH ...` for a simulated internet of its own). Its sandboxes end when it
+ * stops (`--destroy-on-exit`), unless `keep`: then they outlive it, as husk's default, for the
+ * next server on the same state directory to take up. `stateDir`: an earlier server's state
+ * directory (a restart; stop that one with halt(), which keeps it), else a fresh one.
  */
-export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--egress', 'off'] } = {}) {
+export async function startServer({
+  startupTimeoutMs = 30_000,
+  egressArgs = ['--egress', 'off'],
+  keep = false,
+  stateDir = undefined,
+} = {}) {
   if (process.getuid && process.getuid() !== 0) {
     throw new Error('husk serve needs root (namespaces, cgroups, mounts): run as root')
   }
   const bin = huskBinary()
-  const stateDir = mkdtempSync(join(tmpdir(), 'husk-compat-js-'))
+  // A server that fails to start removes the state dir only if it made it.
+  const ownStateDir = stateDir === undefined
+  stateDir ??= mkdtempSync(join(tmpdir(), 'husk-compat-js-'))
   // No sandbox egress unless the caller gives its own (never the host's routing in tests: the
   // network tests give their server a simulated internet of their own).
   if (!egressArgs.some((a) => a.startsWith('--egress'))) egressArgs = [...egressArgs, '--egress', 'off']
-  // A test's server takes its sandboxes with it when it stops (by default they outlive it).
-  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, '--destroy-on-exit', ...egressArgs]
+  // A test's server takes its sandboxes with it when it stops (by default they outlive it),
+  // unless `keep`.
+  const args = ['serve', '--listen', '127.0.0.1:0', '--state-dir', stateDir, ...(keep ? [] : ['--destroy-on-exit']), ...egressArgs]
   // With setpriv (util-linux) the server gets SIGTERM if this process dies without stopping
   // it, so it still cleans up its sandboxes; setpriv execs husk in place (same pid).
   const setpriv = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p))
@@ -155,9 +167,9 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
     if (left.size) console.warn(`warning: ${left.size} sandbox(es) still running at the end: ${[...left].join(' ')}`)
   }
 
-  const stop = async (timeoutMs = 60_000) => {
+  // SIGTERM and wait for the exit; the state dir stays.
+  const halt = async (timeoutMs = 60_000) => {
     process.off('exit', killOnExit)
-    if (exited === null && url) await warnAboutLeftovers()
     if (exited === null) {
       child.kill('SIGTERM')
       let t2
@@ -171,12 +183,20 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
       if (res === null) {
         child.kill('SIGKILL')
         await exitPromise
-        removeStateDir(stateDir)
         throw new Error(`husk serve did not exit within ${timeoutMs} ms of SIGTERM; killed it`)
       }
     }
-    removeStateDir(stateDir)
     return exited
+  }
+
+  const stop = async (timeoutMs = 60_000) => {
+    process.off('exit', killOnExit)
+    if (exited === null && url) await warnAboutLeftovers()
+    try {
+      return await halt(timeoutMs)
+    } finally {
+      removeStateDir(stateDir)
+    }
   }
 
   let port
@@ -187,12 +207,12 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
     clearTimeout(timer)
   } catch (e) {
     clearTimeout(timer)
-    await stop().catch(() => {})
+    await (ownStateDir ? stop() : halt()).catch(() => {})
     throw e
   }
   adminKey = readFileSync(join(stateDir, 'admin.key'), 'utf8').trim()
   if (!KEY_RE.test(adminKey)) {
-    await stop().catch(() => {})
+    await (ownStateDir ? stop() : halt()).catch(() => {})
     throw new Error(`admin.key holds ${JSON.stringify(adminKey)}, not e2b_<40 hex>`)
   }
   url = `http://127.0.0.1:${port}`
@@ -215,6 +235,11 @@ export async function startServer({ startupTimeoutMs = 30_000, egressArgs = ['--
     bin,
     log: () => log,
     stop,
+    halt,
+    /** The server's process (e.g. to kill it outright: `server.process.kill('SIGKILL')`). */
+    process: child,
+    /** Resolves to { code, signal } once the server has exited. */
+    exited: () => exitPromise,
     /** Per-call SDK connection options pointing at this server. */
     opts(apiKey, extra = {}) {
       return { apiUrl: url, sandboxUrl: url, apiKey: apiKey ?? adminKey, requestTimeoutMs: 30_000, ...extra }

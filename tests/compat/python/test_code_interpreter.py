@@ -713,10 +713,11 @@ def test_kernels_keep_their_state_through_a_restart_of_the_server(husk, tmp_path
     server on that state directory takes the sandbox up with its kernels: the default
     context's variables and a context of its own are still there. (`husk` only for its safety
     net.)"""
-    from husk_compat import PRESETS_DIR, build_template, start_server
+    from husk_compat import PRESETS_DIR, build_template, start_server, wait_for
 
     first = start_server(keep=True)
     servers = [first]
+    done = False
     try:
         build_template(first, PRESETS_DIR / "base")
         template = slim_code_interpreter_spec(tmp_path)
@@ -740,17 +741,21 @@ def test_kernels_keep_their_state_through_a_restart_of_the_server(husk, tmp_path
         assert back.run_code("x").text == "42"
         r = back.run_code("x", context=ctx)
         assert r.error is not None and r.error.name == "NameError", r.error
-        rc, tail = second.close()
-        assert rc == 0, tail
+        assert second.stop() == 0, second.log_tail()
+        second.close()
+        done = True
     finally:
-        # Each stops its own process; a last one that kept its sandboxes (a failure half-way)
-        # hands them to a server that destroys them, whose close removes the state directory.
-        for s in servers:
+        if not done:
+            # A failure half-way: each stops its own process, then a server that destroys at
+            # its stop what was kept, once it has taken it up; its close removes the state dir.
+            for s in servers:
+                try:
+                    s.stop()
+                except Exception:
+                    pass
+            sweeper = start_server(state_dir=first.state_dir)
             try:
-                s.stop()
-            except Exception:
-                pass
-        if servers[-1] is first:
-            start_server(state_dir=first.state_dir).close()
-        elif servers[-1].state_dir.exists():
-            servers[-1].close()
+                wait_for(lambda: "took up" in sweeper.log_tail(100_000)
+                         or "taking them up" not in sweeper.log_tail(100_000), 30, "the take-up")
+            finally:
+                sweeper.close()
