@@ -636,3 +636,21 @@ impl FakeFiles {
         }
     }
 }
+
+/// Everything process `events` printed on stdout, up to its end (within 10 s).
+pub async fn stdout_of(mut events: crate::agent::ProcStream) -> String {
+    let mut out = Vec::new();
+    let collect = async {
+        while let Some(ev) = events.next().await {
+            match ev {
+                ProcEvent::Stdout(d) => out.extend(d),
+                ProcEvent::End(_) => return,
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), collect)
+        .await
+        .expect("the process's output ends");
+    String::from_utf8(out).expect("UTF-8 output")
+}

@@ -535,29 +535,12 @@ impl NetHelper {
             },
             None,
         )? {
-            (
-                Reply::Attached {
-                    link,
-                    index,
-                    gateway,
-                    ca,
-                },
-                Some(ns),
-            ) => {
+            (reply @ Reply::Attached { .. }, Some(ns)) => {
                 let netns = NetNs::from_fd(ns).map_err(|e| HelperError::Protocol {
                     helper: "network",
                     message: e.to_string(),
                 })?;
-                Ok(Link {
-                    helper: self.clone(),
-                    link,
-                    index,
-                    netns,
-                    gateway,
-                    ca,
-                    policy: Mutex::new(policy),
-                    kept: std::sync::atomic::AtomicBool::new(false),
-                })
+                self.link(reply, netns, policy)
             }
             (other, _) => Err(Self::unexpected(&other)),
         }
@@ -578,26 +561,37 @@ impl NetHelper {
             rules,
         };
         match self.call(&req, Some(netns.fd()))? {
-            (
-                Reply::Attached {
-                    link,
-                    index,
-                    gateway,
-                    ca,
-                },
-                None,
-            ) => Ok(Link {
-                helper: self.clone(),
-                link,
-                index,
-                netns,
-                gateway,
-                ca,
-                policy: Mutex::new(policy),
-                kept: std::sync::atomic::AtomicBool::new(false),
-            }),
+            (reply @ Reply::Attached { .. }, None) => self.link(reply, netns, policy),
             (other, _) => Err(Self::unexpected(&other)),
         }
+    }
+
+    /// The server's handle on the link an `Attached` reply names.
+    fn link(
+        self: &Arc<Self>,
+        reply: Reply,
+        netns: NetNs,
+        policy: NetPolicy,
+    ) -> Result<Link, HelperError> {
+        let Reply::Attached {
+            link,
+            index,
+            gateway,
+            ca,
+        } = reply
+        else {
+            return Err(Self::unexpected(&reply));
+        };
+        Ok(Link {
+            helper: self.clone(),
+            link,
+            index,
+            netns,
+            gateway,
+            ca,
+            policy: Mutex::new(policy),
+            kept: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// Gives back the recorded links of an earlier helper that no sandbox was linked to

@@ -10,11 +10,11 @@ use std::time::Duration;
 use super::tests::{team, DEADLINE};
 use super::{Config, CoreError, CreateRequest, Lifecycle, ListFilter, Manager, OnTimeout};
 use super::{PauseMode, Paused};
-use crate::calls::{Answer, Call, ProcEvent, ProcessSpec, Selector};
+use crate::calls::{Answer, Call, ProcessSpec, Selector};
 use crate::host::SandboxHost;
 use crate::secrets::{MasterKeys, Secrets, MASTER_KEY_FILE};
 use crate::store::Store;
-use crate::testing::FakeHost;
+use crate::testing::{stdout_of as output, FakeHost};
 
 const VALUE: &str = "sk-live-kept-0123456789";
 
@@ -84,23 +84,6 @@ fn printenv(envs: &[(&str, &str)]) -> ProcessSpec {
     ProcessSpec::new("/bin/bash", vec!["-c".into(), "printenv".into()])
         .unwrap()
         .env(super::EnvVars::new(envs).unwrap())
-}
-
-async fn output(mut events: crate::agent::ProcStream) -> String {
-    let mut out = Vec::new();
-    let collect = async {
-        while let Some(ev) = events.next().await {
-            match ev {
-                ProcEvent::Stdout(d) => out.extend(d),
-                ProcEvent::End(_) => return,
-                _ => {}
-            }
-        }
-    };
-    tokio::time::timeout(DEADLINE, collect)
-        .await
-        .expect("the process's output ends");
-    String::from_utf8(out).unwrap()
 }
 
 /// Polls until `check` holds (the supervisor works in the background).

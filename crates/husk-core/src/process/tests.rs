@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::calls::{ProcEvent, ProcessSpec, Selector};
+use crate::calls::{ProcessSpec, Selector};
 
 use super::*;
 use crate::manager::{Config, CreateRequest};
@@ -82,23 +82,7 @@ fn spec(args: &[&str], envs: &[(&str, &str)]) -> ProcessSpec {
         .env(crate::manager::EnvVars::new(envs).unwrap())
 }
 
-/// Everything the process printed, up to its end.
-async fn output(mut events: ProcStream) -> String {
-    let mut out = Vec::new();
-    let collect = async {
-        while let Some(ev) = events.next().await {
-            match ev {
-                ProcEvent::Stdout(d) => out.extend(d),
-                ProcEvent::End(_) => return,
-                _ => {}
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), collect)
-        .await
-        .expect("the process's output ends");
-    String::from_utf8(out).unwrap()
-}
+use crate::testing::stdout_of as output;
 
 #[tokio::test]
 async fn a_secret_reaches_one_process_masked_audited_and_stays_masked_on_attach() {
