@@ -904,7 +904,7 @@ def server_restart(n: int, rounds: int = 3) -> None:
 
     print(f"server restart with {n} running sandboxes ({rounds} rounds each)")
     stops, listens, answers, kill_listens, kill_answers = [], [], [], [], []
-    empty_listens, empty_stops, destroy_stops = [], [], []
+    empty_listens, empty_stops, destroy_stops, warm_answers = [], [], [], []
 
     def started(state_dir=None, keep=True):
         t = time.perf_counter()
@@ -953,6 +953,8 @@ def server_restart(n: int, rounds: int = 3) -> None:
             servers.append(second)
             listens.append(ms)
             answers.append(ms + all_answer(second, ids))
+            # The peer: the same round of commands on a server that did not just restart.
+            warm_answers.append(all_answer(second, ids))
             second.proc.kill()
             second.proc.wait(timeout=60)
             third, ms = started(state_dir=first.state_dir, keep=False)
@@ -977,6 +979,7 @@ def server_restart(n: int, rounds: int = 3) -> None:
     line(f"start until listening, {n} taken up", listens)
     line("peer: start until listening, none to take up", empty_listens)
     line(f"start until all {n} answered a command", answers)
+    line(f"peer: all {n} answer a command, no restart", warm_answers)
     line(f"after a SIGKILL: start until listening", kill_listens)
     line(f"after a SIGKILL: start until all {n} answered", kill_answers)
 
