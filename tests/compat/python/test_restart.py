@@ -1,4 +1,4 @@
-"""Restarts of the server with the stock SDK (e2b==2.63.0, sync): running sandboxes outlive a
+"""Restarts of the server with the stock SDK (e2b==2.63.0, sync, and one async case): running sandboxes outlive a
 `husk serve` (its SIGTERM, a SIGKILL of it, a SIGKILL of its spawner), and the next server on
 the same state directory takes them up: same id, team, access token, metadata, files, running
 processes (reattached by pid), envs, network policy, ingress, secrets' masking, timeout.
@@ -807,3 +807,40 @@ def test_a_sigterm_as_soon_as_the_server_listens_stops_it_in_order(restarts):
         r = get_sandbox(second, sandbox_id)
         assert r.status == 404 and "was lost" in r.text, r.text
     restarts.finish()
+
+
+@pytest.mark.asyncio
+async def test_the_async_sdk_finds_a_sandbox_and_its_process_after_a_restart(restarts):
+    """The same with the async SDK (`AsyncSandbox`): a SIGTERM restart keeps a sandbox, its
+    file and its background process, which a reconnect by pid reattaches to."""
+    from e2b import AsyncSandbox
+
+    first = restarts.start(keep=True)
+    pid1s: Dict[int, Pid1] = {}
+    sbx = await AsyncSandbox.create(timeout=300, metadata={"via": "async"}, **first.opts())
+    new_pid1(first, pid1s)
+    await sbx.files.write("/home/user/a", "async, before")
+    handle = await sbx.commands.run("while :; do echo tick; sleep 0.2; done", background=True)
+    assert first.stop() == 0, first.log_tail()
+
+    second = restarts.start(keep=False)
+    back = await AsyncSandbox.connect(sbx.sandbox_id, **second.opts())
+    assert (await back.get_info()).metadata == {"via": "async"}
+    assert await back.files.read("/home/user/a") == "async, before"
+    assert handle.pid in [p.pid for p in await back.commands.list()]
+    seen: List[str] = []
+    again = await back.commands.connect(handle.pid, on_stdout=seen.append)
+    await wait_async(lambda: any("tick" in s for s in seen), 10)
+    await again.kill()
+    assert await back.kill() is True
+    restarts.finish()
+    assert_nothing_left(pid1s, restarts.state_dir)
+
+
+async def wait_async(check, timeout: float) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
