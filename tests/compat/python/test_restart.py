@@ -1,8 +1,8 @@
 """Restarts of the server with the stock SDK (e2b==2.63.0, sync, and one async case): running
 sandboxes outlive a `husk serve` (its SIGTERM, a SIGKILL of it, a SIGKILL of its spawner), and
-the next server on
-the same state directory takes them up: same id, team, access token, metadata, files, running
-processes (reattached by pid), envs, network policy, ingress, secrets' masking, timeout.
+the next server on the same state directory takes them up: same id, team, access token,
+metadata, files, running processes (reattached by pid), envs, network policy, ingress,
+secrets' masking, timeout.
 While no server runs, a sandbox's PID 1 ends it at its deadline. `--destroy-on-exit` (what
 the harness passes unless `keep=True`) destroys them at the stop, and the next server says
 they were lost.
