@@ -251,10 +251,16 @@ impl Runs {
     /// [`Runs::new`] with the operator's `config`.
     pub fn with_config(manager: Arc<Manager>, config: RunsConfig) -> Result<Arc<Runs>, RunError> {
         let store = manager.store_arc();
+        // Sandboxes of runs the stop interrupted: they outlived the server, but no one is left
+        // to collect their output or save their files.
+        let mut orphaned = Vec::new();
         for (table, id, rec) in store.unfinished_runs()? {
             let now = OffsetDateTime::now_utc();
             let fixed = match table {
                 RunTable::Runs => serde_json::from_str::<RunRecord>(&rec).ok().map(|mut r| {
+                    if let Some(sb) = &r.sandbox_id {
+                        orphaned.push((r.team.clone(), sb.clone()));
+                    }
                     r.status = RunStatus::Error;
                     r.error = Some("the server stopped during the run".into());
                     r.ended_at = Some(now);
@@ -281,6 +287,20 @@ impl Runs {
                     record: &text,
                 })?;
             }
+        }
+        if let (false, Ok(rt)) = (orphaned.is_empty(), tokio::runtime::Handle::try_current()) {
+            let m = manager.clone();
+            rt.spawn(async move {
+                for (team, sandbox) in orphaned {
+                    let who = Principal {
+                        team,
+                        key_id: "husk".into(),
+                        admin: false,
+                    };
+                    // Gone already (it ended with a server that destroyed it): nothing to do.
+                    let _ = m.kill(&who, &sandbox).await;
+                }
+            });
         }
         Ok(Arc::new(Runs {
             manager,

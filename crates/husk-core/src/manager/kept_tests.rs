@@ -296,3 +296,43 @@ async fn a_sandbox_paused_in_place_is_taken_up_paused() {
     assert!(!resumed.is_paused());
     assert!(!f.host.is_frozen(&rid));
 }
+
+#[tokio::test]
+async fn a_run_the_stop_interrupted_has_its_sandbox_ended_not_taken_on() {
+    let f = fixture();
+    let m1 = f.manager();
+    let a = team("a");
+    let sb = m1.create(&a, req(Duration::from_secs(600))).await.unwrap();
+    let other = m1.create(&a, req(Duration::from_secs(600))).await.unwrap();
+    // A run under way in `sb` when the server stopped.
+    let now = time::OffsetDateTime::now_utc();
+    let record = serde_json::json!({
+        "id": "run_1", "team": "a", "key_id": "k", "template": "host",
+        "command": ["sleep", "100"], "status": "running", "exit_code": null,
+        "reason": null, "error": null,
+        "created_at": now.format(&time::format_description::well_known::Rfc3339).unwrap(),
+        "duration_ms": null, "sandbox_id": sb.id, "workspaces": [], "secrets": [],
+        "outputs": null, "stdout_tail": "", "stderr_tail": ""
+    })
+    .to_string();
+    f.store
+        .put_run_record(&crate::store::RunRow {
+            table: crate::store::RunTable::Runs,
+            id: "run_1",
+            team: "a",
+            batch: None,
+            created_at: now,
+            ended_at: None,
+            record: &record,
+        })
+        .unwrap();
+    m1.stop_keeping().await;
+    f.host.restart();
+    let m2 = f.manager();
+    assert_eq!(m2.take_up().await.unwrap().running, 2);
+    let _runs = crate::runs::Runs::new(m2.clone()).unwrap();
+    // No one is left to collect its output: its sandbox ends; the other stays.
+    assert!(until(|| f.host.destroyed().contains(&sb.runtime_id)).await);
+    assert!(m2.get(&a, &other.id).is_ok());
+    assert!(!f.host.destroyed().contains(&other.runtime_id));
+}
