@@ -513,24 +513,6 @@ async fn run(
             },
         ),
     );
-    // The open logged what is wrong, if anything; this says what is in force.
-    match workspaces.quota_state() {
-        husk_core::workspaces::QuotaState::PerTeam(q) => eprintln!(
-            "husk: workspace quota: {} per team (a size-capped file system each, in {})",
-            format_size(*q),
-            args.state_dir
-                .join(husk_core::workspaces::IMAGES_DIR)
-                .display()
-        ),
-        husk_core::workspaces::QuotaState::Off => eprintln!(
-            "husk: workspace quota: none (--workspace-quota 0): workspaces are plain \
-             directories, bounded only by the disk"
-        ),
-        husk_core::workspaces::QuotaState::Unavailable { quota, .. } => eprintln!(
-            "husk: workspace quota: {} per team NOT enforced (see the warning above)",
-            format_size(*quota)
-        ),
-    }
     // Sandboxes mount them (E2B volumeMounts, runs); runs save outputs into them.
     manager.set_workspaces(workspaces.clone());
     // What the previous server left running (the spawner took it up): same ids, processes,
@@ -559,6 +541,24 @@ async fn run(
         "husk: listening on http://{addr} (state in {})",
         args.state_dir.display()
     );
+    // The open logged what is wrong, if anything; this says what is in force.
+    match workspaces.quota_state() {
+        husk_core::workspaces::QuotaState::PerTeam(q) => eprintln!(
+            "husk: workspace quota: {} per team (a size-capped file system each, in {})",
+            format_size(*q),
+            args.state_dir
+                .join(husk_core::workspaces::IMAGES_DIR)
+                .display()
+        ),
+        husk_core::workspaces::QuotaState::Off => eprintln!(
+            "husk: workspace quota: none (--workspace-quota 0): workspaces are plain \
+             directories, bounded only by the disk"
+        ),
+        husk_core::workspaces::QuotaState::Unavailable { quota, .. } => eprintln!(
+            "husk: workspace quota: {} per team NOT enforced (see the warning above)",
+            format_size(*quota)
+        ),
+    }
     let mut runs_config = husk_core::runs::RunsConfig::default();
     runs_config.max_output.max_bytes = args.max_run_output;
     let runs = match husk_core::runs::Runs::with_config(manager.clone(), runs_config) {
