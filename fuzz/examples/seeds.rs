@@ -312,6 +312,7 @@ fn agent(c: &Corpus) {
         Request::Deadline {
             unix_ms: Some(1_800_000_000_000),
         },
+        Request::KernelAttach { kernel: 1 },
     ];
     let mut stream = frame(&ToAgent::Hello(hello));
     for (id, req) in calls.into_iter().enumerate() {

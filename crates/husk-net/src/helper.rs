@@ -276,16 +276,53 @@ impl Helper {
         }
     }
 
-    fn attach(&self, policy: NetPolicy, rules: Option<HeaderRules>) -> (Reply, Option<OwnedFd>) {
+    /// The service a link is made by, once `policy` and `rules` from the wire are checked
+    /// again; else the failure to answer.
+    fn linking(
+        &self,
+        policy: &NetPolicy,
+        rules: Option<&HeaderRules>,
+    ) -> Result<&NetService, (Reply, Option<OwnedFd>)> {
         let Some(service) = &self.service else {
-            return failed(FailureKind::Host, "sandbox egress is off on this server");
+            return Err(failed(
+                FailureKind::Host,
+                "sandbox egress is off on this server",
+            ));
         };
         if let Err(e) = policy.validate() {
-            return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
+            return Err(failed(
+                FailureKind::InvalidSpec,
+                format!("invalid policy: {e}"),
+            ));
         }
-        if let Some(Err(e)) = rules.as_ref().map(HeaderRules::validate) {
-            return failed(FailureKind::InvalidSpec, format!("invalid rules: {e}"));
+        if let Some(Err(e)) = rules.map(HeaderRules::validate) {
+            return Err(failed(
+                FailureKind::InvalidSpec,
+                format!("invalid rules: {e}"),
+            ));
         }
+        Ok(service)
+    }
+
+    /// The network namespace passed with a request: a sandbox's, never one of the helper's
+    /// own (the host's, the router's, the egress one); else the failure to answer, which says
+    /// that `what` is done only there.
+    fn sandbox_ns(&self, fd: OwnedFd, what: &str) -> Result<NetNs, (Reply, Option<OwnedFd>)> {
+        let ns = NetNs::from_fd(fd).map_err(|e| failed(FailureKind::InvalidSpec, e.to_string()))?;
+        if self.own.iter().any(|o| o.same_as(&ns)) {
+            return Err(failed(
+                FailureKind::InvalidSpec,
+                format!("{what} only in sandboxes' namespaces"),
+            ));
+        }
+        Ok(ns)
+    }
+
+    fn attach(&self, policy: NetPolicy, rules: Option<HeaderRules>) -> (Reply, Option<OwnedFd>) {
+        let service = match self.linking(&policy, rules.as_ref()) {
+            Ok(s) => s,
+            Err(f) => return f,
+        };
         match service.attach(policy, rules) {
             Ok(a) => {
                 let ns = a.netns.fd().try_clone_to_owned();
@@ -330,26 +367,13 @@ impl Helper {
         policy: NetPolicy,
         rules: Option<HeaderRules>,
     ) -> (Reply, Option<OwnedFd>) {
-        let Some(service) = &self.service else {
-            return failed(FailureKind::Host, "sandbox egress is off on this server");
+        let (service, ns) = match (
+            self.linking(&policy, rules.as_ref()),
+            self.sandbox_ns(fd, "links are made"),
+        ) {
+            (Ok(s), Ok(ns)) => (s, ns),
+            (Err(f), _) | (_, Err(f)) => return f,
         };
-        if let Err(e) = policy.validate() {
-            return failed(FailureKind::InvalidSpec, format!("invalid policy: {e}"));
-        }
-        if let Some(Err(e)) = rules.as_ref().map(HeaderRules::validate) {
-            return failed(FailureKind::InvalidSpec, format!("invalid rules: {e}"));
-        }
-        let ns = match NetNs::from_fd(fd) {
-            Ok(ns) => ns,
-            Err(e) => return failed(FailureKind::InvalidSpec, e.to_string()),
-        };
-        // A sandbox's namespace, never one of the helper's own.
-        if self.own.iter().any(|o| o.same_as(&ns)) {
-            return failed(
-                FailureKind::InvalidSpec,
-                "only sandboxes' namespaces are linked",
-            );
-        }
         match service.router().reattach(ns, index, policy, rules) {
             Ok(a) => (self.register(a), None),
             Err(RouterError::Config(m)) => failed(FailureKind::NotFound, m),
@@ -364,16 +388,10 @@ impl Helper {
     }
 
     fn socket(&self, fd: OwnedFd, v6: bool) -> (Reply, Option<OwnedFd>) {
-        let ns = match NetNs::from_fd(fd) {
+        let ns = match self.sandbox_ns(fd, "sockets are made") {
             Ok(ns) => ns,
-            Err(e) => return failed(FailureKind::InvalidSpec, e.to_string()),
+            Err(f) => return f,
         };
-        if self.own.iter().any(|o| o.same_as(&ns)) {
-            return failed(
-                FailureKind::InvalidSpec,
-                "sockets are made only in sandboxes' namespaces",
-            );
-        }
         let domain = if v6 {
             socket2::Domain::IPV6
         } else {

@@ -29,6 +29,17 @@ fn runtime_ids(state: &TempDir) -> Vec<String> {
         .collect()
 }
 
+/// SIGTERM, then the server's own word that it stopped, and a zero exit.
+fn stop_in_order(server: &mut Server) {
+    signal_process(server.child(), "TERM");
+    server.wait_line("husk: stopped");
+    let status = wait_for(Duration::from_secs(30), || {
+        server.child().try_wait().unwrap()
+    })
+    .expect("husk serve did not exit after SIGTERM");
+    assert!(status.success(), "{status}");
+}
+
 #[test]
 fn serve_recovers_from_a_crash_and_stops_cleanly() {
     let state = TempDir::new("serve");
@@ -78,13 +89,7 @@ fn serve_recovers_from_a_crash_and_stops_cleanly() {
     create(&server, &key);
     let live = runtime_ids(&state);
     assert_eq!(live.len(), 1);
-    signal_process(server.child(), "TERM");
-    server.wait_line("husk: stopped");
-    let status = wait_for(Duration::from_secs(30), || {
-        server.child().try_wait().unwrap()
-    })
-    .expect("husk serve did not exit after SIGTERM");
-    assert!(status.success(), "{status}");
+    stop_in_order(&mut server);
     assert_gone(&live[0]);
     assert!(runtime_ids(&state).is_empty());
 }
@@ -440,13 +445,7 @@ fn sandboxes_outlive_stops_and_crashes_of_their_server() {
     };
 
     // An orderly stop.
-    signal_process(server.child(), "TERM");
-    server.wait_line("husk: stopped");
-    let status = wait_for(Duration::from_secs(30), || {
-        server.child().try_wait().unwrap()
-    })
-    .expect("husk serve did not exit after SIGTERM");
-    assert!(status.success(), "{status}");
+    stop_in_order(&mut server);
     alive("after a stop");
     let server = Server::start_keeping(state.path(), &[]);
     check(&server);

@@ -20,7 +20,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_BIN = REPO_ROOT / "target" / "x86_64-unknown-linux-gnu" / "debug" / "husk"
@@ -220,6 +220,16 @@ def unmount_beneath(directory: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
+def start_time(pid: int) -> Optional[int]:
+    """Field 22 of /proc/PID/stat (the process' start time, in clock ticks since boot): a pid
+    with its start time names one process for good."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
 def kill_kept(directory: Path) -> None:
     """Kills PID 1 of every sandbox kept for a server on `directory` (their owner, in the
     registry's keep lines, see husk_runtime::keep), so that a test that failed half-way leaves
@@ -240,10 +250,9 @@ def kill_kept(directory: Path) -> None:
             if len(f) != 7 or f[0] != "keep" or f[1] != owner:
                 continue
             try:
-                stat = Path(f"/proc/{f[3]}/stat").read_text()
-                if stat[stat.rindex(")") + 2:].split()[19] == f[4]:
+                if start_time(int(f[3])) == int(f[4]):
                     os.kill(int(f[3]), signal.SIGKILL)
-            except (OSError, ValueError, IndexError):
+            except (OSError, ValueError):
                 pass
 
 
@@ -477,3 +486,29 @@ def multipart(path: str, data: bytes):
         "Content-Type: application/octet-stream\r\n\r\n"
     ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+# --------------------------------------------------------------------------------------------
+# A ticker's file inside a sandbox
+
+
+def ticks(sbx) -> List[Tuple[int, float]]:
+    """[(i, epoch seconds)] of a ticker's /tmp/ticks (lines "i epoch", appended one by one),
+    whole lines only ([] before the first tick)."""
+    from e2b import FileNotFoundException
+
+    try:
+        text = sbx.files.read("/tmp/ticks")
+    except FileNotFoundException:
+        return []
+    out = []
+    for line in text.split("\n")[:-1]:  # the part after the last newline may be torn
+        i, t = line.split(" ")
+        out.append((int(i), float(t)))
+    return out
+
+
+def counter(sbx) -> int:
+    """The ticker's last count (0 before the first tick)."""
+    got = ticks(sbx)
+    return got[-1][0] if got else 0

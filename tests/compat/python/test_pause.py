@@ -17,7 +17,6 @@ import time
 import pytest
 
 from e2b import (
-    FileNotFoundException,
     RateLimitException,
     Sandbox,
     SandboxException,
@@ -26,7 +25,7 @@ from e2b import (
     SandboxState,
 )
 
-from husk_compat import create_raw_sandbox, http_request, unique, wait_for
+from husk_compat import counter, create_raw_sandbox, http_request, ticks, unique, wait_for
 
 # Calls that must fail on a paused sandbox get a short budget: a bug must not hang the test.
 SHORT = 10
@@ -78,25 +77,6 @@ def assert_calls_say_paused(sbx: Sandbox, path: str) -> None:
     with pytest.raises(SandboxException) as ei:
         sbx.files.read(path, request_timeout=SHORT)
     assert "paused" in str(ei.value).lower(), repr(ei.value)
-
-
-def ticks(sbx: Sandbox) -> list:
-    """[(i, epoch seconds)] of /tmp/ticks, whole lines only ([] before the first tick)."""
-    try:
-        text = sbx.files.read("/tmp/ticks")
-    except FileNotFoundException:
-        return []
-    lines = text.split("\n")[:-1]  # the part after the last newline may be torn
-    out = []
-    for line in lines:
-        i, t = line.split(" ")
-        out.append((int(i), float(t)))
-    return out
-
-
-def counter(sbx: Sandbox) -> int:
-    got = ticks(sbx)
-    return got[-1][0] if got else 0
 
 
 def procs(sbx: Sandbox) -> dict:

@@ -24,7 +24,6 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 from e2b import (
-    FileNotFoundException,
     Sandbox,
     SandboxNotFoundException,
     SandboxQuery,
@@ -33,10 +32,13 @@ from e2b import (
 
 from husk_compat import (
     HuskServer,
+    counter,
     http_request,
     remove_state_dir,
     sandbox_headers,
     start_server,
+    start_time,
+    ticks,
     unique,
     wait_for,
 )
@@ -87,16 +89,6 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
-
-
-def start_time(pid: int) -> Optional[int]:
-    """Field 22 of /proc/PID/stat (the process' start time, in clock ticks since boot): a pid
-    with its start time names one process for good."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def alive(pid: int, start: int) -> bool:
@@ -268,24 +260,6 @@ def sigkill(server: HuskServer) -> None:
 
 
 # --- the sandbox's view ------------------------------------------------------------------------
-
-
-def ticks(sbx: Sandbox) -> List[Tuple[int, float]]:
-    """[(i, epoch seconds)] of /tmp/ticks, whole lines only."""
-    try:
-        text = sbx.files.read("/tmp/ticks")
-    except FileNotFoundException:
-        return []
-    out = []
-    for line in text.split("\n")[:-1]:  # the part after the last newline may be torn
-        i, t = line.split(" ")
-        out.append((int(i), float(t)))
-    return out
-
-
-def counter(sbx: Sandbox) -> int:
-    got = ticks(sbx)
-    return got[-1][0] if got else 0
 
 
 def start_ticker(sbx: Sandbox):

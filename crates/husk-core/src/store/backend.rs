@@ -94,7 +94,6 @@ delegate! {
     fn update_sandbox_description(&self, id: &str, end_at: OffsetDateTime, description: &str) -> Result<bool, StoreError>;
     fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError>;
     fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError>;
-    fn mark_sandboxes_lost(&self, reason: &str, at: OffsetDateTime) -> Result<usize, StoreError>;
     fn mark_sandbox_lost(&self, id: &str, reason: &str, at: OffsetDateTime) -> Result<bool, StoreError>;
     fn lost_sandboxes(&self, team: Option<&str>, id: Option<&str>) -> Result<Vec<LostSandbox>, StoreError>;
     fn prune_lost_sandboxes(&self, before: OffsetDateTime) -> Result<usize, StoreError>;

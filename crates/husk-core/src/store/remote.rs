@@ -92,10 +92,6 @@ pub enum StateRequest {
         end_at: OffsetDateTime,
         description: String,
     },
-    MarkSandboxesLost {
-        reason: String,
-        at: OffsetDateTime,
-    },
     MarkSandboxLost {
         id: String,
         reason: String,
@@ -582,14 +578,6 @@ impl RemoteStore {
         ask!(self, StateRequest::ListSandboxes, StateReply::Sandboxes(s) => s)
     }
 
-    pub fn mark_sandboxes_lost(
-        &self,
-        reason: &str,
-        at: OffsetDateTime,
-    ) -> Result<usize, StoreError> {
-        ask!(self, StateRequest::MarkSandboxesLost { reason: reason.into(), at }, StateReply::Count(n) => n as usize)
-    }
-
     pub fn mark_sandbox_lost(
         &self,
         id: &str,
@@ -879,9 +867,6 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
                 end_at,
                 description,
             } => R::Bool(store.update_sandbox_description(&id, end_at, &description)?),
-            Q::MarkSandboxesLost { reason, at } => {
-                R::Count(store.mark_sandboxes_lost(&reason, at)? as u64)
-            }
             Q::MarkSandboxLost { id, reason, at } => {
                 R::Bool(store.mark_sandbox_lost(&id, &reason, at)?)
             }
@@ -1105,12 +1090,9 @@ mod tests {
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].metadata, rec.metadata);
         let now2 = now + time::Duration::seconds(1);
-        assert_eq!(
-            store
-                .mark_sandboxes_lost("the server stopped", now2)
-                .unwrap(),
-            1
-        );
+        assert!(store
+            .mark_sandbox_lost(&rec.id, "the server stopped", now2)
+            .unwrap());
         assert!(store.list_sandboxes().unwrap().is_empty());
         let lost = store
             .lost_sandboxes(Some(&rec.team), Some(&rec.id))

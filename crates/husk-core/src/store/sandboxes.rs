@@ -123,16 +123,6 @@ impl Sqlite {
         Ok(out)
     }
 
-    /// Marks every live sandbox lost at `at` for `reason` (what a server that stopped without
-    /// ending them left: nothing of them runs any more). Returns how many.
-    pub fn mark_sandboxes_lost(
-        &self,
-        reason: &str,
-        at: OffsetDateTime,
-    ) -> Result<usize, StoreError> {
-        self.mark_lost(None, reason, at)
-    }
-
     /// Marks one live sandbox lost. Returns whether it was recorded (and live).
     pub fn mark_sandbox_lost(
         &self,
@@ -140,24 +130,15 @@ impl Sqlite {
         reason: &str,
         at: OffsetDateTime,
     ) -> Result<bool, StoreError> {
-        Ok(self.mark_lost(Some(id), reason, at)? > 0)
-    }
-
-    /// Marks the live sandbox `id` (every live one: `None`) lost.
-    fn mark_lost(
-        &self,
-        id: Option<&str>,
-        reason: &str,
-        at: OffsetDateTime,
-    ) -> Result<usize, StoreError> {
         let at = to_db_time(at)?;
-        Ok(self
+        let changed = self
             .conn()
             .prepare_cached(
                 "UPDATE sandboxes SET lost_at = ?2, lost_reason = ?3
-                 WHERE lost_at IS NULL AND (?1 IS NULL OR id = ?1)",
+                 WHERE lost_at IS NULL AND id = ?1",
             )?
-            .execute(params![id, at, reason])?)
+            .execute(params![id, at, reason])?;
+        Ok(changed > 0)
     }
 
     /// The lost sandboxes of `team` (every team's: `None`), or only `id`, most recently lost
