@@ -253,12 +253,15 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<Option<std::os::fd::OwnedFd>> 
     Ok(upper)
 }
 
-/// The writable layer's directory, opened before the sandbox's processes exist (read-only,
-/// not followed if it were a link: it is one this process just made).
+/// The writable layer's directory, opened before the sandbox's processes exist (not followed
+/// if it were a link: it is one this process just made). `O_PATH`: its users open what they
+/// read beneath it, and a path fd costs nothing at a close. The spawner holds one per live
+/// sandbox, and each new sandbox's first process inherits and closes them all: a readable
+/// directory fd's close looks up the directory's dnotify marks, a cache miss each.
 fn open_upper(upper: &Path) -> io::Result<std::os::fd::OwnedFd> {
     sys::open(
         &c(upper)?,
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         0,
     )
     .map_err(ctx("open the writable layer"))

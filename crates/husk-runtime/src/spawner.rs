@@ -262,8 +262,9 @@ impl Spawner {
         netns
     }
 
+    /// The uid slots' lock files ([`uidrange`]).
     fn lock_path(&self) -> PathBuf {
-        self.run_dir.join("uid-slots.lock")
+        self.run_dir.join("uid-slots")
     }
 
     /// Where sandboxes' cgroups go, how husk got them and what is not enforced (one line).
@@ -335,6 +336,10 @@ impl Spawner {
             (_, Some(keep)) if keep.alive().is_some() => return false,
             (cgroup, _) => cgroup,
         };
+        // A sandbox of a husk from before the lock file per slot, running beside this one.
+        if uidrange::held_by_legacy(&self.run_dir.join("uid-slots.lock"), slot) {
+            return false;
+        }
         // Only a sandbox cgroup of this very slot is touched: `.../husk/s<slot>`.
         let Some(cg) = SandboxCgroup::from_registry(&text).filter(|cg| {
             cg.paths().iter().all(|p| {

@@ -22,7 +22,7 @@ use husk_core::store::{Store, DEFAULT_STATE_DIR};
 use husk_core::template::Templates;
 use husk_runtime::{RootSource, SandboxSpec, Spawner};
 
-use crate::cli::{BenchArgs, WorkerArgs};
+use crate::cli::{BenchArgs, BenchFigure, WorkerArgs};
 use crate::units::format_size;
 
 /// The budget of a built template's create → ready, relative to the host template's.
@@ -364,7 +364,7 @@ fn mem_available_kib() -> u64 {
 
 fn density(n: usize) -> Result<(), String> {
     println!("idle density ({n} idle sandboxes alive at once):");
-    husk_runtime::sys::raise_nofile_limit().map_err(chain)?;
+    husk_runtime::sys::lift_nofile_limit().map_err(chain)?;
     let spawner = Spawner::new().map_err(chain)?;
     let spec = SandboxSpec::idle();
     let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
@@ -372,8 +372,17 @@ fn density(n: usize) -> Result<(), String> {
     let before = mem_available_kib();
     let start = Instant::now();
     let mut alive = Vec::with_capacity(n);
-    for _ in 0..n {
+    // Creates per second in each tenth of the run: a create must cost the same with many
+    // sandboxes alive as with none (issue 20), and a falling rate shows that it does not.
+    let slice = (n / 10).max(1);
+    let mut rates = Vec::new();
+    let mut slice_start = Instant::now();
+    for i in 0..n {
         alive.push(spawner.create(&spec, stdio).map_err(chain)?);
+        if (i + 1) % slice == 0 {
+            rates.push(slice as f64 / slice_start.elapsed().as_secs_f64());
+            slice_start = Instant::now();
+        }
     }
     let created = start.elapsed().as_secs_f64();
     // Let lazily-freed memory from the creation burst settle before reading.
@@ -384,16 +393,34 @@ fn density(n: usize) -> Result<(), String> {
         "  created {n} in {created:.2} s ({:.0}/s)",
         n as f64 / created
     );
+    let rates: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    println!(
+        "  creates/s in each {slice} as more are alive: {}",
+        rates.join(" ")
+    );
     println!(
         "  host memory per idle sandbox: {per:.0} KiB ({:.2} MiB; MemAvailable drop {} MiB)",
         per / 1024.0,
         before.saturating_sub(after) / 1024
     );
     let start = Instant::now();
-    for mut sb in alive {
+    let mut rates = Vec::new();
+    let mut slice_start = Instant::now();
+    for (i, mut sb) in alive.into_iter().enumerate() {
         sb.destroy().map_err(chain)?;
+        if (i + 1) % slice == 0 {
+            rates.push(format!(
+                "{:.0}",
+                slice as f64 / slice_start.elapsed().as_secs_f64()
+            ));
+            slice_start = Instant::now();
+        }
     }
     println!("  destroyed all in {:.2} s", start.elapsed().as_secs_f64());
+    println!(
+        "  destroys/s in each {slice} as fewer are alive: {}",
+        rates.join(" ")
+    );
     Ok(())
 }
 
@@ -415,13 +442,18 @@ pub fn main(args: BenchArgs) -> i32 {
         },
         None => None,
     };
-    let result = oneshot(args.runs)
-        .and_then(|_| latency(args.runs))
-        .and_then(|_| match &template {
-            Some(t) => template_vs_host(args.runs, t),
-            None => Ok(()),
-        })
-        .and_then(|_| {
+    let wanted = |f: BenchFigure| args.only.is_empty() || args.only.contains(&f);
+    let result = (|| {
+        if wanted(BenchFigure::Oneshot) {
+            oneshot(args.runs)?;
+        }
+        if wanted(BenchFigure::Latency) {
+            latency(args.runs)?;
+            if let Some(t) = &template {
+                template_vs_host(args.runs, t)?;
+            }
+        }
+        if wanted(BenchFigure::Throughput) {
             println!("throughput:");
             throughput(parallel, args.seconds, "create", "create + destroy (idle)")?;
             throughput(
@@ -429,10 +461,16 @@ pub fn main(args: BenchArgs) -> i32 {
                 args.seconds,
                 "cycle",
                 "create + run `true` + destroy",
-            )
-        })
-        .and_then(|_| density(args.idle))
-        .and_then(|_| crate::bench_net::run(args.runs.min(100)));
+            )?;
+        }
+        if wanted(BenchFigure::Density) {
+            density(args.idle)?;
+        }
+        if wanted(BenchFigure::Network) {
+            crate::bench_net::run(args.runs.min(100))?;
+        }
+        Ok::<(), String>(())
+    })();
     match result {
         Ok(()) => 0,
         Err(e) => {

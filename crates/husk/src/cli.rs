@@ -203,6 +203,24 @@ pub struct BenchArgs {
     /// State directory the template is registered in [default: /var/lib/husk].
     #[arg(long, value_name = "DIR", requires = "template")]
     pub state_dir: Option<PathBuf>,
+    /// Measure only these figures (repeatable; default: all).
+    #[arg(long, value_enum, value_name = "FIGURE")]
+    pub only: Vec<BenchFigure>,
+}
+
+/// The figures `husk bench` measures, in the order it measures them.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchFigure {
+    /// `husk run -- true` against bubblewrap.
+    Oneshot,
+    /// Create → ready and destroy of one idle sandbox (and `--template`'s).
+    Latency,
+    /// Creates per second from parallel workers.
+    Throughput,
+    /// Host memory per idle sandbox, and creates per second as they accumulate.
+    Density,
+    /// Sandboxes with a network against ones without.
+    Network,
 }
 
 #[derive(Args, Debug)]

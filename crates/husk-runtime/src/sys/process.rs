@@ -461,8 +461,8 @@ pub fn random_u64() -> io::Result<u64> {
     Ok(u64::from_ne_bytes(buf))
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit (a process holding many sandboxes holds two
-/// fds for each).
+/// Raises the soft RLIMIT_NOFILE to the hard limit (a process holding many sandboxes holds
+/// several fds for each: a spawner four). The hard limit is the operator's.
 pub fn raise_nofile_limit() -> io::Result<()> {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
@@ -474,6 +474,27 @@ pub fn raise_nofile_limit() -> io::Result<()> {
     // SAFETY: `rl` is a valid rlimit.
     cvt_i(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) })?;
     Ok(())
+}
+
+/// Like [`raise_nofile_limit`], but first lifts the hard limit to the kernel's `fs.nr_open`
+/// where this process may (`CAP_SYS_RESOURCE`): for `husk bench`'s density figure, where a
+/// login shell's hard limit (often 4,096 or 20,000) would end the count long before memory.
+pub fn lift_nofile_limit() -> io::Result<()> {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::rlim_t>().ok());
+    if let Some(max) = nr_open {
+        let lifted = libc::rlimit {
+            rlim_cur: max,
+            rlim_max: max,
+        };
+        // SAFETY: `lifted` is a valid rlimit. Refused (EPERM) without CAP_SYS_RESOURCE, or
+        // where the hard limit is already higher: then the soft limit goes to the hard one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lifted) } == 0 {
+            return Ok(());
+        }
+    }
+    raise_nofile_limit()
 }
 
 /// setns(2): enter the namespace behind `fd`.

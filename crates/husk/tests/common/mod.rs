@@ -361,7 +361,7 @@ pub fn assert_gone(id: &str) {
             p.display()
         );
     }
-    let lock = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("uid-slots.lock");
+    let lock = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("uid-slots");
     assert!(
         uidrange::is_free(&lock, slot_of(id)).unwrap(),
         "uid slot of sandbox {id} still held"
