@@ -159,7 +159,9 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
         // kept sandbox, for the spawner that takes it up after this one (husk's code, which
         // never hands it on; the sandbox's commands run in Landlock domains that cannot
         // reach PID 1's descriptors).
-        if let Some(upper) = upper {
+        // Only an agent's sandbox can be paused or snapshotted: for others (`husk run`'s) the
+        // spawner would hold it for nothing, one descriptor per live sandbox.
+        if let Some(upper) = upper.filter(|_| args.agent.is_some()) {
             if let Some(k) = &args.keep {
                 sys::dup2(upper.as_raw_fd(), k.layer)?;
             }

@@ -31,6 +31,7 @@ pub mod env;
 pub mod exec;
 pub mod failure;
 pub mod fences;
+mod handoff;
 pub mod helper;
 pub mod host_template;
 pub mod images;

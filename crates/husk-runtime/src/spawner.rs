@@ -95,6 +95,9 @@ pub struct Spawner {
     /// Whose sandboxes outlive this spawner and may be taken up by a later one (see
     /// [`crate::keep`]); `None`: every sandbox ends with its spawner.
     owner: Option<String>,
+    /// Low descriptors reserved so that a sandbox's first process need not copy this
+    /// process's whole descriptor table (see [`crate::handoff`]).
+    handoff: crate::handoff::Handoff,
 }
 
 impl Drop for Spawner {
@@ -150,6 +153,8 @@ impl Spawner {
         {
             return Err(SpawnError::NotRoot);
         }
+        // First, while this process's lowest descriptors are free.
+        let handoff = crate::handoff::Handoff::new().map_err(io_ctx("reserve descriptors"))?;
         // Namespaces, tmpfs and overlayfs (loading the module if needed): file reads only.
         crate::probe::startup().map_err(SpawnError::KernelFeature)?;
         // Writable by root alone (the registry tells husk which cgroups to kill), listable by
@@ -182,6 +187,7 @@ impl Spawner {
             images_in_use: RefCell::new(None),
             verifier: crate::images::Verifier::default(),
             owner: None,
+            handoff,
         })
     }
 
@@ -573,42 +579,86 @@ impl Spawner {
                 _ => None,
             });
         }
+        // The descriptors the child keeps, by the numbers it will see them under: in the
+        // handoff's slots (a fork that shares this process's table and then copies only its
+        // lowest part), or where they are (a plain fork) when there are more than slots.
+        let mut needed: Vec<std::os::fd::RawFd> = vec![child_end.as_raw_fd()];
+        needed.extend(agent.as_ref().map(|(_, fd)| fd.as_raw_fd()));
+        needed.extend(idmap);
+        if let Some((send, recv, layer)) = &kept {
+            needed.extend([send.as_raw_fd(), recv.as_raw_fd(), layer.as_raw_fd()]);
+        }
+        needed.extend(owner_maps.iter().flatten().map(|f| f.as_raw_fd()));
+        needed.extend(stdio.iter().flatten().map(|f| f.as_raw_fd()));
+        let placed = self
+            .handoff
+            .place(&needed)
+            .map_err(io_ctx("hand descriptors over"))?;
+        let shared = placed.is_some();
+        let mut child_fd = {
+            let mut numbers = placed.unwrap_or_else(|| needed.clone()).into_iter();
+            move || numbers.next().unwrap_or(-1)
+        };
+        let control_fd = child_fd();
+        let agent_fd = agent.as_ref().map(|(entry, _)| (*entry, child_fd()));
+        let idmap_fd = idmap.map(|_| child_fd());
+        let kept_fds = kept.as_ref().map(|_| init::KeptFds {
+            send: child_fd(),
+            recv: child_fd(),
+            layer: child_fd(),
+        });
         let owner_fds: Vec<Option<std::os::fd::RawFd>> = owner_maps
             .iter()
-            .map(|fd| fd.as_ref().map(|f| f.as_raw_fd()))
+            .map(|fd| fd.as_ref().map(|_| child_fd()))
             .collect();
+        let stdio_fds = stdio.map(|_| [child_fd(), child_fd(), child_fd()]);
+        let (flags, handoff) = match shared {
+            true => (flags | libc::CLONE_FILES, Some(self.handoff.for_child())),
+            false => (flags, None),
+        };
         // SAFETY: the process is single-threaded (checked just above; nothing in between
         // starts a thread).
         match unsafe { sys::clone3_fork(flags, v2_dir.as_ref().map(|d| d.as_fd())) }
             .map_err(io_ctx("clone3"))?
         {
             Forked::Child => {
-                drop(parent_end);
+                // Before anything else touches the descriptor table it shares with the
+                // spawner (see crate::handoff).
+                if let Some(h) = handoff {
+                    if h.child_unshare().is_err() {
+                        sys::exit_now(125);
+                    }
+                }
+                // Not closed here: with a table of its own, the child may not have it at this
+                // number (init closes every descriptor it does not keep).
+                std::mem::forget(parent_end);
                 init::child_main(ChildArgs {
                     spec,
                     template: &self.template.borrow(),
                     staging: &staging,
                     base,
                     fences: &self.fences,
-                    control: child_end.as_raw_fd(),
-                    stdio: stdio.map(|s| s.map(|f| f.as_raw_fd())),
-                    agent: agent.as_ref().map(|(entry, fd)| (*entry, fd.as_raw_fd())),
+                    control: control_fd,
+                    stdio: stdio_fds,
+                    agent: agent_fd,
                     usr_layer: match (&agent, &self.agent) {
                         (Some(_), Some((_, usr))) => Some(usr.as_path()),
                         _ => None,
                     },
                     image: image.as_deref(),
-                    idmap,
+                    idmap: idmap_fd,
                     mount_maps: &owner_fds,
                     arg_area: self.arg_area,
-                    keep: kept.as_ref().map(|(send, recv, layer)| init::KeptFds {
-                        send: send.as_raw_fd(),
-                        recv: recv.as_raw_fd(),
-                        layer: layer.as_raw_fd(),
-                    }),
+                    keep: kept_fds,
                 })
             }
             Forked::Parent { pid, pidfd } => {
+                // First: nothing may change the shared table before the child has its own.
+                if shared {
+                    self.handoff
+                        .release(pidfd.as_fd())
+                        .map_err(io_ctx("hand descriptors over"))?;
+                }
                 drop(child_end);
                 drop(agent);
                 drop(v2_dir);
@@ -663,8 +713,10 @@ impl Spawner {
                 Some(FromInit::Ready { pty_master }) => {
                     sb.pty_master = pty_master;
                     sb.control = Some(parent_end);
-                    if let (Some((send, _, layer)), Some(owner)) = (kept.take(), &self.owner) {
-                        self.record_kept(sb, owner, &send, layer.as_raw_fd())?;
+                    if let (Some((send, _, _)), Some(numbers), Some(owner)) =
+                        (kept.take(), kept_fds, &self.owner)
+                    {
+                        self.record_kept(sb, owner, numbers)?;
                         sb.rendezvous = Some(send);
                     }
                     return Ok(());
@@ -690,8 +742,7 @@ impl Spawner {
         &self,
         sb: &Sandbox,
         owner: &str,
-        send: &OwnedFd,
-        layer: std::os::fd::RawFd,
+        numbers: init::KeptFds,
     ) -> Result<(), SpawnError> {
         use std::io::Write;
         let record = crate::keep::KeepRecord {
@@ -699,8 +750,8 @@ impl Spawner {
             id: sb.id.clone(),
             pid: sb.pid,
             start: sys::process_start_time(sb.pid).map_err(io_ctx("read PID 1's start time"))?,
-            send: send.as_raw_fd(),
-            layer: sb.upper.is_some().then_some(layer),
+            send: numbers.send,
+            layer: sb.upper.is_some().then_some(numbers.layer),
         };
         let Some(entry) = &sb.registry else {
             return Ok(());

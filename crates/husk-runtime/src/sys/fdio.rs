@@ -181,6 +181,74 @@ pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// dup3(2): `from` duplicated onto `to` (whatever `to` was is closed), with `flags`
+/// (`O_CLOEXEC` or 0).
+pub fn dup3(from: RawFd, to: RawFd, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: no pointers; replacing `to` is the intended effect.
+    cvt_i(unsafe { libc::dup3(from, to, flags) })?;
+    Ok(())
+}
+
+/// Whether `fd` is close-on-exec.
+pub fn is_cloexec(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: F_GETFD takes no argument.
+    let flags = cvt_i(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    Ok(flags & libc::FD_CLOEXEC != 0)
+}
+
+/// `close_range(lowest, ~0, CLOSE_RANGE_UNSHARE)`: a private descriptor table holding only
+/// the descriptors below `lowest` (the kernel copies no more than those), in a process that
+/// shared its table (`CLONE_FILES`).
+pub fn close_range_unshare(lowest: RawFd) -> io::Result<()> {
+    // SAFETY: no pointers; the descriptors closed are this process's copies only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            lowest as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_UNSHARE,
+        )
+    };
+    cvt_i(r as libc::c_int)?;
+    Ok(())
+}
+
+/// A nonblocking, close-on-exec eventfd starting at zero.
+pub fn eventfd_nonblocking() -> io::Result<OwnedFd> {
+    // SAFETY: no pointers.
+    let fd = cvt_i(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `n` to an eventfd's counter.
+pub fn write_eventfd(fd: BorrowedFd<'_>, n: u64) -> io::Result<()> {
+    let buf = n.to_ne_bytes();
+    // SAFETY: `buf` is valid for 8 bytes.
+    let r = retry_eintr(|| unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), 8) })?;
+    if r != 8 {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short eventfd write",
+        ));
+    }
+    Ok(())
+}
+
+/// Reads (and resets) an eventfd's counter; `WouldBlock` when it is zero (nonblocking fd).
+pub fn read_eventfd(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    // SAFETY: `buf` is valid for 8 bytes.
+    let r = retry_eintr(|| unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) })?;
+    if r != 8 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "short eventfd read",
+        ));
+    }
+    Ok(u64::from_ne_bytes(buf))
+}
+
 /// Sets or clears O_NONBLOCK.
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL/F_SETFL take integers only.
