@@ -70,39 +70,59 @@ impl Handoff {
         })
     }
 
-    /// Duplicates `fds` into the slots, each keeping its close-on-exec flag, and returns the
-    /// numbers the child sees them under (in order); `None` when there are more than slots.
-    pub(crate) fn place(&self, fds: &[RawFd]) -> io::Result<Option<Vec<RawFd>>> {
-        if fds.len() > self.slots.len() {
-            return Ok(None);
-        }
-        let mut placed = Vec::with_capacity(fds.len());
-        for (&fd, slot) in fds.iter().zip(&self.slots) {
-            let cloexec = sys::is_cloexec(fd)?;
-            sys::dup3(
-                fd,
-                slot.as_raw_fd(),
-                if cloexec { libc::O_CLOEXEC } else { 0 },
-            )?;
-            placed.push(slot.as_raw_fd());
-        }
-        Ok(Some(placed))
-    }
-
-    /// What the child needs (copied into its memory by the fork).
-    pub(crate) fn for_child(&self) -> ChildHandoff {
-        ChildHandoff {
-            top: self.top,
-            sync: self.sync.as_raw_fd(),
+    /// Starts placing one fork's descriptors; the slots go back to `/dev/null` when the
+    /// [`Placing`] is dropped, whatever happened in between.
+    pub(crate) fn placing(&self) -> Placing<'_> {
+        Placing {
+            handoff: self,
+            used: 0,
+            overflowed: false,
         }
     }
+}
 
-    /// In the spawner, first thing after the fork: waits until the child has its own table or
-    /// has died, then puts every slot back on `/dev/null` (closing the copies placed there).
-    pub(crate) fn release(&self, child: BorrowedFd<'_>) -> io::Result<()> {
+/// One fork's descriptors in the slots (see [`Handoff::placing`]).
+#[derive(Debug)]
+pub(crate) struct Placing<'a> {
+    handoff: &'a Handoff,
+    used: usize,
+    /// More descriptors were put than there are slots: the fork must be a plain one.
+    overflowed: bool,
+}
+
+impl Placing<'_> {
+    /// The number the child sees `fd` under: a slot holding a duplicate (with `fd`'s
+    /// close-on-exec flag), or `fd` itself once the slots are used up.
+    pub(crate) fn put(&mut self, fd: RawFd) -> io::Result<RawFd> {
+        let Some(slot) = self.handoff.slots.get(self.used) else {
+            self.overflowed = true;
+            return Ok(fd);
+        };
+        let flags = if sys::is_cloexec(fd)? {
+            libc::O_CLOEXEC
+        } else {
+            0
+        };
+        sys::dup3(fd, slot.as_raw_fd(), flags)?;
+        self.used += 1;
+        Ok(slot.as_raw_fd())
+    }
+
+    /// What the child needs to take its own table, when every descriptor it keeps is in a
+    /// slot; `None`: fork plainly (without `CLONE_FILES`).
+    pub(crate) fn for_child(&self) -> Option<ChildHandoff> {
+        (!self.overflowed).then_some(ChildHandoff {
+            top: self.handoff.top,
+            sync: self.handoff.sync.as_raw_fd(),
+        })
+    }
+
+    /// In the spawner, first thing after a fork that shares the table: waits until the child
+    /// has its own table or has died. (Dropping `self` then empties the slots.)
+    pub(crate) fn wait_for(&self, child: BorrowedFd<'_>) -> io::Result<()> {
         let mut fds = [
             libc::pollfd {
-                fd: self.sync.as_raw_fd(),
+                fd: self.handoff.sync.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -122,11 +142,23 @@ impl Handoff {
         }
         // The counter goes back to zero for the next fork (nonblocking: when the child died
         // before writing, there is nothing to read).
-        let _ = sys::read_eventfd(self.sync.as_fd());
-        for slot in &self.slots {
-            sys::dup3(self.null.as_raw_fd(), slot.as_raw_fd(), libc::O_CLOEXEC)?;
-        }
+        let _ = sys::read_eventfd(self.handoff.sync.as_fd());
         Ok(())
+    }
+}
+
+impl Drop for Placing<'_> {
+    /// Puts the used slots back on `/dev/null`, closing the copies placed there: a copy of
+    /// the child's end of its control socket left with the spawner would keep the spawner
+    /// from seeing that end close, one of a caller's pipe from seeing its end of file.
+    fn drop(&mut self) {
+        for slot in &self.handoff.slots[..self.used] {
+            let _ = sys::dup3(
+                self.handoff.null.as_raw_fd(),
+                slot.as_raw_fd(),
+                libc::O_CLOEXEC,
+            );
+        }
     }
 }
 
@@ -156,24 +188,23 @@ mod tests {
     fn slots_take_the_childs_descriptors_and_give_them_back() {
         let h = Handoff::new().unwrap();
         let (r, w) = std::io::pipe().unwrap();
-        let placed = h.place(&[w.as_raw_fd()]).unwrap().unwrap();
-        assert_eq!(placed.len(), 1);
-        assert!(
-            placed[0] < h.top,
-            "a slot lies below the top the child keeps"
-        );
-        assert_eq!(ident(placed[0]), ident(w.as_raw_fd()));
-        assert!(sys::is_cloexec(placed[0]).unwrap());
-        // The child said it has its own table: the slots go back to /dev/null, the counter
-        // to zero.
+        let mut placing = h.placing();
+        let placed = placing.put(w.as_raw_fd()).unwrap();
+        assert!(placed < h.top, "a slot lies below the top the child keeps");
+        assert_eq!(ident(placed), ident(w.as_raw_fd()));
+        assert!(sys::is_cloexec(placed).unwrap());
+        assert!(placing.for_child().is_some());
+        // The child said it has its own table: the counter goes back to zero, and the slots
+        // back to /dev/null once the placing ends.
         sys::write_eventfd(h.sync.as_fd(), 1).unwrap();
-        h.release(r.as_fd()).unwrap();
-        let null = std::fs::metadata("/dev/null").unwrap();
-        assert_eq!(ident(placed[0]), (null.dev(), null.ino()));
+        placing.wait_for(r.as_fd()).unwrap();
         assert_eq!(
             sys::read_eventfd(h.sync.as_fd()).unwrap_err().kind(),
             io::ErrorKind::WouldBlock
         );
+        drop(placing);
+        let null = std::fs::metadata("/dev/null").unwrap();
+        assert_eq!(ident(placed), (null.dev(), null.ino()));
         // No copy of the write end is left: dropping the original ends the pipe.
         drop(w);
         let mut buf = [0u8; 1];
@@ -183,8 +214,14 @@ mod tests {
     #[test]
     fn more_descriptors_than_slots_take_a_plain_fork() {
         let h = Handoff::new().unwrap();
-        let fds = vec![h.null.as_raw_fd(); SLOTS + 1];
-        assert!(h.place(&fds).unwrap().is_none());
-        assert_eq!(h.place(&fds[..SLOTS]).unwrap().unwrap().len(), SLOTS);
+        let fd = h.null.as_raw_fd();
+        let mut placing = h.placing();
+        for _ in 0..SLOTS {
+            assert_ne!(placing.put(fd).unwrap(), fd);
+        }
+        assert!(placing.for_child().is_some());
+        // One more stays where it is, and the fork cannot share the table.
+        assert_eq!(placing.put(fd).unwrap(), fd);
+        assert!(placing.for_child().is_none());
     }
 }

@@ -157,17 +157,12 @@ fn images_lock(run_dir: &Path, exclusive: bool) -> Result<Option<fs::File>, Imag
     }
     .map_err(io_ctx(format!("open {}", path.display())))?;
     // Open-file-description locks: released when the holder's fd closes, a crash included.
-    let mut fl = libc::flock {
-        l_type: if exclusive {
-            libc::F_WRLCK
-        } else {
-            libc::F_RDLCK
-        } as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 1,
-        l_pid: 0,
+    let kind = if exclusive {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
     };
+    let mut fl = sys::lock_range(kind, 0, 1);
     let cmd = if exclusive {
         libc::F_OFD_SETLK
     } else {

@@ -582,39 +582,39 @@ impl Spawner {
         // The descriptors the child keeps, by the numbers it will see them under: in the
         // handoff's slots (a fork that shares this process's table and then copies only its
         // lowest part), or where they are (a plain fork) when there are more than slots.
-        let mut needed: Vec<std::os::fd::RawFd> = vec![child_end.as_raw_fd()];
-        needed.extend(agent.as_ref().map(|(_, fd)| fd.as_raw_fd()));
-        needed.extend(idmap);
-        if let Some((send, recv, layer)) = &kept {
-            needed.extend([send.as_raw_fd(), recv.as_raw_fd(), layer.as_raw_fd()]);
-        }
-        needed.extend(owner_maps.iter().flatten().map(|f| f.as_raw_fd()));
-        needed.extend(stdio.iter().flatten().map(|f| f.as_raw_fd()));
-        let placed = self
-            .handoff
-            .place(&needed)
-            .map_err(io_ctx("hand descriptors over"))?;
-        let shared = placed.is_some();
-        let mut child_fd = {
-            let mut numbers = placed.unwrap_or_else(|| needed.clone()).into_iter();
-            move || numbers.next().unwrap_or(-1)
+        let mut placing = self.handoff.placing();
+        let mut put =
+            |fd: std::os::fd::RawFd| placing.put(fd).map_err(io_ctx("hand descriptors over"));
+        let control_fd = put(child_end.as_raw_fd())?;
+        let agent_fd = match &agent {
+            Some((entry, fd)) => Some((*entry, put(fd.as_raw_fd())?)),
+            None => None,
         };
-        let control_fd = child_fd();
-        let agent_fd = agent.as_ref().map(|(entry, _)| (*entry, child_fd()));
-        let idmap_fd = idmap.map(|_| child_fd());
-        let kept_fds = kept.as_ref().map(|_| init::KeptFds {
-            send: child_fd(),
-            recv: child_fd(),
-            layer: child_fd(),
-        });
-        let owner_fds: Vec<Option<std::os::fd::RawFd>> = owner_maps
+        let idmap_fd = idmap.map(&mut put).transpose()?;
+        let kept_fds = match &kept {
+            Some((send, recv, layer)) => Some(init::KeptFds {
+                send: put(send.as_raw_fd())?,
+                recv: put(recv.as_raw_fd())?,
+                layer: put(layer.as_raw_fd())?,
+            }),
+            None => None,
+        };
+        let owner_fds = owner_maps
             .iter()
-            .map(|fd| fd.as_ref().map(|_| child_fd()))
-            .collect();
-        let stdio_fds = stdio.map(|_| [child_fd(), child_fd(), child_fd()]);
-        let (flags, handoff) = match shared {
-            true => (flags | libc::CLONE_FILES, Some(self.handoff.for_child())),
-            false => (flags, None),
+            .map(|fd| fd.as_ref().map(|f| put(f.as_raw_fd())).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let stdio_fds = match stdio {
+            Some([i, o, e]) => Some([
+                put(i.as_raw_fd())?,
+                put(o.as_raw_fd())?,
+                put(e.as_raw_fd())?,
+            ]),
+            None => None,
+        };
+        let handoff = placing.for_child();
+        let flags = match handoff {
+            Some(_) => flags | libc::CLONE_FILES,
+            None => flags,
         };
         // SAFETY: the process is single-threaded (checked just above; nothing in between
         // starts a thread).
@@ -654,11 +654,12 @@ impl Spawner {
             }
             Forked::Parent { pid, pidfd } => {
                 // First: nothing may change the shared table before the child has its own.
-                if shared {
-                    self.handoff
-                        .release(pidfd.as_fd())
+                if handoff.is_some() {
+                    placing
+                        .wait_for(pidfd.as_fd())
                         .map_err(io_ctx("hand descriptors over"))?;
                 }
+                drop(placing);
                 drop(child_end);
                 drop(agent);
                 drop(v2_dir);

@@ -57,29 +57,13 @@ pub fn slot_of(uid: u32) -> Option<u32> {
         .then(|| (uid - BASE) / RANGE)
 }
 
-/// The whole file's write lock, as `F_OFD_SETLK` (`Ok(false)`: held elsewhere) or
-/// `F_OFD_GETLK` (`Ok(true)`: nobody holds it).
-fn lock_file(file: &File, cmd: libc::c_int) -> io::Result<bool> {
-    let mut fl = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    let got = crate::sys::fcntl_lock(file.as_raw_fd(), cmd, &mut fl)?;
-    Ok(if cmd == libc::F_OFD_GETLK {
-        fl.l_type == libc::F_UNLCK as libc::c_short
-    } else {
-        got
-    })
-}
-
 /// Takes `slot`'s lock through a description of its own: OFD locks taken through one
 /// description never conflict with each other.
 fn take(dir: &Path, slot: u32) -> io::Result<Option<UidRange>> {
     let file = open_lock_file(dir, slot)?;
-    Ok(lock_file(&file, libc::F_OFD_SETLK)?.then_some(UidRange { slot, _lock: file }))
+    let mut whole = crate::sys::lock_range(libc::F_WRLCK, 0, 0);
+    let taken = crate::sys::fcntl_lock(file.as_raw_fd(), libc::F_OFD_SETLK, &mut whole)?;
+    Ok(taken.then_some(UidRange { slot, _lock: file }))
 }
 
 /// Takes a free slot, starting the search at a random point so concurrent allocators rarely
@@ -129,7 +113,8 @@ pub fn is_free(lock_dir: &Path, slot: u32) -> io::Result<bool> {
     if slot >= SLOTS {
         return Ok(true);
     }
-    lock_file(&open_lock_file(lock_dir, slot)?, libc::F_OFD_GETLK)
+    let file = open_lock_file(lock_dir, slot)?;
+    Ok(!crate::sys::ofd_range_held(file.as_raw_fd(), 0, 0)?)
 }
 
 /// Whether a husk from before the lock file per slot holds `slot` through byte `slot` of its
@@ -144,16 +129,8 @@ pub fn held_by_legacy(legacy: &Path, slot: u32) -> bool {
     else {
         return false;
     };
-    let mut fl = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: slot as libc::off_t,
-        l_len: 1,
-        l_pid: 0,
-    };
     // An error counts as held: leftovers are then kept, never a live sandbox removed.
-    crate::sys::fcntl_lock(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl).is_err()
-        || fl.l_type != libc::F_UNLCK as libc::c_short
+    crate::sys::ofd_range_held(file.as_raw_fd(), slot as libc::off_t, 1).unwrap_or(true)
 }
 
 /// `<dir>/<slot>`, created on first use and never removed: a lock file removed while someone
@@ -230,13 +207,7 @@ mod tests {
             .truncate(false)
             .open(&legacy)
             .unwrap();
-        let mut fl = libc::flock {
-            l_type: libc::F_WRLCK as libc::c_short,
-            l_whence: libc::SEEK_SET as libc::c_short,
-            l_start: 5,
-            l_len: 1,
-            l_pid: 0,
-        };
+        let mut fl = crate::sys::lock_range(libc::F_WRLCK, 5, 1);
         assert!(crate::sys::fcntl_lock(file.as_raw_fd(), libc::F_OFD_SETLK, &mut fl).unwrap());
         assert!(held_by_legacy(&legacy, 5));
         assert!(!held_by_legacy(&legacy, 6));

@@ -374,15 +374,10 @@ fn density(n: usize) -> Result<(), String> {
     let mut alive = Vec::with_capacity(n);
     // Creates per second in each tenth of the run: a create must cost the same with many
     // sandboxes alive as with none (issue 20), and a falling rate shows that it does not.
-    let slice = (n / 10).max(1);
-    let mut rates = Vec::new();
-    let mut slice_start = Instant::now();
-    for i in 0..n {
+    let mut tenths = Tenths::new(n);
+    for _ in 0..n {
         alive.push(spawner.create(&spec, stdio).map_err(chain)?);
-        if (i + 1) % slice == 0 {
-            rates.push(slice as f64 / slice_start.elapsed().as_secs_f64());
-            slice_start = Instant::now();
-        }
+        tenths.done_one();
     }
     let created = start.elapsed().as_secs_f64();
     // Let lazily-freed memory from the creation burst settle before reading.
@@ -393,10 +388,9 @@ fn density(n: usize) -> Result<(), String> {
         "  created {n} in {created:.2} s ({:.0}/s)",
         n as f64 / created
     );
-    let rates: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
     println!(
-        "  creates/s in each {slice} as more are alive: {}",
-        rates.join(" ")
+        "  creates/s in each {} as more are alive: {tenths}",
+        tenths.size
     );
     println!(
         "  host memory per idle sandbox: {per:.0} KiB ({:.2} MiB; MemAvailable drop {} MiB)",
@@ -404,24 +398,52 @@ fn density(n: usize) -> Result<(), String> {
         before.saturating_sub(after) / 1024
     );
     let start = Instant::now();
-    let mut rates = Vec::new();
-    let mut slice_start = Instant::now();
-    for (i, mut sb) in alive.into_iter().enumerate() {
+    let mut tenths = Tenths::new(n);
+    for mut sb in alive {
         sb.destroy().map_err(chain)?;
-        if (i + 1) % slice == 0 {
-            rates.push(format!(
-                "{:.0}",
-                slice as f64 / slice_start.elapsed().as_secs_f64()
-            ));
-            slice_start = Instant::now();
-        }
+        tenths.done_one();
     }
     println!("  destroyed all in {:.2} s", start.elapsed().as_secs_f64());
     println!(
-        "  destroys/s in each {slice} as fewer are alive: {}",
-        rates.join(" ")
+        "  destroys/s in each {} as fewer are alive: {tenths}",
+        tenths.size
     );
     Ok(())
+}
+
+/// Operations per second in each tenth of a run of `n` (the whole tenths only).
+struct Tenths {
+    size: usize,
+    done: usize,
+    since: Instant,
+    rates: Vec<f64>,
+}
+
+impl Tenths {
+    fn new(n: usize) -> Tenths {
+        Tenths {
+            size: (n / 10).max(1),
+            done: 0,
+            since: Instant::now(),
+            rates: Vec::new(),
+        }
+    }
+
+    fn done_one(&mut self) {
+        self.done += 1;
+        if self.done % self.size == 0 {
+            self.rates
+                .push(self.size as f64 / self.since.elapsed().as_secs_f64());
+            self.since = Instant::now();
+        }
+    }
+}
+
+impl std::fmt::Display for Tenths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rates: Vec<String> = self.rates.iter().map(|r| format!("{r:.0}")).collect();
+        f.write_str(&rates.join(" "))
+    }
 }
 
 /// `husk bench`.

@@ -400,13 +400,7 @@ impl TeamFs {
             .mode(0o600)
             .open(self.images.join(LOCK_FILE))?;
         // A write lock of the whole file.
-        let mut fl = libc::flock {
-            l_type: libc::F_WRLCK as libc::c_short,
-            l_whence: libc::SEEK_SET as libc::c_short,
-            l_start: 0,
-            l_len: 0,
-            l_pid: 0,
-        };
+        let mut fl = husk_runtime::sys::lock_range(libc::F_WRLCK, 0, 0);
         husk_runtime::sys::fcntl_lock(file.as_raw_fd(), libc::F_OFD_SETLKW, &mut fl)?;
         Ok(file)
     }

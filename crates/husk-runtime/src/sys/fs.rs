@@ -162,6 +162,26 @@ pub fn write_file(path: &Path, value: &[u8]) -> io::Result<()> {
     f.write_all(value)
 }
 
+/// A record lock of `kind` (`F_WRLCK`, `F_RDLCK`) over `len` bytes from `start` (`len` 0: to
+/// the end of the file), for [`fcntl_lock`].
+pub fn lock_range(kind: libc::c_int, start: libc::off_t, len: libc::off_t) -> libc::flock {
+    libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    }
+}
+
+/// Whether an open-file-description lock held through another description would keep a write
+/// lock of the range from being taken (`F_OFD_GETLK`).
+pub fn ofd_range_held(fd: RawFd, start: libc::off_t, len: libc::off_t) -> io::Result<bool> {
+    let mut fl = lock_range(libc::F_WRLCK, start, len);
+    fcntl_lock(fd, libc::F_OFD_GETLK, &mut fl)?;
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
 /// fcntl record-lock commands (F_OFD_SETLK / F_OFD_GETLK). For SETLK returns `Ok(false)` when
 /// the range is held by someone else.
 pub fn fcntl_lock(fd: RawFd, cmd: libc::c_int, fl: &mut libc::flock) -> io::Result<bool> {
