@@ -13,6 +13,7 @@
 //! what it keeps for it: queued output, stdin buffers, handles, watches and processes.
 #![forbid(unsafe_code)]
 
+mod assign;
 pub mod conn;
 pub mod fs;
 pub mod kernels;
@@ -45,6 +46,8 @@ pub fn main(mut ctx: AgentContext<'_>) -> ! {
 
 struct Agent {
     hello: Hello,
+    /// The sandbox's hostname (a warm sandbox's changes when it is claimed).
+    hostname: String,
     /// A kept sandbox's backstop ([`Request::Deadline`]): while no server is connected, the
     /// sandbox ends at this time.
     deadline: Option<std::time::SystemTime>,
@@ -108,6 +111,7 @@ fn run(ctx: &mut AgentContext<'_>) -> Result<(), String> {
     let mut agent = Agent {
         deadline: None,
         hello,
+        hostname: ctx.hostname().to_owned(),
         procs: Procs::default(),
         files: fs::Files::new(),
         watches: watch::Watches::new().map_err(|e| e.to_string())?,
@@ -356,6 +360,12 @@ impl Agent {
                 Ok(Reply::Done)
             }
             Request::Env => Ok(Reply::Env(self.hello.env.clone())),
+            Request::Assign { hostname, env } => {
+                assign::rename(&self.hostname, &hostname)?;
+                self.hostname = hostname;
+                self.hello.env = env;
+                Ok(Reply::Done)
+            }
             Request::KernelSpecs => Ok(Reply::KernelSpecs(self.kernels.specs(&self.hello.env))),
             Request::KernelStart(k) => {
                 self.kernels.start(ctx, &self.hello, &k)?;

@@ -25,6 +25,7 @@ use husk_proto::{KernelSpec, KernelStart, Reply, Request, User};
 
 use crate::agent::{AgentClient, CallError};
 
+pub use envcode::assign as envcode_assign;
 pub use exec::{ExecOut, MimeValue};
 use kernel::Kernel;
 
@@ -281,6 +282,81 @@ impl Contexts {
             t.contexts.insert(k.id, ctx);
         }
         (contexts, gone)
+    }
+
+    /// The contexts of a warm sandbox handed to the create that claimed it: the same running
+    /// kernels, under new context ids, now with the claimer's `env` (its secrets, their
+    /// redaction, and what a restart gets). `vars` (the create's variables, its secrets'
+    /// values over them) are set in each kernel first, by silent code that leaves nothing in
+    /// its namespace and does not move its execution count; `Invalid` if a kernel's language
+    /// has no such code.
+    pub async fn claimed(
+        &self,
+        env: KernelEnv,
+        vars: &[(String, String)],
+    ) -> Result<Contexts, ContextError> {
+        let taken: Vec<(Arc<Context>, bool)> = {
+            let t = lock(&self.table);
+            t.contexts
+                .values()
+                .map(|c| (c.clone(), t.defaults.get(&c.language) == Some(&c.id)))
+                .collect()
+        };
+        if !vars.is_empty() {
+            for (ctx, _) in &taken {
+                let code = envcode::assign(&ctx.language, vars).ok_or_else(|| {
+                    ContextError::Invalid(format!(
+                        "a warm {} kernel cannot be given environment variables",
+                        ctx.language
+                    ))
+                })?;
+                if code.len() > MAX_CODE_BYTES {
+                    return Err(ContextError::Invalid(
+                        "the environment is too large to set in a warm kernel".into(),
+                    ));
+                }
+                if let Err(e) = exec::silent(&ctx.kernel(), &code).await {
+                    // Only the kind: the code held the variables' (and secrets') values.
+                    let why = match e {
+                        ExecOut::KernelDied(_) => "the kernel died",
+                        ExecOut::SandboxGone => "the sandbox is gone",
+                        _ => "the kernel reported an error",
+                    };
+                    return Err(ContextError::Kernel(format!(
+                        "setting the environment of the warm {} kernel failed: {why}",
+                        ctx.language
+                    )));
+                }
+            }
+        }
+        let claimed = Contexts::new(self.agent.clone(), env, self.default_cwd.clone());
+        if let Some(specs) = self.specs.get() {
+            let _ = claimed.specs.set(specs.clone());
+        }
+        claimed.next_kernel.store(
+            self.next_kernel.load(std::sync::atomic::Ordering::Relaxed),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        for (ctx, default) in taken {
+            let id = new_context_id()?;
+            let moved = Arc::new(Context {
+                id: id.clone(),
+                language: ctx.language.clone(),
+                cwd: ctx.cwd.clone(),
+                spec: ctx.spec.clone(),
+                env: claimed.env.clone(),
+                envs: ctx.envs.clone(),
+                kernel: Mutex::new(ctx.kernel()),
+                exec_lock: Arc::new(tokio::sync::Mutex::new(())),
+                for_run: false,
+            });
+            let mut t = lock(&claimed.table);
+            if default {
+                t.defaults.insert(ctx.language.clone(), id.clone());
+            }
+            t.contexts.insert(id, moved);
+        }
+        Ok(claimed)
     }
 
     /// The kernel specs of the sandbox's image (asked once).

@@ -26,6 +26,9 @@ mod live;
 mod lookup;
 mod metrics;
 mod pause;
+mod pool;
+#[cfg(test)]
+mod pool_tests;
 #[cfg(test)]
 mod pause_tests;
 mod request;
@@ -45,6 +48,7 @@ pub use live::{LiveSandbox, Metrics};
 pub use lookup::{ListFilter, LostInfo, SandboxView};
 pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};
 pub use pause::{Credentials, Dormant, Inactive, Paused};
+pub use pool::{MemoryProbe, PoolStats, WarmTarget, MAX_WARM};
 pub use request::{
     check_mount_path, CreateRequest, EnvVars, Lifecycle, MaskedHost, OnTimeout, PauseMode,
     WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
@@ -182,6 +186,11 @@ pub struct Config {
     /// Whether running sandboxes outlive the server (a crash, an upgrade) for the next one
     /// to take up (`kept.rs`); `false` (`husk serve --destroy-on-exit`): they end with it.
     pub keep: bool,
+    /// Warm pools: per template, sandboxes made ahead of demand (`pool.rs`).
+    pub warm: Vec<WarmTarget>,
+    /// Below this much available host memory the pools stop filling and give their warm
+    /// sandboxes back (0: never).
+    pub warm_memory_floor: u64,
 }
 
 impl Default for Config {
@@ -195,6 +204,8 @@ impl Default for Config {
             paused_retention: None,
             snapshot_quota: DEFAULT_SNAPSHOT_QUOTA,
             keep: true,
+            warm: Vec::new(),
+            warm_memory_floor: 2 * DEFAULT_MEMORY_RESERVE,
         }
     }
 }
@@ -242,6 +253,8 @@ pub struct Manager {
     snapshots: Mutex<snapshot::SnapshotTable>,
     /// Per team, the places among layer copies under way (`Manager::capture_slot`).
     capture_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Warm pools (`pool.rs`).
+    pools: pool::Pools,
 }
 
 /// The server's sandbox networking (the network helper) and its default policy.
@@ -314,6 +327,7 @@ impl Manager {
             layer_store: std::sync::OnceLock::new(),
             snapshots: Mutex::new(snapshot::SnapshotTable::default()),
             capture_slots: Mutex::new(HashMap::new()),
+            pools: pool::Pools::default(),
             store,
             host,
             config,

@@ -68,7 +68,12 @@ struct State {
     adopted: Vec<String>,
     /// The last backstop each sandbox's agent was given (milliseconds since the epoch).
     deadlines: Deadlines,
+    /// What each sandbox's agent was assigned (a warm sandbox claimed), by runtime id.
+    assigned: Assigned,
 }
+
+/// Hostname and environment an agent was assigned, by runtime id.
+type Assigned = Arc<Mutex<BTreeMap<String, (String, Vec<(String, String)>)>>>;
 
 /// Backstops given to the agents, by runtime id.
 type Deadlines = Arc<Mutex<BTreeMap<String, Option<u64>>>>;
@@ -81,6 +86,7 @@ struct FakeAgent {
     files: Arc<Mutex<FakeFiles>>,
     procs: Procs,
     deadlines: Deadlines,
+    assigned: Assigned,
 }
 
 /// A fake sandbox's processes: pid → what it printed (replayed to whoever attaches).
@@ -166,6 +172,17 @@ impl FakeHost {
             .unwrap_or_else(|p| p.into_inner())
             .get(runtime_id)
             .copied();
+        got
+    }
+
+    /// The hostname and environment the agent of `runtime_id` was last assigned.
+    pub fn assigned(&self, runtime_id: &str) -> Option<(String, Vec<(String, String)>)> {
+        let assigned = self.state().assigned.clone();
+        let got = assigned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(runtime_id)
+            .cloned();
         got
     }
 
@@ -289,6 +306,7 @@ impl FakeHost {
             files: st.files.get(id).cloned().unwrap_or_default(),
             procs: st.procs.get(id).cloned().unwrap_or_default(),
             deadlines: st.deadlines.clone(),
+            assigned: st.assigned.clone(),
         };
         drop(st);
         std::thread::Builder::new()
@@ -493,6 +511,14 @@ fn serve(sock: &mut UnixStream, agent: &FakeAgent) {
                 sel: Selector::Pid(pid),
                 ..
             } if outputs.contains_key(&pid) => Ok(Reply::Done),
+            Request::Assign { hostname, env } => {
+                agent
+                    .assigned
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(agent.id.clone(), (hostname, env));
+                Ok(Reply::Done)
+            }
             Request::Deadline { unix_ms } => {
                 agent
                     .deadlines

@@ -316,6 +316,14 @@ pub enum Request {
     /// Subscribes a new connection to a running kernel's events (a server that took the
     /// sandbox up again) → [`Reply::Done`] if it runs and is ready, `NotFound` otherwise.
     KernelAttach { kernel: u32 },
+    /// Makes a sandbox made ahead of demand (a warm pool's) the one a create asked for
+    /// → [`Reply::Done`]: its hostname becomes `hostname` (the kernel's, and in `/etc/hostname`
+    /// and `/etc/hosts`), and `env` replaces the environment of the hello for every process
+    /// started from now on.
+    Assign {
+        hostname: String,
+        env: Vec<(String, String)>,
+    },
 }
 
 impl Request {

@@ -194,6 +194,7 @@ pub fn service(
         .merge(crate::openapi::router(state.clone()))
         .merge(crate::templates::router(state.clone()))
         .merge(crate::secrets::router(state.clone()))
+        .merge(crate::pools::router(state.clone()))
         .merge(crate::e2b_secrets::router(state.clone()))
         .merge(crate::workspaces::router(state.clone()))
         .merge(crate::volumes::router(state.clone()))

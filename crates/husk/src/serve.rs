@@ -93,6 +93,16 @@ pub struct ServeArgs {
     /// 0: no reserve.
     #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub memory_reserve: u64,
+    /// A warm pool: keep COUNT sandboxes of TEMPLATE made ahead of demand, with the
+    /// template's start command and code contexts (kernels) already running, for creates to
+    /// claim (repeat for more templates). Creates a warm sandbox cannot serve (workspaces,
+    /// limits of their own, ...) or that find the pool empty are made fresh.
+    #[arg(long, value_name = "TEMPLATE=COUNT")]
+    pub warm: Vec<husk_core::manager::WarmTarget>,
+    /// Below this much available host memory (MemAvailable) the warm pools stop filling and
+    /// give their sandboxes back. Default: twice --memory-reserve.
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub warm_memory_floor: Option<u64>,
     /// The unprivileged user the server becomes once its helpers run and its listener is
     /// bound (a name from /etc/passwd, or UID[:GID]); it holds no capability and may open
     /// nothing but /proc and the cgroup tree. Root is refused.
@@ -178,6 +188,10 @@ pub fn main(args: ServeArgs) -> i32 {
         paused_retention: args.paused_retention,
         snapshot_quota: args.max_snapshots,
         keep: !args.destroy_on_exit,
+        warm: args.warm.clone(),
+        warm_memory_floor: args
+            .warm_memory_floor
+            .unwrap_or(args.memory_reserve.saturating_mul(2)),
         ..Config::default()
     };
     match (
@@ -581,6 +595,7 @@ async fn run(
     tokio::spawn(prune_records(manager.store_arc(), args.record_retention));
     manager.spawn_metrics_sampler();
     manager.spawn_paused_expiry();
+    manager.spawn_pools();
     let shutdown_manager = manager.clone();
     let destroy_on_exit = args.destroy_on_exit;
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));

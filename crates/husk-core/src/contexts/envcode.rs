@@ -143,6 +143,60 @@ pub fn for_language(language: &str, vars: &[(String, String)]) -> Option<EnvCode
     }
 }
 
+/// Code that sets `vars` in a running kernel for good and leaves nothing else behind in its
+/// namespace (no helper variable): what makes a warm sandbox's kernel, started before anyone
+/// claimed it, hold the claimer's environment as one started for it would. `None` for a
+/// language husk has no such code for (a warm sandbox then cannot serve a create with
+/// variables).
+pub fn assign(language: &str, vars: &[(String, String)]) -> Option<String> {
+    match language {
+        // `os` is imported already (by the kernel itself), so the import adds no module; the
+        // name is deleted at once. Later pairs win, as in a process's environment.
+        "python" => {
+            let pairs: Vec<String> = vars
+                .iter()
+                .map(|(k, v)| format!("({}, {})", lit(k), lit(v)))
+                .collect();
+            Some(format!(
+                "import os as __husk_os\n\
+                 for __husk_kv in [{}]:\n    __husk_os.environ[__husk_kv[0]] = __husk_kv[1]\n\
+                 del __husk_os\n\
+                 try:\n    del __husk_kv\nexcept NameError:\n    pass",
+                pairs.join(", ")
+            ))
+        }
+        // Block-scoped: no global is made.
+        "javascript" => {
+            let pairs: Vec<String> = vars
+                .iter()
+                .map(|(k, v)| format!("[{}, {}]", lit(k), lit(v)))
+                .collect();
+            Some(format!(
+                "{{ for (const [k, v] of [{}]) {{ process.env[k] = v; }} }}",
+                pairs.join(", ")
+            ))
+        }
+        "bash" => {
+            if !vars.iter().all(|(k, _)| valid_shell_name(k)) {
+                return None;
+            }
+            Some(
+                vars.iter()
+                    .map(|(k, v)| format!("export {k}={}\n", sh_quote(v)))
+                    .collect(),
+            )
+        }
+        "r" => {
+            let sets: Vec<String> = vars
+                .iter()
+                .map(|(k, v)| format!("{} = {}", sh_quote_r(k), lit(v)))
+                .collect();
+            Some(format!("invisible(Sys.setenv({}))", sets.join(", ")))
+        }
+        _ => None,
+    }
+}
+
 /// An R argument name in backquotes (any name, escaped).
 fn sh_quote_r(k: &str) -> String {
     format!("`{}`", k.replace('\\', r"\\").replace('`', r"\`"))
@@ -151,6 +205,23 @@ fn sh_quote_r(k: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn assignment_code_embeds_names_and_values_as_literals_only() {
+        let vars = [("A\"B".to_string(), "x'\n$y".to_string())];
+        let py = assign("python", &vars).unwrap();
+        assert!(py.contains(r#"("A\"B", "x'\n$y")"#), "{py}");
+        assert!(py.contains("del __husk_os"), "{py}");
+        let js = assign("javascript", &vars).unwrap();
+        assert!(js.starts_with("{ for (const [k, v] of [[\"A\\\"B\""), "{js}");
+        // A shell cannot export that name: no code rather than a mangled name.
+        assert_eq!(assign("bash", &vars), None);
+        let sh = assign("bash", &[("K".into(), "it's $HOME".into())]).unwrap();
+        assert_eq!(sh, "export K='it'\\''s $HOME'\n");
+        let r = assign("r", &[("K".into(), "v".into())]).unwrap();
+        assert_eq!(r, "invisible(Sys.setenv(`K` = \"v\"))");
+        assert_eq!(assign("java", &vars), None);
+    }
 
     #[test]
     fn java_literals_are_escaped_and_the_map_is_restored() {

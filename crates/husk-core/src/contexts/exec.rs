@@ -275,7 +275,7 @@ impl Mask {
 }
 
 /// Runs set-up code; its error (or the kernel's death) is what the client hears instead.
-async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
+pub(super) async fn silent(kernel: &Kernel, code: &str) -> Result<(), ExecOut> {
     let (etx, mut erx) = mpsc::channel(8);
     // Read while it runs: set-up code's own output must not fill the channel and stall it.
     let collect = async move {

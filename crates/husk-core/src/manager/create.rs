@@ -63,6 +63,8 @@ impl Manager {
         identity: Option<Identity>,
         pin: Option<String>,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
+        // The pools refill only while no create is under way.
+        let _creating = self.pools.creating();
         // The environment was checked when the request was made (EnvVars).
         // `husk-secret://NAME` values must name secrets of the team (resolved per process).
         if req
@@ -97,10 +99,34 @@ impl Manager {
         // half-made sandbox (it is finished, registered and later ends at its timeout).
         let this = self.clone();
         let who = who.clone();
+        // A new sandbox of a template with a pool is a warm one, if the pool has one the
+        // request fits.
+        let warm = match (&identity, &pin) {
+            (None, None) => self.take_warm(&req, &template, &limits),
+            _ => None,
+        };
         tokio::spawn(async move {
-            let result = this
-                .create_reserved(&who, req, template, mounts, limits, identity)
-                .await;
+            let result = match warm {
+                Some(w) => match this
+                    .claim(&who, req.clone(), w, &template, limits.clone())
+                    .await
+                {
+                    Ok(sb) => Ok(sb),
+                    Err(e) => {
+                        tracing::warn!(
+                            template = %template.name,
+                            error = %e,
+                            "claiming a warm sandbox failed; creating a fresh one"
+                        );
+                        this.create_reserved(&who, req, template, mounts, limits, None)
+                            .await
+                    }
+                },
+                None => {
+                    this.create_reserved(&who, req, template, mounts, limits, identity)
+                        .await
+                }
+            };
             drop(reservation);
             drop(pin);
             result
@@ -122,30 +148,6 @@ impl Manager {
             Some(i) => i.id.clone(),
             None => new_sandbox_id()?,
         };
-        let mut spec = SandboxSpec::idle();
-        // Its own paused layer, then its snapshot's layers.
-        let own = identity.as_ref().map(|i| crate::saved_layers::LayerRef {
-            home: crate::saved_layers::Home::Paused,
-            owner: i.id.clone(),
-            layer: i.layer.clone(),
-        });
-        for l in own.iter().chain(template.layers.iter()) {
-            spec.layers.push(self.layer_path(l)?);
-        }
-        if spec.layers.len() > husk_runtime::spec::MAX_SAVED_LAYERS {
-            return Err(CoreError::TemplateBroken(format!(
-                "template '{}' stands on {} layers, more than a sandbox can mount",
-                template.name,
-                spec.layers.len()
-            )));
-        }
-        spec.agent = true;
-        // It outlives the server unless the operator said otherwise (husk_runtime::keep).
-        spec.die_with_parent = !self.config.keep;
-        spec.hostname = id.clone();
-        spec.limits = limits.clone();
-        spec.mounts = mounts;
-        spec.rootfs = template.rootfs.clone();
         let policy = self.request_policy(req.network.as_ref())?;
         let rules = match &req.rules {
             Some(r) if !r.is_empty() => {
@@ -159,9 +161,74 @@ impl Manager {
             }
             _ => None,
         };
+        let own = identity.as_ref().map(|i| crate::saved_layers::LayerRef {
+            home: crate::saved_layers::Home::Paused,
+            owner: i.id.clone(),
+            layer: i.layer.clone(),
+        });
+        let (created, net) = self
+            .spawn(&id, &template, own, mounts, &limits, policy, rules)
+            .await?;
+        // From here on the sandbox exists: every failure undoes it, in one place.
+        let mut undo = Undo {
+            runtime_id: created.id.clone(),
+            agent: None,
+        };
+        let booted = match self
+            .boot(&who.team, &id, req.env.as_slice(), &template, created, net, &mut undo)
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                undo.run(self).await;
+                return Err(e);
+            }
+        };
+        match self.register(who, id, req, &template, limits, booted, identity) {
+            Ok(sb) => Ok(sb),
+            Err(e) => {
+                undo.run(self).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Has the host make a sandbox of `template` named `hostname` (with `own`, its paused
+    /// layer, over the template's), linked to the router with `policy` when sandboxes have a
+    /// network.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn spawn(
+        &self,
+        hostname: &str,
+        template: &Resolved,
+        own: Option<crate::saved_layers::LayerRef>,
+        mounts: Vec<husk_runtime::MountSpec>,
+        limits: &Limits,
+        policy: husk_net::NetPolicy,
+        rules: Option<husk_net::rules::HeaderRules>,
+    ) -> Result<(Created, Option<husk_net::helper::Link>), CoreError> {
+        let mut spec = SandboxSpec::idle();
+        // Its own paused layer, then its snapshot's layers.
+        for l in own.iter().chain(template.layers.iter()) {
+            spec.layers.push(self.layer_path(l)?);
+        }
+        if spec.layers.len() > husk_runtime::spec::MAX_SAVED_LAYERS {
+            return Err(CoreError::TemplateBroken(format!(
+                "template '{}' stands on {} layers, more than a sandbox can mount",
+                template.name,
+                spec.layers.len()
+            )));
+        }
+        spec.agent = true;
+        // It outlives the server unless the operator said otherwise (husk_runtime::keep).
+        spec.die_with_parent = !self.config.keep;
+        spec.hostname = hostname.to_owned();
+        spec.limits = limits.clone();
+        spec.mounts = mounts;
+        spec.rootfs = template.rootfs.clone();
         let host = self.host.clone();
         let helper = self.egress().map(|n| n.helper.clone());
-        let (created, net) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             // A link out from the router's pool, joined by the sandbox (with the router's
             // resolver as its name server).
             let net = match helper {
@@ -181,77 +248,34 @@ impl Manager {
             Ok::<_, CoreError>((created, net))
         })
         .await
-        .map_err(|e| CoreError::internal("the creation task", e))??;
-        // From here on the sandbox exists: every failure undoes it, in one place.
-        let mut undo = Undo {
-            runtime_id: created.id.clone(),
-            agent: None,
-        };
-        match self
-            .finish(
-                who, id, req, &template, limits, created, net, identity, &mut undo,
-            )
-            .await
-        {
-            Ok(sb) => Ok(sb),
-            Err(e) => {
-                undo.run(self).await;
-                Err(e)
-            }
-        }
+        .map_err(|e| CoreError::internal("the creation task", e))?
     }
 
-    /// Makes a sandbox the host created ready and registers it: its network namespace, the
-    /// agent's hello, the template's start command and code contexts. The caller undoes
-    /// the sandbox if this fails.
+    /// Makes a sandbox the host created ready: its network namespace, the agent's hello (with
+    /// the template's environment and `req_env` over it), the template's start command and
+    /// code contexts. The caller undoes the sandbox if this fails.
     #[allow(clippy::too_many_arguments)]
-    async fn finish(
-        self: &Arc<Self>,
-        who: &Principal,
-        id: String,
-        req: CreateRequest,
+    pub(super) async fn boot(
+        &self,
+        team: &str,
+        hostname: &str,
+        req_env: &[(String, String)],
         template: &Resolved,
-        limits: Limits,
         created: Created,
         net: Option<husk_net::helper::Link>,
-        identity: Option<Identity>,
         undo: &mut Undo,
-    ) -> Result<Arc<LiveSandbox>, CoreError> {
-        let defaults = &template.defaults;
-        let init_pid = created.init_pid;
+    ) -> Result<Booted, CoreError> {
         // The sandbox's namespace as the spawner opened it, kept: ingress never resolves it
         // by pid.
         let netns = husk_net::netns::NetNs::from_fd(created.netns)
             .map_err(|e| CoreError::internal("the sandbox's network namespace", e))?;
-        // The template's environment, then the request's (which wins). With header rules, the
-        // TLS libraries' bundle variables name the bundle that holds the sandbox's CA (over
-        // the template's, which would leave it out).
         let has_ca = net.as_ref().is_some_and(|n| n.ca_pem().is_some());
-        let set_by_request = |k: &str| req.env.as_slice().iter().any(|(rk, _)| rk == k);
-        let mut env: Vec<(String, String)> = defaults
-            .env
-            .iter()
-            .filter(|(k, _)| {
-                let replaced = has_ca && CA_ENV.contains(&k.as_str());
-                !set_by_request(k) && !replaced
-            })
-            .cloned()
-            .collect();
-        if has_ca {
-            env.extend(
-                CA_ENV
-                    .iter()
-                    .filter(|k| !set_by_request(k))
-                    .map(|k| (k.to_string(), husk_runtime::trust::BUNDLE.to_string())),
-            );
-        }
-        env.extend(req.env.as_slice().iter().cloned());
         let default_user = template_user(template)?;
         let hello = Hello {
             version: VERSION,
-            env,
+            env: sandbox_env(&template.defaults.env, has_ca, req_env),
             default_user,
-            default_workdir: defaults.workdir.clone(),
+            default_workdir: template.defaults.workdir.clone(),
         };
         let agent = AgentClient::connect(created.agent, hello)
             .await
@@ -261,15 +285,33 @@ impl Manager {
             .await
             .map_err(CoreError::TemplateBroken)?;
         let contexts = self
-            .start_contexts(
-                &agent,
-                &who.team,
-                &id,
-                req.env.as_slice(),
-                template,
-                default_user,
-            )
+            .start_contexts(&agent, team, hostname, req_env, template, default_user)
             .await?;
+        Ok(Booted {
+            runtime_id: created.id,
+            init_pid: created.init_pid,
+            cgroup: created.cgroup,
+            netns,
+            net,
+            agent,
+            contexts,
+            default_user,
+        })
+    }
+
+    /// Gives a booted sandbox its tenant's identity and registers it: from here on the API
+    /// finds it, the store has it and its supervisor enforces its timeout.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn register(
+        self: &Arc<Self>,
+        who: &Principal,
+        id: String,
+        req: CreateRequest,
+        template: &Resolved,
+        limits: Limits,
+        booted: Booted,
+        identity: Option<Identity>,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
         let now = OffsetDateTime::now_utc();
         let timeout = self.clamp_timeout(req.timeout);
         let (access_token, traffic_access_token, started_at, base_layer) = match identity {
@@ -286,12 +328,22 @@ impl Manager {
                 None,
             ),
         };
+        let Booted {
+            runtime_id,
+            init_pid,
+            cgroup,
+            netns,
+            net,
+            agent,
+            contexts,
+            default_user,
+        } = booted;
         let contexts_changed = contexts.changed();
         let sb = Arc::new(LiveSandbox {
             id: id.clone(),
             team: who.team.clone(),
             template: req.template,
-            runtime_id: created.id,
+            runtime_id,
             agent,
             access_token,
             traffic_access_token,
@@ -305,14 +357,14 @@ impl Manager {
             limits,
             workspaces: req.workspaces,
             default_user,
-            default_workdir: defaults.workdir.clone(),
+            default_workdir: template.defaults.workdir.clone(),
             contexts,
             init_pid,
             netns,
             net,
             end_at: Mutex::new(now + timeout),
             timeout_changed: Notify::new(),
-            cgroup: created.cgroup,
+            cgroup,
             metrics: Mutex::new(super::metrics::MetricsLog::new()),
             redactions: Mutex::new(HashMap::new()),
             redacted_names: Mutex::new(HashMap::new()),
@@ -393,14 +445,56 @@ impl Manager {
     }
 }
 
+/// A sandbox the host made and [`Manager::boot`] made ready (its agent greeted, the
+/// template's start command and default contexts running), not yet anyone's.
+pub(super) struct Booted {
+    pub(super) runtime_id: String,
+    pub(super) init_pid: i32,
+    pub(super) cgroup: husk_runtime::cgroup::SandboxCgroup,
+    pub(super) netns: husk_net::netns::NetNs,
+    pub(super) net: Option<husk_net::helper::Link>,
+    pub(super) agent: AgentClient,
+    pub(super) contexts: Arc<crate::contexts::Contexts>,
+    pub(super) default_user: User,
+}
+
+/// A sandbox's environment: the template's, then the request's (which wins). With header
+/// rules (`has_ca`), the TLS libraries' bundle variables name the bundle that holds the
+/// sandbox's CA (over the template's, which would leave it out).
+pub(super) fn sandbox_env(
+    template_env: &[(String, String)],
+    has_ca: bool,
+    req_env: &[(String, String)],
+) -> Vec<(String, String)> {
+    let set_by_request = |k: &str| req_env.iter().any(|(rk, _)| rk == k);
+    let mut env: Vec<(String, String)> = template_env
+        .iter()
+        .filter(|(k, _)| {
+            let replaced = has_ca && CA_ENV.contains(&k.as_str());
+            !set_by_request(k) && !replaced
+        })
+        .cloned()
+        .collect();
+    if has_ca {
+        env.extend(
+            CA_ENV
+                .iter()
+                .filter(|k| !set_by_request(k))
+                .map(|k| (k.to_string(), husk_runtime::trust::BUNDLE.to_string())),
+        );
+    }
+    env.extend(req_env.iter().cloned());
+    env
+}
+
 /// A created sandbox that did not become ready: destroyed, its agent connection closed.
 pub(super) struct Undo {
-    runtime_id: String,
-    agent: Option<AgentClient>,
+    pub(super) runtime_id: String,
+    pub(super) agent: Option<AgentClient>,
 }
 
 impl Undo {
-    async fn run(self, manager: &Manager) {
+    pub(super) async fn run(self, manager: &Manager) {
         if let Some(agent) = self.agent {
             agent.close().await;
         }

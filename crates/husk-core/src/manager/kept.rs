@@ -272,6 +272,7 @@ impl Manager {
     /// waits for the next server); none is destroyed. Sandboxes paused to disk stay as they
     /// are.
     pub async fn stop_keeping(self: &Arc<Self>) -> usize {
+        self.drain_pools().await;
         let all: Vec<Arc<LiveSandbox>> = write(&self.sandboxes).drain().map(|(_, s)| s).collect();
         for sb in &all {
             // Out of the map first: its supervisor sees the agent go and finds nothing to end.

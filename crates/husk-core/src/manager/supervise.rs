@@ -120,6 +120,7 @@ impl Manager {
     /// destroyed and listed as lost. Sandboxes paused to disk stay as they are, for the next
     /// server.
     pub async fn shutdown(self: &Arc<Self>) {
+        self.drain_pools().await;
         let saved = self.save_paused_at_stop().await;
         if saved > 0 {
             tracing::info!(count = saved, "saved paused sandboxes to disk");

@@ -1,0 +1,615 @@
+//! Warm pools: per template, sandboxes made ahead of demand, booted as far as a create would
+//! boot them (the agent greeted, the template's start command run, its code contexts' kernels
+//! started and ready), and handed to the creates that ask for that template.
+//!
+//! A warm sandbox is no one's: no team, no record in the store, not in the API's map, never
+//! given user code. It boots with everything that is the same for every create of its
+//! template (the server's limits and default network policy, the template's environment) under
+//! a placeholder name. The create that claims it gives it the rest, as a fresh create would
+//! have had it from the start:
+//! - its id: the kernel's hostname and the files init wrote it in (`Request::Assign`);
+//! - its environment: the agent's, for every process started from then on, and, set by
+//!   silent code that leaves nothing in their namespace, the running kernels' (the create's
+//!   variables and its secrets' values, redacted in their output from then on);
+//! - its network policy (the router's rules for its link), when it differs from the default;
+//! - its team, metadata, timeout, lifecycle, tokens and start time (the server's own record).
+//!
+//! A create whose sandbox a warm one cannot be made into is served by a fresh create, as is
+//! every create while the pool is empty: one with workspaces or header rules (they are set up
+//! when the sandbox is made), with limits other than the server's, with variables for a
+//! template with a start command (that command already runs, with the template's environment)
+//! or with kernels in a language husk cannot set variables in, a snapshot or a resume. A claim
+//! that fails destroys the warm sandbox and falls back to a fresh create too. A claimed sandbox
+//! is never given back.
+//!
+//! The pool refills in the background, one sandbox at a time, and only while no create is
+//! under way: it never competes with a client for the spawner. It stops filling while the
+//! host's available memory is below [`Config::warm_memory_floor`] and gives its warm sandboxes
+//! back, one per pass, while it stays below. A warm sandbox's agent has a deadline in the past:
+//! when the server goes (a crash, an orderly stop that keeps sandboxes), it ends at once rather
+//! than waiting for a next server that would not know it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::create::{new_sandbox_id, sandbox_env, Booted, Undo};
+use super::{CoreError, CreateRequest, LiveSandbox, Manager};
+use crate::store::Principal;
+use crate::template::Resolved;
+
+/// How often the refill looks again when nothing woke it (a template that failed to fill, a
+/// host short of memory).
+const PASS: Duration = Duration::from_secs(2);
+/// Longest wait after a failed fill (it doubles from [`PASS`] on each failure in a row).
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Most warm sandboxes one template's pool may hold.
+pub const MAX_WARM: u32 = 1000;
+
+/// A pool the server keeps: `template` (a template's name), `size` warm sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmTarget {
+    pub template: String,
+    pub size: u32,
+}
+
+impl std::str::FromStr for WarmTarget {
+    type Err = String;
+
+    /// `TEMPLATE=N` (`husk serve --warm code-interpreter=8`).
+    fn from_str(s: &str) -> Result<WarmTarget, String> {
+        let (template, size) = s
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{s:?}: expected TEMPLATE=COUNT, e.g. code-interpreter=8"))?;
+        let size: u32 = size
+            .parse()
+            .map_err(|_| format!("{s:?}: the count must be a whole number"))?;
+        if template.is_empty() {
+            return Err(format!("{s:?}: no template named"));
+        }
+        if size > MAX_WARM {
+            return Err(format!("{s:?}: at most {MAX_WARM} warm sandboxes per template"));
+        }
+        Ok(WarmTarget {
+            template: template.to_owned(),
+            size,
+        })
+    }
+}
+
+/// What a pool did, as the API and the logs show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    pub template: String,
+    /// Warm sandboxes it keeps.
+    pub target: u32,
+    /// Warm sandboxes ready now.
+    pub ready: u32,
+    /// Being made now.
+    pub filling: u32,
+    /// Creates it served.
+    pub claimed: u64,
+    /// Creates of its template it could not serve (empty, or a create it cannot fit).
+    pub missed: u64,
+    /// Warm sandboxes made.
+    pub made: u64,
+    /// Fills that failed.
+    pub failed: u64,
+    /// Warm sandboxes destroyed unclaimed (template rebuilt, pool shrunk, memory short).
+    pub discarded: u64,
+    /// Why the last fill failed, while the pool has not filled since.
+    pub last_error: Option<String>,
+}
+
+/// One warm sandbox.
+pub(super) struct Warm {
+    booted: Booted,
+    /// What it was made of: a create of a rebuilt template does not get it.
+    template: Resolved,
+    /// Its placeholder name until claimed.
+    hostname: String,
+    policy: husk_net::NetPolicy,
+}
+
+#[derive(Default)]
+struct Pool {
+    ready: VecDeque<Warm>,
+    stats: PoolStats,
+    /// No fill before this (after failures).
+    next_try: Option<tokio::time::Instant>,
+    failures: u32,
+}
+
+/// Host memory available, in bytes (`None`: unknown). A seam: tests give the pool a host
+/// short of memory.
+pub type MemoryProbe = Arc<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// Every pool of the server.
+pub(super) struct Pools {
+    pools: Mutex<HashMap<String, Pool>>,
+    /// Creates under way (claims and fresh ones): the refill waits for none.
+    creating: AtomicUsize,
+    /// Told when a create ends or a sandbox is claimed.
+    wake: Arc<Notify>,
+    memory: Mutex<MemoryProbe>,
+    started: std::sync::atomic::AtomicBool,
+    /// Set at the server's stop: the refill makes nothing more.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Pools {
+    fn default() -> Self {
+        Pools {
+            pools: Mutex::new(HashMap::new()),
+            creating: AtomicUsize::new(0),
+            wake: Arc::new(Notify::new()),
+            memory: Mutex::new(Arc::new(super::host_memory_available)),
+            started: std::sync::atomic::AtomicBool::new(false),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counts a create under way for as long as it lives.
+pub(super) struct Creating<'a>(&'a Pools);
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        if self.0.creating.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+impl Pools {
+    pub(super) fn creating(&self) -> Creating<'_> {
+        self.creating.fetch_add(1, Ordering::AcqRel);
+        Creating(self)
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        let probe = lock(&self.memory).clone();
+        probe()
+    }
+}
+
+/// Why a create cannot have a warm sandbox of its template, or `None` if it can.
+pub(super) fn misfit(
+    req: &CreateRequest,
+    template: &Resolved,
+    limits: &husk_runtime::Limits,
+    server_limits: &husk_runtime::Limits,
+) -> Option<&'static str> {
+    if template.snapshot.is_some() || !template.layers.is_empty() {
+        return Some("a snapshot");
+    }
+    if !req.workspaces.is_empty() {
+        return Some("workspaces");
+    }
+    if req.rules.as_ref().is_some_and(|r| !r.is_empty()) {
+        return Some("header rules");
+    }
+    if limits != server_limits {
+        return Some("limits of its own");
+    }
+    if !req.env.as_slice().is_empty() {
+        if template.defaults.start_cmd.is_some() {
+            return Some("variables, and a template with a start command");
+        }
+        let settable = |lang: &String| {
+            let lang = crate::contexts::normalize_language(lang);
+            crate::contexts::envcode_assign(&lang, req.env.as_slice()).is_some()
+        };
+        if !template.defaults.contexts.iter().all(settable) {
+            return Some("variables a kernel of the template cannot be given");
+        }
+    }
+    None
+}
+
+impl Manager {
+    /// The pools' figures, by template.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        let pools = lock(&self.pools.pools);
+        let mut v: Vec<PoolStats> = pools
+            .iter()
+            .map(|(name, p)| PoolStats {
+                template: name.clone(),
+                ready: p.ready.len() as u32,
+                ..p.stats.clone()
+            })
+            .collect();
+        v.sort_by(|a, b| a.template.cmp(&b.template));
+        v
+    }
+
+    /// Replaces how the pools read the host's available memory (tests).
+    pub fn set_pool_memory_probe(&self, probe: MemoryProbe) {
+        *lock(&self.pools.memory) = probe;
+        self.pools.wake.notify_one();
+    }
+
+    /// Starts keeping the configured pools full (once; nothing without pools).
+    pub fn spawn_pools(self: &Arc<Self>) {
+        if self.config.warm.iter().all(|t| t.size == 0) {
+            return;
+        }
+        if self.pools.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut pools = lock(&self.pools.pools);
+            for t in &self.config.warm {
+                let p = pools.entry(t.template.clone()).or_default();
+                p.stats.target = t.size;
+            }
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(m) = weak.upgrade() else { return };
+                let next = m.refill_pass().await;
+                let wake = m.pools_wake();
+                drop(m);
+                // The manager is not kept alive while the loop waits.
+                let _ = tokio::time::timeout(next, wake.notified_owned()).await;
+            }
+        });
+    }
+
+    fn pools_wake(&self) -> Arc<Notify> {
+        self.pools.wake.clone()
+    }
+
+    /// One pass of the refill: drops what is stale, gives memory back, makes at most one
+    /// warm sandbox; returns how long to wait for the next unless woken.
+    async fn refill_pass(self: &Arc<Self>) -> Duration {
+        if self.pools.stopped.load(Ordering::Acquire) {
+            return MAX_BACKOFF;
+        }
+        // Never while a create is under way.
+        if self.pools.creating.load(Ordering::Acquire) > 0 {
+            return PASS;
+        }
+        let floor = self.config.warm_memory_floor;
+        let short = floor > 0
+            && self
+                .pools
+                .memory_available()
+                .is_some_and(|available| available < floor);
+        if short {
+            // One per pass, the fullest pool's oldest first; nothing is made.
+            let victim = {
+                let mut pools = lock(&self.pools.pools);
+                let fullest = pools
+                    .iter_mut()
+                    .filter(|(_, p)| !p.ready.is_empty())
+                    .max_by_key(|(_, p)| p.ready.len());
+                fullest.and_then(|(_, p)| {
+                    p.stats.discarded += 1;
+                    p.ready.pop_front()
+                })
+            };
+            if let Some(w) = victim {
+                tracing::info!("host memory is short: a warm sandbox is given back");
+                self.discard(w).await;
+            }
+            return PASS;
+        }
+        let names: Vec<(String, u32)> = lock(&self.pools.pools)
+            .iter()
+            .map(|(n, p)| (n.clone(), p.stats.target))
+            .collect();
+        let now = tokio::time::Instant::now();
+        for (name, target) in names {
+            let template = match self.resolve_template(&name).await {
+                Ok(t) => t,
+                Err(e) => {
+                    // Not built yet (or removed): said, and looked for again each pass.
+                    let mut pools = lock(&self.pools.pools);
+                    pools.entry(name.clone()).or_default().stats.last_error = Some(e.to_string());
+                    continue;
+                }
+            };
+            // Warm sandboxes of an older build of the template are of no use.
+            let stale: Vec<Warm> = {
+                let mut pools = lock(&self.pools.pools);
+                let p = pools.entry(name.clone()).or_default();
+                let (keep, stale): (VecDeque<Warm>, VecDeque<Warm>) = p
+                    .ready
+                    .drain(..)
+                    .partition(|w| same_template(&w.template, &template));
+                p.ready = keep;
+                p.stats.discarded += stale.len() as u64;
+                stale.into_iter().collect()
+            };
+            for w in stale {
+                self.discard(w).await;
+            }
+            let due = {
+                let pools = lock(&self.pools.pools);
+                pools.get(&name).is_some_and(|p| {
+                    (p.ready.len() as u32) < target && p.next_try.is_none_or(|t| t <= now)
+                })
+            };
+            if !due {
+                continue;
+            }
+            if let Err(e) = self.check_memory_reserve() {
+                self.fill_failed(&name, &e.to_string());
+                return PASS;
+            }
+            if let Some(p) = lock(&self.pools.pools).get_mut(&name) {
+                p.stats.filling += 1;
+            }
+            let made = self.make_warm(template).await;
+            let made = match made {
+                // Made while the server stopped: it would outlive the drain.
+                Ok(w) if self.pools.stopped.load(Ordering::Acquire) => {
+                    self.discard(w).await;
+                    Err(CoreError::Unsupported("the server is stopping".into()))
+                }
+                other => other,
+            };
+            let mut pools = lock(&self.pools.pools);
+            let p = pools.entry(name.clone()).or_default();
+            p.stats.filling -= 1;
+            match made {
+                Ok(w) => {
+                    p.stats.made += 1;
+                    p.stats.last_error = None;
+                    p.failures = 0;
+                    p.next_try = None;
+                    p.ready.push_back(w);
+                }
+                Err(e) => {
+                    drop(pools);
+                    tracing::warn!(template = %name, error = %e, "making a warm sandbox failed");
+                    self.fill_failed(&name, &e.to_string());
+                }
+            }
+            // One sandbox per pass: a create that came meanwhile goes first.
+            return Duration::ZERO;
+        }
+        PASS
+    }
+
+    fn fill_failed(&self, name: &str, why: &str) {
+        let mut pools = lock(&self.pools.pools);
+        let p = pools.entry(name.to_owned()).or_default();
+        p.stats.failed += 1;
+        p.stats.last_error = Some(why.to_owned());
+        p.failures = p.failures.saturating_add(1);
+        let wait = PASS
+            .saturating_mul(1 << p.failures.min(6))
+            .min(MAX_BACKOFF);
+        p.next_try = Some(tokio::time::Instant::now() + wait);
+    }
+
+    /// Makes one warm sandbox of `template`.
+    async fn make_warm(self: &Arc<Self>, template: Resolved) -> Result<Warm, CoreError> {
+        let hostname = new_sandbox_id()?;
+        let policy = self.request_policy(None)?;
+        let limits = self.config.limits.clone();
+        let (created, net) = self
+            .spawn(
+                &hostname,
+                &template,
+                None,
+                Vec::new(),
+                &limits,
+                policy.clone(),
+                None,
+            )
+            .await?;
+        let mut undo = Undo {
+            runtime_id: created.id.clone(),
+            agent: None,
+        };
+        let booted = match self
+            .boot("", &hostname, &[], &template, created, net, &mut undo)
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                undo.run(self).await;
+                return Err(e);
+            }
+        };
+        // With no server connected it ends at once (see the module's notes).
+        if let Err(e) = booted
+            .agent
+            .set_deadline(Some(std::time::UNIX_EPOCH))
+            .await
+        {
+            undo.run(self).await;
+            return Err(CoreError::internal("the warm sandbox's agent", e));
+        }
+        Ok(Warm {
+            booted,
+            template,
+            hostname,
+            policy,
+        })
+    }
+
+    /// Server stop: no more fills, and every warm sandbox destroyed (none outlives the server
+    /// whatever it does with its other sandboxes); returns how many.
+    pub async fn drain_pools(&self) -> usize {
+        self.pools.stopped.store(true, Ordering::Release);
+        let all: Vec<Warm> = lock(&self.pools.pools)
+            .values_mut()
+            .flat_map(|p| p.ready.drain(..))
+            .collect();
+        let n = all.len();
+        for w in all {
+            self.discard(w).await;
+        }
+        n
+    }
+
+    async fn discard(&self, w: Warm) {
+        let Warm { booted, .. } = w;
+        booted.agent.close().await;
+        self.destroy_runtime(booted.runtime_id).await;
+    }
+
+    /// Takes a warm sandbox for a create of `template`, if its pool has one it fits.
+    pub(super) fn take_warm(
+        &self,
+        req: &CreateRequest,
+        template: &Resolved,
+        limits: &husk_runtime::Limits,
+    ) -> Option<Warm> {
+        let mut pools = lock(&self.pools.pools);
+        // The pool is named as the server was told (`base`), the template as registered.
+        let key = [req.template.as_str(), template.name.as_str()]
+            .into_iter()
+            .find(|k| pools.contains_key(*k))?
+            .to_owned();
+        let p = pools.get_mut(&key)?;
+        if let Some(why) = misfit(req, template, limits, &self.config.limits) {
+            tracing::debug!(template = %template.name, why, "a create a warm sandbox cannot serve");
+            p.stats.missed += 1;
+            return None;
+        }
+        let at = p
+            .ready
+            .iter()
+            .position(|w| same_template(&w.template, template));
+        match at.and_then(|i| p.ready.remove(i)) {
+            Some(w) => {
+                p.stats.claimed += 1;
+                drop(pools);
+                // Refill.
+                self.pools.wake.notify_one();
+                Some(w)
+            }
+            None => {
+                p.stats.missed += 1;
+                None
+            }
+        }
+    }
+
+    /// Gives a warm sandbox to `who` as the sandbox `req` asks for. On failure the warm
+    /// sandbox is destroyed (the caller falls back to a fresh create).
+    pub(super) async fn claim(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+        warm: Warm,
+        template: &Resolved,
+        limits: husk_runtime::Limits,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let undo = Undo {
+            runtime_id: warm.booted.runtime_id.clone(),
+            agent: Some(warm.booted.agent.clone()),
+        };
+        match self.claim_inner(who, req, warm, template, limits).await {
+            Ok(sb) => Ok(sb),
+            Err(e) => {
+                undo.run(self).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn claim_inner(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+        warm: Warm,
+        template: &Resolved,
+        limits: husk_runtime::Limits,
+    ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let Warm {
+            mut booted,
+            hostname,
+            policy: warm_policy,
+            ..
+        } = warm;
+        let id = new_sandbox_id()?;
+        let policy = self.request_policy(req.network.as_ref())?;
+        if policy != warm_policy {
+            if let Some(link) = booted.net.as_ref() {
+                link.set_policy(policy, husk_net::rules::HeaderRules::default())
+                    .map_err(|e| CoreError::internal("setting the sandbox's network policy", e))?;
+            }
+        }
+        let agent = booted.agent.clone();
+        // Until its supervisor sets its own backstop, it waits for a server like any other.
+        agent
+            .set_deadline(None)
+            .await
+            .map_err(|e| CoreError::internal("the warm sandbox's agent", e))?;
+        let env = sandbox_env(&template.defaults.env, false, req.env.as_slice());
+        match agent
+            .call(husk_proto::Request::Assign {
+                hostname: id.clone(),
+                env,
+            })
+            .await
+        {
+            Ok(husk_proto::Reply::Done) => {}
+            Ok(_) => return Err(CoreError::internal("naming the warm sandbox", "a wrong reply")),
+            Err(e) => return Err(CoreError::internal("naming the warm sandbox", e)),
+        }
+        tracing::debug!(from = %hostname, to = %id, "a warm sandbox is claimed");
+        // Its kernels get what they would have started with: the create's variables, its
+        // secrets' values over them.
+        let secrets = self
+            .resolve_secrets(&who.team, req.env.as_slice(), &mut Vec::new())
+            .map_err(|e| CoreError::InvalidArgument(crate::error_chain(&e)))?;
+        if !template.defaults.contexts.is_empty() {
+            let what = format!("{} kernel", template.defaults.contexts.join(", "));
+            self.audit_secrets(&who.team, &id, &what, &secrets.names);
+        }
+        let mut vars = req.env.as_slice().to_vec();
+        vars.extend(secrets.env.iter().cloned());
+        let env = crate::contexts::KernelEnv {
+            user: booted.default_user,
+            secret_envs: secrets.env,
+            redact: Arc::new(secrets.redact),
+        };
+        let contexts = booted
+            .contexts
+            .claimed(env, &vars)
+            .await
+            .map_err(|e| CoreError::internal("the warm sandbox's kernels", e))?;
+        booted.contexts = Arc::new(contexts);
+        self.register(who, id, req, template, limits, booted, None)
+    }
+}
+
+/// Whether a warm sandbox made of `a` is what a create of `b` would make.
+fn same_template(a: &Resolved, b: &Resolved) -> bool {
+    a.name == b.name && a.rootfs == b.rootfs && a.defaults == b.defaults && a.layers == b.layers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warm_targets_parse_as_template_equals_count() {
+        assert_eq!(
+            "code-interpreter=8".parse::<WarmTarget>().unwrap(),
+            WarmTarget {
+                template: "code-interpreter".into(),
+                size: 8
+            }
+        );
+        assert_eq!("a=b=0".parse::<WarmTarget>().unwrap().template, "a=b");
+        for bad in ["x", "=3", "x=-1", "x=many", "x=1001"] {
+            assert!(bad.parse::<WarmTarget>().is_err(), "{bad}");
+        }
+    }
+}

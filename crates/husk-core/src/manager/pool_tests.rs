@@ -1,0 +1,137 @@
+//! Warm pools against the fake host: a pool fills, a create claims a warm sandbox under its
+//! own id and environment and it is never given back, creates it cannot serve are made
+//! fresh, a host short of memory gets the warm sandboxes back, and none outlives the server.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::tests::{team, DEADLINE};
+use super::{Config, CreateRequest, EnvVars, Manager, WarmTarget};
+use crate::store::Store;
+use crate::testing::FakeHost;
+
+fn pooled(size: u32, floor: u64) -> (Arc<Manager>, Arc<FakeHost>) {
+    let store = Arc::new(Store::open_in_memory().unwrap());
+    let host = FakeHost::new();
+    let config = Config {
+        memory_reserve: 0,
+        warm: vec![WarmTarget {
+            template: "host".into(),
+            size,
+        }],
+        warm_memory_floor: floor,
+        ..Config::default()
+    };
+    let m = Manager::new(store, host.clone(), config).unwrap();
+    (m, host)
+}
+
+fn req() -> CreateRequest {
+    CreateRequest {
+        template: "host".into(),
+        timeout: Duration::from_secs(300),
+        ..CreateRequest::default()
+    }
+}
+
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn ready(m: &Manager) -> u32 {
+    m.pool_stats().first().map_or(0, |s| s.ready)
+}
+
+#[tokio::test]
+async fn a_create_claims_a_warm_sandbox_under_its_own_id_and_environment() {
+    let (m, host) = pooled(2, 0);
+    m.spawn_pools();
+    until("the pool to fill", || ready(&m) == 2).await;
+    assert_eq!(host.specs().len(), 2);
+    let warm_names: Vec<String> = host.specs().iter().map(|s| s.hostname.clone()).collect();
+    let mut r = req();
+    r.env = EnvVars::new(vec![("K".into(), "v".into())]).unwrap();
+    r.metadata.insert("m".into(), "1".into());
+    let sb = m.create(&team("a"), r).await.unwrap();
+    // One of the warm sandboxes, not a new one; named by its own id from now on.
+    assert!(host.live().contains(&sb.runtime_id));
+    assert!(!warm_names.contains(&sb.id));
+    let (hostname, env) = host.assigned(&sb.runtime_id).expect("no assign");
+    assert_eq!(hostname, sb.id);
+    assert!(env.contains(&("K".to_string(), "v".to_string())), "{env:?}");
+    // Its backstop is its own (the warm one's, in the past, is gone).
+    until("its backstop", || {
+        matches!(host.deadline(&sb.runtime_id), Some(Some(ms)) if ms > 1_000)
+    })
+    .await;
+    let stats = &m.pool_stats()[0];
+    assert_eq!((stats.claimed, stats.missed), (1, 0));
+    // It is the team's, recorded, and the pool makes a new one in its place.
+    assert_eq!(m.store().list_sandboxes().unwrap().len(), 1);
+    until("the refill", || ready(&m) == 2 && host.specs().len() == 3).await;
+    // Killed, it is not given back: the pool stays at two, all of them never claimed.
+    m.kill(&team("a"), &sb.id).await.unwrap();
+    until("the destroy", || !host.live().contains(&sb.runtime_id)).await;
+    assert_eq!(ready(&m), 2);
+    assert_eq!(host.live().len(), 2);
+}
+
+#[tokio::test]
+async fn creates_a_warm_sandbox_cannot_serve_are_made_fresh() {
+    let (m, host) = pooled(1, 0);
+    m.spawn_pools();
+    until("the pool to fill", || ready(&m) == 1).await;
+    let mut r = req();
+    let mut limits = m.limits().clone();
+    limits.memory_bytes /= 2;
+    r.limits = Some(limits);
+    let sb = m.create(&team("a"), r).await.unwrap();
+    let specs = host.specs();
+    assert_eq!(specs.len(), 2);
+    assert_eq!(specs[1].hostname, sb.id, "made fresh, named by its id");
+    assert_eq!(host.assigned(&sb.runtime_id), None);
+    let stats = &m.pool_stats()[0];
+    assert_eq!((stats.claimed, stats.missed, stats.ready), (0, 1, 1));
+}
+
+#[tokio::test]
+async fn a_host_short_of_memory_gets_the_warm_sandboxes_back() {
+    let (m, host) = pooled(2, 1 << 30);
+    let available = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let probe = available.clone();
+    m.set_pool_memory_probe(Arc::new(move || {
+        Some(probe.load(std::sync::atomic::Ordering::Relaxed))
+    }));
+    m.spawn_pools();
+    until("the pool to fill", || ready(&m) == 2).await;
+    available.store(1 << 20, std::sync::atomic::Ordering::Relaxed);
+    m.set_pool_memory_probe(Arc::new({
+        let a = available.clone();
+        move || Some(a.load(std::sync::atomic::Ordering::Relaxed))
+    }));
+    until("the warm sandboxes to go", || host.live().is_empty()).await;
+    let stats = &m.pool_stats()[0];
+    assert_eq!((stats.ready, stats.discarded, stats.made), (0, 2, 2));
+    // Nothing is made while memory stays short; a create is still served (fresh).
+    let sb = m.create(&team("a"), req()).await.unwrap();
+    assert_eq!(host.specs().len(), 3);
+    assert_eq!(host.specs()[2].hostname, sb.id);
+}
+
+#[tokio::test]
+async fn no_warm_sandbox_outlives_the_server() {
+    let (m, host) = pooled(2, 0);
+    m.spawn_pools();
+    until("the pool to fill", || ready(&m) == 2).await;
+    // Each has a backstop in the past: with no server it ends at once.
+    for rid in host.live() {
+        assert_eq!(host.deadline(&rid), Some(Some(0)));
+    }
+    m.stop_keeping().await;
+    until("the warm sandboxes to go", || host.live().is_empty()).await;
+    assert_eq!(ready(&m), 0);
+}
