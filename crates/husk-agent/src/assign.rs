@@ -1,15 +1,14 @@
 //! A warm sandbox becomes a tenant's ([`husk_proto::Request::Assign`]): a pool makes sandboxes
 //! ahead of demand under a placeholder name, and the create that claims one gives it its id.
-//! What carries the name inside is the kernel's hostname (UTS namespace, of which PID 1 holds
-//! `CAP_SYS_ADMIN`), and the two files init wrote with it, `/etc/hostname` and `/etc/hosts`.
-//! The files are rewritten by replacing the old name, so whatever else is in them (the
-//! template's own lines) stays as a fresh sandbox would have it.
+//! What carries the name inside is the kernel's hostname, which the spawner sets (PID 1 holds
+//! no `CAP_SYS_ADMIN`), and the two files init wrote with it, `/etc/hostname` and
+//! `/etc/hosts`, which the agent rewrites here by replacing the old name, so whatever else is
+//! in them (the template's own lines) stays as a fresh sandbox would have it.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 
 use husk_proto::{AgentError, ErrorKind};
-use husk_runtime::sys;
 
 /// Largest `/etc/hostname` or `/etc/hosts` rewritten (a template's hosts file is small).
 const MAX_ETC_FILE: u64 = 256 << 10;
@@ -17,15 +16,9 @@ const MAX_ETC_FILE: u64 = 256 << 10;
 /// The files init writes with the hostname.
 const FILES: [&str; 2] = ["/etc/hostname", "/etc/hosts"];
 
-/// A hostname as the spawner accepts one: 1 to 64 letters, digits, `-` and `.`.
-pub fn valid_hostname(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-}
+use husk_runtime::spawner::valid_hostname;
 
-/// Renames the sandbox from `old` to `new`.
+/// Renames the sandbox from `old` to `new` in its files.
 pub fn rename(old: &str, new: &str) -> Result<(), AgentError> {
     if !valid_hostname(new) {
         return Err(AgentError::new(
@@ -33,12 +26,9 @@ pub fn rename(old: &str, new: &str) -> Result<(), AgentError> {
             format!("invalid hostname {new:?}"),
         ));
     }
-    sys::sethostname(new)
-        .map_err(|e| AgentError::new(ErrorKind::Internal, format!("sethostname: {e}")))?;
     for path in FILES {
-        rewrite(path, old, new).map_err(|e| {
-            AgentError::new(ErrorKind::Internal, format!("rewriting {path}: {e}"))
-        })?;
+        rewrite(path, old, new)
+            .map_err(|e| AgentError::new(ErrorKind::Internal, format!("rewriting {path}: {e}")))?;
     }
     Ok(())
 }
@@ -69,7 +59,11 @@ fn rewrite(path: &str, old: &str, new: &str) -> std::io::Result<()> {
         return Ok(());
     }
     let mut text = String::new();
-    if (&mut f).take(MAX_ETC_FILE).read_to_string(&mut text).is_err() {
+    if (&mut f)
+        .take(MAX_ETC_FILE)
+        .read_to_string(&mut text)
+        .is_err()
+    {
         return Ok(());
     }
     if old.is_empty() || !text.contains(old) {
@@ -91,6 +85,7 @@ mod tests {
         assert!(valid_hostname(&"a".repeat(64)));
         for bad in ["", "a b", "a/b", "ä", "a\n"] {
             assert!(!valid_hostname(bad), "{bad:?}");
+            assert!(rename("old", bad).is_err());
         }
         assert!(!valid_hostname(&"a".repeat(65)));
     }
@@ -100,7 +95,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("husk-assign-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let hosts = dir.join("hosts");
-        std::fs::write(&hosts, "127.0.0.1\tlocalhost\n127.0.1.1\tpoolname\n10.0.0.1 db\n").unwrap();
+        std::fs::write(
+            &hosts,
+            "127.0.0.1\tlocalhost\n127.0.1.1\tpoolname\n10.0.0.1 db\n",
+        )
+        .unwrap();
         rewrite(hosts.to_str().unwrap(), "poolname", "claimed").unwrap();
         assert_eq!(
             std::fs::read_to_string(&hosts).unwrap(),

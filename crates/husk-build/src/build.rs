@@ -554,6 +554,8 @@ fn merge_plan_defaults(d: &mut TemplateDefaults, plan: &crate::plan::Defaults) {
     if let Some(c) = &plan.contexts {
         d.contexts = c.clone();
     }
+    // A pool is asked for per template: one built from it does not inherit it.
+    d.warm = plan.warm;
     if plan.start_cmd.is_some() {
         d.start_cmd = plan.start_cmd.clone();
         d.ready_cmd = plan.ready_cmd.clone();

@@ -566,6 +566,7 @@ pub fn plan(
         ready_cmd: t.ready_cmd.clone().filter(|c| !c.trim().is_empty()),
         ready_timeout: None,
         contexts: None,
+        warm: None,
     };
     Ok((
         BuildPlan {

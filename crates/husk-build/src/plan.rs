@@ -108,6 +108,9 @@ pub struct Defaults {
     /// Languages whose code contexts (Jupyter kernels) start with every sandbox, ready before
     /// it is handed out; `None`: the base's.
     pub contexts: Option<Vec<String>>,
+    /// Warm sandboxes the server keeps of this template (a warm pool; `husk serve --warm`
+    /// overrides it). Not inherited by templates built from this one.
+    pub warm: Option<u32>,
 }
 
 /// A parse or validation error, naming where it is.

@@ -108,6 +108,8 @@ struct RawSandbox {
     ready_timeout: Option<i64>,
     /// Languages whose code contexts start with every sandbox (`["python"]`).
     contexts: Option<Vec<String>>,
+    /// Sandboxes of the template a server keeps booted ahead of demand (a warm pool).
+    warm: Option<i64>,
 }
 
 /// Largest spec or Dockerfile read (they also arrive in contexts uploaded over HTTP).
@@ -501,7 +503,18 @@ fn sandbox_defaults(
             Some(out)
         }
     };
+    let warm = match raw.warm {
+        None => None,
+        Some(n @ 0..=1000) => Some(n as u32),
+        Some(n) => {
+            return Err(at(
+                "sandbox.warm",
+                format!("{n} is out of range: give a count of warm sandboxes, from 0 to 1000"),
+            ));
+        }
+    };
     Ok(Defaults {
+        warm,
         user: raw.user.clone(),
         workdir: raw.workdir.clone(),
         env,

@@ -101,6 +101,7 @@ start_cmd = "python3 -m http.server 8000"
 ready_cmd = "curl -sf localhost:8000"
 ready_timeout = 30
 contexts = ["Python", "bash", "python"]
+warm = 4
 "#;
 
 #[test]
@@ -199,6 +200,7 @@ fn full_spec_round_trip() {
             ready_timeout: Some(Duration::from_secs(30)),
             // Lower-cased, duplicates dropped, in order.
             contexts: Some(vec!["python".into(), "bash".into()]),
+            warm: Some(4),
         },
         force_from: None,
     };
@@ -457,6 +459,8 @@ fn sandbox_defaults_are_checked() {
             "sandbox.contexts",
             "at most 8",
         ),
+        ("warm = -1", "sandbox.warm", "out of range"),
+        ("warm = 1001", "sandbox.warm", "out of range"),
     ];
     for (text, origin, part) in cases {
         let e = parse_err(&format!("{base}{text}\n"));

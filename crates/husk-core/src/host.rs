@@ -29,6 +29,9 @@ pub trait SandboxHost: Send + Sync + 'static {
     /// Lets a frozen sandbox run again.
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError>;
 
+    /// Sets a sandbox's hostname (a warm sandbox claimed).
+    fn rename(&self, runtime_id: &str, hostname: &str) -> Result<(), ServiceError>;
+
     /// The sandboxes an earlier server left running that the host took up at its start
     /// (runtime ids): each to be reconnected to or destroyed.
     fn adopted(&self) -> Vec<String>;
@@ -56,6 +59,10 @@ impl SandboxHost for SpawnerService {
 
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError> {
         SpawnerService::thaw(self, runtime_id)
+    }
+
+    fn rename(&self, runtime_id: &str, hostname: &str) -> Result<(), ServiceError> {
+        SpawnerService::rename(self, runtime_id, hostname)
     }
 
     fn adopted(&self) -> Vec<String> {

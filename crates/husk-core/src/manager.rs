@@ -26,11 +26,11 @@ mod live;
 mod lookup;
 mod metrics;
 mod pause;
+#[cfg(test)]
+mod pause_tests;
 mod pool;
 #[cfg(test)]
 mod pool_tests;
-#[cfg(test)]
-mod pause_tests;
 mod request;
 mod saved;
 mod snapshot;

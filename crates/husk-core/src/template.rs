@@ -64,6 +64,10 @@ pub struct TemplateDefaults {
     /// Languages whose code contexts (Jupyter kernels) start with every sandbox; it is handed
     /// out once they are ready.
     pub contexts: Vec<String>,
+    /// Warm sandboxes a server keeps of it (spec `sandbox.warm`; `husk serve --warm`
+    /// overrides it).
+    #[serde(default)]
+    pub warm: Option<u32>,
 }
 
 /// One layer of a built template, as recorded in its manifest.

@@ -70,6 +70,8 @@ struct State {
     deadlines: Deadlines,
     /// What each sandbox's agent was assigned (a warm sandbox claimed), by runtime id.
     assigned: Assigned,
+    /// Hostnames set after creation ([`SandboxHost::rename`]), by runtime id.
+    renamed: BTreeMap<String, String>,
 }
 
 /// Hostname and environment an agent was assigned, by runtime id.
@@ -175,6 +177,11 @@ impl FakeHost {
         got
     }
 
+    /// The hostname `runtime_id` was last given by [`SandboxHost::rename`].
+    pub fn renamed(&self, runtime_id: &str) -> Option<String> {
+        self.state().renamed.get(runtime_id).cloned()
+    }
+
     /// The hostname and environment the agent of `runtime_id` was last assigned.
     pub fn assigned(&self, runtime_id: &str) -> Option<(String, Vec<(String, String)>)> {
         let assigned = self.state().assigned.clone();
@@ -261,6 +268,19 @@ impl SandboxHost for FakeHost {
 
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError> {
         self.set_frozen(runtime_id, false)
+    }
+
+    fn rename(&self, runtime_id: &str, hostname: &str) -> Result<(), ServiceError> {
+        let mut st = self.state();
+        if !st.live.contains_key(runtime_id) {
+            return Err(ServiceError::Failed(Failure::new(
+                husk_runtime::failure::FailureKind::NotFound,
+                format!("no sandbox {runtime_id}"),
+            )));
+        }
+        st.renamed
+            .insert(runtime_id.to_owned(), hostname.to_owned());
+        Ok(())
     }
 
     fn adopted(&self) -> Vec<String> {

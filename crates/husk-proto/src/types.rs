@@ -317,9 +317,9 @@ pub enum Request {
     /// sandbox up again) → [`Reply::Done`] if it runs and is ready, `NotFound` otherwise.
     KernelAttach { kernel: u32 },
     /// Makes a sandbox made ahead of demand (a warm pool's) the one a create asked for
-    /// → [`Reply::Done`]: its hostname becomes `hostname` (the kernel's, and in `/etc/hostname`
-    /// and `/etc/hosts`), and `env` replaces the environment of the hello for every process
-    /// started from now on.
+    /// → [`Reply::Done`]: its name in `/etc/hostname` and `/etc/hosts` becomes `hostname`
+    /// (the kernel's hostname the spawner sets), and `env` replaces the environment of the
+    /// hello for every process started from now on.
     Assign {
         hostname: String,
         env: Vec<(String, String)>,

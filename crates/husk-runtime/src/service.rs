@@ -79,6 +79,11 @@ enum Request {
     /// namespace come with [`Reply::Created`]): how a restarted server reaches the sandboxes
     /// its spawner took up.
     Reconnect(String),
+    /// Sets the sandbox's hostname (a warm sandbox given to the create that claimed it).
+    Rename {
+        id: String,
+        hostname: String,
+    },
 }
 
 /// Which channel a request came on, and so what it may ask.
@@ -108,7 +113,8 @@ impl Role {
                 | Request::Shutdown { .. }
                 | Request::Freeze(_)
                 | Request::Thaw(_)
-                | Request::Reconnect(_),
+                | Request::Reconnect(_)
+                | Request::Rename { .. },
             ) => true,
             (Role::Roots, Request::FrozenRoot(_) | Request::FrozenLayer(_)) => true,
             (Role::Builder, Request::Create(_) | Request::Destroy(_)) => true,
@@ -371,6 +377,14 @@ impl SpawnerService {
         self.done(&Request::Thaw(id.into()))
     }
 
+    /// Sets the sandbox's hostname ([`crate::Sandbox::set_hostname`]).
+    pub fn rename(&self, id: &str, hostname: &str) -> Result<(), ServiceError> {
+        self.done(&Request::Rename {
+            id: id.into(),
+            hostname: hostname.into(),
+        })
+    }
+
     fn done(&self, req: &Request) -> Result<(), ServiceError> {
         match self.call(req)?.0 {
             Reply::Done => Ok(()),
@@ -574,6 +588,13 @@ pub mod fuzzing {
             | super::Request::FrozenLayer(_)
             | super::Request::Freeze(_)
             | super::Request::Thaw(_) => Ok(()),
+            super::Request::Rename { hostname, .. } => {
+                if crate::spawner::valid_hostname(hostname) {
+                    Ok(())
+                } else {
+                    Err(format!("invalid hostname {hostname:?}"))
+                }
+            }
         };
         let encoded = postcard::to_stdvec(&req).map_err(|e| e.to_string());
         Some(Read { encoded, verdict })
@@ -869,6 +890,13 @@ impl State<'_> {
                 }
                 _ => failed(no_sandbox(&id)),
             },
+            Request::Rename { id, hostname } => match self.sandboxes.get(&id) {
+                Some((sb, owner)) if *owner == role => match sb.set_hostname(&hostname) {
+                    Ok(()) => (Reply::Done, Vec::new()),
+                    Err(e) => failed(Failure::from(&e)),
+                },
+                _ => failed(no_sandbox(&id)),
+            },
             Request::Freeze(id) => self.set_frozen(role, &id, true),
             Request::Thaw(id) => self.set_frozen(role, &id, false),
             Request::FrozenLayer(id) => {
@@ -967,6 +995,13 @@ mod tests {
         // It pauses and resumes (its own; checked by owner when served).
         assert!(Role::Server.allows(&Request::Freeze("s1".into())));
         assert!(Role::Server.allows(&Request::Thaw("s1".into())));
+        let rename = Request::Rename {
+            id: "s1".into(),
+            hostname: "x".into(),
+        };
+        assert!(Role::Server.allows(&rename));
+        assert!(!Role::Roots.allows(&rename));
+        assert!(!Role::Builder.allows(&rename));
         // The files helper gets roots and layers, and nothing else.
         assert!(Role::Roots.allows(&Request::FrozenRoot("s1".into())));
         assert!(Role::Roots.allows(&Request::FrozenLayer("s1".into())));

@@ -812,6 +812,14 @@ fn parse_slot(name: &str) -> Option<u32> {
     name.strip_prefix('s')?.parse().ok()
 }
 
+/// A hostname a sandbox may have: 1 to 64 letters, digits, `-` and `.`.
+pub fn valid_hostname(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
 pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
     let bad = |m: String| Err(SpawnError::InvalidSpec(m));
     if let Some(cmd) = &spec.command {
@@ -819,13 +827,7 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
             return bad("no command given".into());
         }
     }
-    if spec.hostname.is_empty()
-        || spec.hostname.len() > 64
-        || !spec
-            .hostname
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    {
+    if !valid_hostname(&spec.hostname) {
         return bad(format!(
             "invalid hostname {:?}: use 1-64 letters, digits, '-' and '.'",
             spec.hostname
@@ -1103,6 +1105,41 @@ impl Sandbox {
     /// Lets the processes of a frozen sandbox run again.
     pub fn thaw(&self) -> Result<(), SpawnError> {
         Ok(self.cgroup.thaw()?)
+    }
+
+    /// Sets the hostname of the sandbox's UTS namespace (a warm sandbox claimed: see
+    /// `husk_core`'s pools). The sandbox's own root cannot: it holds no `CAP_SYS_ADMIN`. The
+    /// calling thread enters the namespace through PID 1's pidfd (never a pid that could be
+    /// reused), sets the name and goes back to its own; namespaces of this kind are per thread,
+    /// so nothing else of the spawner is ever in the sandbox's.
+    pub fn set_hostname(&self, name: &str) -> Result<(), SpawnError> {
+        if !valid_hostname(name) {
+            return Err(SpawnError::InvalidSpec(format!(
+                "invalid hostname {name:?}: use 1-64 letters, digits, '-' and '.'"
+            )));
+        }
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source: io::Error| SpawnError::Io { what, source }
+        };
+        let pidfd = match &self.pidfd {
+            Some(fd) => fd.try_clone().map_err(io("the sandbox's pidfd"))?,
+            None => sys::pidfd_open(self.pid).map_err(io("pidfd_open"))?,
+        };
+        let own = sys::open(
+            c"/proc/thread-self/ns/uts",
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(io("the spawner's UTS namespace"))?;
+        sys::setns(pidfd.as_fd(), libc::CLONE_NEWUTS)
+            .map_err(io("entering the sandbox's UTS namespace"))?;
+        let set = sys::sethostname(name);
+        // Back to its own before anything else; a thread that cannot go back must not go on.
+        if let Err(e) = sys::setns(own.as_fd(), libc::CLONE_NEWUTS) {
+            panic!("the spawner could not leave a sandbox's UTS namespace: {e}");
+        }
+        set.map_err(io("sethostname"))
     }
 
     /// The sandbox's writable layer (the overlay's upper directory), a new descriptor of it:

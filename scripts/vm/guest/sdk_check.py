@@ -62,6 +62,38 @@ def commands():
     return f"user {r.stdout.split()[1]}"
 
 
+def warm():
+    """A create served by the server's warm pool (`--warm base=2`, servers the kind starts
+    itself): named by its own id in the kernel (set by the spawner) and in /etc/hostname."""
+    import json
+    import urllib.request
+
+    def base_pool():
+        req = urllib.request.Request(URL + "/husk/v1/pools", headers={"X-API-Key": KEY})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            pools = json.load(r)["pools"]
+        return next((p for p in pools if p["template"] == "base"), None)
+
+    if base_pool() is None:
+        raise Skip("no warm pool on this server")
+    deadline = time.monotonic() + 300
+    while base_pool()["ready"] < 1:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the pool did not fill: {base_pool()}")
+        time.sleep(1)
+    before = base_pool()
+    s = Sandbox.create(timeout=120, **OPTS)
+    try:
+        names = s.commands.run("cat /proc/sys/kernel/hostname /etc/hostname").stdout.split()
+        assert names == [s.sandbox_id] * 2, (names, s.sandbox_id)
+    finally:
+        s.kill()
+    after = base_pool()
+    assert after["claimed"] == before["claimed"] + 1, after
+    assert after["claim_failed"] == 0, after
+    return f"claimed {after['claimed']}"
+
+
 def files():
     sbx = state["sbx"]
     sbx.files.write("/tmp/vm-check.txt", "written by the SDK")
@@ -213,6 +245,7 @@ def only_full(name, fn, needs=()):
 
 check("sdk-create", create)
 check("sdk-commands", commands, needs=["sdk-create"])
+check("sdk-warm", warm)
 only_full("sdk-files", files, needs=["sdk-create"])
 only_full("sdk-template", template)
 only_full("sdk-10-at-once", ten_at_once)

@@ -27,6 +27,8 @@ Prints, from one run against one server it starts itself:
   `run_code("1+1")`; `run_code("1+1")` in a ready sandbox beside the same ipykernel driven
   directly by jupyter_client on this host (the peer; scripts/jupyter-test-venv), and the
   kernel's own time; memory of an idle sandbox with its Python kernel beside one without;
+  then the same create + first result from a warm pool (`--warm code-interpreter=2`, a fourth
+  server), each create timed once the pool has a warm sandbox ready;
 - one tenant's abuse (issue 15: stalled uploads and run bodies, unread downloads, connections
   that never finish their head, from another address) beside another team's SDK create + first
   command and workspace call, quiet and under the abuse, and the server's memory meanwhile.
@@ -64,6 +66,7 @@ from husk_compat import (
     remove_template,
     create_raw_sandbox,
     envelope,
+    http_request,
     kill_raw_sandbox,
     parse_envelopes,
     sandbox_headers,
@@ -601,6 +604,52 @@ def code_interpreter(n: int) -> None:
         server.close()
 
 
+def code_interpreter_warm(n: int) -> None:
+    """`Sandbox.create()` + first `run_code("1+1")` from a warm pool (`husk serve --warm
+    code-interpreter=2`), on a server of its own. Each create is timed once the pool has a warm
+    sandbox ready (untimed wait: the refill makes one in about the time of a fresh create, and
+    waits for no create to be under way); the figure without a pool is the line above."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    server = start_server(extra_args=("--warm", "code-interpreter=2"))
+    try:
+        for preset in CODE_INTERPRETER_PRESETS:
+            build_template(server, PRESETS_DIR / preset)
+        opts = server.opts(api_key=server.admin_key)
+
+        def pool() -> dict:
+            body = http_request(server.port, "GET", "/husk/v1/pools",
+                                {"X-API-Key": server.admin_key}).json()
+            return next(p for p in body["pools"] if p["template"] == "code-interpreter")
+
+        def wait_warm() -> None:
+            deadline = time.monotonic() + 120
+            while pool()["ready"] < 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the warm pool did not fill: {pool()}")
+                time.sleep(0.02)
+
+        first = []
+        for _ in range(n):
+            wait_warm()
+            t = time.perf_counter()
+            sbx = CodeSandbox.create(**opts)
+            ex = sbx.run_code("1+1")
+            first.append((time.perf_counter() - t) * 1000)
+            if ex.text != "2":
+                raise RuntimeError(f"run_code('1+1') gave {ex.text!r} ({ex.error})")
+            sbx.kill()
+        line("SDK Sandbox.create() + first run_code('1+1'), warm pool", first)
+        stats = pool()
+        print(f"  (pool: {stats['claimed']} claimed, {stats['missed']} missed)")
+        if stats["missed"]:
+            raise RuntimeError(f"a timed create was not served by the pool: {stats}")
+    finally:
+        for preset in reversed(CODE_INTERPRETER_PRESETS):
+            remove_template(server, preset)
+        server.close()
+
+
 def _abuser_socket(port: int, source: str) -> "socket.socket":
     """A connection to the server from `source` (another loopback address: the abuser is not
     the client whose latency is measured, as on a real network)."""
@@ -994,7 +1043,8 @@ def main() -> None:
     ap.add_argument("--abuse-connections", type=int, default=2000)
     ap.add_argument("--loaded-mb", type=int, default=256)
     ap.add_argument("--restart-sandboxes", type=int, default=100)
-    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart"],
+    ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
+                                       "interpreter"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs)")
@@ -1018,6 +1068,10 @@ def main() -> None:
         if args.only == "snapshot":
             snapshots_forks(server, args.iterations, args.loaded_mb)
             return
+        if args.only == "interpreter":
+            code_interpreter(max(5, args.iterations // 4))
+            code_interpreter_warm(max(20, args.iterations // 4))
+            return
         raw_creates(server.port, key, args.iterations)
         keyed_request_latency(server.port, key, args.iterations * 5)
         sdk_create_first_command(opts, args.iterations)
@@ -1038,6 +1092,7 @@ def main() -> None:
         pause_resume(server, max(5, args.iterations // 4), args.loaded_mb)
         snapshots_forks(server, max(5, args.iterations // 4), args.loaded_mb)
         code_interpreter(max(5, args.iterations // 4))
+        code_interpreter_warm(max(20, args.iterations // 4))
     finally:
         server.close()
     if args.only is None:

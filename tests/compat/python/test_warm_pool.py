@@ -104,7 +104,9 @@ def test_a_claimed_sandbox_is_indistinguishable_from_a_fresh_one(warm_husk, ci_h
     other = None
     try:
         after = pools(warm_husk)["code-interpreter"]
+        # Served by the pool: claimed, and no claim failed (a failed one is made fresh).
         assert after["claimed"] == before["claimed"] + 1, after
+        assert after["claim_failed"] == 0, after
         got, count = probe(warm)
         want, fresh_count = probe(fresh)
         # Kernel state: the first execution of each, nothing else in its namespace.
@@ -147,8 +149,41 @@ def test_claims_are_counted_and_the_pools_route_is_an_operators(warm_husk):
         sbx.kill()
     after = pools(warm_husk)["code-interpreter"]
     assert after["claimed"] == before["claimed"] + 1
-    assert after["target"] == 2
+    assert (after["claim_failed"], after["target"]) == (0, 2), after
     # The figures are an operator's: another team's key is refused, no key is 401.
     other = warm_husk.create_key("pool-other")
     assert http_request(warm_husk.port, "GET", "/husk/v1/pools", {"X-API-Key": other}).status == 403
     assert http_request(warm_husk.port, "GET", "/husk/v1/pools").status == 401
+
+
+def test_a_claimed_kernel_holds_the_creates_secret_masked(warm_husk):
+    """A secret named in the create's `envs` reaches the warm kernel (set at claim) as its
+    value, masked in what the kernel prints, as in a fresh sandbox."""
+    import subprocess
+
+    value = "sk-warm-4e1d77a9-not-for-eyes"
+    out = subprocess.run(
+        [str(warm_husk.bin), "secret", "set", "WARM_KEY", "--team", "default",
+         "--state-dir", str(warm_husk.state_dir)],
+        input=value.encode(), capture_output=True, timeout=30,
+    )
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    wait_ready(warm_husk, 1)
+    before = pools(warm_husk)["code-interpreter"]
+    sbx = Sandbox.create(envs={"TOKEN": "husk-secret://WARM_KEY"}, timeout=60, **warm_husk.opts())
+    try:
+        after = pools(warm_husk)["code-interpreter"]
+        assert after["claimed"] == before["claimed"] + 1, after
+        assert after["claim_failed"] == 0, after
+        ex = sbx.run_code(
+            f"import os; print(os.environ['TOKEN'] == {value!r}); print(os.environ['TOKEN'])"
+        )
+        assert ex.error is None, ex.error
+        lines = "".join(ex.logs.stdout).splitlines()
+        assert lines[0] == "True", lines
+        assert value not in "".join(ex.logs.stdout)
+        assert lines[1] != value
+        # The first execution the client sees is the first the kernel counts.
+        assert ex.execution_count == 1
+    finally:
+        sbx.kill()

@@ -213,7 +213,10 @@ mod tests {
         assert!(py.contains(r#"("A\"B", "x'\n$y")"#), "{py}");
         assert!(py.contains("del __husk_os"), "{py}");
         let js = assign("javascript", &vars).unwrap();
-        assert!(js.starts_with("{ for (const [k, v] of [[\"A\\\"B\""), "{js}");
+        assert!(
+            js.starts_with("{ for (const [k, v] of [[\"A\\\"B\""),
+            "{js}"
+        );
         // A shell cannot export that name: no code rather than a mangled name.
         assert_eq!(assign("bash", &vars), None);
         let sh = assign("bash", &[("K".into(), "it's $HOME".into())]).unwrap();

@@ -115,7 +115,7 @@ impl Manager {
                     Err(e) => {
                         tracing::warn!(
                             template = %template.name,
-                            error = %e,
+                            error = %crate::error_chain(&e),
                             "claiming a warm sandbox failed; creating a fresh one"
                         );
                         this.create_reserved(&who, req, template, mounts, limits, None)
@@ -175,7 +175,15 @@ impl Manager {
             agent: None,
         };
         let booted = match self
-            .boot(&who.team, &id, req.env.as_slice(), &template, created, net, &mut undo)
+            .boot(
+                &who.team,
+                &id,
+                req.env.as_slice(),
+                &template,
+                created,
+                net,
+                &mut undo,
+            )
             .await
         {
             Ok(b) => b,

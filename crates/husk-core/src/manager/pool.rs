@@ -7,7 +7,8 @@
 //! template (the server's limits and default network policy, the template's environment) under
 //! a placeholder name. The create that claims it gives it the rest, as a fresh create would
 //! have had it from the start:
-//! - its id: the kernel's hostname and the files init wrote it in (`Request::Assign`);
+//! - its id: the kernel's hostname (set by the spawner) and the files init wrote it in
+//!   (`Request::Assign`, the agent);
 //! - its environment: the agent's, for every process started from then on, and, set by
 //!   silent code that leaves nothing in their namespace, the running kernels' (the create's
 //!   variables and its secrets' values, redacted in their output from then on);
@@ -71,7 +72,9 @@ impl std::str::FromStr for WarmTarget {
             return Err(format!("{s:?}: no template named"));
         }
         if size > MAX_WARM {
-            return Err(format!("{s:?}: at most {MAX_WARM} warm sandboxes per template"));
+            return Err(format!(
+                "{s:?}: at most {MAX_WARM} warm sandboxes per template"
+            ));
         }
         Ok(WarmTarget {
             template: template.to_owned(),
@@ -92,6 +95,8 @@ pub struct PoolStats {
     pub filling: u32,
     /// Creates it served.
     pub claimed: u64,
+    /// Claims that failed (the warm sandbox destroyed, the create made fresh).
+    pub claim_failed: u64,
     /// Creates of its template it could not serve (empty, or a create it cannot fit).
     pub missed: u64,
     /// Warm sandboxes made.
@@ -106,6 +111,8 @@ pub struct PoolStats {
 
 /// One warm sandbox.
 pub(super) struct Warm {
+    /// The pool it is of.
+    pool: String,
     booted: Booted,
     /// What it was made of: a create of a rebuilt template does not get it.
     template: Resolved,
@@ -236,20 +243,11 @@ impl Manager {
         self.pools.wake.notify_one();
     }
 
-    /// Starts keeping the configured pools full (once; nothing without pools).
+    /// Starts keeping the pools full (once): those of `--warm`, and those templates' specs ask
+    /// for (`sandbox.warm`), which the refill looks at on each pass.
     pub fn spawn_pools(self: &Arc<Self>) {
-        if self.config.warm.iter().all(|t| t.size == 0) {
-            return;
-        }
         if self.pools.started.swap(true, Ordering::AcqRel) {
             return;
-        }
-        {
-            let mut pools = lock(&self.pools.pools);
-            for t in &self.config.warm {
-                let p = pools.entry(t.template.clone()).or_default();
-                p.stats.target = t.size;
-            }
         }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -303,18 +301,41 @@ impl Manager {
             }
             return PASS;
         }
-        let names: Vec<(String, u32)> = lock(&self.pools.pools)
-            .iter()
-            .map(|(n, p)| (n.clone(), p.stats.target))
-            .collect();
+        let targets = self.pool_targets();
+        let names: Vec<(String, u32)> = {
+            let mut pools = lock(&self.pools.pools);
+            for (name, p) in pools.iter_mut() {
+                p.stats.target = targets.get(name).copied().unwrap_or(0);
+            }
+            for (name, n) in &targets {
+                pools.entry(name.clone()).or_default().stats.target = *n;
+            }
+            pools
+                .iter()
+                .map(|(n, p)| (n.clone(), p.stats.target))
+                .collect()
+        };
         let now = tokio::time::Instant::now();
         for (name, target) in names {
             let template = match self.resolve_template(&name).await {
                 Ok(t) => t,
                 Err(e) => {
-                    // Not built yet (or removed): said, and looked for again each pass.
-                    let mut pools = lock(&self.pools.pools);
-                    pools.entry(name.clone()).or_default().stats.last_error = Some(e.to_string());
+                    // Not built yet, or removed (its warm sandboxes go): said, and looked for
+                    // again each pass.
+                    let gone: Vec<Warm> = {
+                        let mut pools = lock(&self.pools.pools);
+                        let p = pools.entry(name.clone()).or_default();
+                        p.stats.last_error = Some(e.to_string());
+                        if matches!(e, CoreError::TemplateNotFound(_)) {
+                            p.stats.discarded += p.ready.len() as u64;
+                            p.ready.drain(..).collect()
+                        } else {
+                            Vec::new()
+                        }
+                    };
+                    for w in gone {
+                        self.discard(w).await;
+                    }
                     continue;
                 }
             };
@@ -322,10 +343,14 @@ impl Manager {
             let stale: Vec<Warm> = {
                 let mut pools = lock(&self.pools.pools);
                 let p = pools.entry(name.clone()).or_default();
-                let (keep, stale): (VecDeque<Warm>, VecDeque<Warm>) = p
+                let (mut keep, mut stale): (VecDeque<Warm>, VecDeque<Warm>) = p
                     .ready
                     .drain(..)
                     .partition(|w| same_template(&w.template, &template));
+                // A pool made smaller gives back its oldest.
+                while keep.len() > target as usize {
+                    stale.extend(keep.pop_front());
+                }
                 p.ready = keep;
                 p.stats.discarded += stale.len() as u64;
                 stale.into_iter().collect()
@@ -349,7 +374,7 @@ impl Manager {
             if let Some(p) = lock(&self.pools.pools).get_mut(&name) {
                 p.stats.filling += 1;
             }
-            let made = self.make_warm(template).await;
+            let made = self.make_warm(&name, template).await;
             let made = match made {
                 // Made while the server stopped: it would outlive the drain.
                 Ok(w) if self.pools.stopped.load(Ordering::Acquire) => {
@@ -381,20 +406,43 @@ impl Manager {
         PASS
     }
 
+    /// The pools to keep, by name: the templates whose spec asks for one, then `--warm`
+    /// (which wins, and may set a template's to 0).
+    pub(super) fn pool_targets(&self) -> std::collections::BTreeMap<String, u32> {
+        let mut targets = std::collections::BTreeMap::new();
+        match self.store.templates() {
+            Ok(all) => {
+                for t in all {
+                    if let Some(n) = t.manifest.defaults.warm.filter(|n| *n > 0) {
+                        targets.insert(t.name, n.min(MAX_WARM));
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "listing the templates for their pools failed"),
+        }
+        for t in &self.config.warm {
+            targets.insert(t.template.clone(), t.size);
+        }
+        targets.retain(|_, n| *n > 0);
+        targets
+    }
+
     fn fill_failed(&self, name: &str, why: &str) {
         let mut pools = lock(&self.pools.pools);
         let p = pools.entry(name.to_owned()).or_default();
         p.stats.failed += 1;
         p.stats.last_error = Some(why.to_owned());
         p.failures = p.failures.saturating_add(1);
-        let wait = PASS
-            .saturating_mul(1 << p.failures.min(6))
-            .min(MAX_BACKOFF);
+        let wait = PASS.saturating_mul(1 << p.failures.min(6)).min(MAX_BACKOFF);
         p.next_try = Some(tokio::time::Instant::now() + wait);
     }
 
     /// Makes one warm sandbox of `template`.
-    async fn make_warm(self: &Arc<Self>, template: Resolved) -> Result<Warm, CoreError> {
+    async fn make_warm(
+        self: &Arc<Self>,
+        pool: &str,
+        template: Resolved,
+    ) -> Result<Warm, CoreError> {
         let hostname = new_sandbox_id()?;
         let policy = self.request_policy(None)?;
         let limits = self.config.limits.clone();
@@ -424,15 +472,12 @@ impl Manager {
             }
         };
         // With no server connected it ends at once (see the module's notes).
-        if let Err(e) = booted
-            .agent
-            .set_deadline(Some(std::time::UNIX_EPOCH))
-            .await
-        {
+        if let Err(e) = booted.agent.set_deadline(Some(std::time::UNIX_EPOCH)).await {
             undo.run(self).await;
             return Err(CoreError::internal("the warm sandbox's agent", e));
         }
         Ok(Warm {
+            pool: pool.to_owned(),
             booted,
             template,
             hostname,
@@ -486,7 +531,6 @@ impl Manager {
             .position(|w| same_template(&w.template, template));
         match at.and_then(|i| p.ready.remove(i)) {
             Some(w) => {
-                p.stats.claimed += 1;
                 drop(pools);
                 // Refill.
                 self.pools.wake.notify_one();
@@ -513,13 +557,23 @@ impl Manager {
             runtime_id: warm.booted.runtime_id.clone(),
             agent: Some(warm.booted.agent.clone()),
         };
-        match self.claim_inner(who, req, warm, template, limits).await {
-            Ok(sb) => Ok(sb),
-            Err(e) => {
-                undo.run(self).await;
-                Err(e)
+        let pool = warm.pool.clone();
+        let claimed = self.claim_inner(who, req, warm, template, limits).await;
+        {
+            let mut pools = lock(&self.pools.pools);
+            let p = pools.entry(pool).or_default();
+            match &claimed {
+                Ok(_) => p.stats.claimed += 1,
+                Err(e) => {
+                    p.stats.claim_failed += 1;
+                    p.stats.last_error = Some(crate::error_chain(e));
+                }
             }
         }
+        if claimed.is_err() {
+            undo.run(self).await;
+        }
+        claimed
     }
 
     async fn claim_inner(
@@ -550,6 +604,12 @@ impl Manager {
             .set_deadline(None)
             .await
             .map_err(|e| CoreError::internal("the warm sandbox's agent", e))?;
+        // The kernel's hostname (its root cannot set it), then the files that carry it.
+        let (host, runtime_id, name) = (self.host.clone(), booted.runtime_id.clone(), id.clone());
+        tokio::task::spawn_blocking(move || host.rename(&runtime_id, &name))
+            .await
+            .map_err(|e| CoreError::internal("the naming task", e))?
+            .map_err(|e| CoreError::internal("naming the warm sandbox", e))?;
         let env = sandbox_env(&template.defaults.env, false, req.env.as_slice());
         match agent
             .call(husk_proto::Request::Assign {
@@ -559,7 +619,12 @@ impl Manager {
             .await
         {
             Ok(husk_proto::Reply::Done) => {}
-            Ok(_) => return Err(CoreError::internal("naming the warm sandbox", "a wrong reply")),
+            Ok(_) => {
+                return Err(CoreError::internal(
+                    "naming the warm sandbox",
+                    "a wrong reply",
+                ))
+            }
             Err(e) => return Err(CoreError::internal("naming the warm sandbox", e)),
         }
         tracing::debug!(from = %hostname, to = %id, "a warm sandbox is claimed");

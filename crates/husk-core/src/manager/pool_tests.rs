@@ -60,13 +60,18 @@ async fn a_create_claims_a_warm_sandbox_under_its_own_id_and_environment() {
     // One of the warm sandboxes, not a new one; named by its own id from now on.
     assert!(host.live().contains(&sb.runtime_id));
     assert!(!warm_names.contains(&sb.id));
+    assert_eq!(
+        host.renamed(&sb.runtime_id).as_deref(),
+        Some(sb.id.as_str())
+    );
     let (hostname, env) = host.assigned(&sb.runtime_id).expect("no assign");
     assert_eq!(hostname, sb.id);
     assert!(env.contains(&("K".to_string(), "v".to_string())), "{env:?}");
     // Its backstop is its own (the warm one's, in the past, is gone).
-    until("its backstop", || {
-        matches!(host.deadline(&sb.runtime_id), Some(Some(ms)) if ms > 1_000)
-    })
+    until(
+        "its backstop",
+        || matches!(host.deadline(&sb.runtime_id), Some(Some(ms)) if ms > 1_000),
+    )
     .await;
     let stats = &m.pool_stats()[0];
     assert_eq!((stats.claimed, stats.missed), (1, 0));
@@ -94,6 +99,7 @@ async fn creates_a_warm_sandbox_cannot_serve_are_made_fresh() {
     assert_eq!(specs.len(), 2);
     assert_eq!(specs[1].hostname, sb.id, "made fresh, named by its id");
     assert_eq!(host.assigned(&sb.runtime_id), None);
+    assert_eq!(host.renamed(&sb.runtime_id), None);
     let stats = &m.pool_stats()[0];
     assert_eq!((stats.claimed, stats.missed, stats.ready), (0, 1, 1));
 }
@@ -134,4 +140,46 @@ async fn no_warm_sandbox_outlives_the_server() {
     m.stop_keeping().await;
     until("the warm sandboxes to go", || host.live().is_empty()).await;
     assert_eq!(ready(&m), 0);
+}
+
+#[tokio::test]
+async fn a_templates_spec_asks_for_a_pool_and_warm_overrides_it() {
+    let targets = |warm: Vec<WarmTarget>| {
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let mut manifest = crate::template::TemplateManifest::default();
+        manifest.defaults.warm = Some(3);
+        for name in ["asks", "quiet"] {
+            let mut m = manifest.clone();
+            if name == "quiet" {
+                m.defaults.warm = None;
+            }
+            store
+                .put_template(&crate::store::TemplateRecord {
+                    name: name.into(),
+                    digest: format!("sha256:{name}"),
+                    image: format!("/nonexistent/{name}").into(),
+                    size: 1,
+                    manifest: m,
+                    created_at: time::OffsetDateTime::now_utc(),
+                })
+                .unwrap();
+        }
+        let config = Config {
+            memory_reserve: 0,
+            warm,
+            ..Config::default()
+        };
+        let m = Manager::new(store, FakeHost::new(), config).unwrap();
+        m.pool_targets().into_iter().collect::<Vec<_>>()
+    };
+    let t = |name: &str, size| WarmTarget {
+        template: name.into(),
+        size,
+    };
+    assert_eq!(targets(vec![]), vec![("asks".to_string(), 3)]);
+    assert_eq!(
+        targets(vec![t("asks", 1), t("quiet", 2)]),
+        vec![("asks".to_string(), 1), ("quiet".to_string(), 2)]
+    );
+    assert_eq!(targets(vec![t("asks", 0)]), vec![]);
 }
