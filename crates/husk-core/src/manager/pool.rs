@@ -295,11 +295,15 @@ impl Manager {
                     p.ready.pop_front()
                 })
             };
-            if let Some(w) = victim {
-                tracing::info!("host memory is short: a warm sandbox is given back");
-                self.discard(w).await;
-            }
-            return PASS;
+            return match victim {
+                Some(w) => {
+                    tracing::info!("host memory is short: a warm sandbox is given back");
+                    self.discard(w).await;
+                    // The next at once if memory is still short.
+                    Duration::ZERO
+                }
+                None => PASS,
+            };
         }
         let targets = self.pool_targets();
         let names: Vec<(String, u32)> = {
