@@ -534,6 +534,24 @@ def network_vs_none(plain, n: int, warmups: int = 3) -> None:
             netns.close()
 
 
+def first_results(opts: dict, n: int, before_each: Callable[[], None] = lambda: None) -> List[float]:
+    """n times: `before_each()` (untimed), then the timed stock-SDK `Sandbox.create()` + first
+    `run_code("1+1")`; each sandbox is killed after (untimed). Milliseconds."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    first = []
+    for _ in range(n):
+        before_each()
+        t = time.perf_counter()
+        sbx = CodeSandbox.create(**opts)
+        ex = sbx.run_code("1+1")
+        first.append((time.perf_counter() - t) * 1000)
+        if ex.text != "2":
+            raise RuntimeError(f"run_code('1+1') gave {ex.text!r} ({ex.error})")
+        sbx.kill()
+    return first
+
+
 def code_interpreter(n: int) -> None:
     from e2b_code_interpreter import Sandbox as CodeSandbox
 
@@ -549,16 +567,7 @@ def code_interpreter(n: int) -> None:
         # Warm: the template's image is mounted and hashed once per server.
         CodeSandbox.create(**opts).kill()
 
-        first = []
-        for _ in range(n):
-            t = time.perf_counter()
-            sbx = CodeSandbox.create(**opts)
-            ex = sbx.run_code("1+1")
-            first.append((time.perf_counter() - t) * 1000)
-            if ex.text != "2":
-                raise RuntimeError(f"run_code('1+1') gave {ex.text!r} ({ex.error})")
-            sbx.kill()
-        line("SDK Sandbox.create() + first run_code('1+1')", first)
+        line("SDK Sandbox.create() + first run_code('1+1')", first_results(opts, n))
 
         sbx = CodeSandbox.create(**opts)
         try:
@@ -609,8 +618,6 @@ def code_interpreter_warm(n: int) -> None:
     code-interpreter=2`), on a server of its own. Each create is timed once the pool has a warm
     sandbox ready (untimed wait: the refill makes one in about the time of a fresh create, and
     waits for no create to be under way); the figure without a pool is the line above."""
-    from e2b_code_interpreter import Sandbox as CodeSandbox
-
     server = start_server(extra_args=("--warm", "code-interpreter=2"))
     try:
         for preset in CODE_INTERPRETER_PRESETS:
@@ -629,16 +636,7 @@ def code_interpreter_warm(n: int) -> None:
                     raise RuntimeError(f"the warm pool did not fill: {pool()}")
                 time.sleep(0.02)
 
-        first = []
-        for _ in range(n):
-            wait_warm()
-            t = time.perf_counter()
-            sbx = CodeSandbox.create(**opts)
-            ex = sbx.run_code("1+1")
-            first.append((time.perf_counter() - t) * 1000)
-            if ex.text != "2":
-                raise RuntimeError(f"run_code('1+1') gave {ex.text!r} ({ex.error})")
-            sbx.kill()
+        first = first_results(opts, n, before_each=wait_warm)
         line("SDK Sandbox.create() + first run_code('1+1'), warm pool", first)
         stats = pool()
         print(f"  (pool: {stats['claimed']} claimed, {stats['missed']} missed)")
