@@ -70,6 +70,14 @@ impl Handoff {
         })
     }
 
+    /// A signal of its own for a forked copy of this process (another spawner, see
+    /// [`crate::service`]): the same descriptor number, below `top`, on a new eventfd, so that
+    /// no other process's child can signal this one's forks.
+    pub(crate) fn renew(&mut self) -> io::Result<()> {
+        let fresh = sys::eventfd_nonblocking()?;
+        sys::dup3(fresh.as_raw_fd(), self.sync.as_raw_fd(), libc::O_CLOEXEC)
+    }
+
     /// Starts placing one fork's descriptors; the slots go back to `/dev/null` when the
     /// [`Placing`] is dropped, whatever happened in between.
     pub(crate) fn placing(&self) -> Placing<'_> {
@@ -209,6 +217,25 @@ mod tests {
         drop(w);
         let mut buf = [0u8; 1];
         assert_eq!(std::io::Read::read(&mut &r, &mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_renewed_signal_is_no_longer_shared() {
+        let mut h = Handoff::new().unwrap();
+        let number = h.sync.as_raw_fd();
+        // What a forked copy of the process would still hold: the same eventfd.
+        let other = h.sync.try_clone().unwrap();
+        h.renew().unwrap();
+        assert_eq!(h.sync.as_raw_fd(), number, "the signal stays below the top");
+        assert!(sys::is_cloexec(number).unwrap());
+        sys::write_eventfd(other.as_fd(), 1).unwrap();
+        assert_eq!(
+            sys::read_eventfd(h.sync.as_fd()).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "another process's child signalled this one"
+        );
+        sys::write_eventfd(h.sync.as_fd(), 1).unwrap();
+        assert_eq!(sys::read_eventfd(h.sync.as_fd()).unwrap(), 1);
     }
 
     #[test]

@@ -19,9 +19,9 @@
 //! and what a killed spawner leaves on the host (cgroups, registry entries) is reaped by the
 //! next one. An orderly [`SpawnerService::shutdown`] destroys every sandbox first.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -30,10 +30,10 @@ use crate::agent::AgentEntry;
 use crate::cgroup::{CgroupOptions, SandboxCgroup};
 pub use crate::confine::Confinement;
 use crate::failure::{Failure, FailureKind};
-use crate::spawner::{Sandbox, Spawner};
 use crate::spec::SandboxSpec;
 use crate::sys;
-use std::path::Path;
+
+mod process;
 
 /// Largest request or reply datagram.
 const MAX_MESSAGE: usize = 128 << 10;
@@ -127,10 +127,12 @@ impl Role {
 enum Reply {
     Ready {
         reaped: usize,
-        /// [`Spawner::cgroup_summary`].
+        /// [`crate::Spawner::cgroup_summary`].
         cgroups: String,
-        /// The kept sandboxes taken up at start ([`Spawner::adopt`]).
+        /// The kept sandboxes this spawner took up at start ([`crate::Spawner::adopt`]).
         adopted: Vec<Adopted>,
+        /// The spawner process's pid.
+        pid: libc::pid_t,
     },
     /// The agent socket is attached.
     Created {
@@ -179,20 +181,36 @@ pub struct Created {
     pub cgroup: SandboxCgroup,
 }
 
-/// The server's handle to the spawner process. Requests are served one at a time.
+/// Most spawner processes a server runs.
+pub const MAX_SPAWNERS: usize = 64;
+
+/// One spawner process, as the server sees it.
+#[derive(Debug)]
+struct Worker {
+    sock: Mutex<OwnedFd>,
+    /// Requests sent to it and not answered yet: a create goes to the least busy spawner.
+    busy: AtomicUsize,
+    pid: libc::pid_t,
+}
+
+/// The server's handle to its spawner processes. Each serves one request at a time; a create
+/// goes to the least busy one, and every later request about a sandbox to the one that made
+/// it (its id says which, [`crate::spawner::worker_of`]).
 #[derive(Debug)]
 pub struct SpawnerService {
-    sock: Mutex<OwnedFd>,
-    /// The client end of the spawner's root channel, until [`Self::take_root_channel`].
-    roots: Mutex<Option<OwnedFd>>,
-    /// The client end of the spawner's build channel, until [`Self::take_build_channel`].
+    workers: Vec<Worker>,
+    /// Where the search for the least busy spawner starts (turns, so that ties spread).
+    next: AtomicUsize,
+    /// The client ends of the spawners' root channels, until [`Self::take_root_channel`].
+    roots: Mutex<Option<RootChannel>>,
+    /// The client end of the first spawner's build channel, until
+    /// [`Self::take_build_channel`].
     builds: Mutex<Option<OwnedFd>>,
-    pid: libc::pid_t,
     /// Sandboxes whose leftovers of an earlier, crashed run were reaped at start.
     reaped: usize,
-    /// [`Spawner::cgroup_summary`] of the spawner.
+    /// [`crate::Spawner::cgroup_summary`] of the spawner.
     cgroups: String,
-    /// The kept sandboxes it took up at start.
+    /// The kept sandboxes the spawners took up at start.
     adopted: Vec<Adopted>,
 }
 
@@ -229,8 +247,30 @@ pub fn start_owned(
     confinement: Option<Confinement>,
     owner: Option<String>,
 ) -> Result<SpawnerService, ServiceError> {
-    let (ours, theirs) = sys::seqpacket_pair()?;
-    let (roots_client, roots_served) = sys::seqpacket_pair()?;
+    start_spawners(agent, cgroups, confinement, owner, 1)
+}
+
+/// [`start_owned`] with `spawners` spawner processes (1 to [`MAX_SPAWNERS`]) serving creates
+/// side by side. The first prepares the host and forks the others from itself; each takes up
+/// its share of the kept sandboxes, then the first reaps what crashed husk processes left.
+pub fn start_spawners(
+    agent: AgentEntry,
+    cgroups: CgroupOptions,
+    confinement: Option<Confinement>,
+    owner: Option<String>,
+    spawners: usize,
+) -> Result<SpawnerService, ServiceError> {
+    let n = spawners.clamp(1, MAX_SPAWNERS);
+    let (mut clients, mut server) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut root_clients, mut roots) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let (ours, theirs) = sys::seqpacket_pair()?;
+        clients.push(ours);
+        server.push(theirs);
+        let (ours, theirs) = sys::seqpacket_pair()?;
+        root_clients.push(ours);
+        roots.push(theirs);
+    }
     let (builds_client, builds_served) = sys::seqpacket_pair()?;
     match sys::settled_thread_count()? {
         1 => {}
@@ -245,56 +285,88 @@ pub fn start_owned(
     // SAFETY: the process is single-threaded (checked just above).
     let pid = unsafe { sys::fork() }?;
     if pid == 0 {
-        drop(ours);
-        drop(roots_client);
+        drop(clients);
+        drop(root_clients);
         drop(builds_client);
-        serve(
-            [theirs, roots_served, builds_served],
-            parent,
-            agent,
-            &cgroups,
-            confinement.as_ref(),
-            owner,
-        )
+        let served = process::Served {
+            server,
+            roots,
+            builds: builds_served,
+        };
+        process::serve(served, parent, agent, &cgroups, confinement.as_ref(), owner)
     }
-    drop(theirs);
-    drop(roots_served);
+    drop(server);
+    drop(roots);
     drop(builds_served);
-    let service = SpawnerService {
-        sock: Mutex::new(ours),
-        roots: Mutex::new(Some(roots_client)),
+    // Each spawner says it is ready on its own channel, the first last (it reaps once the
+    // others took up their kept sandboxes).
+    let mut ready = Vec::with_capacity(n);
+    let mut failure = None;
+    for sock in &clients {
+        match recv(sock.as_fd()) {
+            Ok((reply, _)) => ready.push(reply),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let mut service = SpawnerService {
+        workers: Vec::with_capacity(n),
+        next: AtomicUsize::new(0),
+        roots: Mutex::new(Some(RootChannel::new(root_clients))),
         builds: Mutex::new(Some(builds_client)),
-        pid,
         reaped: 0,
         cgroups: String::new(),
         adopted: Vec::new(),
     };
-    let sock = service.sock.lock().map_err(|_| ServiceError::Gone)?;
-    let (reply, _) = recv(sock.as_fd())?;
-    drop(sock);
-    match reply {
-        Reply::Ready {
-            reaped,
-            cgroups,
-            adopted,
-        } => Ok(SpawnerService {
-            reaped,
-            cgroups,
-            adopted,
-            ..service
-        }),
-        Reply::Failed(f) => {
-            let _ = sys::waitpid(pid, 0);
-            Err(ServiceError::Failed(f))
+    for (sock, reply) in clients.into_iter().zip(ready) {
+        match reply {
+            Reply::Ready {
+                reaped,
+                cgroups,
+                adopted,
+                pid,
+            } if failure.is_none() => {
+                service.reaped += reaped;
+                if service.workers.is_empty() {
+                    service.cgroups = cgroups;
+                }
+                service.adopted.extend(adopted);
+                service.workers.push(Worker {
+                    sock: Mutex::new(sock),
+                    busy: AtomicUsize::new(0),
+                    pid,
+                });
+            }
+            Reply::Failed(f) => {
+                failure.get_or_insert(ServiceError::Failed(f));
+            }
+            other => {
+                failure.get_or_insert(ServiceError::Protocol(format!("unexpected {other:?}")));
+            }
         }
-        other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
     }
+    if let Some(e) = failure {
+        // Every channel closed: the first spawner stops (keeping what it took up), and the
+        // others with it.
+        drop(service);
+        let _ = sys::waitpid(pid, 0);
+        return Err(e);
+    }
+    service.adopted.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(service)
 }
 
 impl SpawnerService {
-    /// The spawner process's pid.
+    /// The first spawner process's pid (the server's child; the others are its children).
     pub fn pid(&self) -> libc::pid_t {
-        self.pid
+        self.workers.first().map_or(0, |w| w.pid)
+    }
+
+    /// Every spawner process's pid, the first first.
+    pub fn pids(&self) -> Vec<libc::pid_t> {
+        self.workers.iter().map(|w| w.pid).collect()
     }
 
     /// How many sandboxes of an earlier, crashed husk were cleaned up at start.
@@ -313,10 +385,10 @@ impl SpawnerService {
         &self.cgroups
     }
 
-    /// The client end of the spawner's root channel, once: for the process that copies
-    /// files out of sandboxes ([`RootChannel`]). The server gives it away at start and cannot
-    /// ask for roots itself.
-    pub fn take_root_channel(&self) -> Option<OwnedFd> {
+    /// The client ends of the spawners' root channels, once: for the process that copies
+    /// files out of sandboxes ([`RootChannel`]). The server gives them away at start and
+    /// cannot ask for roots itself.
+    pub fn take_root_channel(&self) -> Option<RootChannel> {
         self.roots.lock().ok()?.take()
     }
 
@@ -332,10 +404,14 @@ impl SpawnerService {
     /// allows. It cannot shut the spawner down.
     pub fn client(sock: OwnedFd, pid: libc::pid_t) -> SpawnerService {
         SpawnerService {
-            sock: Mutex::new(sock),
+            workers: vec![Worker {
+                sock: Mutex::new(sock),
+                busy: AtomicUsize::new(0),
+                pid,
+            }],
+            next: AtomicUsize::new(0),
             roots: Mutex::new(None),
             builds: Mutex::new(None),
-            pid,
             reaped: 0,
             cgroups: String::new(),
             adopted: Vec::new(),
@@ -355,7 +431,8 @@ impl SpawnerService {
         netns: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Created, ServiceError> {
         let fds: Vec<std::os::fd::RawFd> = netns.iter().map(|f| f.as_raw_fd()).collect();
-        let (reply, fds) = self.call_with(&Request::Create(Box::new(spec.clone())), &fds)?;
+        let worker = self.least_busy();
+        let (reply, fds) = self.call_on(worker, &Request::Create(Box::new(spec.clone())), &fds)?;
         created(reply, fds)
     }
 
@@ -363,30 +440,33 @@ impl SpawnerService {
     /// made): the agent drops the connection it had and serves this one, which starts with a
     /// hello. The sandbox's network namespace and cgroups come with it, as with a create.
     pub fn reconnect(&self, id: &str) -> Result<Created, ServiceError> {
-        let (reply, fds) = self.call(&Request::Reconnect(id.into()))?;
+        let (reply, fds) = self.call(id, &Request::Reconnect(id.into()))?;
         created(reply, fds)
     }
     /// Freezes every process of a sandbox this channel made (a pause that keeps its memory);
     /// returns once the kernel reports it frozen.
     pub fn freeze(&self, id: &str) -> Result<(), ServiceError> {
-        self.done(&Request::Freeze(id.into()))
+        self.done(id, &Request::Freeze(id.into()))
     }
 
     /// Lets a frozen sandbox run again.
     pub fn thaw(&self, id: &str) -> Result<(), ServiceError> {
-        self.done(&Request::Thaw(id.into()))
+        self.done(id, &Request::Thaw(id.into()))
     }
 
     /// Sets the sandbox's hostname ([`crate::Sandbox::set_hostname`]).
     pub fn rename(&self, id: &str, hostname: &str) -> Result<(), ServiceError> {
-        self.done(&Request::Rename {
-            id: id.into(),
-            hostname: hostname.into(),
-        })
+        self.done(
+            id,
+            &Request::Rename {
+                id: id.into(),
+                hostname: hostname.into(),
+            },
+        )
     }
 
-    fn done(&self, req: &Request) -> Result<(), ServiceError> {
-        match self.call(req)?.0 {
+    fn done(&self, id: &str, req: &Request) -> Result<(), ServiceError> {
+        match self.call(id, req)?.0 {
             Reply::Done => Ok(()),
             Reply::Failed(f) => Err(ServiceError::Failed(f)),
             other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
@@ -395,7 +475,7 @@ impl SpawnerService {
 
     /// Destroys a sandbox: every process, mount, cgroup and its uid range.
     pub fn destroy(&self, id: &str) -> Result<(), ServiceError> {
-        match self.call(&Request::Destroy(id.into()))?.0 {
+        match self.call(id, &Request::Destroy(id.into()))?.0 {
             Reply::Destroyed => Ok(()),
             Reply::Failed(f) => Err(ServiceError::Failed(f)),
             other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
@@ -413,21 +493,64 @@ impl SpawnerService {
         self.stop(true)
     }
 
+    /// The other spawners first, side by side (each destroys its own sandboxes), then the
+    /// first: they are its children and end with it.
     fn stop(self, keep: bool) -> Result<(), ServiceError> {
-        let result = self.call(&Request::Shutdown { keep });
-        let _ = sys::waitpid(self.pid, 0);
-        match result?.0 {
+        let pid = self.pid();
+        let bytes = postcard::to_stdvec(&Request::Shutdown { keep })
+            .map_err(|e| ServiceError::Protocol(e.to_string()))?;
+        let mut result = Ok(());
+        let (first, others) = match self.workers.split_first() {
+            Some((f, o)) => (Some(f), o),
+            None => (None, &[][..]),
+        };
+        let ask = |w: &Worker| -> Result<OwnedFd, ServiceError> {
+            let sock = w.sock.lock().map_err(|_| ServiceError::Gone)?;
+            let sock = sock.try_clone()?;
+            sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
+            Ok(sock)
+        };
+        let answer = |sock: Result<OwnedFd, ServiceError>| match recv(sock?.as_fd())?.0 {
             Reply::ShutDown => Ok(()),
             other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+        };
+        let asked: Vec<_> = others.iter().map(ask).collect();
+        for sock in asked {
+            result = result.and(answer(sock));
         }
+        if let Some(first) = first {
+            result = result.and(answer(ask(first)));
+        }
+        let _ = sys::waitpid(pid, 0);
+        result
     }
 
-    fn call(&self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
-        self.call_with(req, &[])
+    /// The spawner of the sandbox `id` (which made it, or took it up).
+    fn route(&self, id: &str) -> usize {
+        crate::spawner::worker_of(id) % self.workers.len().max(1)
     }
 
-    fn call_with(
+    /// The least busy spawner, searching from a turning start so that ties spread.
+    fn least_busy(&self) -> usize {
+        let n = self.workers.len().max(1);
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        (0..n)
+            .map(|i| (start + i) % n)
+            .min_by_key(|&i| {
+                self.workers
+                    .get(i)
+                    .map_or(usize::MAX, |w| w.busy.load(Ordering::Relaxed))
+            })
+            .unwrap_or(0)
+    }
+
+    fn call(&self, id: &str, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
+        self.call_on(self.route(id), req, &[])
+    }
+
+    fn call_on(
         &self,
+        worker: usize,
         req: &Request,
         fds: &[std::os::fd::RawFd],
     ) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
@@ -435,72 +558,89 @@ impl SpawnerService {
         if bytes.len() > MAX_MESSAGE {
             return Err(ServiceError::TooLarge(bytes.len()));
         }
-        let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
-        sys::send_with_fds(sock.as_fd(), &bytes, fds).map_err(gone)?;
-        recv(sock.as_fd())
+        let w = self.workers.get(worker).ok_or(ServiceError::Gone)?;
+        w.busy.fetch_add(1, Ordering::Relaxed);
+        let answered = (|| {
+            let sock = w.sock.lock().map_err(|_| ServiceError::Gone)?;
+            sys::send_with_fds(sock.as_fd(), &bytes, fds).map_err(gone)?;
+            recv(sock.as_fd())
+        })();
+        w.busy.fetch_sub(1, Ordering::Relaxed);
+        answered
     }
 }
 
-/// The files helper's channel to the spawner ([`SpawnerService::take_root_channel`]): it
-/// asks for a sandbox's root by the sandbox's id, so that what it copies out is a sandbox's
-/// files, never a directory the server named (which could be the host's own `/`).
+/// The files helper's channels to the spawners ([`SpawnerService::take_root_channel`]): it
+/// asks for a sandbox's root by the sandbox's id (of the spawner that made it), so that what
+/// it copies out is a sandbox's files, never a directory the server named (which could be
+/// the host's own `/`).
 #[derive(Debug)]
 pub struct RootChannel {
-    sock: Mutex<OwnedFd>,
+    socks: Vec<Mutex<OwnedFd>>,
 }
 
 impl RootChannel {
-    pub fn new(sock: OwnedFd) -> RootChannel {
+    /// One channel per spawner, the first first.
+    pub fn new(socks: Vec<OwnedFd>) -> RootChannel {
         RootChannel {
-            sock: Mutex::new(sock),
+            socks: socks.into_iter().map(Mutex::new).collect(),
         }
+    }
+
+    /// The channels' descriptors (for a fork that keeps them).
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.socks
+            .iter()
+            .filter_map(|s| s.lock().ok().map(|s| s.as_raw_fd()))
+            .collect()
     }
 
     /// Freezes every process of sandbox `id` and opens its root directory (`O_PATH`): paths
     /// below it must be resolved inside it (`crate::transfer`). The sandbox stays frozen
     /// until it is destroyed.
     pub fn frozen_root(&self, id: &str) -> Result<OwnedFd, ServiceError> {
-        let bytes = postcard::to_stdvec(&Request::FrozenRoot(id.into()))
-            .map_err(|e| ServiceError::Protocol(e.to_string()))?;
-        if bytes.len() > MAX_MESSAGE {
-            return Err(ServiceError::TooLarge(bytes.len()));
-        }
-        let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
-        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
-        let (reply, mut fds) = recv(sock.as_fd())?;
-        match reply {
-            Reply::Root => match (fds.pop(), fds.is_empty()) {
+        match self.call(id, &Request::FrozenRoot(id.into()))? {
+            (Reply::Root, mut fds) => match (fds.pop(), fds.is_empty()) {
                 (Some(root), true) => Ok(root),
                 _ => Err(ServiceError::Protocol(
                     "expected the sandbox's root directory".into(),
                 )),
             },
-            Reply::Failed(f) => Err(ServiceError::Failed(f)),
-            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+            (Reply::Failed(f), _) => Err(ServiceError::Failed(f)),
+            (other, _) => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
         }
     }
-}
 
-impl RootChannel {
     /// Freezes every process of sandbox `id` and opens its writable layer (the overlay's
     /// upper directory: everything below it is the sandbox's and hostile), with the host uid
     /// its root is. The sandbox stays frozen until it is thawed or destroyed.
     pub fn frozen_layer(&self, id: &str) -> Result<(OwnedFd, u32), ServiceError> {
-        let bytes = postcard::to_stdvec(&Request::FrozenLayer(id.into()))
-            .map_err(|e| ServiceError::Protocol(e.to_string()))?;
-        let sock = self.sock.lock().map_err(|_| ServiceError::Gone)?;
-        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
-        let (reply, mut fds) = recv(sock.as_fd())?;
-        match reply {
-            Reply::Layer { base } => match (fds.pop(), fds.is_empty()) {
+        match self.call(id, &Request::FrozenLayer(id.into()))? {
+            (Reply::Layer { base }, mut fds) => match (fds.pop(), fds.is_empty()) {
                 (Some(upper), true) => Ok((upper, base)),
                 _ => Err(ServiceError::Protocol(
                     "expected the sandbox's writable layer".into(),
                 )),
             },
-            Reply::Failed(f) => Err(ServiceError::Failed(f)),
-            other => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
+            (Reply::Failed(f), _) => Err(ServiceError::Failed(f)),
+            (other, _) => Err(ServiceError::Protocol(format!("unexpected {other:?}"))),
         }
+    }
+
+    /// One request to the spawner of sandbox `id`.
+    fn call(&self, id: &str, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
+        let bytes = postcard::to_stdvec(req).map_err(|e| ServiceError::Protocol(e.to_string()))?;
+        if bytes.len() > MAX_MESSAGE {
+            return Err(ServiceError::TooLarge(bytes.len()));
+        }
+        let n = self.socks.len().max(1);
+        let sock = self
+            .socks
+            .get(crate::spawner::worker_of(id) % n)
+            .ok_or(ServiceError::Gone)?;
+        let sock = sock.lock().map_err(|_| ServiceError::Gone)?;
+        sys::send_with_fds(sock.as_fd(), &bytes, &[]).map_err(gone)?;
+        recv(sock.as_fd())
     }
 }
 
@@ -599,370 +739,6 @@ pub mod fuzzing {
         let encoded = postcard::to_stdvec(&req).map_err(|e| e.to_string());
         Some(Read { encoded, verdict })
     }
-}
-
-fn send_reply(sock: &OwnedFd, reply: &Reply, fds: &[std::os::fd::RawFd]) -> io::Result<()> {
-    let bytes = postcard::to_stdvec(reply).map_err(|e| io::Error::other(e.to_string()))?;
-    sys::send_with_fds(sock.as_fd(), &bytes, fds)
-}
-
-/// The network namespace of the sandbox whose PID 1 is `pid`.
-fn open_netns(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    let path = std::ffi::CString::new(format!("/proc/{pid}/ns/net")).map_err(io::Error::other)?;
-    sys::open(&path, libc::O_RDONLY | libc::O_CLOEXEC, 0)
-}
-
-/// The spawner process's main loop. Never returns.
-/// `channels`: the server's, the root channel and the build channel.
-fn serve(
-    channels: [OwnedFd; 3],
-    parent: libc::pid_t,
-    agent: AgentEntry,
-    cgroups: &CgroupOptions,
-    confinement: Option<&Confinement>,
-    owner: Option<String>,
-) -> ! {
-    let [sock, roots, builds] = channels;
-    // Out of the server's session: a Ctrl-C at the server's terminal reaches the server, which
-    // shuts the spawner down in order. If the server dies, the spawner dies with it.
-    let _ = sys::setsid();
-    // A stop signal sent to the whole process group or service (Ctrl-C, `pkill husk`, a
-    // service manager) must not kill the spawner under the server: the server destroys its
-    // sandboxes through it, then stops it.
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
-        sys::ignore_signal(sig);
-    }
-    if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != parent {
-        sys::exit_now(1);
-    }
-    // If the kernel killed the spawner, every sandbox would die with it (their PID 1s have a
-    // parent-death signal): it goes after them and with the server (crate::oom). `husk serve`
-    // set the same value on itself before forking; this covers other callers. Best effort:
-    // where it is refused, so is the server's, which `husk serve` reports.
-    let _ = crate::oom::set_own(crate::oom::SERVER);
-    let mut spawner =
-        match Spawner::with_options(Path::new(crate::spawner::DEFAULT_RUN_DIR), cgroups) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]);
-                sys::exit_now(1)
-            }
-        };
-    if let Err(e) = spawner.set_agent(agent) {
-        let _ = send_reply(&sock, &Reply::Failed(Failure::from(&e)), &[]);
-        sys::exit_now(1)
-    }
-    if let Some(owner) = owner {
-        spawner.set_owner(owner);
-    }
-    // Kept sandboxes of this owner first: the reaper would take them for others'.
-    let kept: HashMap<String, (Sandbox, Role)> = spawner
-        .adopt()
-        .into_iter()
-        .map(|sb| (sb.id().to_string(), (sb, Role::Server)))
-        .collect();
-    let mut adopted: Vec<Adopted> = kept
-        .values()
-        .map(|(sb, _)| Adopted {
-            id: sb.id().to_string(),
-            init_pid: sb.init_pid(),
-        })
-        .collect();
-    adopted.sort_by(|a, b| a.id.cmp(&b.id));
-    let reaped = spawner.reap_stale();
-    // Sandbox processes get /dev/null as stdio, never the server's terminal or log.
-    let null = match sys::open(c"/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
-        Ok(fd) => fd,
-        Err(e) => {
-            let failure = Failure::new(FailureKind::Internal, format!("open /dev/null: {e}"));
-            let _ = send_reply(&sock, &Reply::Failed(failure), &[]);
-            sys::exit_now(1)
-        }
-    };
-    let cgroups = spawner.cgroup_summary();
-    let ready = Reply::Ready {
-        reaped,
-        cgroups,
-        adopted,
-    };
-    let mut state = State {
-        spawner,
-        sandboxes: kept,
-        null,
-        confinement,
-    };
-    // A reply too large for one message (thousands of kept sandboxes) is a failed start,
-    // never a partial list: every one of them stays for a spawner that can say it.
-    if send_reply(&sock, &ready, &[]).is_err() {
-        state.shutdown(true);
-        sys::exit_now(1);
-    }
-    // The server's channel first: its end is the spawner's end. The root channel may close
-    // (its helper gone) without stopping anything else.
-    let mut channels: Vec<(OwnedFd, Role)> = vec![
-        (sock, Role::Server),
-        (roots, Role::Roots),
-        (builds, Role::Builder),
-    ];
-    let mut buf = vec![0u8; MAX_MESSAGE];
-    'serve: loop {
-        let mut fds: Vec<libc::pollfd> = channels
-            .iter()
-            .map(|(s, _)| libc::pollfd {
-                fd: s.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        match sys::poll(&mut fds, -1) {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        }
-        let ready: Vec<usize> = (0..fds.len()).filter(|&i| fds[i].revents != 0).collect();
-        let mut closed = Vec::new();
-        for i in ready {
-            let (sock, role) = (&channels[i].0, channels[i].1);
-            let (reply, reply_fds) = match sys::recv_with_fds(sock.as_fd(), &mut buf) {
-                Ok((0, _)) => {
-                    if role == Role::Server {
-                        break 'serve;
-                    }
-                    closed.push(i);
-                    continue;
-                }
-                Ok((n, fds)) => match decode_request(&buf[..n]) {
-                    Ok(req) if !role.allows(&req) => (
-                        Reply::Failed(Failure::new(
-                            FailureKind::InvalidSpec,
-                            "request not allowed on this channel",
-                        )),
-                        Vec::new(),
-                    ),
-                    Ok(Request::Shutdown { keep }) => {
-                        state.shutdown(keep);
-                        let _ = send_reply(sock, &Reply::ShutDown, &[]);
-                        sys::exit_now(0)
-                    }
-                    Ok(req) => state.handle(role, req, fds),
-                    Err(e) => (
-                        Reply::Failed(Failure::new(
-                            FailureKind::InvalidSpec,
-                            format!("bad request: {e}"),
-                        )),
-                        Vec::new(),
-                    ),
-                },
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    if role == Role::Server {
-                        break 'serve;
-                    }
-                    closed.push(i);
-                    continue;
-                }
-            };
-            let raw: Vec<std::os::fd::RawFd> = reply_fds.iter().map(|f| f.as_raw_fd()).collect();
-            if send_reply(sock, &reply, &raw).is_err() {
-                if role == Role::Server {
-                    break 'serve;
-                }
-                closed.push(i);
-            }
-        }
-        for i in closed.into_iter().rev() {
-            channels.remove(i);
-        }
-    }
-    // The server is gone: nothing it created may outlive it, but its kept sandboxes, which
-    // the next spawner of its owner takes up.
-    state.shutdown(true);
-    sys::exit_now(0)
-}
-
-/// What the spawner process holds while it serves.
-struct State<'a> {
-    spawner: Spawner,
-    /// Each with the channel that made it: only that one destroys it.
-    sandboxes: HashMap<String, (Sandbox, Role)>,
-    /// Sandbox processes get it as stdio.
-    null: OwnedFd,
-    confinement: Option<&'a Confinement>,
-}
-
-impl State<'_> {
-    /// Answers one request (not the shutdown), with the descriptors that go with the reply.
-    fn handle(&mut self, role: Role, req: Request, mut fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
-        let failed = |f: Failure| (Reply::Failed(f), Vec::new());
-        match req {
-            Request::Create(mut spec) => {
-                // Only the server's sandboxes are ever kept past the spawner (a build's end
-                // with the build).
-                if role != Role::Server {
-                    spec.die_with_parent = true;
-                }
-                let stdio = [self.null.as_fd(), self.null.as_fd(), self.null.as_fd()];
-                // At most one descriptor comes with a create: the network namespace to join.
-                let netns = fds.pop();
-                let confined = self.confinement.map_or(Ok(()), |c| c.check(&spec));
-                let created = if let Err(e) = confined {
-                    Err(crate::spawner::SpawnError::InvalidSpec(e))
-                } else if fds.is_empty() {
-                    self.spawner.create_in(&spec, Some(stdio), netns)
-                } else {
-                    Err(crate::spawner::SpawnError::InvalidSpec(
-                        "more than one descriptor with a create request".into(),
-                    ))
-                };
-                let mut sb = match created {
-                    Ok(sb) => sb,
-                    Err(e) => return failed(Failure::from(&e)),
-                };
-                match (sb.take_agent_conn(), open_netns(sb.init_pid())) {
-                    (Some(conn), Ok(netns)) => {
-                        let reply = Reply::Created {
-                            id: sb.id().to_string(),
-                            init_pid: sb.init_pid(),
-                            cgroup: sb.cgroup().to_registry(),
-                        };
-                        self.sandboxes.insert(sb.id().to_string(), (sb, role));
-                        (reply, vec![conn, netns])
-                    }
-                    (Some(_), Err(e)) => {
-                        let _ = sb.destroy();
-                        failed(Failure::new(
-                            FailureKind::Internal,
-                            format!("opening the sandbox's network namespace: {e}"),
-                        ))
-                    }
-                    (None, _) => failed(Failure::new(
-                        FailureKind::InvalidSpec,
-                        "not an agent sandbox (spec.agent is false)",
-                    )),
-                }
-            }
-            Request::Destroy(id) => match self.sandboxes.remove(&id) {
-                Some((mut sb, owner)) if owner == role => match sb.destroy() {
-                    Ok(()) => (Reply::Destroyed, Vec::new()),
-                    Err(e) => failed(Failure::from(&e)),
-                },
-                // Another channel's sandbox is as good as missing.
-                Some(other) => {
-                    self.sandboxes.insert(id.clone(), other);
-                    failed(no_sandbox(&id))
-                }
-                None => failed(no_sandbox(&id)),
-            },
-            Request::FrozenRoot(id) => {
-                let Some((sb, _)) = self.sandboxes.get(&id) else {
-                    return failed(no_sandbox(&id));
-                };
-                // PID 1 is this process's child until the sandbox is destroyed: its pid
-                // cannot have been reused, so its root is the sandbox's.
-                match sb.freeze().map_err(|e| Failure::from(&e)).and_then(|()| {
-                    sb.root_dir().map_err(|e| {
-                        Failure::new(
-                            FailureKind::Internal,
-                            format!("opening the root of sandbox {id}: {e}"),
-                        )
-                    })
-                }) {
-                    Ok(root) => (Reply::Root, vec![root]),
-                    Err(f) => failed(f),
-                }
-            }
-            Request::Reconnect(id) => match self.sandboxes.get(&id) {
-                Some((sb, owner)) if *owner == role => {
-                    match (sb.reconnect(), open_netns(sb.init_pid())) {
-                        (Ok(conn), Ok(netns)) => (
-                            Reply::Created {
-                                id: id.clone(),
-                                init_pid: sb.init_pid(),
-                                cgroup: sb.cgroup().to_registry(),
-                            },
-                            vec![conn, netns],
-                        ),
-                        (Err(e), _) | (_, Err(e)) => failed(Failure::new(
-                            FailureKind::Internal,
-                            format!("reconnecting to sandbox {id}: {e}"),
-                        )),
-                    }
-                }
-                _ => failed(no_sandbox(&id)),
-            },
-            Request::Rename { id, hostname } => match self.sandboxes.get(&id) {
-                Some((sb, owner)) if *owner == role => match sb.set_hostname(&hostname) {
-                    Ok(()) => (Reply::Done, Vec::new()),
-                    Err(e) => failed(Failure::from(&e)),
-                },
-                _ => failed(no_sandbox(&id)),
-            },
-            Request::Freeze(id) => self.set_frozen(role, &id, true),
-            Request::Thaw(id) => self.set_frozen(role, &id, false),
-            Request::FrozenLayer(id) => {
-                let Some((sb, _)) = self.sandboxes.get(&id) else {
-                    return failed(no_sandbox(&id));
-                };
-                let upper = match sb.upper_dir() {
-                    Ok(Some(u)) => u,
-                    Ok(None) => {
-                        return failed(Failure::new(
-                            FailureKind::InvalidSpec,
-                            format!("sandbox {id} has no writable layer of its own"),
-                        ))
-                    }
-                    Err(e) => {
-                        return failed(Failure::new(
-                            FailureKind::Internal,
-                            format!("the writable layer of sandbox {id}: {e}"),
-                        ))
-                    }
-                };
-                match sb.freeze() {
-                    Ok(()) => (
-                        Reply::Layer {
-                            base: sb.host_uid_base(),
-                        },
-                        vec![upper],
-                    ),
-                    Err(e) => failed(Failure::from(&e)),
-                }
-            }
-            Request::Shutdown { .. } => failed(Failure::new(
-                FailureKind::Internal,
-                "the shutdown is answered by the loop",
-            )),
-        }
-    }
-
-    /// Freezes or thaws a sandbox `role`'s channel made.
-    fn set_frozen(&self, role: Role, id: &str, frozen: bool) -> (Reply, Vec<OwnedFd>) {
-        match self.sandboxes.get(id) {
-            Some((sb, owner)) if *owner == role => {
-                let done = if frozen { sb.freeze() } else { sb.thaw() };
-                match done {
-                    Ok(()) => (Reply::Done, Vec::new()),
-                    Err(e) => (Reply::Failed(Failure::from(&e)), Vec::new()),
-                }
-            }
-            // Another channel's sandbox is as good as missing.
-            _ => (Reply::Failed(no_sandbox(id)), Vec::new()),
-        }
-    }
-
-    /// Destroys every sandbox, but kept ones when `keep` is set (left for the next spawner
-    /// of the owner), and drops the spawner (its image mounts go with the last husk process
-    /// using them).
-    fn shutdown(mut self, keep: bool) {
-        for (_, (mut sb, _)) in self.sandboxes.drain() {
-            let _ = if keep { sb.release() } else { sb.destroy() };
-        }
-        drop(self.spawner);
-    }
-}
-
-fn no_sandbox(id: &str) -> Failure {
-    Failure::new(FailureKind::NotFound, format!("no sandbox {id}"))
 }
 
 #[cfg(test)]

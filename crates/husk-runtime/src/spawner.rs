@@ -83,7 +83,9 @@ pub struct Spawner {
     reaped: Cell<bool>,
     /// What PID 1 of `agent` specs runs (see [`crate::agent`]), and husk's layer over their
     /// `/usr` (see [`crate::usr_layer`]).
-    agent: Option<(crate::agent::AgentEntry, PathBuf)>,
+    /// The layer's directory is looked up again when it went missing (another husk process
+    /// removed it as unused while this one had no sandbox).
+    agent: Option<(crate::agent::AgentEntry, RefCell<PathBuf>)>,
     /// Per uid slot: a user namespace with the slot's id mapping, for the id-mapped layers of
     /// built templates (made once per slot, on first use).
     idmaps: RefCell<std::collections::HashMap<u32, OwnedFd>>,
@@ -98,6 +100,9 @@ pub struct Spawner {
     /// Low descriptors reserved so that a sandbox's first process need not copy this
     /// process's whole descriptor table (see [`crate::handoff`]).
     handoff: crate::handoff::Handoff,
+    /// Which of a server's spawner processes this is (see [`crate::service`]): named in the
+    /// ids of the sandboxes it makes, so that every later request about one reaches it.
+    worker: usize,
 }
 
 impl Drop for Spawner {
@@ -188,6 +193,7 @@ impl Spawner {
             verifier: crate::images::Verifier::default(),
             owner: None,
             handoff,
+            worker: 0,
         })
     }
 
@@ -198,17 +204,43 @@ impl Spawner {
         self.owner = Some(owner);
     }
 
+    /// Makes this process, a fork of the spawner that prepared everything, spawner `worker`
+    /// of several (see [`crate::service`]): the ids of its sandboxes name it, it reaps
+    /// nothing (the first spawner does, once the others took up their kept sandboxes), and
+    /// its hand-off signal is its own (a shared one would let another spawner's child signal
+    /// this one's fork early).
+    pub(crate) fn become_worker(&mut self, worker: usize) -> io::Result<()> {
+        self.handoff.renew()?;
+        self.worker = worker;
+        self.reaped.set(true);
+        Ok(())
+    }
+
     /// Takes up the kept sandboxes of this spawner's owner whose PID 1 still runs (call it
     /// before [`Spawner::reap_stale`], which would count them as others'): each with its uid
     /// slot held again, its cgroups, its rendezvous and writable layer taken back from PID 1.
     /// An entry that cannot be taken up (its PID 1 ended, a descriptor is gone) is left to the
     /// reaper.
     pub fn adopt(&self) -> Vec<Sandbox> {
+        self.adopt_where(|_| true)
+    }
+
+    /// [`Spawner::adopt`], of the kept sandboxes whose id `wanted` accepts only: several
+    /// spawners of one server share them out by id, each taking up its own. The entry is read
+    /// before the slot is locked, so that no spawner holds, even briefly, another's slot.
+    pub(crate) fn adopt_where(&self, wanted: impl Fn(&str) -> bool) -> Vec<Sandbox> {
         let Some(owner) = &self.owner else {
             return Vec::new();
         };
         let mut adopted = Vec::new();
         for slot in self.registered_slots() {
+            let named = fs::read_to_string(self.registry_entry(slot))
+                .ok()
+                .and_then(|t| crate::keep::split_entry(&t).1)
+                .map(|keep| keep.id);
+            if !named.is_some_and(|id| wanted(&id)) {
+                continue;
+            }
             let Ok(Some(uids)) = uidrange::try_take(&self.lock_path(), slot) else {
                 continue;
             };
@@ -304,7 +336,12 @@ impl Spawner {
             }
         }
         if others == 0 {
-            host_template::remove_unused(&self.run_dir, &self.template.borrow());
+            let usr = self.agent.as_ref().map(|(_, u)| u.borrow());
+            host_template::remove_unused(
+                &self.run_dir,
+                &self.template.borrow(),
+                usr.as_deref().map(PathBuf::as_path),
+            );
         }
         reaped
     }
@@ -382,7 +419,7 @@ impl Spawner {
     pub fn set_agent(&mut self, entry: crate::agent::AgentEntry) -> Result<(), SpawnError> {
         let usr =
             crate::usr_layer::ensure(&self.run_dir).map_err(io_ctx("build the sudo layer"))?;
-        self.agent = Some((entry, usr));
+        self.agent = Some((entry, RefCell::new(usr)));
         Ok(())
     }
 
@@ -418,6 +455,14 @@ impl Spawner {
                 host_template::ensure(&self.run_dir).map_err(io_ctx("build host template"))?;
             *self.template.borrow_mut() = fresh;
         }
+        // Likewise husk's /usr layer (removed as unused by the last husk process with no
+        // sandbox, see host_template::remove_unused).
+        if let (true, Some((_, usr))) = (spec.agent, &self.agent) {
+            if fs::symlink_metadata(usr.borrow().join(crate::usr_layer::SUDO_PATH)).is_err() {
+                *usr.borrow_mut() = crate::usr_layer::ensure(&self.run_dir)
+                    .map_err(io_ctx("build the sudo layer"))?;
+            }
+        }
         for (i, fd) in (0..3).map(|i| (i, stdio.map_or(i, |s| s[i as usize].as_raw_fd()))) {
             if !sys::passable_stdio(fd) {
                 return Err(SpawnError::InvalidSpec(format!(
@@ -435,10 +480,10 @@ impl Spawner {
             self.clear_slot(slot)
         })
         .map_err(io_ctx("allocate uid range"))?;
-        let id = format!(
-            "s{}-{:012x}",
+        let id = sandbox_id(
             uids.slot(),
-            sys::random_u64().map_err(io_ctx("random"))? >> 16
+            sys::random_u64().map_err(io_ctx("random"))? >> 16,
+            self.worker,
         );
         let slot = uids.slot();
         let name = cgroup_name(slot);
@@ -612,6 +657,8 @@ impl Spawner {
             None => None,
         };
         let handoff = placing.for_child();
+        // Borrowed across the fork, which only reads it.
+        let usr = self.agent.as_ref().map(|(_, u)| u.borrow());
         let flags = match handoff {
             Some(_) => flags | libc::CLONE_FILES,
             None => flags,
@@ -641,8 +688,8 @@ impl Spawner {
                     control: control_fd,
                     stdio: stdio_fds,
                     agent: agent_fd,
-                    usr_layer: match (&agent, &self.agent) {
-                        (Some(_), Some((_, usr))) => Some(usr.as_path()),
+                    usr_layer: match (&agent, &usr) {
+                        (Some(_), Some(usr)) => Some(usr.as_path()),
                         _ => None,
                     },
                     image: image.as_deref(),
@@ -810,6 +857,23 @@ pub fn cgroup_name(slot: u32) -> String {
 
 fn parse_slot(name: &str) -> Option<u32> {
     name.strip_prefix('s')?.parse().ok()
+}
+
+/// A sandbox's id: `s<slot>-<12 hex digits>`, and `-w<worker>` for the sandboxes of a
+/// server's spawner other than its first (see [`worker_of`]).
+fn sandbox_id(slot: u32, random: u64, worker: usize) -> String {
+    match worker {
+        0 => format!("s{slot}-{random:012x}"),
+        w => format!("s{slot}-{random:012x}-w{w}"),
+    }
+}
+
+/// Which spawner of a server made the sandbox `id` ([`sandbox_id`]); 0 for ids without a
+/// worker (the first spawner's, and every sandbox of a husk from before several spawners).
+pub fn worker_of(id: &str) -> usize {
+    id.rsplit_once("-w")
+        .and_then(|(_, w)| w.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A hostname a sandbox may have: 1 to 64 letters, digits, `-` and `.`.
@@ -1228,6 +1292,19 @@ mod tests {
         let _ = fs::remove_dir_all(&run);
         assert!(!cleared, "a foreign cgroup was accepted as slot 5's");
         assert!(survived, "a foreign cgroup was removed");
+    }
+
+    #[test]
+    fn an_id_names_its_slot_and_its_spawner() {
+        for worker in [0, 1, 7, 63] {
+            let id = sandbox_id(42, 0xabc, worker);
+            assert_eq!(worker_of(&id), worker, "{id}");
+            assert_eq!(id.split('-').next().and_then(parse_slot), Some(42), "{id}");
+        }
+        assert_eq!(sandbox_id(3, 0xabc, 0), "s3-000000000abc");
+        // Ids of a husk before several spawners are the first spawner's.
+        assert_eq!(worker_of("s12-00ab12cd34ef"), 0);
+        assert_eq!(worker_of("s12-00ab12cd34ef-wx"), 0);
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct ServeArgs {
     /// give their sandboxes back. Default: twice --memory-reserve.
     #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size)]
     pub warm_memory_floor: Option<u64>,
+    /// Spawner processes, which make and destroy sandboxes side by side (each one at a
+    /// time) [default: one per CPU this process may use, at most 64].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=husk_runtime::service::MAX_SPAWNERS as i64))]
+    pub spawners: Option<u16>,
     /// The unprivileged user the server becomes once its helpers run and its listener is
     /// bound (a name from /etc/passwd, or UID[:GID]); it holds no capability and may open
     /// nothing but /proc and the cgroup tree. Root is refused.
@@ -274,11 +278,18 @@ pub fn main(args: ServeArgs) -> i32 {
         own_scope: !args.destroy_on_exit,
         ..args.host.cgroups()
     };
-    let spawner = match husk_runtime::service::start_owned(
+    // One per CPU: a create's time is mostly the kernel's (namespaces, cgroups, mounts),
+    // which runs in the spawner that asks for it.
+    let spawners = args.spawners.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        usize::from,
+    );
+    let spawner = match husk_runtime::service::start_spawners(
         husk_agent::main,
         cgroups,
         Some(confinement),
         owner,
+        spawners,
     ) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -286,7 +297,11 @@ pub fn main(args: ServeArgs) -> i32 {
             return fail(crate::doctor::HINT);
         }
     };
-    eprintln!("husk: {}", spawner.cgroup_summary());
+    eprintln!(
+        "husk: {} spawner process(es); {}",
+        spawner.pids().len(),
+        spawner.cgroup_summary()
+    );
     // Nothing is weaker without saying so (`husk doctor` has the whole report).
     for gap in husk_runtime::probe::unenforced() {
         eprintln!("husk: warning: Landlock {gap}");
@@ -375,13 +390,15 @@ pub fn main(args: ServeArgs) -> i32 {
         let listener = std::net::TcpListener::bind(args.listen)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| format!("listen on {}: {}", args.listen, crate::report::chain(&e)))?;
-        let watched = watch(vec![
-            ("spawner", spawner.pid()),
+        let mut helpers: Vec<(&'static str, i32)> =
+            spawner.pids().into_iter().map(|p| ("spawner", p)).collect();
+        helpers.extend([
             ("network", network.pid()),
             ("state", state.pid()),
             ("files", files.pid()),
             ("build", builds.pid()),
         ]);
+        let watched = watch(helpers);
         drop_privileges(&server_user)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

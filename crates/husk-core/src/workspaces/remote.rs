@@ -465,15 +465,14 @@ pub struct RemoteWorkspaces {
 impl RemoteWorkspaces {
     /// Forks the files helper with channels for `transfers` operations at once (at most
     /// [`MAX_CHANNELS`]; more wait for one); it runs `setup` (opening the workspaces: mounts,
-    /// trash) and then serves. `roots` is the spawner's root channel, for runs' outputs. The
+    /// trash) and then serves. `roots` are the spawners' root channels, for runs' outputs. The
     /// process must be single-threaded.
     pub fn start(
         transfers: usize,
-        roots: Option<OwnedFd>,
+        roots: Option<RootChannel>,
         setup: impl FnOnce() -> Result<LocalWorkspaces, String>,
     ) -> Result<RemoteWorkspaces, Failure> {
-        use std::os::fd::AsRawFd;
-        let keep: Vec<_> = roots.iter().map(|r| r.as_raw_fd()).collect();
+        let keep: Vec<_> = roots.iter().flat_map(RootChannel::raw_fds).collect();
         let forked = rt::fork(
             "husk-files",
             transfers.clamp(1, MAX_CHANNELS) + QUICK_CHANNELS,
@@ -497,7 +496,7 @@ impl RemoteWorkspaces {
                 let served = Served {
                     state_dir: ws.dir.parent().map(Path::to_path_buf),
                     ws,
-                    roots: roots.map(RootChannel::new),
+                    roots,
                 };
                 serve(channels, &served);
                 0
