@@ -44,7 +44,7 @@ pub use create::new_sandbox_id;
 use create::Identity;
 pub use kept::{Running, TakenUp, RUNNING_VERSION};
 pub use limits::host_memory_available;
-pub use live::{LiveSandbox, Metrics};
+pub use live::{CreatePhases, LiveSandbox, Metrics};
 pub use lookup::{ListFilter, LostInfo, SandboxView};
 pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};
 pub use pause::{Credentials, Dormant, Inactive, Paused};

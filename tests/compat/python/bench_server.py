@@ -4,7 +4,9 @@ Prints, from one run against one server it starts itself:
 - create -> agent ready, server side (the create response's Server-Timing) and as the client sees it;
 - an authenticated request that does little else (the key check, a list of the team's sandboxes);
 - SDK `Sandbox.create()` + first `commands.run("true")`;
-- creates per second at a given concurrency (each worker creates, then kills);
+- creates per second at a given concurrency (each worker creates, then kills), over plain HTTP;
+  and through the stock SDK at concurrencies 1, 20 and 100 beside bubblewrap launches at the
+  same concurrency (bench_creates.py);
 - `commands.run("true")` in a ready sandbox (SDK and raw Connect) beside a bare fork+exec of
   /bin/true from this process (the peer);
 - upload and download MB/s of one file over plain HTTP and through the SDK (the SDK's own
@@ -57,6 +59,7 @@ from typing import Callable, List, Optional
 
 from e2b import Sandbox
 
+from bench_creates import creates_table
 from husk_compat import (
     CODE_INTERPRETER_PRESETS,
     PRESETS_DIR,
@@ -100,6 +103,7 @@ def raw_creates(port: int, key: str, n: int) -> None:
     """Sequential creates over one keep-alive connection: server-side and client-side times."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     server, client = [], []
+    steps: dict = {"spawn": [], "boot": [], "register": []}
     body = json.dumps({"templateID": "base", "timeout": 60}).encode()
     for _ in range(n):
         t = time.perf_counter()
@@ -109,13 +113,18 @@ def raw_creates(port: int, key: str, n: int) -> None:
         client.append((time.perf_counter() - t) * 1000)
         if resp.status != 201:
             raise RuntimeError(f"create: {resp.status} {data!r}")
-        timing = resp.getheader("server-timing", "")
-        server.append(float(timing.split("dur=")[1]))
+        timing = dict(re.findall(r"(\w+);dur=([0-9.]+)", resp.getheader("server-timing", "")))
+        server.append(float(timing["create"]))
+        for step, values in steps.items():
+            values.append(float(timing[step]))
         sid = json.loads(data)["sandboxID"]
         conn.request("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": key})
         conn.getresponse().read()
     conn.close()
     line("create -> agent ready, server side", server)
+    line("  of which: a spawner makes it", steps["spawn"])
+    line("  of which: the agent's hello", steps["boot"])
+    line("  of which: registration (store)", steps["register"])
     line("create over HTTP, as the client sees it", client)
 
 
@@ -1035,6 +1044,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=20)
+    ap.add_argument("--concurrencies", default="1,20,100",
+                    help="the SDK creates/s table's concurrencies (comma-separated)")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
@@ -1042,7 +1053,7 @@ def main() -> None:
     ap.add_argument("--loaded-mb", type=int, default=256)
     ap.add_argument("--restart-sandboxes", type=int, default=100)
     ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
-                                       "interpreter"],
+                                       "interpreter", "creates"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs)")
@@ -1066,6 +1077,9 @@ def main() -> None:
         if args.only == "snapshot":
             snapshots_forks(server, args.iterations, args.loaded_mb)
             return
+        if args.only == "creates":
+            creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds)
+            return
         if args.only == "interpreter":
             code_interpreter(max(5, args.iterations // 4))
             code_interpreter_warm(max(20, args.iterations // 4))
@@ -1074,6 +1088,7 @@ def main() -> None:
         keyed_request_latency(server.port, key, args.iterations * 5)
         sdk_create_first_command(opts, args.iterations)
         creates_per_second(server.port, key, args.concurrency, args.seconds)
+        creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds)
         command_latency(opts, server.port, key, args.iterations)
         if args.only == "hops":
             # A create with a network attaches a link through the network helper; workspace

@@ -75,6 +75,31 @@ def test_context_manager_kills(husk):
         Sandbox.get_info(sandbox_id, **husk.opts())
 
 
+def test_create_answer_times_its_steps(husk):
+    """A create's answer says in Server-Timing how long the server took and, for a sandbox
+    made fresh, its steps (spawner, agent and start-up, registration), which fit in it."""
+    r = http_request(
+        husk.port,
+        "POST",
+        "/v2/sandboxes",
+        {"X-API-Key": husk.admin_key, "Content-Type": "application/json"},
+        b'{"templateID": "base", "timeout": 60}',
+    )
+    assert r.status == 201, r.text
+    sid = r.json()["sandboxID"]
+    try:
+        timing = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r"(\w+);dur=([0-9.]+)", r.headers.get("server-timing", ""))
+        }
+        assert set(timing) == {"spawn", "boot", "register", "create"}, r.headers
+        assert all(v >= 0 for v in timing.values()), timing
+        assert timing["spawn"] > 0 and timing["boot"] > 0, timing
+        assert timing["spawn"] + timing["boot"] + timing["register"] <= timing["create"], timing
+    finally:
+        assert http_request(husk.port, "DELETE", f"/sandboxes/{sid}", {"X-API-Key": husk.admin_key}).status == 204
+
+
 def test_get_info_fields(sandbox_factory, husk):
     before = now() - dt.timedelta(seconds=5)
     sbx = sandbox_factory(timeout=300, metadata={"purpose": "info", "owner": "compat"})

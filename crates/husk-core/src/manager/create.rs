@@ -166,9 +166,11 @@ impl Manager {
             owner: i.id.clone(),
             layer: i.layer.clone(),
         });
+        let started = std::time::Instant::now();
         let (created, net) = self
             .spawn(&id, &template, own, mounts, &limits, policy, rules)
             .await?;
+        let spawned = std::time::Instant::now();
         // From here on the sandbox exists: every failure undoes it, in one place.
         let mut undo = Undo {
             runtime_id: created.id.clone(),
@@ -192,8 +194,16 @@ impl Manager {
                 return Err(e);
             }
         };
+        let booted_at = std::time::Instant::now();
         match self.register(who, id, req, &template, limits, booted, identity) {
-            Ok(sb) => Ok(sb),
+            Ok(sb) => {
+                let _ = sb.phases.set(super::CreatePhases {
+                    spawn: spawned - started,
+                    boot: booted_at - spawned,
+                    register: booted_at.elapsed(),
+                });
+                Ok(sb)
+            }
             Err(e) => {
                 undo.run(self).await;
                 Err(e)
@@ -385,6 +395,7 @@ impl Manager {
             paused: std::sync::atomic::AtomicBool::new(false),
             paused_at: Mutex::new(None),
             transition: tokio::sync::Mutex::new(()),
+            phases: std::sync::OnceLock::new(),
         });
         let description = super::kept::Running::of(&sb).to_json().ok();
         let record = SandboxRecord {

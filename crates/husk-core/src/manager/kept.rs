@@ -537,6 +537,7 @@ impl Manager {
             paused: std::sync::atomic::AtomicBool::new(paused_at.is_some()),
             paused_at: Mutex::new(paused_at),
             transition: tokio::sync::Mutex::new(()),
+            phases: std::sync::OnceLock::new(),
             kept: Mutex::new(KeptState::default()),
             changed,
         });

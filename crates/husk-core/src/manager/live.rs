@@ -87,6 +87,20 @@ pub struct LiveSandbox {
     pub(super) paused_at: Mutex<Option<OffsetDateTime>>,
     /// Held while it is being paused or resumed, so that two never cross.
     pub(super) transition: tokio::sync::Mutex<()>,
+    /// How long the steps of its create took, when it was made fresh by this server.
+    pub(super) phases: std::sync::OnceLock<CreatePhases>,
+}
+
+/// How long the steps of a fresh sandbox's create took (the create's `Server-Timing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatePhases {
+    /// The sandbox made by a spawner (waiting for a free one included) and, with egress,
+    /// its link to the router.
+    pub spawn: std::time::Duration,
+    /// Its agent's hello, the template's start command and code contexts.
+    pub boot: std::time::Duration,
+    /// Its record in the store and its supervision.
+    pub register: std::time::Duration,
 }
 
 /// Most processes per sandbox whose secrets are remembered for masking on reconnect.
@@ -106,6 +120,12 @@ impl LiveSandbox {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// How long the steps of its create took; `None` for a sandbox this server did not make
+    /// fresh (a warm one claimed, one taken up from an earlier server).
+    pub fn create_phases(&self) -> Option<CreatePhases> {
+        self.phases.get().copied()
     }
 
     pub fn team(&self) -> &str {
