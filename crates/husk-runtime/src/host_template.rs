@@ -127,10 +127,13 @@ fn source_key(dirs: &[PathBuf]) -> u64 {
     h
 }
 
-/// Removes host-template copies other than `current` that are older than a minute. Call only
-/// when no sandbox of any husk process exists (a copy in use must stay); the age check covers a
-/// husk process that picked an old copy but has not created its sandbox yet.
-pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
+/// Removes host-template copies other than `current`, and husk's `/usr` layers
+/// ([`crate::usr_layer`]) of other binaries than this one (`usr`, when this process has
+/// one), that are older than a minute: each upgrade of husk leaves one, a copy of the binary
+/// where `/run` is a tmpfs. Call only when no sandbox of any husk process exists (a copy in
+/// use must stay); the age check covers a husk process that picked an old copy but has not
+/// created its sandbox yet, and a long-running one whose layer went makes it again.
+pub fn remove_unused(state_dir: &Path, current: &HostTemplate, usr: Option<&Path>) {
     let Ok(rd) = fs::read_dir(state_dir.join("templates")) else {
         return;
     };
@@ -148,6 +151,7 @@ pub fn remove_unused(state_dir: &Path, current: &HostTemplate) {
             || name.starts_with("host-")
             // husk's /usr layer of earlier versions (now `sudo-<key>`, see usr_layer).
             || name.starts_with("usr-")
+            || (name.starts_with("sudo-") && usr != Some(p.as_path()))
             || name.starts_with(".building.")
             || name.starts_with(&format!("{DIR_LIST}."));
         if ours && p != current.lower && old_enough {
@@ -261,7 +265,18 @@ mod tests {
             .unwrap()
             .set_modified(long_ago)
             .unwrap();
-        remove_unused(&state, &t);
+        let sudo_old = state.join("templates/sudo-0000000000000001");
+        let sudo_ours = state.join("templates/sudo-0000000000000002");
+        for d in [&sudo_old, &sudo_ours] {
+            fs::create_dir_all(d.join("usr/local/bin")).unwrap();
+            fs::File::open(d).unwrap().set_modified(long_ago).unwrap();
+        }
+        remove_unused(&state, &t, Some(&sudo_ours));
+        assert!(
+            !sudo_old.exists(),
+            "another binary's old /usr layer survived"
+        );
+        assert!(sudo_ours.exists(), "this binary's /usr layer was removed");
         assert!(!old.exists(), "an old unused copy survived");
         assert!(fresh.exists(), "a copy younger than a minute was removed");
         assert!(t.lower.exists(), "the current copy was removed");

@@ -19,8 +19,9 @@ pub const SUDO_PATH: &str = "usr/local/bin/sudo";
 
 /// Makes sure the layer for the running binary exists; returns its directory.
 pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
-    let exe = fs::canonicalize("/proc/self/exe")?;
-    let meta = fs::metadata(&exe)?;
+    // Through /proc, which still opens the binary after an upgrade replaced its file.
+    let exe = Path::new("/proc/self/exe");
+    let meta = fs::metadata(exe)?;
     let key = meta.len() ^ (meta.mtime() as u64).rotate_left(20) ^ meta.mtime_nsec() as u64;
     let parent = run_dir.join("templates");
     let dir = parent.join(format!("sudo-{key:016x}"));
@@ -47,8 +48,9 @@ pub fn ensure(run_dir: &Path) -> io::Result<PathBuf> {
         }
         // A hard link where the binary is on the same file system (a rebuilt binary is a new
         // inode, so the link keeps the old one), else a copy.
-        if fs::hard_link(&exe, &bin).is_err() {
-            fs::copy(&exe, &bin)?;
+        let linked = fs::canonicalize(exe).and_then(|path| fs::hard_link(path, &bin));
+        if linked.is_err() {
+            fs::copy(exe, &bin)?;
         }
         fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))?;
         fs::rename(&tmp, &dir)
