@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import queue
 import shutil
 import subprocess
 import threading
@@ -82,9 +83,17 @@ def sdk_creates(opts: dict, workers: int, seconds: float) -> Tuple[float, List[f
     for p in procs:
         p.start()
     results = []
+    give_up = time.monotonic() + seconds + 120
     try:
-        for _ in procs:
-            results.append(out.get(timeout=seconds + 120))
+        while len(results) < len(procs):
+            try:
+                results.append(out.get(timeout=0.5))
+            except queue.Empty:
+                # A client that died says nothing: stop waiting for it.
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > give_up:
+                    raise RuntimeError(f"SDK creates at concurrency {workers}: a client process ended "
+                                       f"with {dead or 'no answer'}")
     finally:
         for p in procs:
             p.join(timeout=10)
