@@ -6,7 +6,10 @@ metadata target at 169.254.169.254:80 (all answer `public host=<Host>` and recor
 and a name server at 198.51.100.53 (allowed.test and other.test -> 198.51.100.10, NXDOMAIN
 otherwise); the helpers are tests/compat/netsim/{web,dns}.py, run with `ip netns exec`. It then
 starts its own `husk serve` with that namespace as the uplink. No traffic leaves loopback or
-that namespace.
+that namespace. Every test runs on two such servers in turn: one that makes each sandbox fresh,
+and one with a warm pool of `base` (`--warm base=2`), whose creates claim a warm sandbox made
+with the default policy and get their own policy at the claim (each claim checked in
+`/husk/v1/pools`).
 
 The web server also speaks TLS at 198.51.100.10:443 with a certificate (allowed.test,
 other.test) from a CA the module makes (netsim/certs.py, with `openssl`); husk's proxy trusts that CA
@@ -191,13 +194,23 @@ class SimInternet:
 
 
 class NetEnv:
-    def __init__(self, internet: SimInternet, server: HuskServer) -> None:
+    def __init__(self, internet: SimInternet, server: HuskServer, warm: bool) -> None:
         self.internet = internet
         self.server = server
+        # The server keeps a warm pool of `base`: creates that fit claim a warm sandbox and get
+        # their network policy at the claim (Link::set_policy), not at the link's attach.
+        self.warm = warm
+
+    def pool(self) -> dict:
+        r = http_request(self.server.port, "GET", "/husk/v1/pools", {"X-API-Key": self.server.admin_key})
+        assert r.status == 200, r.text
+        return next(p for p in r.json()["pools"] if p["template"] == "base")
 
 
-@pytest.fixture(scope="module")
-def net():
+# Every test runs twice: on a server that makes each sandbox fresh, and on one whose creates
+# claim warm sandboxes (made with the default policy before the create asked for its own).
+@pytest.fixture(scope="module", params=["fresh", "warm"])
+def net(request):
     # Not root: conftest has already stopped the session (husk serve needs root).
     if shutil.which("ip") is None:
         pytest.fail("iproute2 (`ip`) is not installed")
@@ -207,6 +220,7 @@ def net():
     saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL")}
     try:
         internet.start()
+        warm = request.param == "warm"
         server = start_server(
             extra_args=(
                 "--egress",
@@ -214,12 +228,13 @@ def net():
                 *EGRESS_ARGS,
                 "--net-upstream-ca",
                 str(internet.ca_path),
+                *(("--warm", "base=2") if warm else ()),
             )
         )
         # Safety net, as in conftest: an SDK call without per-call URLs still reaches this server.
         os.environ["E2B_API_URL"] = server.url
         os.environ["E2B_SANDBOX_URL"] = server.url
-        yield NetEnv(internet, server)
+        yield NetEnv(internet, server, warm)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -243,8 +258,17 @@ def make(net: NetEnv):
 
     def create(**kwargs) -> Sandbox:
         kwargs.setdefault("timeout", 120)
+        # On the warm server, a create without header rules (whose CA a warm sandbox lacks)
+        # is a claim: it waits for a warm sandbox, and the claim is checked to have happened.
+        claims = net.warm and not (kwargs.get("network") or {}).get("rules")
+        if claims:
+            before = wait_for(lambda: (lambda p: p if p["ready"] >= 1 else None)(net.pool()), 60, "a warm sandbox")
         sbx = Sandbox.create(**kwargs, **net.server.opts())
         made.append(sbx.sandbox_id)
+        if claims:
+            after = net.pool()
+            assert after["claimed"] == before["claimed"] + 1, (before, after)
+            assert after["claim_failed"] == 0, after
         return sbx
 
     yield create

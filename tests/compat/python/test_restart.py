@@ -110,6 +110,15 @@ def spawner_pid(server: HuskServer) -> int:
     return found[0]
 
 
+def spawner_pids(server: HuskServer) -> List[int]:
+    """All the server's spawners: the first (`spawner_pid`) and those it forked (its children
+    that are not a sandbox's PID 1)."""
+    first = spawner_pid(server)
+    return [first] + [
+        p for p in children(first) if comm(p) == "husk" and not cmdline(p).startswith("husk-init")
+    ]
+
+
 def cgroup_v2_root() -> Path:
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
@@ -136,10 +145,11 @@ class Pid1:
 
 
 def sandbox_pid1s(server: HuskServer) -> Dict[int, Pid1]:
-    """The PID 1s of the sandboxes this server's spawner made (`husk-init`)."""
+    """The PID 1s of the sandboxes this server's spawners made (`husk-init`)."""
     return {
         p: Pid1(p)
-        for p in children(spawner_pid(server))
+        for spawner in spawner_pids(server)
+        for p in children(spawner)
         if cmdline(p).startswith("husk-init")
     }
 
