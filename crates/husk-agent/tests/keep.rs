@@ -7,16 +7,19 @@
 //! are too). Whatever it leaves is destroyed when it ends, also when it fails: a spawner of
 //! the test's owner takes up what is left and destroys it.
 
-use std::os::fd::AsFd;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use husk_core::agent::AgentClient;
 use std::io::{Read, Write};
 
-use husk_proto::{FromAgent, Hello, Reply, Request, Selector, StartProc, ToAgent, User, VERSION};
+use husk_proto::{FromAgent, Hello, Reply, Request, Selector, StartProc, ToAgent};
 use husk_runtime::cgroup::CgroupOptions;
 use husk_runtime::service::{self, Created, SpawnerService};
-use husk_runtime::{sys, SandboxSpec};
+use husk_runtime::sys;
+
+#[path = "support/kept.rs"]
+mod kept;
+use kept::{alive, hello_with, kept_spec, wait_gone, Cleanup};
 
 fn spawner(owner: &str) -> SpawnerService {
     service::start_owned(
@@ -34,55 +37,8 @@ fn kill(spawner: SpawnerService) {
     let _ = sys::waitpid(spawner.pid(), 0);
 }
 
-/// Destroys what the test's owner left, when dropped.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(s) = service::start_owned(
-            husk_agent::main,
-            CgroupOptions::default(),
-            None,
-            Some(self.0.clone()),
-        ) {
-            for a in s.adopted().to_vec() {
-                let _ = s.destroy(&a.id);
-            }
-            let _ = s.shutdown();
-        }
-    }
-}
-
 fn hello() -> Hello {
-    Hello {
-        version: VERSION,
-        env: vec![("KEPT".into(), "yes".into())],
-        default_user: User::User,
-        default_workdir: None,
-    }
-}
-
-fn kept_spec() -> SandboxSpec {
-    let mut spec = SandboxSpec::idle();
-    spec.agent = true;
-    spec.die_with_parent = false;
-    spec
-}
-
-fn alive(pid: i32) -> bool {
-    sys::pidfd_open(pid)
-        .is_ok_and(|fd| !sys::pidfd_wait_exit(fd.as_fd(), Duration::ZERO).expect("poll a pidfd"))
-}
-
-fn wait_gone(pid: i32, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if !alive(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    !alive(pid)
+    hello_with(vec![("KEPT".into(), "yes".into())])
 }
 
 async fn processes(agent: &AgentClient) -> Vec<(u32, Option<String>)> {

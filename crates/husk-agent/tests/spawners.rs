@@ -11,16 +11,18 @@
 //! is left and destroys it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use husk_core::agent::AgentClient;
-use husk_proto::{Hello, Reply, Request, User, VERSION};
+use husk_proto::{Hello, Reply, Request};
 use husk_runtime::cgroup::CgroupOptions;
 use husk_runtime::failure::FailureKind;
 use husk_runtime::service::{self, Created, ServiceError, SpawnerService};
 use husk_runtime::spawner::worker_of;
-use husk_runtime::{sys, SandboxSpec};
+
+#[path = "support/kept.rs"]
+mod kept;
+use kept::{alive, hello_with, kept_spec, wait_gone, Cleanup};
 
 fn spawners(owner: &str, n: usize) -> SpawnerService {
     service::start_spawners(
@@ -33,55 +35,8 @@ fn spawners(owner: &str, n: usize) -> SpawnerService {
     .expect("start the spawners (needs root)")
 }
 
-/// Destroys what the test's owner left, when dropped.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(s) = service::start_owned(
-            husk_agent::main,
-            CgroupOptions::default(),
-            None,
-            Some(self.0.clone()),
-        ) {
-            for a in s.adopted().to_vec() {
-                let _ = s.destroy(&a.id);
-            }
-            let _ = s.shutdown();
-        }
-    }
-}
-
 fn hello() -> Hello {
-    Hello {
-        version: VERSION,
-        env: Vec::new(),
-        default_user: User::User,
-        default_workdir: None,
-    }
-}
-
-fn kept_spec() -> SandboxSpec {
-    let mut spec = SandboxSpec::idle();
-    spec.agent = true;
-    spec.die_with_parent = false;
-    spec
-}
-
-fn alive(pid: i32) -> bool {
-    sys::pidfd_open(pid)
-        .is_ok_and(|fd| !sys::pidfd_wait_exit(fd.as_fd(), Duration::ZERO).expect("poll a pidfd"))
-}
-
-fn wait_gone(pid: i32, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if !alive(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    !alive(pid)
+    hello_with(Vec::new())
 }
 
 /// The parent of process `pid` (its spawner, for a sandbox's PID 1 the spawner made).

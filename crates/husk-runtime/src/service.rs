@@ -193,6 +193,16 @@ struct Worker {
     pid: libc::pid_t,
 }
 
+impl Worker {
+    fn new(sock: OwnedFd, pid: libc::pid_t) -> Worker {
+        Worker {
+            sock: Mutex::new(sock),
+            busy: AtomicUsize::new(0),
+            pid,
+        }
+    }
+}
+
 /// The server's handle to its spawner processes. Each serves one request at a time; a create
 /// goes to the least busy one, and every later request about a sandbox to the one that made
 /// it (its id says which, [`crate::spawner::worker_of`]).
@@ -311,15 +321,11 @@ pub fn start_spawners(
             }
         }
     }
-    let mut service = SpawnerService {
-        workers: Vec::with_capacity(n),
-        next: AtomicUsize::new(0),
-        roots: Mutex::new(Some(RootChannel::new(root_clients))),
-        builds: Mutex::new(Some(builds_client)),
-        reaped: 0,
-        cgroups: String::new(),
-        adopted: Vec::new(),
-    };
+    let mut service = SpawnerService::with(
+        Vec::with_capacity(n),
+        Some(RootChannel::new(root_clients)),
+        Some(builds_client),
+    );
     for (sock, reply) in clients.into_iter().zip(ready) {
         match reply {
             Reply::Ready {
@@ -333,11 +339,7 @@ pub fn start_spawners(
                     service.cgroups = cgroups;
                 }
                 service.adopted.extend(adopted);
-                service.workers.push(Worker {
-                    sock: Mutex::new(sock),
-                    busy: AtomicUsize::new(0),
-                    pid,
-                });
+                service.workers.push(Worker::new(sock, pid));
             }
             Reply::Failed(f) => {
                 failure.get_or_insert(ServiceError::Failed(f));
@@ -403,15 +405,20 @@ impl SpawnerService {
     /// creates and destroys as [`Self::create`] and [`Self::destroy`], with what that channel
     /// allows. It cannot shut the spawner down.
     pub fn client(sock: OwnedFd, pid: libc::pid_t) -> SpawnerService {
+        SpawnerService::with(vec![Worker::new(sock, pid)], None, None)
+    }
+
+    /// A service of `workers`, with what it has to give away; nothing reaped or taken up.
+    fn with(
+        workers: Vec<Worker>,
+        roots: Option<RootChannel>,
+        builds: Option<OwnedFd>,
+    ) -> SpawnerService {
         SpawnerService {
-            workers: vec![Worker {
-                sock: Mutex::new(sock),
-                busy: AtomicUsize::new(0),
-                pid,
-            }],
+            workers,
             next: AtomicUsize::new(0),
-            roots: Mutex::new(None),
-            builds: Mutex::new(None),
+            roots: Mutex::new(roots),
+            builds: Mutex::new(builds),
             reaped: 0,
             cgroups: String::new(),
             adopted: Vec::new(),

@@ -2,7 +2,7 @@
 //! forks the others from itself (each a copy that shares nothing mutable with it, see
 //! [`Spawner::become_worker`]), and each then serves its own channels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
@@ -91,18 +91,18 @@ pub(super) fn serve(
         ),
     };
     let workers = server.len();
-    let mut pairs = server.into_iter().zip(roots);
-    let Some((first, first_roots)) = pairs.next() else {
+    // Each spawner's server and root channel; the first's are this process's.
+    let mut rest: VecDeque<(OwnedFd, OwnedFd)> = server.into_iter().zip(roots).collect();
+    let Some((first, first_roots)) = rest.pop_front() else {
         sys::exit_now(1)
     };
-    let mut rest: Vec<Option<(OwnedFd, OwnedFd)>> = pairs.map(Some).collect();
     // The other spawners, each forked from this one once everything is prepared, and each
     // taking up its share of the kept sandboxes before the next starts: the reaper below
     // runs once all are taken.
     let me = sys::getpid();
     let mut forked = Vec::with_capacity(workers - 1);
     for worker in 1..workers {
-        let Some((sock, roots)) = rest.get_mut(worker - 1).and_then(Option::take) else {
+        let Some((sock, roots)) = rest.pop_front() else {
             sys::exit_now(1)
         };
         let started = sys::pipe().and_then(|(r, w)| {
@@ -155,7 +155,7 @@ pub(super) fn serve(
                     format!("starting spawner {worker}: {e}"),
                 );
                 let mut socks = vec![first, sock];
-                socks.extend(rest.into_iter().flatten().map(|(s, _)| s));
+                socks.extend(rest.into_iter().map(|(s, _)| s));
                 fail_all(f, &socks)
             }
         }
@@ -192,9 +192,9 @@ fn share(spawner: &Spawner, worker: usize, workers: usize) -> HashMap<String, (S
 /// for the first, which waits for them to have stopped before it ends (its end would kill
 /// them). Never returns.
 fn run(
-    mut state: State<'_>,
+    state: State<'_>,
     reaped: usize,
-    channels: Vec<(OwnedFd, Role)>,
+    mut channels: Vec<(OwnedFd, Role)>,
     workers: Vec<libc::pid_t>,
 ) -> ! {
     let end = |state: State<'_>, keep: bool| {
@@ -218,13 +218,13 @@ fn run(
         adopted,
         pid: sys::getpid(),
     };
-    let mut channels = channels;
     // A reply too large for one message (thousands of kept sandboxes) is a failed start,
     // never a partial list: every one of them stays for a spawner that can say it.
     if send_reply(&channels[0].0, &ready, &[]).is_err() {
-        state.shutdown(true);
+        end(state, true);
         sys::exit_now(1);
     }
+    let mut state = state;
     // The server's channel first: its end is the spawner's end. The root and build channels
     // may close (their helper gone) without stopping anything else.
     let mut buf = vec![0u8; MAX_MESSAGE];
