@@ -1,6 +1,6 @@
 //! End to end: a server's several spawner processes (`husk_runtime::service::start_spawners`).
 //! Creates spread over them, each sandbox is made by (and is the child of) one of them, every
-//! later request about a sandbox reaches that one (freeze, thaw, rename, reconnect, the files
+//! later request about a sandbox reaches that one (freeze, thaw, assign, reconnect, the files
 //! helper's roots, destroy), concurrent creates in different spawners get different uid slots,
 //! and kept sandboxes are taken up by a later service with another number of spawners.
 //!
@@ -184,7 +184,12 @@ async fn spread(service: &SpawnerService) -> Vec<Made> {
         service.freeze(&c.id).expect("freeze");
         service.thaw(&c.id).expect("thaw");
         let name = format!("renamed-{}", worker_of(&c.id));
-        service.rename(&c.id, &name).expect("rename");
+        let a = husk_runtime::Assignment {
+            hostname: name.clone(),
+            limits: None,
+            mounts: Vec::new(),
+        };
+        service.assign(&c.id, &a).expect("rename");
         assert_eq!(hostname_of(c.init_pid), name);
     }
     // The files helper's channel reaches every spawner's sandboxes, and only them.

@@ -9,7 +9,7 @@
 use std::os::fd::BorrowedFd;
 
 use husk_runtime::service::{Created, ServiceError, SpawnerService};
-use husk_runtime::SandboxSpec;
+use husk_runtime::{Assignment, SandboxSpec};
 
 /// Makes and destroys sandboxes for the core.
 pub trait SandboxHost: Send + Sync + 'static {
@@ -29,8 +29,8 @@ pub trait SandboxHost: Send + Sync + 'static {
     /// Lets a frozen sandbox run again.
     fn thaw(&self, runtime_id: &str) -> Result<(), ServiceError>;
 
-    /// Sets a sandbox's hostname (a warm sandbox claimed).
-    fn rename(&self, runtime_id: &str, hostname: &str) -> Result<(), ServiceError>;
+    /// Gives a live sandbox its hostname, lower limits and mounts (a warm sandbox claimed).
+    fn assign(&self, runtime_id: &str, assignment: &Assignment) -> Result<(), ServiceError>;
 
     /// The sandboxes an earlier server left running that the host took up at its start
     /// (runtime ids): each to be reconnected to or destroyed.
@@ -61,8 +61,8 @@ impl SandboxHost for SpawnerService {
         SpawnerService::thaw(self, runtime_id)
     }
 
-    fn rename(&self, runtime_id: &str, hostname: &str) -> Result<(), ServiceError> {
-        SpawnerService::rename(self, runtime_id, hostname)
+    fn assign(&self, runtime_id: &str, assignment: &Assignment) -> Result<(), ServiceError> {
+        SpawnerService::assign(self, runtime_id, assignment)
     }
 
     fn adopted(&self) -> Vec<String> {

@@ -71,7 +71,7 @@ struct State {
     /// What each sandbox's agent was assigned (a warm sandbox claimed), by runtime id.
     assigned: Assigned,
     /// Hostnames set after creation ([`SandboxHost::rename`]), by runtime id.
-    renamed: BTreeMap<String, String>,
+    given: BTreeMap<String, husk_runtime::Assignment>,
 }
 
 /// Hostname and environment an agent was assigned, by runtime id.
@@ -109,7 +109,7 @@ impl FakeHost {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next create fails with `failure` (calls queue up).
+    /// The next create or assign fails with `failure` (calls queue up).
     pub fn fail_next(&self, failure: Failure) {
         self.state().failures.push(failure);
     }
@@ -177,9 +177,9 @@ impl FakeHost {
         got
     }
 
-    /// The hostname `runtime_id` was last given by [`SandboxHost::rename`].
-    pub fn renamed(&self, runtime_id: &str) -> Option<String> {
-        self.state().renamed.get(runtime_id).cloned()
+    /// What `runtime_id` was last given by [`SandboxHost::assign`].
+    pub fn given(&self, runtime_id: &str) -> Option<husk_runtime::Assignment> {
+        self.state().given.get(runtime_id).cloned()
     }
 
     /// The hostname and environment the agent of `runtime_id` was last assigned.
@@ -270,7 +270,11 @@ impl SandboxHost for FakeHost {
         self.set_frozen(runtime_id, false)
     }
 
-    fn rename(&self, runtime_id: &str, hostname: &str) -> Result<(), ServiceError> {
+    fn assign(
+        &self,
+        runtime_id: &str,
+        assignment: &husk_runtime::Assignment,
+    ) -> Result<(), ServiceError> {
         let mut st = self.state();
         if !st.live.contains_key(runtime_id) {
             return Err(ServiceError::Failed(Failure::new(
@@ -278,8 +282,10 @@ impl SandboxHost for FakeHost {
                 format!("no sandbox {runtime_id}"),
             )));
         }
-        st.renamed
-            .insert(runtime_id.to_owned(), hostname.to_owned());
+        if !st.failures.is_empty() {
+            return Err(ServiceError::Failed(st.failures.remove(0)));
+        }
+        st.given.insert(runtime_id.to_owned(), assignment.clone());
         Ok(())
     }
 

@@ -740,8 +740,17 @@ impl SandboxCgroup {
         for (_, d) in &self.v1 {
             fs::create_dir(d).map_err(io_err(d))?;
         }
-        let limits = &spec.limits;
-        let memory = spec.memory_cgroup_bytes().to_string();
+        self.write_limits(&spec.limits, spec.memory_cgroup_bytes())
+    }
+
+    /// Writes `limits` with `memory` as the memory cgroup's limit ([`SandboxCgroup::complete`];
+    /// again, lower, when a warm sandbox is claimed with limits of its own).
+    pub fn write_limits(
+        &self,
+        limits: &crate::spec::Limits,
+        memory: u64,
+    ) -> Result<(), CgroupError> {
+        let memory = memory.to_string();
         let period: u64 = 100_000;
         let quota = (limits.cpu_millis.saturating_mul(period) / 1000).max(1000);
         if let Some(d) = self.v1_dir("memory") {
@@ -981,6 +990,26 @@ impl SandboxCgroup {
             st.cpu_usage_ns = num(d.join("cpuacct.usage")).unwrap_or(0);
         }
         st
+    }
+
+    /// The memory charged and the tasks counted now, where this host counts them.
+    pub fn usage(&self) -> (Option<u64>, Option<u64>) {
+        let num = |d: &Path, f: &str| {
+            fs::read_to_string(d.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        let memory = match (self.v1_dir("memory"), &self.v2) {
+            (Some(d), _) => num(d, "memory.usage_in_bytes"),
+            (None, Some(d)) if self.v2_controllers.contains(&"memory") => num(d, "memory.current"),
+            _ => None,
+        };
+        let pids = match (self.v1_dir("pids"), &self.v2) {
+            (Some(d), _) => num(d, "pids.current"),
+            (None, Some(d)) if self.v2_controllers.contains(&"pids") => num(d, "pids.current"),
+            _ => None,
+        };
+        (memory, pids)
     }
 
     /// Every directory of this cgroup (for tests and leak checks).

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::spec::{NetworkMode, RootSource, SandboxSpec};
+use crate::spec::{MountSpec, NetworkMode, RootSource, SandboxSpec};
 
 /// The roots a server's specs may name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -72,16 +72,7 @@ fn built_image(path: &Path, digest: &str) -> Result<(), String> {
 impl Confinement {
     /// Checks every host path `spec` names, and its network.
     pub fn check(&self, spec: &SandboxSpec) -> Result<(), String> {
-        for m in &spec.mounts {
-            let exact = std::fs::canonicalize(&m.host).is_ok_and(|real| {
-                self.mount_files
-                    .iter()
-                    .any(|f| std::fs::canonicalize(f).is_ok_and(|f| f == real))
-            });
-            if !exact {
-                below(&m.host, &self.mount_roots).map_err(|e| format!("mount source {e}"))?;
-            }
-        }
+        self.check_mounts(&spec.mounts)?;
         let layered = match &spec.rootfs {
             RootSource::Host => false,
             RootSource::Image { path, digest, .. } => {
@@ -102,6 +93,21 @@ impl Confinement {
         }
         if matches!(spec.network, NetworkMode::Host) && !layered {
             return Err("the host's network is only for template builds".into());
+        }
+        Ok(())
+    }
+
+    /// Checks the host paths of `mounts` (a create's, or those given to a claimed sandbox).
+    pub fn check_mounts(&self, mounts: &[MountSpec]) -> Result<(), String> {
+        for m in mounts {
+            let exact = std::fs::canonicalize(&m.host).is_ok_and(|real| {
+                self.mount_files
+                    .iter()
+                    .any(|f| std::fs::canonicalize(f).is_ok_and(|f| f == real))
+            });
+            if !exact {
+                below(&m.host, &self.mount_roots).map_err(|e| format!("mount source {e}"))?;
+            }
         }
         Ok(())
     }

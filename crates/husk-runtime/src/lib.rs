@@ -58,4 +58,6 @@ pub mod usr_layer;
 /// Re-exported for the constants and plain structs (`pollfd`, signal numbers) the safe API uses.
 pub use libc;
 pub use spawner::{Fate, Sandbox, SpawnError, Spawner};
-pub use spec::{Limits, MountIds, MountSpec, NetworkMode, RootSource, SandboxSpec, User};
+pub use spec::{
+    Assignment, Limits, MountIds, MountSpec, NetworkMode, RootSource, SandboxSpec, User,
+};

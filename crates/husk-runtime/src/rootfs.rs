@@ -182,8 +182,7 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<Option<std::os::fd::OwnedFd>> 
 
     let stage = plan.staging;
     let disk = spec.limits.disk_bytes;
-    // Bound inodes too, so a sandbox cannot exhaust memory with empty files.
-    let inodes = (disk / 4096).clamp(4096, 1 << 20);
+    let inodes = layer_inodes(disk);
     let base = plan.base;
     mount_fs(
         "tmpfs",
@@ -251,6 +250,12 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<Option<std::os::fd::OwnedFd>> 
     sys::umount2(c".", libc::MNT_DETACH).map_err(ctx("detach old root"))?;
     std::env::set_current_dir("/")?;
     Ok(upper)
+}
+
+/// The inodes of a writable layer of `disk` bytes: bounded too, so a sandbox cannot exhaust
+/// memory with empty files.
+pub(crate) fn layer_inodes(disk: u64) -> u64 {
+    (disk / 4096).clamp(4096, 1 << 20)
 }
 
 /// The writable layer's directory, opened before the sandbox's processes exist (not followed

@@ -79,10 +79,11 @@ enum Request {
     /// namespace come with [`Reply::Created`]): how a restarted server reaches the sandboxes
     /// its spawner took up.
     Reconnect(String),
-    /// Sets the sandbox's hostname (a warm sandbox given to the create that claimed it).
-    Rename {
+    /// Gives a sandbox its hostname, lower limits and mounts (a warm sandbox given to the
+    /// create that claimed it): [`crate::Spawner::assign`].
+    Assign {
         id: String,
-        hostname: String,
+        assignment: Box<crate::spec::Assignment>,
     },
 }
 
@@ -114,7 +115,7 @@ impl Role {
                 | Request::Freeze(_)
                 | Request::Thaw(_)
                 | Request::Reconnect(_)
-                | Request::Rename { .. },
+                | Request::Assign { .. },
             ) => true,
             (Role::Roots, Request::FrozenRoot(_) | Request::FrozenLayer(_)) => true,
             (Role::Builder, Request::Create(_) | Request::Destroy(_)) => true,
@@ -461,13 +462,18 @@ impl SpawnerService {
         self.done(id, &Request::Thaw(id.into()))
     }
 
-    /// Sets the sandbox's hostname ([`crate::Sandbox::set_hostname`]).
-    pub fn rename(&self, id: &str, hostname: &str) -> Result<(), ServiceError> {
+    /// Gives a sandbox this channel made its hostname, lower limits and mounts
+    /// ([`crate::Spawner::assign`]).
+    pub fn assign(
+        &self,
+        id: &str,
+        assignment: &crate::spec::Assignment,
+    ) -> Result<(), ServiceError> {
         self.done(
             id,
-            &Request::Rename {
+            &Request::Assign {
                 id: id.into(),
-                hostname: hostname.into(),
+                assignment: Box::new(assignment.clone()),
             },
         )
     }
@@ -735,12 +741,8 @@ pub mod fuzzing {
             | super::Request::FrozenLayer(_)
             | super::Request::Freeze(_)
             | super::Request::Thaw(_) => Ok(()),
-            super::Request::Rename { hostname, .. } => {
-                if crate::spawner::valid_hostname(hostname) {
-                    Ok(())
-                } else {
-                    Err(format!("invalid hostname {hostname:?}"))
-                }
+            super::Request::Assign { assignment, .. } => {
+                crate::spawner::validate_assignment(assignment).map_err(|e| e.to_string())
             }
         };
         let encoded = postcard::to_stdvec(&req).map_err(|e| e.to_string());
@@ -778,9 +780,13 @@ mod tests {
         // It pauses and resumes (its own; checked by owner when served).
         assert!(Role::Server.allows(&Request::Freeze("s1".into())));
         assert!(Role::Server.allows(&Request::Thaw("s1".into())));
-        let rename = Request::Rename {
+        let rename = Request::Assign {
             id: "s1".into(),
-            hostname: "x".into(),
+            assignment: Box::new(crate::spec::Assignment {
+                hostname: "x".into(),
+                limits: None,
+                mounts: Vec::new(),
+            }),
         };
         assert!(Role::Server.allows(&rename));
         assert!(!Role::Roots.allows(&rename));

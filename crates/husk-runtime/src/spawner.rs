@@ -24,6 +24,10 @@ use crate::spec::{MountIds, NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, ExitStatus, Forked};
 use crate::uidrange::{self, UidRange, RANGE};
 
+mod assign;
+
+pub(crate) use assign::validate_assignment;
+
 /// Errors of creating, waiting for and destroying sandboxes.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -884,6 +888,42 @@ pub fn valid_hostname(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
+fn validate_limits(l: &crate::spec::Limits) -> Result<(), SpawnError> {
+    let bad = |m: &str| Err(SpawnError::InvalidSpec(m.into()));
+    if l.memory_bytes < 4 << 20 {
+        return bad("memory limit must be at least 4 MiB");
+    }
+    if l.pids < 2 {
+        return bad("pids limit must be at least 2");
+    }
+    if l.cpu_millis < 10 {
+        return bad("cpu limit must be at least 0.01");
+    }
+    if l.disk_bytes < 1 << 20 {
+        return bad("disk size must be at least 1 MiB");
+    }
+    Ok(())
+}
+
+fn validate_mounts(mounts: &[crate::spec::MountSpec]) -> Result<(), SpawnError> {
+    for m in mounts {
+        if !m.host.is_absolute() {
+            return Err(SpawnError::InvalidSpec(format!(
+                "mount source {} must be an absolute path",
+                m.host.display()
+            )));
+        }
+        if fs::metadata(&m.host).is_err() {
+            return Err(SpawnError::InvalidSpec(format!(
+                "mount source {} does not exist",
+                m.host.display()
+            )));
+        }
+        crate::rootfs::relative(&m.sandbox).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
+    }
+    Ok(())
+}
+
 pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
     let bad = |m: String| Err(SpawnError::InvalidSpec(m));
     if let Some(cmd) = &spec.command {
@@ -897,31 +937,8 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), SpawnError> {
             spec.hostname
         ));
     }
-    let l = &spec.limits;
-    if l.memory_bytes < 4 << 20 {
-        return bad("memory limit must be at least 4 MiB".into());
-    }
-    if l.pids < 2 {
-        return bad("pids limit must be at least 2".into());
-    }
-    if l.cpu_millis < 10 {
-        return bad("cpu limit must be at least 0.01".into());
-    }
-    if l.disk_bytes < 1 << 20 {
-        return bad("disk size must be at least 1 MiB".into());
-    }
-    for m in &spec.mounts {
-        if !m.host.is_absolute() {
-            return bad(format!(
-                "mount source {} must be an absolute path",
-                m.host.display()
-            ));
-        }
-        if fs::metadata(&m.host).is_err() {
-            return bad(format!("mount source {} does not exist", m.host.display()));
-        }
-        crate::rootfs::relative(&m.sandbox).map_err(|e| SpawnError::InvalidSpec(e.to_string()))?;
-    }
+    validate_limits(&spec.limits)?;
+    validate_mounts(&spec.mounts)?;
     if let Some(w) = &spec.workdir {
         crate::rootfs::relative(w).map_err(|e| SpawnError::InvalidSpec(format!("workdir: {e}")))?;
     }

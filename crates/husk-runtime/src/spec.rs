@@ -82,6 +82,19 @@ pub struct MountSpec {
     pub ids: MountIds,
 }
 
+/// What a live sandbox is given when it becomes a create's (a warm sandbox claimed): what a
+/// create would have given it from the start. See [`crate::Spawner::assign`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Its hostname (the create's sandbox id).
+    pub hostname: String,
+    /// Its limits, when they differ from those it was made with (only ever lower: memory,
+    /// CPU and tasks in its cgroups, the size of its writable layer).
+    pub limits: Option<Limits>,
+    /// Host paths mounted into it ([`SandboxSpec::mounts`]).
+    pub mounts: Vec<MountSpec>,
+}
+
 /// How a host mount's owners appear inside the sandbox (an id-mapped mount; the host's files
 /// keep their owners).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

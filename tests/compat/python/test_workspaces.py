@@ -1,7 +1,12 @@
 """Workspaces as E2B volumes, through the stock SDK: `Sandbox.create(volume_mounts={path: name})`
 mounts the team's workspace NAME (husk's API creates and fills it) read-only; `NAME:rw` asks for
 write access; the files are the sandbox user's; a missing workspace or a bad mount path is a
-clear error; another team cannot mount it."""
+clear error; another team cannot mount it.
+
+Every test runs twice: on the session's server, which makes each sandbox fresh (the mounts are
+made with its root), and on one with a warm pool of `base` (`--warm base=2`), whose creates
+claim a warm sandbox and get their workspaces at the claim (mounted by the spawner into the
+running sandbox); each claim is checked in `/husk/v1/pools`."""
 
 from __future__ import annotations
 
@@ -9,9 +14,10 @@ import http.client
 import json
 
 import pytest
+from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
-from husk_compat import unique
+from husk_compat import http_request, start_server, unique, wait_for
 
 
 def api(husk, method: str, path: str, body: bytes = b"", key: str = "") -> tuple:
@@ -23,8 +29,67 @@ def api(husk, method: str, path: str, body: bytes = b"", key: str = "") -> tuple
     return resp.status, data
 
 
+class Server:
+    """A server the module's tests run on, and whether its creates claim warm sandboxes."""
+
+    def __init__(self, husk, warm: bool) -> None:
+        self.husk = husk
+        self.warm = warm
+
+    def pool(self) -> dict:
+        r = http_request(self.husk.port, "GET", "/husk/v1/pools", {"X-API-Key": self.husk.admin_key})
+        assert r.status == 200, r.text
+        return next(p for p in r.json()["pools"] if p["template"] == "base")
+
+
+@pytest.fixture(scope="module", params=["fresh", "warm"])
+def server(request):
+    if request.param == "fresh":
+        yield Server(request.getfixturevalue("husk"), False)
+        return
+    husk = start_server(extra_args=("--warm", "base=2"))
+    try:
+        yield Server(husk, True)
+    finally:
+        husk.close()
+
+
 @pytest.fixture(scope="module")
-def workspace(husk) -> str:
+def other_key(server) -> str:
+    return server.husk.create_key("other")
+
+
+@pytest.fixture
+def sandbox_factory(server):
+    """Creates sandboxes with the stock SDK on the module's server; on the warm one, a create
+    that succeeds must have claimed a warm sandbox. Kills every one in teardown."""
+    made = []
+
+    def make(**kwargs) -> Sandbox:
+        api_key = kwargs.pop("api_key", None) or server.husk.admin_key
+        kwargs.setdefault("timeout", 120)
+        before = None
+        if server.warm:
+            before = wait_for(lambda: (lambda p: p if p["ready"] >= 1 else None)(server.pool()), 60, "a warm sandbox")
+        sbx = Sandbox.create(**kwargs, **server.husk.opts(api_key=api_key))
+        made.append((sbx.sandbox_id, api_key))
+        if before is not None:
+            after = server.pool()
+            assert after["claimed"] == before["claimed"] + 1, (before, after)
+            assert after["claim_failed"] == 0, after
+        return sbx
+
+    yield make
+    for sandbox_id, api_key in made:
+        try:
+            Sandbox.kill(sandbox_id, **server.husk.opts(api_key=api_key))
+        except Exception:
+            pass
+
+
+@pytest.fixture(scope="module")
+def workspace(server) -> str:
+    husk = server.husk
     name = unique("ws")
     status, body = api(husk, "POST", "/husk/v1/workspaces", json.dumps({"name": name}).encode())
     assert status == 201, body
@@ -44,7 +109,8 @@ def test_a_volume_mount_is_read_only_and_owned_by_the_user(workspace, sandbox_fa
     assert info.volume_mounts == [{"name": workspace, "path": "/data"}]
 
 
-def test_rw_volume_writes_land_in_the_workspace(husk, workspace, sandbox_factory):
+def test_rw_volume_writes_land_in_the_workspace(server, workspace, sandbox_factory):
+    husk = server.husk
     sbx = sandbox_factory(volume_mounts={"/mnt/w": f"{workspace}:rw"})
     sbx.files.write("/mnt/w/from-sdk.txt", "written by the SDK\n")
     r = sbx.commands.run("echo by-command > /mnt/w/cmd.txt && ls /mnt/w")
@@ -58,7 +124,7 @@ def test_rw_volume_writes_land_in_the_workspace(husk, workspace, sandbox_factory
     assert later.commands.run("cat /data/cmd.txt").stdout == "by-command\n"
 
 
-def test_missing_workspaces_bad_paths_and_other_teams_are_refused(husk, workspace, sandbox_factory, other_key):
+def test_missing_workspaces_bad_paths_and_other_teams_are_refused(workspace, sandbox_factory, other_key):
     with pytest.raises(SandboxException) as e:
         sandbox_factory(volume_mounts={"/data": "no-such-workspace"})
     assert "workspace 'no-such-workspace' not found" in str(e.value)

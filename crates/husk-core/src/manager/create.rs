@@ -87,6 +87,7 @@ impl Manager {
         }
         let mounts = self.workspace_mounts(&who.team, &req.workspaces)?;
         let limits = self.request_limits(req.limits.as_ref())?;
+        let rules = self.request_rules(&who.team, &req)?;
         self.check_memory_reserve()?;
         // May hash the image the first time this process uses it. A snapshot stays pinned
         // until the sandbox is registered (nothing removes its files meanwhile).
@@ -102,13 +103,23 @@ impl Manager {
         // A new sandbox of a template with a pool is a warm one, if the pool has one the
         // request fits.
         let warm = match (&identity, &pin) {
-            (None, None) => self.take_warm(&req, &template, &limits),
+            (None, None) => self.take_warm(&req, &template),
             _ => None,
         };
         tokio::spawn(async move {
             let result = match warm {
                 Some(w) => match this
-                    .claim(&who, req.clone(), w, &template, limits.clone())
+                    .claim(
+                        &who,
+                        req.clone(),
+                        w,
+                        &template,
+                        Given {
+                            limits: limits.clone(),
+                            mounts: mounts.clone(),
+                            rules: rules.clone(),
+                        },
+                    )
                     .await
                 {
                     Ok(sb) => Ok(sb),
@@ -118,12 +129,21 @@ impl Manager {
                             error = %crate::error_chain(&e),
                             "claiming a warm sandbox failed; creating a fresh one"
                         );
-                        this.create_reserved(&who, req, template, mounts, limits, None)
-                            .await
+                        let given = Given {
+                            limits,
+                            mounts,
+                            rules,
+                        };
+                        this.create_reserved(&who, req, template, given, None).await
                     }
                 },
                 None => {
-                    this.create_reserved(&who, req, template, mounts, limits, identity)
+                    let given = Given {
+                        limits,
+                        mounts,
+                        rules,
+                    };
+                    this.create_reserved(&who, req, template, given, identity)
                         .await
                 }
             };
@@ -140,27 +160,19 @@ impl Manager {
         who: &Principal,
         req: CreateRequest,
         template: Resolved,
-        mounts: Vec<husk_runtime::MountSpec>,
-        limits: Limits,
+        given: Given,
         identity: Option<Identity>,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let Given {
+            limits,
+            mounts,
+            rules,
+        } = given;
         let id = match &identity {
             Some(i) => i.id.clone(),
             None => new_sandbox_id()?,
         };
         let policy = self.request_policy(req.network.as_ref())?;
-        let rules = match &req.rules {
-            Some(r) if !r.is_empty() => {
-                if self.egress().is_none() {
-                    return Err(CoreError::Unsupported(
-                        "network.rules need sandboxes with a network (start husk serve with --egress)"
-                            .into(),
-                    ));
-                }
-                Some(self.resolve_rules(&who.team, r)?)
-            }
-            _ => None,
-        };
         let own = identity.as_ref().map(|i| crate::saved_layers::LayerRef {
             home: crate::saved_layers::Home::Paused,
             owner: i.id.clone(),
@@ -208,6 +220,26 @@ impl Manager {
                 undo.run(self).await;
                 Err(e)
             }
+        }
+    }
+
+    /// The header rules a create asks for, resolved (its team's secrets named in them).
+    fn request_rules(
+        &self,
+        team: &str,
+        req: &CreateRequest,
+    ) -> Result<Option<husk_net::rules::HeaderRules>, CoreError> {
+        match &req.rules {
+            Some(r) if !r.is_empty() => {
+                if self.egress().is_none() {
+                    return Err(CoreError::Unsupported(
+                        "network.rules need sandboxes with a network (start husk serve with --egress)"
+                            .into(),
+                    ));
+                }
+                Ok(Some(self.resolve_rules(team, r)?))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -475,6 +507,15 @@ pub(super) struct Booted {
     pub(super) agent: AgentClient,
     pub(super) contexts: Arc<crate::contexts::Contexts>,
     pub(super) default_user: User,
+}
+
+/// What a create gives its sandbox beyond the template, checked and resolved: its limits,
+/// its workspaces' mounts, its header rules.
+#[derive(Clone)]
+pub(super) struct Given {
+    pub(super) limits: Limits,
+    pub(super) mounts: Vec<husk_runtime::MountSpec>,
+    pub(super) rules: Option<husk_net::rules::HeaderRules>,
 }
 
 /// A sandbox's environment: the template's, then the request's (which wins). With header

@@ -9,6 +9,11 @@
 //! have had it from the start:
 //! - its id: the kernel's hostname (set by the spawner) and the files init wrote it in
 //!   (`Request::Assign`, the agent);
+//! - its limits, when the create asks for lower ones than the server's: the spawner lowers
+//!   its cgroups' limits and resizes its writable layer, and refuses where the sandbox
+//!   already uses more (the claim then fails, see below);
+//! - its workspaces: the spawner mounts them into the running sandbox, id-mapped and
+//!   read-only unless asked otherwise, on mount points made as a create makes them;
 //! - its environment: the agent's, for every process started from then on, and, set by
 //!   silent code that leaves nothing in their namespace, the running kernels' (the create's
 //!   variables and its secrets' values, redacted in their output from then on);
@@ -16,8 +21,8 @@
 //! - its team, metadata, timeout, lifecycle, tokens and start time (the server's own record).
 //!
 //! A create whose sandbox a warm one cannot be made into is served by a fresh create, as is
-//! every create while the pool is empty: one with workspaces or header rules (they are set up
-//! when the sandbox is made), with limits other than the server's, with variables for a
+//! every create while the pool is empty: one with header rules (the router's CA is written
+//! into a sandbox's trust store only when it is made with rules), with variables for a
 //! template with a start command (that command already runs, with the template's environment)
 //! or with kernels in a language husk cannot set variables in, a snapshot or a resume. A claim
 //! that fails destroys the warm sandbox and falls back to a fresh create too. A claimed sandbox
@@ -37,7 +42,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::create::{new_sandbox_id, sandbox_env, Booted, Undo};
+use super::create::{new_sandbox_id, sandbox_env, Booted, Given, Undo};
 use super::{CoreError, CreateRequest, LiveSandbox, Manager};
 use crate::store::Principal;
 use crate::template::Resolved;
@@ -187,24 +192,17 @@ impl Pools {
     }
 }
 
-/// Why a create cannot have a warm sandbox of its template, or `None` if it can.
-pub(super) fn misfit(
-    req: &CreateRequest,
-    template: &Resolved,
-    limits: &husk_runtime::Limits,
-    server_limits: &husk_runtime::Limits,
-) -> Option<&'static str> {
+/// Why a create cannot have a warm sandbox of its template, or `None` if it can. Its limits
+/// (never above the server's, which warm sandboxes have), workspaces and network policy are
+/// given at the claim.
+pub(super) fn misfit(req: &CreateRequest, template: &Resolved) -> Option<&'static str> {
     if template.snapshot.is_some() || !template.layers.is_empty() {
         return Some("a snapshot");
     }
-    if !req.workspaces.is_empty() {
-        return Some("workspaces");
-    }
+    // Header rules need the router's CA in the sandbox's trust store, which is written only
+    // when a sandbox is made with rules (a sandbox made without never trusts it).
     if req.rules.as_ref().is_some_and(|r| !r.is_empty()) {
         return Some("header rules");
-    }
-    if limits != server_limits {
-        return Some("limits of its own");
     }
     if !req.env.as_slice().is_empty() {
         if template.defaults.start_cmd.is_some() {
@@ -511,12 +509,7 @@ impl Manager {
     }
 
     /// Takes a warm sandbox for a create of `template`, if its pool has one it fits.
-    pub(super) fn take_warm(
-        &self,
-        req: &CreateRequest,
-        template: &Resolved,
-        limits: &husk_runtime::Limits,
-    ) -> Option<Warm> {
+    pub(super) fn take_warm(&self, req: &CreateRequest, template: &Resolved) -> Option<Warm> {
         let mut pools = lock(&self.pools.pools);
         // The pool is named as the server was told (`base`), the template as registered.
         let key = [req.template.as_str(), template.name.as_str()]
@@ -524,7 +517,7 @@ impl Manager {
             .find(|k| pools.contains_key(*k))?
             .to_owned();
         let p = pools.get_mut(&key)?;
-        if let Some(why) = misfit(req, template, limits, &self.config.limits) {
+        if let Some(why) = misfit(req, template) {
             tracing::debug!(template = %template.name, why, "a create a warm sandbox cannot serve");
             p.stats.missed += 1;
             return None;
@@ -555,14 +548,14 @@ impl Manager {
         req: CreateRequest,
         warm: Warm,
         template: &Resolved,
-        limits: husk_runtime::Limits,
+        given: Given,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         let undo = Undo {
             runtime_id: warm.booted.runtime_id.clone(),
             agent: Some(warm.booted.agent.clone()),
         };
         let pool = warm.pool.clone();
-        let claimed = self.claim_inner(who, req, warm, template, limits).await;
+        let claimed = self.claim_inner(who, req, warm, template, given).await;
         {
             let mut pools = lock(&self.pools.pools);
             let p = pools.entry(pool).or_default();
@@ -586,7 +579,7 @@ impl Manager {
         req: CreateRequest,
         warm: Warm,
         template: &Resolved,
-        limits: husk_runtime::Limits,
+        given: Given,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
         let Warm {
             mut booted,
@@ -594,27 +587,46 @@ impl Manager {
             policy: warm_policy,
             ..
         } = warm;
+        let Given {
+            limits,
+            mounts,
+            rules,
+        } = given;
         let id = new_sandbox_id()?;
         let policy = self.request_policy(req.network.as_ref())?;
-        if policy != warm_policy {
-            if let Some(link) = booted.net.as_ref() {
-                link.set_policy(policy, husk_net::rules::HeaderRules::default())
-                    .map_err(|e| CoreError::internal("setting the sandbox's network policy", e))?;
-            }
-        }
         let agent = booted.agent.clone();
         // Until its supervisor sets its own backstop, it waits for a server like any other.
         agent
             .set_deadline(None)
             .await
             .map_err(|e| CoreError::internal("the warm sandbox's agent", e))?;
-        // The kernel's hostname (its root cannot set it), then the files that carry it.
-        let (host, runtime_id, name) = (self.host.clone(), booted.runtime_id.clone(), id.clone());
-        tokio::task::spawn_blocking(move || host.rename(&runtime_id, &name))
-            .await
-            .map_err(|e| CoreError::internal("the naming task", e))?
-            .map_err(|e| CoreError::internal("naming the warm sandbox", e))?;
-        let env = sandbox_env(&template.defaults.env, false, req.env.as_slice());
+        // Its network policy and header rules (the router's rules for its link), then, from
+        // the host: lower limits, its workspaces' mounts, the kernel's hostname (its root
+        // cannot set it). Both block.
+        let assignment = husk_runtime::Assignment {
+            hostname: id.clone(),
+            limits: (limits != self.config.limits).then(|| limits.clone()),
+            mounts,
+        };
+        let change = policy != warm_policy || rules.is_some();
+        // The link goes to the blocking task and back (on a failure it is dropped there, which
+        // unlinks it; the sandbox is destroyed).
+        let net = booted.net.take();
+        let (host, runtime_id) = (self.host.clone(), booted.runtime_id.clone());
+        booted.net = tokio::task::spawn_blocking(move || {
+            if let Some(link) = net.as_ref().filter(|_| change) {
+                link.set_policy(policy, rules.unwrap_or_default())
+                    .map_err(|e| CoreError::internal("setting the sandbox's network policy", e))?;
+            }
+            host.assign(&runtime_id, &assignment)
+                .map_err(|e| CoreError::internal("giving the warm sandbox its own", e))?;
+            Ok::<_, CoreError>(net)
+        })
+        .await
+        .map_err(|e| CoreError::internal("the claiming task", e))??;
+        // The files that carry its name.
+        let has_ca = booted.net.as_ref().is_some_and(|n| n.ca_pem().is_some());
+        let env = sandbox_env(&template.defaults.env, has_ca, req.env.as_slice());
         match agent
             .call(husk_proto::Request::Assign {
                 hostname: id.clone(),

@@ -60,10 +60,10 @@ async fn a_create_claims_a_warm_sandbox_under_its_own_id_and_environment() {
     // One of the warm sandboxes, not a new one; named by its own id from now on.
     assert!(host.live().contains(&sb.runtime_id));
     assert!(!warm_names.contains(&sb.id));
-    assert_eq!(
-        host.renamed(&sb.runtime_id).as_deref(),
-        Some(sb.id.as_str())
-    );
+    let given = host.given(&sb.runtime_id).expect("nothing given");
+    assert_eq!(given.hostname, sb.id);
+    // The server's limits, which it has, and no workspace.
+    assert_eq!((given.limits, given.mounts.len()), (None, 0));
     let (hostname, env) = host.assigned(&sb.runtime_id).expect("no assign");
     assert_eq!(hostname, sb.id);
     assert!(env.contains(&("K".to_string(), "v".to_string())), "{env:?}");
@@ -86,22 +86,97 @@ async fn a_create_claims_a_warm_sandbox_under_its_own_id_and_environment() {
 }
 
 #[tokio::test]
-async fn creates_a_warm_sandbox_cannot_serve_are_made_fresh() {
+async fn a_create_with_lower_limits_claims_and_the_host_lowers_them() {
     let (m, host) = pooled(1, 0);
     m.spawn_pools();
     until("the pool to fill", || ready(&m) == 1).await;
     let mut r = req();
     let mut limits = m.limits().clone();
     limits.memory_bytes /= 2;
-    r.limits = Some(limits);
+    limits.pids = 20;
+    r.limits = Some(limits.clone());
     let sb = m.create(&team("a"), r).await.unwrap();
+    // The warm one, made with the server's limits, is given the create's.
     let specs = host.specs();
-    assert_eq!(specs.len(), 2);
-    assert_eq!(specs[1].hostname, sb.id, "made fresh, named by its id");
-    assert_eq!(host.assigned(&sb.runtime_id), None);
-    assert_eq!(host.renamed(&sb.runtime_id), None);
+    assert_eq!(specs[0].limits, *m.limits());
+    let given = host.given(&sb.runtime_id).expect("nothing given");
+    assert_eq!(given.limits, Some(limits.clone()));
+    assert_eq!(sb.limits, limits);
     let stats = &m.pool_stats()[0];
-    assert_eq!((stats.claimed, stats.missed, stats.ready), (0, 1, 1));
+    assert_eq!((stats.claimed, stats.missed), (1, 0));
+}
+
+#[tokio::test]
+async fn a_claim_the_host_refuses_falls_back_to_a_fresh_create() {
+    let (m, host) = pooled(1, 0);
+    m.spawn_pools();
+    until("the pool to fill", || ready(&m) == 1).await;
+    let warm = host.live()[0].clone();
+    // The host refuses the claim (a warm sandbox already using more than the create allows).
+    host.fail_next(husk_runtime::failure::Failure::new(
+        husk_runtime::failure::FailureKind::InvalidSpec,
+        "the sandbox already uses more memory",
+    ));
+    let mut r = req();
+    let mut limits = m.limits().clone();
+    limits.memory_bytes /= 2;
+    r.limits = Some(limits.clone());
+    let sb = m.create(&team("a"), r).await.unwrap();
+    // The warm one is gone; a fresh one with the create's limits is the create's.
+    assert!(host.destroyed().contains(&warm));
+    let specs = host.specs();
+    assert_eq!(specs[1].hostname, sb.id, "made fresh, named by its id");
+    assert_eq!(specs[1].limits, limits);
+    assert_eq!(host.given(&sb.runtime_id), None);
+    let stats = &m.pool_stats()[0];
+    assert_eq!((stats.claimed, stats.claim_failed), (0, 1));
+}
+
+#[test]
+fn what_a_warm_sandbox_cannot_be_given() {
+    use crate::template::Resolved;
+    let env = |r: &mut CreateRequest| {
+        r.env = EnvVars::new(vec![("K".into(), "v".into())]).unwrap();
+    };
+    let plain = Resolved {
+        name: "t".into(),
+        ..Resolved::default()
+    };
+    // Limits, workspaces and networks are given at the claim.
+    let mut r = req();
+    r.limits = Some(husk_runtime::Limits::default());
+    r.workspaces = vec![super::WorkspaceMount {
+        name: "w".into(),
+        path: "/work".into(),
+        writable: true,
+    }];
+    assert_eq!(super::pool::misfit(&r, &plain), None);
+    env(&mut r);
+    assert_eq!(super::pool::misfit(&r, &plain), None);
+    // Variables, where the start command already runs with the template's.
+    let mut started = plain.clone();
+    started.defaults.start_cmd = Some("serve".into());
+    assert!(super::pool::misfit(&r, &started).is_some());
+    assert_eq!(super::pool::misfit(&req(), &started), None);
+    // Variables a kernel cannot be given; a snapshot.
+    let mut kernels = plain.clone();
+    kernels.defaults.contexts = vec!["cobol".into()];
+    assert!(super::pool::misfit(&r, &kernels).is_some());
+    // Header rules: their CA is written into a sandbox only when it is made.
+    let mut ruled = req();
+    ruled.rules = Some(
+        crate::net_rules::NetRules::new(vec![(
+            "api.example.com".into(),
+            vec![crate::net_rules::Rule {
+                headers: vec![("x-key".into(), "v".into())],
+            }],
+        )])
+        .unwrap(),
+    );
+    assert_eq!(super::pool::misfit(&ruled, &plain), Some("header rules"));
+    let mut snap = plain.clone();
+    snap.snapshot = Some("snap".into());
+    assert!(super::pool::misfit(&req(), &snap).is_some());
 }
 
 #[tokio::test]

@@ -427,11 +427,17 @@ impl<'a> State<'a> {
                 }
                 _ => failed(no_sandbox(&id)),
             },
-            Request::Rename { id, hostname } => match self.sandboxes.get(&id) {
-                Some((sb, owner)) if *owner == role => match sb.set_hostname(&hostname) {
-                    Ok(()) => (Reply::Done, Vec::new()),
-                    Err(e) => failed(Failure::from(&e)),
-                },
+            Request::Assign { id, assignment } => match self.sandboxes.get_mut(&id) {
+                Some((sb, owner)) if *owner == role => {
+                    let confined = self
+                        .confinement
+                        .map_or(Ok(()), |c| c.check_mounts(&assignment.mounts))
+                        .map_err(crate::spawner::SpawnError::InvalidSpec);
+                    match confined.and_then(|()| self.spawner.assign(sb, &assignment)) {
+                        Ok(()) => (Reply::Done, Vec::new()),
+                        Err(e) => failed(Failure::from(&e)),
+                    }
+                }
                 _ => failed(no_sandbox(&id)),
             },
             Request::Freeze(id) => self.set_frozen(role, &id, true),

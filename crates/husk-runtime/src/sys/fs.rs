@@ -3,7 +3,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use super::{cvt, cvt_i};
@@ -219,7 +219,7 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// A detached copy of the mount tree at `source` (open_tree(OPEN_TREE_CLONE)) with `attrs` set
 /// (mount_setattr), id-mapped through `userns` when given: the mount never exists without them.
-fn detached_clone(
+pub fn detached_clone(
     source: &CStr,
     attrs: u64,
     userns: Option<BorrowedFd<'_>>,
@@ -266,8 +266,13 @@ pub fn bind_onto_fd(
     attrs: u64,
     userns: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
+    attach_tree(detached_clone(source, attrs, userns)?.as_fd(), target)
+}
+
+/// Attaches the detached tree `tree` ([`detached_clone`]) onto the mount point `target` (an
+/// `O_PATH` fd): move_mount(2). The mount point must be in the caller's mount namespace.
+pub fn attach_tree(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    let tree = detached_clone(source, attrs, userns)?;
     // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.
     cvt(unsafe {
         libc::syscall(
@@ -277,6 +282,52 @@ pub fn bind_onto_fd(
             target.as_raw_fd(),
             c"".as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// Changes options of the file system whose root `root` is (an fd of the root directory of a
+/// mount, attached or not): fspick(2), then fsconfig(2) sets each `(key, value)` and
+/// reconfigures the superblock. Unnamed options keep their values.
+pub fn reconfigure(root: BorrowedFd<'_>, options: &[(&CStr, &CStr)]) -> io::Result<()> {
+    const FSPICK_CLOEXEC: libc::c_uint = 0x1;
+    const FSPICK_EMPTY_PATH: libc::c_uint = 0x8;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_RECONFIGURE: libc::c_uint = 7;
+    // SAFETY: the empty path with FSPICK_EMPTY_PATH names `root`; a new fd is returned.
+    let fc = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_fspick,
+            root.as_raw_fd(),
+            c"".as_ptr(),
+            FSPICK_CLOEXEC | FSPICK_EMPTY_PATH,
+        )
+    })?;
+    // SAFETY: fspick returned a new fd owned by nobody else.
+    let fc = unsafe { OwnedFd::from_raw_fd(fc as RawFd) };
+    for (key, value) in options {
+        // SAFETY: key and value are valid C strings for the call; aux is unused (0).
+        cvt(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fc.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        })?;
+    }
+    // SAFETY: no pointers are passed (key and value are null for a command).
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fc.as_raw_fd(),
+            FSCONFIG_CMD_RECONFIGURE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
         )
     })?;
     Ok(())
