@@ -91,7 +91,47 @@ def warm():
     after = base_pool()
     assert after["claimed"] == before["claimed"] + 1, after
     assert after["claim_failed"] == 0, after
-    return f"claimed {after['claimed']}"
+    # A create with a workspace claims too: the spawner mounts it into the running sandbox.
+    name = f"vm-ws-{int(time.time() * 1000)}"
+    status, body = husk_api("POST", "/husk/v1/workspaces", json.dumps({"name": name}).encode())
+    if status == 501:
+        return f"claimed {after['claimed']}; no workspace at a claim: {body.decode(errors='replace')}"
+    assert status == 201, (status, body)
+    try:
+        status, body = husk_api("PUT", f"/husk/v1/workspaces/{name}/files/in.txt", b"from the host\n")
+        assert status // 100 == 2, (status, body)
+        while base_pool()["ready"] < 1:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the pool did not fill again: {base_pool()}")
+            time.sleep(1)
+        before = base_pool()
+        s = Sandbox.create(timeout=120, volume_mounts={"/data": f"{name}:rw"}, **OPTS)
+        try:
+            r = s.commands.run("cat /data/in.txt; stat -c %U /data/in.txt; echo out > /data/out.txt")
+            assert r.stdout == "from the host\nuser\n", repr(r.stdout)
+        finally:
+            s.kill()
+        after = base_pool()
+        assert after["claimed"] == before["claimed"] + 1, after
+        assert after["claim_failed"] == 0, after
+        status, body = husk_api("GET", f"/husk/v1/workspaces/{name}/files/out.txt")
+        assert (status, body) == (200, b"out\n"), (status, body)
+    finally:
+        husk_api("DELETE", f"/husk/v1/workspaces/{name}")
+    return f"claimed {after['claimed']}, one with a workspace"
+
+
+def husk_api(method, path, body=None):
+    """(status, body) of one request to husk's own API."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(URL + path, data=body, method=method, headers={"X-API-Key": KEY})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def files():
