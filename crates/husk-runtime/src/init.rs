@@ -193,6 +193,21 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     }
     // Enter the user namespace last: the mount, network, UTS and IPC namespaces stay owned by
     // the host's user namespace, so sandbox root holds no capability over them.
+    //
+    //
+    // Owned by the slot's root (host uid `base`, the effective uid that creates it), not by
+    // host root: a user namespace's per-user counts (inotify instances and watches, user
+    // namespaces, ...) are charged, at each level up, to the namespace's owner, under the
+    // host's limits there. Owned by root, every sandbox's inotify instances came out of host
+    // root's 128 (`fs.inotify.max_user_instances`), shared with the host's own services and
+    // every other sandbox: one sandbox could take them all, and an idle agent each capped the
+    // host at about a hundred sandboxes. Owned by the slot's uid, each sandbox has its own.
+    // Only the effective ids change: the real and saved ones stay root, so the permitted
+    // capabilities stay, and CAP_SYS_ADMIN is effective again for the unshare (LSMs such as
+    // Ubuntu's AppArmor restrict user namespaces made without it).
+    sys::set_effective_ids(args.base, args.base).map_err(ctx("become the slot's root"))?;
+    crate::fences::raise_effective()
+        .map_err(|e| io::Error::other(format!("capabilities for the user namespace: {e}")))?;
     sys::unshare(libc::CLONE_NEWUSER).map_err(ctx("user namespace"))?;
     control::send_from_init(control, &FromInit::NeedIdMap)?;
     let tasks = match control::recv_to_init(control)? {

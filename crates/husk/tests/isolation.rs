@@ -408,3 +408,66 @@ fn pid1_shows_nothing_of_husks_host_command_line() {
     let r = husk_run(&[], &["/bin/sh", "-c", "cut -d' ' -f5,6 /proc/1/stat"]);
     assert_eq!(r.ok().stdout.trim(), "1 1");
 }
+
+/// Takes inotify instances until the kernel refuses one or `limit` are held, says how many
+/// (`held N`), then holds them.
+const TAKE_INOTIFY: &str = r#"import ctypes, sys, time
+l = ctypes.CDLL(None)
+fds = []
+while len(fds) < int(sys.argv[1]):
+    fd = l.inotify_init1(0o2000000)
+    if fd < 0: break
+    fds.append(fd)
+print('held', len(fds), flush=True)
+time.sleep(120)
+"#;
+
+#[test]
+fn a_sandbox_cannot_take_the_hosts_or_other_sandboxes_inotify_instances() {
+    use std::io::BufRead;
+    // A user namespace's per-user counts are charged to its owner at each level up; the
+    // sandbox's namespace is owned by its slot's uid, so it has the host's per-user limit to
+    // itself, and host root's (systemd's, husk's) and other sandboxes' are untouched.
+    let limit: usize = fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let want = limit.min(512).to_string();
+    let dir = TempDir::new("inotify-share");
+    let (mut a, _id) = husk_spawn(&[], &["python3", "-c", TAKE_INOTIFY, &want], &dir);
+    let mut line = String::new();
+    std::io::BufReader::new(a.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // While it holds them: host root can still make one, and so can another sandbox, as many.
+    // SAFETY: inotify_init1 takes a flag and returns a new fd or -1.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    let host_ok = fd >= 0;
+    if host_ok {
+        // SAFETY: `fd` is the inotify descriptor just made, closed once.
+        unsafe { libc::close(fd) };
+    }
+    let b = husk_run(
+        &[],
+        &[
+            "timeout",
+            "-s",
+            "KILL",
+            "10",
+            "python3",
+            "-c",
+            TAKE_INOTIFY,
+            &want,
+        ],
+    );
+    let _ = a.kill();
+    let _ = a.wait();
+    assert_eq!(line.trim(), format!("held {want}"), "sandbox a");
+    assert!(host_ok, "host root could not make an inotify instance");
+    assert!(
+        b.stdout.starts_with(&format!("held {want}\n")),
+        "sandbox b: {}",
+        b.stdout
+    );
+}

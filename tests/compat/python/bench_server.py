@@ -60,6 +60,7 @@ from typing import Callable, List, Optional
 from e2b import Sandbox
 
 from bench_creates import creates_table
+from bench_density import density
 from husk_compat import (
     CODE_INTERPRETER_PRESETS,
     PRESETS_DIR,
@@ -1052,12 +1053,25 @@ def main() -> None:
     ap.add_argument("--abuse-connections", type=int, default=2000)
     ap.add_argument("--loaded-mb", type=int, default=256)
     ap.add_argument("--restart-sandboxes", type=int, default=100)
+    ap.add_argument("--density", default="",
+                    help="idle sandboxes the density section holds, per kind: base=N,network=N,kernel=N "
+                         "(default: 30, 20 and 1.5 times --iterations)")
     ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
-                                       "interpreter", "creates"],
+                                       "interpreter", "creates", "density"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs)")
     args = ap.parse_args()
+    counts = {"base": args.iterations * 30, "network": args.iterations * 20,
+              "kernel": max(2, args.iterations * 3 // 2)}
+    for part in filter(None, args.density.split(",")):
+        kind, _, n = part.partition("=")
+        if kind not in counts or not n.isdigit():
+            ap.error(f"--density: {part!r} is not base=N, network=N or kernel=N")
+        counts[kind] = int(n)
+    if args.only == "density":
+        density(counts)
+        return
     if args.only == "abuse":
         abuse(args.iterations, args.abuse_connections)
         return
@@ -1110,6 +1124,7 @@ def main() -> None:
         server.close()
     if args.only is None:
         server_restart(args.restart_sandboxes, rounds=1)
+        density(counts)
     if args.only != "main":
         abuse(args.iterations, args.abuse_connections)
 

@@ -171,6 +171,28 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
+/// Makes the effective set the permitted set (after a change of the effective uid from root
+/// emptied it, the real and saved uids staying root).
+pub(crate) fn raise_effective() -> Result<(), FenceError> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget writes two __user_cap_data_struct (version 3) into `data`.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
+        return Err(FenceError::last_os("capget"));
+    }
+    for d in data.iter_mut() {
+        d.effective = d.permitted;
+    }
+    // SAFETY: capset reads the header and two __user_cap_data_struct from valid memory.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
+        return Err(FenceError::last_os("capset"));
+    }
+    Ok(())
+}
+
 /// Limits the permitted and effective sets to `keep` (intersected with what the process has),
 /// empties the inheritable and ambient sets.
 pub(super) fn restrict_process_caps(keep: u64) -> Result<(), FenceError> {

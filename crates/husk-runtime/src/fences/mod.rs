@@ -32,6 +32,7 @@ pub mod server;
 
 use std::io;
 
+pub(crate) use self::caps::raise_effective;
 pub use self::caps::{Capability, DEFAULT_ROOT_CAPS, INIT_EXTRA_CAPS};
 pub use self::landlock::LandlockState;
 

@@ -140,6 +140,18 @@ pub fn become_user(uid: u32, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the effective uid and gid only (the real and saved ids unchanged). From root, the
+/// permitted capabilities stay (the effective set empties).
+pub fn set_effective_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: the id calls take plain integers (-1: unchanged).
+    unsafe {
+        cvt_i(libc::setresgid(KEEP, gid, KEEP))?;
+        cvt_i(libc::setresuid(KEEP, uid, KEEP))?;
+    }
+    Ok(())
+}
+
 /// pidfd_open(2) of `pid` (Linux 5.3): readable once the process has exited.
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: integer arguments only.
