@@ -4,7 +4,8 @@
 //! size of its writable layer) and its hostname; and what is refused: limits below what the
 //! sandbox already uses, a mount source outside the server's confinement, a mount point
 //! through a symlink, an unknown sandbox. The sandbox's root can neither unmount nor remount
-//! what was mounted, and nothing is mounted on the host.
+//! what was mounted, and nothing is mounted on the host. And a create whose reply's descriptors
+//! the server has no room for fails with `OutOfDescriptors`, its sandbox destroyed again.
 //!
 //! Needs root (it creates sandboxes) and `nsenter` (util-linux), which looks from inside the
 //! sandbox's namespaces as its user would. It has its own `main` (`harness = false`): the
@@ -36,6 +37,48 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The children of process `pid` (a spawner's: its sandboxes' PID 1s).
+fn children(pid: i32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .expect("children")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A create whose reply's descriptors this process has no room for fails with
+/// `OutOfDescriptors`, and the sandbox it made is destroyed again (not left in the spawner).
+fn lost_descriptors(service: &SpawnerService) {
+    let spawner = service.pid();
+    let before = children(spawner);
+    // The lowest free descriptor number: with the limit there, no new one can be made.
+    let lowest = std::fs::File::open("/dev/null").expect("/dev/null");
+    let free = std::os::fd::AsRawFd::as_raw_fd(&lowest) as u64;
+    drop(lowest);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid rlimit pointers; lowering the soft limit needs no privilege.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        let no_room = libc::rlimit {
+            rlim_cur: free,
+            rlim_max: lim.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &no_room), 0);
+    }
+    let got = service.create(&kept_spec());
+    // SAFETY: as above, back to what it was.
+    unsafe { assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0) };
+    assert!(
+        matches!(got, Err(ServiceError::OutOfDescriptors)),
+        "{:?}",
+        got.map(|c| c.id)
+    );
+    assert_eq!(children(spawner), before, "the sandbox made was left");
 }
 
 /// Runs `script` with `sh` inside the sandbox whose PID 1 is `pid`: in all its namespaces,
@@ -99,6 +142,7 @@ fn main() {
         .build()
         .expect("tokio");
     rt.block_on(cases(&service, &ws));
+    lost_descriptors(&service);
     service.shutdown().expect("stop the spawner");
     drop(rt);
     println!("assign end to end: ok");

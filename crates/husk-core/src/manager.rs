@@ -148,6 +148,7 @@ impl From<ServiceError> for CoreError {
                 }
             },
             ServiceError::TooLarge(_) => CoreError::InvalidArgument(e.to_string()),
+            ServiceError::OutOfDescriptors => CoreError::HostExhausted(e),
             ServiceError::Gone | ServiceError::Protocol(_) | ServiceError::Io(_) => {
                 CoreError::Runtime(e)
             }

@@ -51,6 +51,10 @@ pub enum ServiceError {
     /// The spawner process is gone.
     #[error("the spawner process is gone")]
     Gone,
+    /// A reply's descriptors could not be received: this process is at its file descriptor
+    /// limit. A sandbox the reply reported made is destroyed again.
+    #[error("out of file descriptors: the server could not receive a sandbox's descriptors (raise its RLIMIT_NOFILE: the shipped unit sets LimitNOFILE=1048576; each sandbox holds a few)")]
+    OutOfDescriptors,
     #[error("spawner protocol: {0}")]
     Protocol(String),
     #[error(transparent)]
@@ -576,7 +580,20 @@ impl SpawnerService {
         let answered = (|| {
             let sock = w.sock.lock().map_err(|_| ServiceError::Gone)?;
             sys::send_with_fds(sock.as_fd(), &bytes, fds).map_err(gone)?;
-            recv(sock.as_fd())
+            let (reply, fds, lost) = recv_lossy(sock.as_fd())?;
+            if !lost {
+                return Ok((reply, fds));
+            }
+            // A sandbox made whose agent socket never arrived is of no use to anyone:
+            // destroyed again, on the same channel, before the caller hears of it. (A kept
+            // sandbox whose reconnect lost them stays, for a later reconnect.)
+            if let (Reply::Created { id, .. }, Request::Create(_)) = (&reply, req) {
+                let destroy = postcard::to_stdvec(&Request::Destroy(id.clone()))
+                    .map_err(|e| ServiceError::Protocol(e.to_string()))?;
+                sys::send_with_fds(sock.as_fd(), &destroy, &[]).map_err(gone)?;
+                let _ = recv_lossy(sock.as_fd())?;
+            }
+            Err(ServiceError::OutOfDescriptors)
         })();
         w.busy.fetch_sub(1, Ordering::Relaxed);
         answered
@@ -697,14 +714,25 @@ fn gone(e: io::Error) -> ServiceError {
 }
 
 fn recv(sock: std::os::fd::BorrowedFd<'_>) -> Result<(Reply, Vec<OwnedFd>), ServiceError> {
+    match recv_lossy(sock)? {
+        (reply, fds, false) => Ok((reply, fds)),
+        (_, _, true) => Err(ServiceError::OutOfDescriptors),
+    }
+}
+
+/// A reply, its descriptors, and whether descriptors sent with it were lost (this process is
+/// at its `RLIMIT_NOFILE`).
+fn recv_lossy(
+    sock: std::os::fd::BorrowedFd<'_>,
+) -> Result<(Reply, Vec<OwnedFd>, bool), ServiceError> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let (n, fds) = sys::recv_with_fds(sock, &mut buf).map_err(gone)?;
+    let (n, fds, lost) = sys::recv_with_fds_lossy(sock, &mut buf).map_err(gone)?;
     if n == 0 {
         return Err(ServiceError::Gone);
     }
     let reply =
         postcard::from_bytes(&buf[..n]).map_err(|e| ServiceError::Protocol(e.to_string()))?;
-    Ok((reply, fds))
+    Ok((reply, fds, lost))
 }
 
 /// A request datagram as the spawner reads it.

@@ -98,8 +98,26 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Re
 }
 
 /// Receives one datagram into `buf` and up to 4 fds. Returns (bytes, fds); 0 bytes = peer closed.
-/// A datagram longer than `buf` is an error (the protocol bounds every message).
+/// A datagram longer than `buf` is an error (the protocol bounds every message), and so are
+/// descriptors that were sent but not received ([`recv_with_fds_lossy`]).
 pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    match recv_with_fds_lossy(sock, buf)? {
+        (n, fds, false) => Ok((n, fds)),
+        (_, _, true) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "descriptors sent with a message were lost (this process is out of file \
+             descriptors, or more came than expected)",
+        )),
+    }
+}
+
+/// [`recv_with_fds`], and whether descriptors that came with the datagram were lost
+/// (`MSG_CTRUNC`: the receiver is at its `RLIMIT_NOFILE`, or more came than fit): the caller
+/// still gets the datagram, to undo what it reports.
+pub fn recv_with_fds_lossy(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -134,10 +152,10 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
     if msg.msg_flags & libc::MSG_TRUNC != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "control message too long",
+            "message too long",
         ));
     }
-    Ok((n, fds))
+    Ok((n, fds, msg.msg_flags & libc::MSG_CTRUNC != 0))
 }
 
 /// poll(2) over `fds`; fills each entry's `revents` and returns how many are ready. EINTR is
@@ -419,6 +437,49 @@ pub fn read_to_eof_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptors_a_full_process_cannot_take_are_reported_lost() {
+        let (a, b) = crate::sys::seqpacket_pair().unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        send_with_fds(a.as_fd(), b"x", &[null.as_raw_fd(), null.as_raw_fd()]).unwrap();
+        // SAFETY: the child makes only system calls on descriptors it inherited, then exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // Room for no new descriptor: fd 0 is taken and the limit is 1.
+            let mut none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: valid rlimit out- and in-pointers; soft below hard needs no privilege.
+            let limited = unsafe {
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut none) == 0 && {
+                    none.rlim_cur = 1;
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &none) == 0
+                }
+            };
+            let mut buf = [0u8; 8];
+            let code = match recv_with_fds_lossy(b.as_fd(), &mut buf) {
+                Ok((1, fds, true)) if limited && fds.is_empty() => 0,
+                _ => 1,
+            };
+            // SAFETY: _exit never returns.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer; `pid` is this test's child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the lost descriptors were not reported ({status})"
+        );
+        // With room, the same message reads whole.
+        send_with_fds(a.as_fd(), b"y", &[null.as_raw_fd()]).unwrap();
+        let mut buf = [0u8; 8];
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((n, fds.len()), (1, 1));
+    }
 
     #[test]
     fn an_exclusive_flock_is_taken_once() {

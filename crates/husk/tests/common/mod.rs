@@ -237,6 +237,16 @@ pub fn husk_spawn(flags: &[&str], cmd: &[&str], dir: &TempDir) -> (Child, String
     (child, id)
 }
 
+/// Makes the next husk process's first create sweep leftovers: the mark of the last sweep
+/// (`<run dir>/swept`) is set to before `SWEEP_EVERY`.
+pub fn sweep_due_now() {
+    let stamp = Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("swept");
+    if let Ok(f) = fs::File::options().write(true).open(&stamp) {
+        let old = std::time::SystemTime::now() - husk_runtime::spawner::SWEEP_EVERY * 2;
+        f.set_modified(old).expect("age the sweep mark");
+    }
+}
+
 /// Polls `f` until it returns Some or the deadline passes.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let end = Instant::now() + timeout;
