@@ -43,7 +43,7 @@ mod tests;
 pub use create::new_sandbox_id;
 use create::Identity;
 pub use kept::{Running, TakenUp, RUNNING_VERSION};
-pub use limits::host_memory_available;
+pub use limits::{host_memory_available, host_memory_total};
 pub use live::{CreatePhases, LiveSandbox, Metrics};
 pub use lookup::{ListFilter, LostInfo, SandboxView};
 pub use metrics::{TimeRange, DISK_EVERY, SAMPLES_KEPT, SAMPLE_EVERY};

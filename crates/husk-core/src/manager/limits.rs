@@ -15,10 +15,20 @@ pub fn host_memory_available() -> Option<u64> {
     parse_mem_available(&text)
 }
 
+/// The host's `MemTotal`, in bytes; `None` when `/proc/meminfo` does not say.
+pub fn host_memory_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text, "MemTotal:")
+}
+
 fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    parse_meminfo(meminfo, "MemAvailable:")
+}
+
+fn parse_meminfo(meminfo: &str, key: &str) -> Option<u64> {
     let kib: u64 = meminfo
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .find_map(|l| l.strip_prefix(key))?
         .split_whitespace()
         .next()?
         .parse()
@@ -197,6 +207,7 @@ mod tests {
         let meminfo = "MemTotal:       24536320 kB\nMemFree:        1 kB\n\
                        MemAvailable:   23000000 kB\nBuffers: 5 kB\n";
         assert_eq!(parse_mem_available(meminfo), Some(23_000_000 * 1024));
+        assert_eq!(parse_meminfo(meminfo, "MemTotal:"), Some(24_536_320 * 1024));
         assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
         assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
         // This host's own, in a sane range.
