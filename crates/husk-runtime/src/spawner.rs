@@ -611,15 +611,7 @@ impl Spawner {
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         // Forking is only sound single-threaded (see clone3_fork); checked on every create,
         // since the process could have started a thread after Spawner::new.
-        match sys::settled_thread_count() {
-            Ok(1) => {}
-            Ok(n) => {
-                return Err(SpawnError::Setup(format!(
-                    "the spawner must run in a single-threaded process (this one has {n} threads)"
-                )))
-            }
-            Err(e) => return Err(io_ctx("count threads")(e)),
-        }
+        single_threaded()?;
         // Id-mapped layers and mounts need the slot's mapping (a namespace kept per slot).
         let idmap = match &spec.rootfs {
             RootSource::Host
@@ -913,6 +905,18 @@ pub fn valid_hostname(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// An error unless this process has one thread: forking (a sandbox's first process, an id-map
+/// namespace, a child that enters a sandbox's namespace) is only sound then.
+fn single_threaded() -> Result<(), SpawnError> {
+    match sys::settled_thread_count() {
+        Ok(1) => Ok(()),
+        Ok(n) => Err(SpawnError::Setup(format!(
+            "the spawner must run in a single-threaded process (this one has {n} threads)"
+        ))),
+        Err(e) => Err(io_ctx("count threads")(e)),
+    }
 }
 
 fn validate_limits(l: &crate::spec::Limits) -> Result<(), SpawnError> {

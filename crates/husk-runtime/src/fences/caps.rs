@@ -171,9 +171,8 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
-/// Makes the effective set the permitted set (after a change of the effective uid from root
-/// emptied it, the real and saved uids staying root).
-pub(crate) fn raise_effective() -> Result<(), FenceError> {
+/// The process's capability sets (capget, version 3: two halves of 32 bits).
+fn get_caps() -> Result<[CapData; 2], FenceError> {
     let mut header = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
@@ -183,9 +182,15 @@ pub(crate) fn raise_effective() -> Result<(), FenceError> {
     if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
         return Err(FenceError::last_os("capget"));
     }
-    for d in data.iter_mut() {
-        d.effective = d.permitted;
-    }
+    Ok(data)
+}
+
+/// Sets the process's capability sets (capset, version 3).
+fn set_caps(data: &[CapData; 2]) -> Result<(), FenceError> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     // SAFETY: capset reads the header and two __user_cap_data_struct from valid memory.
     if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
         return Err(FenceError::last_os("capset"));
@@ -193,18 +198,20 @@ pub(crate) fn raise_effective() -> Result<(), FenceError> {
     Ok(())
 }
 
+/// Makes the effective set the permitted set (after a change of the effective uid from root
+/// emptied it, the real and saved uids staying root).
+pub(crate) fn raise_effective() -> Result<(), FenceError> {
+    let mut data = get_caps()?;
+    for d in data.iter_mut() {
+        d.effective = d.permitted;
+    }
+    set_caps(&data)
+}
+
 /// Limits the permitted and effective sets to `keep` (intersected with what the process has),
 /// empties the inheritable and ambient sets.
 pub(super) fn restrict_process_caps(keep: u64) -> Result<(), FenceError> {
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget writes two __user_cap_data_struct (version 3) into `data`.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
-        return Err(FenceError::last_os("capget"));
-    }
+    let mut data = get_caps()?;
     let permitted = u64::from(data[0].permitted) | (u64::from(data[1].permitted) << 32);
     let new = permitted & keep;
     for (i, d) in data.iter_mut().enumerate() {
@@ -215,10 +222,7 @@ pub(super) fn restrict_process_caps(keep: u64) -> Result<(), FenceError> {
             inheritable: 0,
         };
     }
-    // SAFETY: capset reads the header and two __user_cap_data_struct from valid memory.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
-        return Err(FenceError::last_os("capset"));
-    }
+    set_caps(&data)?;
     // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integers and touches no memory.
     let r = unsafe {
         libc::prctl(

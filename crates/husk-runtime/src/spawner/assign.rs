@@ -21,7 +21,9 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use super::{io_ctx, valid_hostname, validate_limits, validate_mounts, Sandbox, SpawnError};
+use super::{
+    io_ctx, single_threaded, valid_hostname, validate_limits, validate_mounts, Sandbox, SpawnError,
+};
 use crate::spec::{Assignment, Limits, MountIds, MountSpec, SHM_BYTES};
 use crate::sys;
 
@@ -65,15 +67,7 @@ impl super::Spawner {
             ));
         }
         // The id-map namespace is made by forking, and so is the attaching child.
-        match sys::settled_thread_count() {
-            Ok(1) => {}
-            Ok(n) => {
-                return Err(SpawnError::Setup(format!(
-                    "the spawner must run in a single-threaded process (this one has {n} threads)"
-                )))
-            }
-            Err(e) => return Err(io_ctx("count threads")(e)),
-        }
+        single_threaded()?;
         let base = sb.host_uid_base();
         let idmap = if mounts.iter().any(|m| m.ids == MountIds::Shared) {
             Some(self.idmap(sb.uids.as_ref().map_or(0, |u| u.slot()), base)?)
