@@ -194,7 +194,6 @@ fn setup(args: &ChildArgs<'_>, control: BorrowedFd<'_>) -> io::Result<Option<(Ow
     // Enter the user namespace last: the mount, network, UTS and IPC namespaces stay owned by
     // the host's user namespace, so sandbox root holds no capability over them.
     //
-    //
     // Owned by the slot's root (host uid `base`, the effective uid that creates it), not by
     // host root: a user namespace's per-user counts (inotify instances and watches, user
     // namespaces, ...) are charged, at each level up, to the namespace's owner, under the
