@@ -512,3 +512,10 @@ def counter(sbx) -> int:
     """The ticker's last count (0 before the first tick)."""
     got = ticks(sbx)
     return got[-1][0] if got else 0
+
+
+def pool_of(server, template: str = "base") -> dict:
+    """`GET /husk/v1/pools` (the server's admin key): the figures of `template`'s warm pool."""
+    r = http_request(server.port, "GET", "/husk/v1/pools", {"X-API-Key": server.admin_key})
+    assert r.status == 200, r.text
+    return next(p for p in r.json()["pools"] if p["template"] == template)

@@ -47,7 +47,7 @@ import pytest
 from e2b import ALL_TRAFFIC, AsyncSandbox, AsyncSecret, Sandbox, Secret
 from e2b.api.client.models import SandboxLogs
 
-from husk_compat import HuskServer, http_request, start_server, wait_for
+from husk_compat import HuskServer, http_request, pool_of, start_server, wait_for
 
 NETSIM = Path(__file__).resolve().parent.parent / "netsim"
 PUBLIC = "198.51.100.10"
@@ -202,9 +202,7 @@ class NetEnv:
         self.warm = warm
 
     def pool(self) -> dict:
-        r = http_request(self.server.port, "GET", "/husk/v1/pools", {"X-API-Key": self.server.admin_key})
-        assert r.status == 200, r.text
-        return next(p for p in r.json()["pools"] if p["template"] == "base")
+        return pool_of(self.server)
 
 
 # Every test runs twice: on a server that makes each sandbox fresh, and on one whose creates

@@ -17,7 +17,7 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
-from husk_compat import http_request, start_server, unique, wait_for
+from husk_compat import pool_of, start_server, unique, wait_for
 
 
 def api(husk, method: str, path: str, body: bytes = b"", key: str = "") -> tuple:
@@ -37,9 +37,7 @@ class Server:
         self.warm = warm
 
     def pool(self) -> dict:
-        r = http_request(self.husk.port, "GET", "/husk/v1/pools", {"X-API-Key": self.husk.admin_key})
-        assert r.status == 200, r.text
-        return next(p for p in r.json()["pools"] if p["template"] == "base")
+        return pool_of(self.husk)
 
 
 @pytest.fixture(scope="module", params=["fresh", "warm"])

@@ -164,15 +164,7 @@ fn what_a_warm_sandbox_cannot_be_given() {
     assert!(super::pool::misfit(&r, &kernels).is_some());
     // Header rules: their CA is written into a sandbox only when it is made.
     let mut ruled = req();
-    ruled.rules = Some(
-        crate::net_rules::NetRules::new(vec![(
-            "api.example.com".into(),
-            vec![crate::net_rules::Rule {
-                headers: vec![("x-key".into(), "v".into())],
-            }],
-        )])
-        .unwrap(),
-    );
+    ruled.rules = Some(super::tests::header_rules());
     assert_eq!(super::pool::misfit(&ruled, &plain), Some("header rules"));
     let mut snap = plain.clone();
     snap.snapshot = Some("snap".into());

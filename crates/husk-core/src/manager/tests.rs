@@ -327,15 +327,7 @@ async fn bad_requests_are_refused_before_the_host_is_asked() {
     ));
     // Nor header rules, which need a link out.
     let mut r = req();
-    r.rules = Some(
-        crate::net_rules::NetRules::new(vec![(
-            "api.example.com".into(),
-            vec![crate::net_rules::Rule {
-                headers: vec![("x-key".into(), "v".into())],
-            }],
-        )])
-        .unwrap(),
-    );
+    r.rules = Some(header_rules());
     assert!(matches!(
         m.create(&a, r).await,
         Err(CoreError::Unsupported(m)) if m.contains("network.rules")
@@ -611,4 +603,15 @@ async fn concurrent_creates_never_exceed_the_quota() {
     }
     assert_eq!(made, 3);
     assert_eq!(host.live().len(), 3);
+}
+
+/// One header rule (a header for `api.example.com`), for creates that ask for rules.
+pub(super) fn header_rules() -> crate::net_rules::NetRules {
+    crate::net_rules::NetRules::new(vec![(
+        "api.example.com".into(),
+        vec![crate::net_rules::Rule {
+            headers: vec![("x-key".into(), "v".into())],
+        }],
+    )])
+    .unwrap()
 }
