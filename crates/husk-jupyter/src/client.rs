@@ -4,8 +4,9 @@
 //! The caller owns the loop: it puts [`KernelClient::fds`] into its poll set, hands readiness to
 //! [`KernelClient::on_ready`], and takes [`KernelEvent`]s from [`KernelClient::next_event`].
 //! Nothing blocks except [`KernelClient::connect`] (a loopback connect, which is accepted or
-//! refused at once; it is bounded by a short timeout all the same), and no thread, clock or
-//! signal is used.
+//! refused at once; it is bounded by a short timeout all the same), and no thread or signal is
+//! used. The client's timers run when the caller calls [`KernelClient::tick`], by
+//! [`KernelClient::deadline`].
 //!
 //! Channels: shell (DEALER) carries `kernel_info` and `execute` requests and their replies; iopub
 //! (SUB, subscribed to everything) carries the output; control (DEALER) carries `interrupt` and
@@ -17,7 +18,12 @@
 //! `ExecutionCount`, output (`Stdout`, `Stderr`, `Result`, `Error` as the kernel published them),
 //! then `Done` once both the shell `execute_reply` and the iopub `status: idle` of the request
 //! have arrived: Jupyter orders messages within a channel only, so the reply may overtake the last
-//! output or follow the idle status.
+//! output or follow the idle status. A kernel that goes idle and sends no reply within
+//! [`REPLY_AFTER_IDLE`] ended the request without one: ipykernel 7 does when a `KeyboardInterrupt`
+//! lands after its handler began but before the code runs (an interrupt sent just as the
+//! execution starts, a third of the time in a tight loop). The execution then ends with an
+//! [`ABORTED_ERROR`] and `Done { reply: Aborted }`, instead of waiting for a reply that never
+//! comes.
 //!
 //! Memory is bounded: frames and messages by the ZMTP [`Limits`](crate::zmtp::Limits); queued
 //! events by [`ClientLimits`]. Above the high-water marks the client stops reading (the kernel's
@@ -43,6 +49,14 @@ use std::time::{Duration, Instant};
 /// How long [`KernelClient::connect`] may block per socket. Loopback connects complete or are
 /// refused immediately; this only bounds a pathological case (a full accept backlog).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long an execution whose kernel has gone idle waits for its `execute_reply` before it is
+/// taken as lost. The kernel sends the reply before it publishes its idle status, on another
+/// socket of the same process, so a reply still on its way arrives within milliseconds.
+pub const REPLY_AFTER_IDLE: Duration = Duration::from_secs(2);
+
+/// The error's name that ends an execution whose kernel went idle without a reply.
+pub const ABORTED_ERROR: &str = "ExecutionAborted";
 
 /// Bytes read per `read` call.
 const READ_CHUNK: usize = 64 * 1024;
@@ -211,6 +225,8 @@ struct Execution {
     /// Reply and idle are in, but results may still come until then (see
     /// [`KernelClient::set_settle`]).
     settle_until: Option<Instant>,
+    /// Idle is in but the reply is not: it is taken as lost at this time ([`REPLY_AFTER_IDLE`]).
+    reply_until: Option<Instant>,
 }
 
 /// A client of one kernel. See the module documentation.
@@ -362,6 +378,7 @@ impl KernelClient {
             error_sent: false,
             result_seen: false,
             settle_until: None,
+            reply_until: None,
         });
         Ok(id)
     }
@@ -374,21 +391,40 @@ impl KernelClient {
         self.settle = settle;
     }
 
-    /// Ends an execution whose settle time is over ([`Self::set_settle`]).
+    /// Ends an execution whose settle time is over ([`Self::set_settle`]), or whose kernel went
+    /// idle and sent no reply within [`REPLY_AFTER_IDLE`].
     pub fn tick(&mut self, now: Instant) {
-        if self
-            .current
-            .as_ref()
-            .and_then(|c| c.settle_until)
-            .is_some_and(|t| now >= t)
-        {
+        let Some(current) = &mut self.current else {
+            return;
+        };
+        if current.settle_until.is_some_and(|t| now >= t) {
+            self.finish(EVENT_OVERHEAD);
+        } else if current.reply.is_none() && current.reply_until.is_some_and(|t| now >= t) {
+            // The kernel ended the request without a reply (see the module documentation).
+            current.reply = Some(ExecuteReply::Aborted);
+            let (id, error_sent) = (current.id, current.error_sent);
+            if !error_sent {
+                let event = ExecEvent::Error {
+                    name: ABORTED_ERROR.into(),
+                    value: "the kernel went idle without replying to this execution: it was \
+                            interrupted before its code ran, or the kernel failed"
+                        .into(),
+                    traceback: Vec::new(),
+                };
+                self.push_exec(id, event, EVENT_OVERHEAD);
+            }
             self.finish(EVENT_OVERHEAD);
         }
     }
 
     /// When [`Self::tick`] has something to do.
     pub fn deadline(&self) -> Option<Instant> {
-        self.current.as_ref().and_then(|c| c.settle_until)
+        let current = self.current.as_ref()?;
+        let lost = current.reply_until.filter(|_| current.reply.is_none());
+        match (current.settle_until, lost) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The running execution, if any.
@@ -598,6 +634,9 @@ impl KernelClient {
             }
             Iopub::Status(ExecutionState::Idle) => {
                 current.idle = true;
+                if current.reply.is_none() {
+                    current.reply_until = Some(Instant::now() + REPLY_AFTER_IDLE);
+                }
                 self.maybe_done(cost);
                 return Ok(());
             }
@@ -828,6 +867,80 @@ mod tests {
         let id = f.client.execute("1").unwrap();
         assert!(matches!(f.client.execute("2"), Err(ClientError::Busy(b)) if b == id));
         assert_eq!(f.client.running(), Some(id));
+    }
+
+    #[test]
+    fn an_execution_the_kernel_idles_without_replying_to_ends_aborted() {
+        let mut f = fake(ClientLimits::default());
+        f.ready();
+        f.client.execute("x = 41").unwrap();
+        let m = f.current();
+        // No deadline while the kernel is busy: an execution may run for ever.
+        f.iopub(&m, "status", json!({"execution_state": "busy"}));
+        f.iopub(
+            &m,
+            "execute_input",
+            json!({"execution_count": 1, "code": "x = 41"}),
+        );
+        assert_eq!(f.client.deadline(), None);
+        // Idle, and the reply still on its way: it is waited for.
+        f.iopub(&m, "status", json!({"execution_state": "idle"}));
+        let at = f.client.deadline().expect("waiting for the reply");
+        f.client.tick(at - Duration::from_millis(1));
+        assert_eq!(f.drain(), [ExecEvent::ExecutionCount(1)]);
+        f.shell(&m, "execute_reply", ok(1));
+        assert_eq!(
+            f.drain(),
+            [ExecEvent::Done {
+                reply: ExecuteReply::Ok { execution_count: 1 }
+            }]
+        );
+        assert_eq!(f.client.deadline(), None);
+
+        // Idle and no reply by the deadline (ipykernel 7 interrupted before the code ran):
+        // the execution ends, and the next one runs.
+        f.client.execute("time.sleep(30)").unwrap();
+        let m = f.current();
+        f.iopub(
+            &m,
+            "execute_input",
+            json!({"execution_count": 2, "code": ""}),
+        );
+        f.iopub(&m, "status", json!({"execution_state": "idle"}));
+        let at = f.client.deadline().expect("waiting for the reply");
+        assert!(at <= Instant::now() + REPLY_AFTER_IDLE);
+        f.client.tick(at);
+        let events = f.drain();
+        assert!(
+            matches!(events.as_slice(), [
+                ExecEvent::ExecutionCount(2),
+                ExecEvent::Error { name, traceback, .. },
+                ExecEvent::Done { reply: ExecuteReply::Aborted },
+            ] if name == ABORTED_ERROR && traceback.is_empty()),
+            "{events:?}"
+        );
+        assert_eq!(f.client.running(), None);
+        // Its reply, should it come after all, belongs to no execution.
+        f.shell(&m, "execute_reply", ok(2));
+        assert_eq!(f.drain(), []);
+        f.client.execute("x").unwrap();
+        let m = f.current();
+        // An error the kernel published is not repeated.
+        f.iopub(
+            &m,
+            "error",
+            json!({"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}),
+        );
+        f.iopub(&m, "status", json!({"execution_state": "idle"}));
+        f.client.tick(f.client.deadline().unwrap());
+        let events = f.drain();
+        assert!(
+            matches!(events.as_slice(), [
+                ExecEvent::Error { name, .. },
+                ExecEvent::Done { reply: ExecuteReply::Aborted },
+            ] if name == "KeyboardInterrupt"),
+            "{events:?}"
+        );
     }
 
     #[test]

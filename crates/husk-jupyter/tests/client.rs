@@ -7,7 +7,9 @@
 mod common;
 
 use common::{start_kernel, venv_python};
-use husk_jupyter::client::{ClientError, ExecEvent, ExecId, KernelClient, KernelEvent};
+use husk_jupyter::client::{
+    ClientError, ExecEvent, ExecId, KernelClient, KernelEvent, ABORTED_ERROR, REPLY_AFTER_IDLE,
+};
 use husk_jupyter::connection::ConnectionInfo;
 use husk_jupyter::wire::ExecuteReply;
 use husk_runtime::libc;
@@ -16,9 +18,15 @@ use std::time::{Duration, Instant};
 
 /// The next event, polling the client's fds until one comes or `deadline` passes.
 fn next(client: &mut KernelClient, deadline: Instant) -> KernelEvent {
+    next_by(client, deadline).expect("timed out waiting for a kernel event")
+}
+
+/// The next event, or None once `deadline` has passed.
+fn next_by(client: &mut KernelClient, deadline: Instant) -> Option<KernelEvent> {
     loop {
+        client.tick(Instant::now());
         if let Some(event) = client.next_event() {
-            return event;
+            return Some(event);
         }
         let kfds = client.fds();
         assert!(!kfds.is_empty(), "a live client polls its three sockets");
@@ -31,10 +39,12 @@ fn next(client: &mut KernelClient, deadline: Instant) -> KernelEvent {
                 revents: 0,
             })
             .collect();
-        let left = deadline
-            .checked_duration_since(Instant::now())
-            .expect("timed out waiting for a kernel event");
-        let timeout = left.as_millis().min(1000) as i32 + 1;
+        let left = deadline.checked_duration_since(Instant::now())?;
+        // The client's own timer (a reply waited for after idle) wakes the loop too.
+        let timer = client
+            .deadline()
+            .map_or(left, |t| t.saturating_duration_since(Instant::now()));
+        let timeout = left.min(timer).as_millis().min(1000) as i32 + 1;
         match sys::poll(&mut pfds, timeout) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -351,5 +361,101 @@ fn kernel_client_end_to_end() {
     assert_eq!(client.next_event(), None);
     assert!(matches!(client.execute("1"), Err(ClientError::Dead)));
     assert!(matches!(client.interrupt(), Err(ClientError::Dead)));
+    drop(kernel);
+}
+
+/// ipykernel 7 sends no `execute_reply` when a `KeyboardInterrupt` is raised after its handler
+/// began but before the code runs (an interrupt that lands just as an execution starts; it
+/// then goes idle). The execution still ends, and the kernel keeps its state.
+#[test]
+fn an_interrupt_before_the_code_runs_ends_the_execution() {
+    let python = venv_python();
+    let info = ConnectionInfo::localhost("python3").unwrap();
+    let kernel = start_kernel(&python, &info, "early-interrupt");
+    let mut client = connect(&info, Instant::now() + Duration::from_secs(60));
+    let pid = kernel.child.id() as i32;
+    assert!(matches!(
+        run(&mut client, "x = 41").last(),
+        Some(ExecEvent::Done {
+            reply: ExecuteReply::Ok { .. }
+        })
+    ));
+
+    // Made certain: an input transformer (run by IPython before the code) raises it once.
+    run(
+        &mut client,
+        "def _interrupt_once(lines):\n\
+         \x20   get_ipython().input_transformers_cleanup.remove(_interrupt_once)\n\
+         \x20   raise KeyboardInterrupt\n\
+         get_ipython().input_transformers_cleanup.append(_interrupt_once)",
+    );
+    let started = Instant::now();
+    let events = run(&mut client, "x = 0");
+    assert!(
+        matches!(events.as_slice(), [
+            ExecEvent::ExecutionCount(_),
+            ExecEvent::Error { name, .. },
+            ExecEvent::Done { reply: ExecuteReply::Aborted },
+        ] if name == ABORTED_ERROR),
+        "{events:#?}"
+    );
+    assert!(
+        started.elapsed() < REPLY_AFTER_IDLE + Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(
+        run(&mut client, "x").as_slice(),
+        [_, ExecEvent::Result { data, .. }, _] if data["text/plain"] == "41"
+    ));
+
+    // As it happens: SIGINT (the agent's interrupt for ipykernel) as soon as the execution
+    // count is in, and again every second as the server does (ipykernel can swallow one that
+    // lands outside the code), many times; every execution ends, interrupted or aborted.
+    let (mut interrupted, mut aborted, mut again) = (0, 0, 0);
+    for i in 0..20 {
+        let id = client.execute("import time\ntime.sleep(30)").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        assert!(matches!(
+            next(&mut client, deadline),
+            KernelEvent::Exec {
+                event: ExecEvent::ExecutionCount(_),
+                ..
+            }
+        ));
+        // Spread over the window between the input's publication and the code.
+        std::thread::sleep(Duration::from_micros(250 * (i % 8)));
+        sys::kill(pid, libc::SIGINT).unwrap();
+        let reply = loop {
+            let event = next_by(&mut client, Instant::now() + Duration::from_secs(1));
+            match event {
+                Some(KernelEvent::Exec { id: got, event }) => {
+                    assert_eq!(got, id);
+                    if let ExecEvent::Done { reply } = event {
+                        break reply;
+                    }
+                }
+                Some(other) => panic!("{other:?}"),
+                None if deadline > Instant::now() => {
+                    again += 1;
+                    sys::kill(pid, libc::SIGINT).unwrap();
+                }
+                None => panic!("execution {i} did not end"),
+            }
+        };
+        match reply {
+            ExecuteReply::Error { .. } => interrupted += 1,
+            ExecuteReply::Aborted => aborted += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    eprintln!(
+        "interrupted in the code: {interrupted}; before it (no reply): {aborted}; \
+         interrupts sent again: {again}"
+    );
+    assert!(matches!(
+        run(&mut client, "x").as_slice(),
+        [_, ExecEvent::Result { data, .. }, _] if data["text/plain"] == "41"
+    ));
     drop(kernel);
 }

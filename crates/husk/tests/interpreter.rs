@@ -118,9 +118,27 @@ fn start_exec(sb: &Sandbox<'_>, body: Value) -> Streaming {
 /// Runs code; the NDJSON lines (keepalives dropped). Asserts 200 and the final
 /// `end_of_execution`.
 fn exec(sb: &Sandbox<'_>, body: Value) -> Vec<Value> {
-    let s = start_exec(sb, body.clone());
+    exec_within(sb, body, Duration::from_secs(300))
+}
+
+/// [`exec`], failing once `limit` has passed (keepalives keep a stuck execution's stream
+/// going).
+fn exec_within(sb: &Sandbox<'_>, body: Value, limit: Duration) -> Vec<Value> {
+    let started = Instant::now();
+    let mut s = start_exec(sb, body.clone());
     assert_eq!(s.status, 200, "{body}: {}", s.headers);
-    let events = s.events();
+    let mut events = Vec::new();
+    while let Some(l) = s.next_line() {
+        let v: Value =
+            serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad event line {l:?}: {e}"));
+        if v["type"] != "keepalive" {
+            events.push(v);
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{body}: not done after {limit:?}: {events:?}"
+        );
+    }
     assert_eq!(
         events.last().map(|e| e["type"].clone()),
         Some(json!("end_of_execution")),
@@ -351,6 +369,26 @@ fn execute_and_contexts_on_real_kernels() {
         start_exec(&sb, json!({"code": "1", "context_id": ctx})).status,
         404
     );
+
+    // An interrupt that lands as the code is about to run: ipykernel 7 then sends no reply
+    // (an input transformer raising KeyboardInterrupt makes it certain). The execution still
+    // ends, with an error saying so, and the context keeps its kernel and its state.
+    let setup = exec(
+        &sb,
+        json!({"code": "def _interrupt_once(lines):\n    \
+            get_ipython().input_transformers_cleanup.remove(_interrupt_once)\n    \
+            raise KeyboardInterrupt\n\
+            get_ipython().input_transformers_cleanup.append(_interrupt_once)"}),
+    );
+    assert!(of_type(&setup, "error").is_empty(), "{setup:?}");
+    let aborted = exec_within(&sb, json!({"code": "x = 0"}), Duration::from_secs(30));
+    let e = of_type(&aborted, "error");
+    assert_eq!(e.len(), 1, "{aborted:?}");
+    assert_eq!(e[0]["name"], "ExecutionAborted", "{aborted:?}");
+    assert!(of_type(&aborted, "stderr").is_empty(), "{aborted:?}");
+    assert_eq!(of_type(&aborted, "end_of_execution").len(), 1);
+    let kept = exec(&sb, json!({"code": "x"}));
+    assert_eq!(main_text(&kept).as_deref(), Some("41"), "{kept:?}");
 
     // A client that goes away interrupts its execution; the context keeps its state and the
     // next call runs at once.
