@@ -23,7 +23,6 @@ use husk_runtime::cgroup::CgroupOptions;
 use husk_runtime::confine::Confinement;
 use husk_runtime::failure::FailureKind;
 use husk_runtime::service::{self, ServiceError, SpawnerService};
-use husk_runtime::spec::SHM_BYTES;
 use husk_runtime::{Assignment, Limits, MountIds, MountSpec};
 
 #[path = "support/kept.rs"]
@@ -224,7 +223,7 @@ async fn cases(service: &SpawnerService, ws: &Path) {
         })
     };
     assert_eq!(read("pids.max").as_deref(), Some("64"));
-    let memory = (limits.memory_bytes + limits.disk_bytes + SHM_BYTES).to_string();
+    let memory = (limits.memory_bytes + limits.disk_bytes).to_string();
     let memory_max = read("memory.max").or_else(|| read("memory.limit_in_bytes"));
     assert_eq!(memory_max.as_deref(), Some(memory.as_str()));
     let cpu = read("cpu.max").or_else(|| read("cpu.cfs_quota_us"));

@@ -50,7 +50,7 @@ impl Controller {
     /// What a missing controller leaves unenforced, for messages.
     fn limit(self) -> &'static str {
         match self {
-            Controller::Memory => "memory limits (--memory, and --disk, /dev/shm kept in RAM)",
+            Controller::Memory => "memory limits (--memory, and --disk kept in RAM)",
             Controller::Pids => "process limits (--pids)",
             Controller::Cpu => "CPU limits (--cpus)",
         }
@@ -734,8 +734,8 @@ impl SandboxCgroup {
     /// limits are in place before anything they are meant to bound.
     ///
     /// The memory limit is [`crate::SandboxSpec::memory_cgroup_bytes`]: the processes' memory
-    /// plus the files the sandbox keeps in RAM (its tmpfs writable layer and `/dev/shm`), which
-    /// are charged to this cgroup too.
+    /// plus the files the sandbox keeps in RAM (its tmpfs: the writable layer, `/dev` and
+    /// `/dev/shm`), which are charged to this cgroup too.
     pub fn complete(&self, spec: &crate::SandboxSpec) -> Result<(), CgroupError> {
         for (_, d) in &self.v1 {
             fs::create_dir(d).map_err(io_err(d))?;
@@ -1344,8 +1344,8 @@ mod tests {
             v2_controllers: vec!["memory", "pids", "cpu"],
         };
         cg.complete(&small_spec()).unwrap();
-        // 64 MiB for processes + 8 MiB of disk + 64 MiB of /dev/shm.
-        assert_eq!(h.read("s1/memory.max"), (136u64 << 20).to_string());
+        // 64 MiB for processes + 8 MiB of disk (/dev and /dev/shm included).
+        assert_eq!(h.read("s1/memory.max"), (72u64 << 20).to_string());
         assert_eq!(h.read("s1/memory.swap.max"), "0");
         assert_eq!(h.read("s1/pids.max"), "100");
         assert_eq!(h.read("s1/cpu.max"), "50000 100000");
@@ -1368,7 +1368,7 @@ mod tests {
         cg.complete(&small_spec()).unwrap();
         assert_eq!(
             h.read("memory/s1/memory.limit_in_bytes"),
-            (136u64 << 20).to_string()
+            (72u64 << 20).to_string()
         );
         assert_eq!(h.read("pids/s1/pids.max"), "100");
     }

@@ -4,9 +4,14 @@
 //! not even its root, can unmount, remount or move any of these mounts.
 //!
 //! Layout: a size-capped tmpfs holds the overlay's upper and work directories and the per-sandbox
-//! skeleton (owned by the sandbox's own uids); the template is the overlay's read-only lower
-//! layer; `/proc` is fresh with the files that describe the host masked; `/dev` is a minimal
-//! tmpfs with a private devpts.
+//! skeleton (owned by the sandbox's own uids), and `/dev` and `/dev/shm`, bound from it; the
+//! template is the overlay's read-only lower layer; `/proc` is fresh with the files that
+//! describe the host masked; `/dev` is minimal, with a private devpts.
+//!
+//! Superblocks are counted: each one costs every memory cgroup on the host a slot in its
+//! shrinker maps, so a sandbox's cgroup costs more to create, and a new superblock beyond the
+//! host's highest count walks every cgroup, the more sandboxes are alive (design.md §15). A
+//! sandbox has five: the overlay, the tmpfs, devpts, `/proc` and its IPC namespace's mqueue.
 //!
 //! Templates ([`RootSource`]):
 //! - host: the lower layer is the host template's copy of a few `/etc` files, and the host's
@@ -86,18 +91,30 @@ fn mount_fs(fstype: &str, target: &Path, flags: libc::c_ulong, data: &str) -> io
 }
 
 fn bind(src: &Path, target: &Path, writable: bool) -> io::Result<()> {
+    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+    if !writable {
+        flags |= libc::MS_RDONLY;
+    }
+    bind_as(src, target, flags)
+}
+
+/// A bind mount of `src` on `target` with exactly the per-mount flags `flags` (besides
+/// `MS_BIND`): the bind inherits its source's, which a remount replaces.
+fn bind_as(src: &Path, target: &Path, flags: libc::c_ulong) -> io::Result<()> {
     let t = c(target)?;
     sys::mount(Some(&c(src)?), &t, None, libc::MS_BIND, None).map_err(ctx(format_args!(
         "bind {} on {}",
         src.display(),
         target.display()
     )))?;
-    let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV;
-    if !writable {
-        flags |= libc::MS_RDONLY;
-    }
-    sys::mount(None, &t, None, flags, None)
-        .map_err(ctx(format_args!("remount {}", target.display())))
+    sys::mount(
+        None,
+        &t,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | flags,
+        None,
+    )
+    .map_err(ctx(format_args!("remount {}", target.display())))
 }
 
 /// mkdir with an exact mode (the caller runs with umask 0); the owner is the caller's fsuid.
@@ -181,14 +198,16 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<Option<std::os::fd::OwnedFd>> 
         .map_err(ctx("make / private"))?;
 
     let stage = plan.staging;
-    let disk = spec.limits.disk_bytes;
-    let inodes = layer_inodes(disk);
+    // Everything the sandbox writes into RAM: its writable layer (but a build step's, which is
+    // on the host's disk), `/dev` and `/dev/shm`, under one cap.
+    let size = spec.files_in_memory();
+    let inodes = layer_inodes(size);
     let base = plan.base;
     mount_fs(
         "tmpfs",
         stage,
         libc::MS_NOSUID | libc::MS_NODEV,
-        &format!("size={disk},nr_inodes={inodes},mode=0755,uid={base},gid={base}"),
+        &format!("size={size},nr_inodes={inodes},mode=0755,uid={base},gid={base}"),
     )?;
     let root = stage.join("root");
     sys::umask(0);
@@ -240,7 +259,7 @@ pub fn build(plan: &RootfsPlan<'_>) -> io::Result<Option<std::os::fd::OwnedFd>> 
             )))?;
         }
     }
-    dev(&root.join("dev"), plan.base)?;
+    dev(stage, &root.join("dev"), plan.base)?;
     proc(&root.join("proc"))?;
 
     sys::sethostname(&spec.hostname).map_err(ctx("sethostname"))?;
@@ -517,13 +536,18 @@ fn etc_files(etc: &Path, plan: &RootfsPlan<'_>) -> io::Result<()> {
     write_file(&etc.join("resolv.conf"), &resolv)
 }
 
-fn dev(dev: &Path, base: u32) -> io::Result<()> {
-    mount_fs(
-        "tmpfs",
-        dev,
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        &format!("size=64k,nr_inodes=64,mode=0755,uid={base},gid={base}"),
-    )?;
+/// The minimal `/dev` and its `/dev/shm`: directories of the staging tmpfs (`stage`), not file
+/// systems of their own (see the module documentation), so their files count against the
+/// sandbox's disk.
+fn dev(stage: &Path, dev: &Path, base: u32) -> io::Result<()> {
+    let (staged_dev, staged_shm) = (stage.join("dev"), stage.join("shm"));
+    {
+        let _as_sandbox_root = sys::FsIds::enter(base, base)?;
+        mkdir(&staged_dev, 0o755)?;
+        mkdir(&staged_shm, 0o1777)?;
+    }
+    // Devices work here (the tmpfs is mounted nodev); nothing executes from it.
+    bind_as(&staged_dev, dev, libc::MS_NOSUID | libc::MS_NOEXEC)?;
     for (name, major, minor) in DEVICES {
         let p = c(&dev.join(name))?;
         sys::mknod_char(&p, 0o666, *major, *minor).map_err(ctx(format_args!("mknod {name}")))?;
@@ -553,18 +577,7 @@ fn dev(dev: &Path, base: u32) -> io::Result<()> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         &format!("newinstance,ptmxmode=0666,mode=0620,gid={}", base + 5),
     )?;
-    mount_fs(
-        "tmpfs",
-        &shm,
-        libc::MS_NOSUID | libc::MS_NODEV,
-        // Inodes capped like the writable layer's (one per 4 KiB): each costs kernel memory
-        // charged to the sandbox, beyond the bytes `size` bounds.
-        &format!(
-            "size={},nr_inodes={},mode=1777,uid={base},gid={base}",
-            crate::spec::SHM_BYTES,
-            crate::spec::SHM_BYTES / 4096
-        ),
-    )?;
+    bind_as(&staged_shm, &shm, libc::MS_NOSUID | libc::MS_NODEV)?;
     Ok(())
 }
 

@@ -40,8 +40,9 @@ impl User {
     }
 }
 
-/// Size of every sandbox's `/dev/shm` (a tmpfs: its files live in RAM).
-pub const SHM_BYTES: u64 = 64 << 20;
+/// What a build step may keep in RAM (its `/dev` and `/dev/shm`): its writable layer is on the
+/// host's disk, not in the tmpfs that every other sandbox's `--disk` sizes.
+pub const BUILD_STEP_RAM_BYTES: u64 = 64 << 20;
 
 /// Resource limits enforced by the sandbox's cgroups and rlimits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,18 +235,18 @@ impl SandboxSpec {
         }
     }
 
-    /// The most the sandbox's files can hold in RAM: its writable layer (a tmpfs of
-    /// `disk_bytes`, except for build steps, whose layer is on the host's disk) and `/dev/shm`.
-    /// Their pages are charged to the sandbox's memory cgroup like its processes' memory.
+    /// The most the sandbox's files can hold in RAM: the size of its staging tmpfs, which holds
+    /// its writable layer, `/dev` and `/dev/shm` (`disk_bytes`; for build steps, whose layer is
+    /// on the host's disk, [`BUILD_STEP_RAM_BYTES`]). Their pages are charged to the sandbox's
+    /// memory cgroup like its processes' memory.
     ///
-    /// Left out: `/dev` (a 64 KiB tmpfs of 64 inodes) and the kernel's own per-file memory
-    /// (inodes, dentries), which the cgroup is charged for too, bounded by the inode caps.
+    /// Left out: the kernel's own per-file memory (inodes, dentries), which the cgroup is
+    /// charged for too, bounded by the tmpfs's inode cap.
     pub fn files_in_memory(&self) -> u64 {
-        let layer = match self.rootfs {
-            RootSource::Layers { .. } => 0,
+        match self.rootfs {
+            RootSource::Layers { .. } => BUILD_STEP_RAM_BYTES,
             RootSource::Host | RootSource::Image { .. } => self.limits.disk_bytes,
-        };
-        layer.saturating_add(SHM_BYTES)
+        }
     }
 
     /// The limit of the sandbox's memory cgroup: the processes' `memory_bytes` plus
@@ -276,29 +277,26 @@ mod tests {
     #[test]
     fn the_memory_cgroup_holds_the_processes_memory_and_the_files_in_ram() {
         let mut spec = SandboxSpec::idle();
-        // The defaults: 512 MiB + a 1 GiB writable layer + 64 MiB of /dev/shm.
-        assert_eq!(spec.files_in_memory(), (1 << 30) + (64 << 20));
-        assert_eq!(
-            spec.memory_cgroup_bytes(),
-            (512 << 20) + (1 << 30) + (64 << 20)
-        );
+        // The defaults: 512 MiB + a 1 GiB tmpfs (the writable layer, /dev and /dev/shm).
+        assert_eq!(spec.files_in_memory(), 1 << 30);
+        assert_eq!(spec.memory_cgroup_bytes(), (512 << 20) + (1 << 30));
         spec.limits.memory_bytes = 64 << 20;
         spec.limits.disk_bytes = 8 << 20;
-        assert_eq!(spec.memory_cgroup_bytes(), 136 << 20);
+        assert_eq!(spec.memory_cgroup_bytes(), 72 << 20);
         // A built template's layer is a tmpfs too.
         spec.rootfs = RootSource::Image {
             path: "/i".into(),
             size: 1,
             digest: "sha256:0".into(),
         };
-        assert_eq!(spec.memory_cgroup_bytes(), 136 << 20);
-        // A build step's layer is on the host's disk: only /dev/shm is in RAM.
+        assert_eq!(spec.memory_cgroup_bytes(), 72 << 20);
+        // A build step's layer is on the host's disk: only /dev and /dev/shm are in RAM.
         spec.rootfs = RootSource::Layers {
             lower: Vec::new(),
             upper: "/u".into(),
             work: "/w".into(),
         };
-        assert_eq!(spec.files_in_memory(), SHM_BYTES);
+        assert_eq!(spec.files_in_memory(), BUILD_STEP_RAM_BYTES);
         assert_eq!(spec.memory_cgroup_bytes(), 128 << 20);
     }
 
@@ -306,7 +304,7 @@ mod tests {
     fn the_memory_cgroup_limit_saturates_instead_of_wrapping() {
         let mut spec = SandboxSpec::idle();
         spec.limits.disk_bytes = u64::MAX - 1;
-        assert_eq!(spec.files_in_memory(), u64::MAX);
+        assert_eq!(spec.files_in_memory(), u64::MAX - 1);
         assert_eq!(spec.memory_cgroup_bytes(), u64::MAX);
         spec.limits.disk_bytes = 1 << 30;
         spec.limits.memory_bytes = u64::MAX - (1 << 20);

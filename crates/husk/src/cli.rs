@@ -137,8 +137,8 @@ pub struct JobArgs {
     /// --server, the server's default (300 s)].
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
-    /// Memory for the sandbox's processes, no swap; its disk and /dev/shm, held in RAM, come on
-    /// top [default: 512M; with --server, the server's].
+    /// Memory for the sandbox's processes, no swap; its disk (/dev/shm included), held in RAM,
+    /// comes on top [default: 512M; with --server, the server's].
     #[arg(short = 'm', long, value_name = "SIZE")]
     pub memory: Option<String>,
     /// CPU quota in CPUs (e.g. 0.5, 2) [default: 1; with --server, the server's].

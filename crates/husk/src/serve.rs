@@ -45,7 +45,7 @@ pub struct ServeArgs {
     /// directory takes them up again.
     #[arg(long)]
     pub destroy_on_exit: bool,
-    /// Memory for each sandbox's processes (its disk and /dev/shm, held in RAM, come on top).
+    /// Memory for each sandbox's processes (its disk, /dev/shm included, held in RAM, comes on top).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     pub memory: String,
     /// CPU quota of each sandbox, in CPUs.

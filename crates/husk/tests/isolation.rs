@@ -329,6 +329,66 @@ fn the_sandbox_tree_belongs_to_the_sandbox() {
     );
 }
 
+/// `/dev` and `/dev/shm` are directories of the sandbox's tmpfs, bound (one file system fewer
+/// each: every superblock costs each memory cgroup on the host): they keep their modes and
+/// mount flags, and what they hold counts against the sandbox's disk.
+#[test]
+fn dev_and_dev_shm_are_on_the_sandboxs_disk() {
+    let code = r#"
+import errno, os, subprocess
+def line(path):
+    for l in open('/proc/self/mountinfo'):
+        f = l.split()
+        if f[4] == path:
+            return set(f[5].split(','))
+print('same fs', os.stat('/dev').st_dev == os.stat('/dev/shm').st_dev)
+print('modes', oct(os.stat('/dev').st_mode & 0o7777), oct(os.stat('/dev/shm').st_mode & 0o7777))
+print('dev flags', sorted(line('/dev') & {'noexec', 'nosuid', 'nodev'}))
+print('shm flags', sorted(line('/dev/shm') & {'noexec', 'nosuid', 'nodev'}))
+with open('/dev/null', 'w') as f:
+    f.write('x')
+print('null', len(open('/dev/zero', 'rb').read(4)))
+chunk = b'x' * (1 << 20)
+with open('/dev/shm/a', 'wb') as f:
+    for _ in range(10):
+        f.write(chunk)
+try:
+    with open('/tmp/b', 'wb') as f:
+        for _ in range(10):
+            f.write(chunk)
+            f.flush()
+    print('disk not shared')
+except OSError as e:
+    print('disk full', e.errno == errno.ENOSPC)
+os.remove('/tmp/b')
+with open('/dev/t', 'wb') as f:
+    f.write(open('/bin/true', 'rb').read())
+os.chmod('/dev/t', 0o755)
+try:
+    subprocess.run(['/dev/t'])
+    print('exec in /dev')
+except PermissionError:
+    print('no exec in /dev')
+"#;
+    let r = husk_run(&["--user", "root", "--disk", "16M"], &strs(&py(code)));
+    r.ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "same fs True",
+            "modes 0o755 0o1777",
+            "dev flags ['noexec', 'nosuid']",
+            "shm flags ['nodev', 'nosuid']",
+            "null 4",
+            "disk full True",
+            "no exec in /dev",
+        ],
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn a_socket_given_as_stdio_does_not_reach_the_sandbox() {
     // A socket keeps the network namespace it was made in: passed as stdin, it would let the

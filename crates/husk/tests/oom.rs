@@ -105,10 +105,10 @@ fn a_full_disk_is_507_and_the_sandbox_goes_on() {
     let server = Server::start(state.path());
     let sb = create(&server);
     let id = runtime_id(&state);
-    // The cgroup holds the processes' 512 MiB, the 1 GiB disk and the 64 MiB /dev/shm (v1 also
-    // its memory+swap limit: the same figure).
+    // The cgroup holds the processes' 512 MiB and the 1 GiB disk, /dev and /dev/shm included
+    // (v1 also its memory+swap limit: the same figure).
     for limit in memory_limits(&id) {
-        assert_eq!(limit, (512 << 20) + (1 << 30) + (64 << 20));
+        assert_eq!(limit, (512 << 20) + (1 << 30));
     }
     // The API still reports the memory the processes were given.
     let info = server
@@ -230,10 +230,10 @@ fn an_oom_kills_the_process_and_the_agent_goes_on() {
     let sb = create(&server);
     let id = runtime_id(&state);
     for limit in memory_limits(&id) {
-        assert_eq!(limit, (64 << 20) + (16 << 20) + (64 << 20));
+        assert_eq!(limit, (64 << 20) + (16 << 20));
     }
     let agent = agent_pid(&id);
-    // 512 MiB is past the processes' 64 MiB and the files' 80 MiB together.
+    // 512 MiB is past the processes' 64 MiB and the files' 16 MiB together.
     let r = sh(
         &sb,
         "python3 -c 'a = bytearray(512 << 20); print(\"survived\")'; echo rc=$?",
