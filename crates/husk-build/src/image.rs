@@ -42,17 +42,19 @@ fn by_key(images: &Path, top_key: &str) -> PathBuf {
 }
 
 /// The image the same stack made before, if its file is still there and intact (its size and
-/// its SHA-256: a damaged image is written again, not registered again).
-fn made_before(images: &Path, top_key: &str) -> Option<Image> {
+/// its SHA-256: a damaged image is written again, not registered again). The check is the
+/// spawners' own ([`husk_runtime::images::Verifier`]): a file already hashed since it last
+/// changed is not read again, and one hashed now is recorded for them.
+fn made_before(images: &Path, run_dir: &Path, top_key: &str) -> Option<Image> {
     let text = fs::read_to_string(by_key(images, top_key)).ok()?;
     let mut f = text.split_whitespace();
     let (digest, size, rootfs_bytes) =
         (f.next()?, f.next()?.parse().ok()?, f.next()?.parse().ok()?);
     let hex = husk_runtime::images::digest_hex(digest).ok()?;
     let path = images.join(format!("{hex}.erofs"));
-    if fs::metadata(&path).ok()?.len() != size || template::sha256_file(&path).ok()? != digest {
-        return None;
-    }
+    husk_runtime::images::Verifier::default()
+        .verify(run_dir, &path, size, digest)
+        .ok()?;
     Some(Image {
         path,
         digest: digest.to_string(),
@@ -73,8 +75,8 @@ pub async fn make(
 ) -> Result<Image, String> {
     let images = template::images_dir(state_dir);
     if !fresh {
-        let (dir, key) = (images.clone(), top_key.to_string());
-        let before = tokio::task::spawn_blocking(move || made_before(&dir, &key))
+        let (dir, run, key) = (images.clone(), run_dir.to_path_buf(), top_key.to_string());
+        let before = tokio::task::spawn_blocking(move || made_before(&dir, &run, &key))
             .await
             .ok()
             .flatten();
@@ -159,6 +161,8 @@ async fn write(
     let _ = fs::remove_dir(&empty);
     let _ = fs::remove_file(&tmp);
     let (path, digest, size) = result?;
+    // Hashed above as it was written: the spawners need not read it all again (best effort).
+    let _ = husk_runtime::images::record_verified(run_dir, &path, &digest);
     // Measured through the mounted image (the same mount sandboxes will share).
     let rootfs_bytes = husk_runtime::images::ensure_mounted(run_dir, &path, size, &digest)
         .ok()

@@ -396,6 +396,35 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
+    /// What a template build records for the image it has just hashed is what the spawners
+    /// go by: the file as it is is not read again; changed since, it is.
+    #[test]
+    fn a_builds_record_spares_the_spawners_the_hash_until_the_file_changes() {
+        let dir = std::env::temp_dir().join(format!("husk-recorded-{}", std::process::id()));
+        let run_dir = dir.join("run");
+        fs::create_dir_all(&run_dir).unwrap();
+        let image = dir.join("i.erofs");
+        fs::write(&image, b"an image").unwrap();
+        // Recorded with a digest that is not its content's: accepted without a read, which
+        // shows the record is what spared the hash.
+        let recorded = format!("sha256:{}", "1".repeat(64));
+        record_verified(&run_dir, &image, &recorded).unwrap();
+        Verifier::default()
+            .verify(&run_dir, &image, 8, &recorded)
+            .unwrap();
+        let before = file_id(&image).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while file_id(&image).unwrap() == before && std::time::Instant::now() < deadline {
+            fs::write(&image, b"AN IMAGE").unwrap();
+        }
+        let e = Verifier::default()
+            .verify(&run_dir, &image, 8, &recorded)
+            .unwrap_err();
+        assert!(matches!(e, ImageError::Corrupt { .. }), "{e}");
+        assert!(record_verified(&run_dir, &image, "sha256:../x").is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     use super::*;
 
     /// A temporary directory with a small erofs image; removed (and unmounted) on drop.
@@ -672,6 +701,17 @@ impl Verifier {
             .unwrap_or_else(|p| p.into_inner())
             .insert(path.to_path_buf(), (id, digest.to_string()));
     }
+}
+
+/// Records that the image at `path` (as it is now: its identity goes into the record) has
+/// `digest`, for a process that has just hashed it itself: a template build, which writes
+/// the image. The spawners then mount it without hashing it again (see [`Verifier`]), so the
+/// first sandbox of a new template does not wait for hundreds of megabytes to be read.
+pub fn record_verified(run_dir: &Path, path: &Path, digest: &str) -> io::Result<()> {
+    digest_hex(digest).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let id = file_id(path)?;
+    write_marker(run_dir, &id, path, digest);
+    Ok(())
 }
 
 /// Where a successful check of the image with `digest` is recorded for other processes.

@@ -312,8 +312,16 @@ fn a_damaged_image_is_refused_at_sandbox_creation() {
     let ctx = TempDir::new("ctx-damaged");
     let dockerfile = busybox_context(ctx.path(), "RUN echo fine > /state\n");
     state.build_ok(&dockerfile, "damaged");
-    state.run("damaged", &[], &["cat", "/state"]).ok();
+    // The build records the image it hashed as it wrote it, for the spawners: the first
+    // sandbox mounts it without reading it all again (minutes of a big image, unoptimized).
     let image = state.image("damaged");
+    let hex = image.file_stem().unwrap().to_str().unwrap();
+    let marker = fs::read_to_string(format!("/run/husk/images/{hex}.verified")).unwrap_or_default();
+    assert!(
+        marker.contains(image.to_str().unwrap()) && marker.contains(hex),
+        "{marker:?}"
+    );
+    state.run("damaged", &[], &["cat", "/state"]).ok();
     let len = fs::metadata(&image).unwrap().len();
     fs::OpenOptions::new()
         .write(true)
