@@ -634,7 +634,8 @@ impl KernelClient {
             }
             Iopub::Status(ExecutionState::Idle) => {
                 current.idle = true;
-                if current.reply.is_none() {
+                // From the first idle: a kernel that repeats it does not push the end out.
+                if current.reply.is_none() && current.reply_until.is_none() {
                     current.reply_until = Some(Instant::now() + REPLY_AFTER_IDLE);
                 }
                 self.maybe_done(cost);
@@ -909,6 +910,9 @@ mod tests {
         f.iopub(&m, "status", json!({"execution_state": "idle"}));
         let at = f.client.deadline().expect("waiting for the reply");
         assert!(at <= Instant::now() + REPLY_AFTER_IDLE);
+        // Idle again (a hostile kernel): the end is not pushed out.
+        f.iopub(&m, "status", json!({"execution_state": "idle"}));
+        assert_eq!(f.client.deadline(), Some(at));
         f.client.tick(at);
         let events = f.drain();
         assert!(

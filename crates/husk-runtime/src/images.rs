@@ -362,13 +362,29 @@ pub(crate) fn mount_via_loop(path: &Path, target: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
 
-    #[test]
-    fn the_verifier_takes_only_the_registered_content_and_sees_a_file_change() {
-        let dir = std::env::temp_dir().join(format!("husk-verify-{}", std::process::id()));
+    /// A directory with a run directory and an 8-byte "image" in it: (dir, run dir, image).
+    fn scratch_image(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("husk-{name}-{}", std::process::id()));
         let run_dir = dir.join("run");
         fs::create_dir_all(&run_dir).unwrap();
         let image = dir.join("i.erofs");
         fs::write(&image, b"an image").unwrap();
+        (dir, run_dir, image)
+    }
+
+    /// Writes other bytes of the same size in place, until the file's change time moves (on
+    /// coarse clocks two writes can share one).
+    fn rewrite(image: &Path) {
+        let before = file_id(image).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while file_id(image).unwrap() == before && std::time::Instant::now() < deadline {
+            fs::write(image, b"AN IMAGE").unwrap();
+        }
+    }
+
+    #[test]
+    fn the_verifier_takes_only_the_registered_content_and_sees_a_file_change() {
+        let (dir, run_dir, image) = scratch_image("verify");
         let digest = sha256_file(&image).unwrap();
         let v = Verifier::default();
         v.verify(&run_dir, &image, 8, &digest).unwrap();
@@ -382,13 +398,8 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, ImageError::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("rebuild the template"), "{e}");
-        // Written in place, same size: hashed again, and refused. (Written until its change
-        // time moves: on coarse clocks two writes can share one.)
-        let before = file_id(&image).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while file_id(&image).unwrap() == before && std::time::Instant::now() < deadline {
-            fs::write(&image, b"AN IMAGE").unwrap();
-        }
+        // Written in place, same size: hashed again, and refused.
+        rewrite(&image);
         let e = v.verify(&run_dir, &image, 8, &digest).unwrap_err();
         assert!(matches!(e, ImageError::Corrupt { .. }), "{e}");
         let e = v.verify(&run_dir, &image, 9, &digest).unwrap_err();
@@ -400,11 +411,7 @@ mod tests {
     /// go by: the file as it is is not read again; changed since, it is.
     #[test]
     fn a_builds_record_spares_the_spawners_the_hash_until_the_file_changes() {
-        let dir = std::env::temp_dir().join(format!("husk-recorded-{}", std::process::id()));
-        let run_dir = dir.join("run");
-        fs::create_dir_all(&run_dir).unwrap();
-        let image = dir.join("i.erofs");
-        fs::write(&image, b"an image").unwrap();
+        let (dir, run_dir, image) = scratch_image("recorded");
         // Recorded with a digest that is not its content's: accepted without a read, which
         // shows the record is what spared the hash.
         let recorded = format!("sha256:{}", "1".repeat(64));
@@ -412,11 +419,7 @@ mod tests {
         Verifier::default()
             .verify(&run_dir, &image, 8, &recorded)
             .unwrap();
-        let before = file_id(&image).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while file_id(&image).unwrap() == before && std::time::Instant::now() < deadline {
-            fs::write(&image, b"AN IMAGE").unwrap();
-        }
+        rewrite(&image);
         let e = Verifier::default()
             .verify(&run_dir, &image, 8, &recorded)
             .unwrap_err();

@@ -58,6 +58,24 @@ pub struct Limits {
     pub disk_bytes: u64,
 }
 
+impl Limits {
+    /// [`SandboxSpec::files_in_memory`] for a sandbox whose writable layer is in RAM
+    /// (`layer_in_ram`) or on the host's disk (a build step's).
+    pub fn files_in_memory(&self, layer_in_ram: bool) -> u64 {
+        if layer_in_ram {
+            self.disk_bytes
+        } else {
+            BUILD_STEP_RAM_BYTES
+        }
+    }
+
+    /// [`SandboxSpec::memory_cgroup_bytes`], with the same `layer_in_ram`.
+    pub fn memory_cgroup_bytes(&self, layer_in_ram: bool) -> u64 {
+        self.memory_bytes
+            .saturating_add(self.files_in_memory(layer_in_ram))
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -243,10 +261,13 @@ impl SandboxSpec {
     /// Left out: the kernel's own per-file memory (inodes, dentries), which the cgroup is
     /// charged for too, bounded by the tmpfs's inode cap.
     pub fn files_in_memory(&self) -> u64 {
-        match self.rootfs {
-            RootSource::Layers { .. } => BUILD_STEP_RAM_BYTES,
-            RootSource::Host | RootSource::Image { .. } => self.limits.disk_bytes,
-        }
+        self.limits.files_in_memory(self.layer_in_ram())
+    }
+
+    /// Whether the writable layer is the staging tmpfs (not a build step's directory on the
+    /// host's disk).
+    fn layer_in_ram(&self) -> bool {
+        !matches!(self.rootfs, RootSource::Layers { .. })
     }
 
     /// The limit of the sandbox's memory cgroup: the processes' `memory_bytes` plus
@@ -257,9 +278,7 @@ impl SandboxSpec {
     /// processes may use more while the files leave room. The host's worst case per sandbox is
     /// this sum, which is what the operator granted (memory and a disk in RAM).
     pub fn memory_cgroup_bytes(&self) -> u64 {
-        self.limits
-            .memory_bytes
-            .saturating_add(self.files_in_memory())
+        self.limits.memory_cgroup_bytes(self.layer_in_ram())
     }
 
     /// A spec whose PID 1 idles (the shape of a server-side sandbox before its first command).

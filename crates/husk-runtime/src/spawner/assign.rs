@@ -24,7 +24,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use super::{
     io_ctx, single_threaded, valid_hostname, validate_limits, validate_mounts, Sandbox, SpawnError,
 };
-use crate::spec::{Assignment, Limits, MountIds, MountSpec, BUILD_STEP_RAM_BYTES};
+use crate::spec::{Assignment, Limits, MountIds, MountSpec};
 use crate::sys;
 
 /// The checks of an assignment that need no sandbox: as a create's spec's.
@@ -132,12 +132,9 @@ impl Sandbox {
     /// Lowers the sandbox's limits to `l`: the writable layer's size first (its tmpfs, whose
     /// pages the memory cgroup counts), then the cgroups.
     fn set_limits(&mut self, l: &Limits) -> Result<(), SpawnError> {
-        // As SandboxSpec::files_in_memory: the staging tmpfs's size.
-        let files = match &self.upper {
-            Some(_) => l.disk_bytes,
-            None => BUILD_STEP_RAM_BYTES,
-        };
-        let memory = l.memory_bytes.saturating_add(files);
+        // Only sandboxes with a layer in RAM hold its directory (crate::rootfs::build).
+        let in_ram = self.upper.is_some();
+        let memory = l.memory_cgroup_bytes(in_ram);
         let (used, tasks) = self.cgroup.usage();
         if let Some(used) = used.filter(|u| *u > memory) {
             return Err(SpawnError::InvalidSpec(format!(
@@ -178,7 +175,7 @@ impl Sandbox {
         }
         self.cgroup.write_limits(l, memory)?;
         self.limits_memory = l.memory_bytes;
-        self.files_in_memory = files;
+        self.files_in_memory = l.files_in_memory(in_ram);
         Ok(())
     }
 

@@ -115,7 +115,14 @@ impl Streaming {
     }
 
     /// Every remaining NDJSON event (keepalives dropped).
-    pub fn events(mut self) -> Vec<serde_json::Value> {
+    pub fn events(self) -> Vec<serde_json::Value> {
+        self.events_within(Duration::MAX)
+    }
+
+    /// [`Self::events`], failing once `limit` has passed: keepalives keep a stuck stream going
+    /// past any read timeout.
+    pub fn events_within(mut self, limit: Duration) -> Vec<serde_json::Value> {
+        let started = std::time::Instant::now();
         let mut out = Vec::new();
         while let Some(l) = self.next_line() {
             let v: serde_json::Value =
@@ -123,6 +130,10 @@ impl Streaming {
             if v["type"] != "keepalive" {
                 out.push(v);
             }
+            assert!(
+                started.elapsed() < limit,
+                "not done after {limit:?}: {out:?}"
+            );
         }
         out
     }
