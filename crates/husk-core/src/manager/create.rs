@@ -10,6 +10,7 @@ use husk_runtime::{Limits, SandboxSpec};
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 
+use super::limits::Reservation;
 use super::{write, CoreError, CreateRequest, LiveSandbox, Manager};
 use crate::agent::AgentClient;
 use crate::store::{Principal, SandboxRecord};
@@ -147,7 +148,8 @@ impl Manager {
                         .await
                 }
             };
-            drop(reservation);
+            // On failure the reservation is dropped, giving its place back.
+            let result = result.map(|sb| this.go_live(sb, reservation));
             drop(pin);
             result
         })
@@ -349,8 +351,8 @@ impl Manager {
         })
     }
 
-    /// Gives a booted sandbox its tenant's identity and registers it: from here on the API
-    /// finds it, the store has it and its supervisor enforces its timeout.
+    /// Gives a booted sandbox its tenant's identity and records it in the store; the caller
+    /// makes it live ([`Self::go_live`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn register(
         self: &Arc<Self>,
@@ -445,9 +447,20 @@ impl Manager {
             Ok(()) => sb.kept_as_saved(description.unwrap_or_default()),
             Err(e) => tracing::warn!(sandbox = %id, error = %e, "could not record sandbox"),
         }
-        write(&self.sandboxes).insert(id.clone(), sb.clone());
-        tokio::spawn(self.clone().supervise(sb.clone()));
         Ok(sb)
+    }
+
+    /// Makes a registered sandbox live: from here on the API finds it, it counts among its
+    /// team's running sandboxes in the place `reservation` held, and its supervisor enforces
+    /// its timeout.
+    pub(super) fn go_live(
+        self: &Arc<Self>,
+        sb: Arc<LiveSandbox>,
+        reservation: Reservation,
+    ) -> Arc<LiveSandbox> {
+        reservation.settle(|| write(&self.sandboxes).insert(sb.id.clone(), sb.clone()));
+        tokio::spawn(self.clone().supervise(sb.clone()));
+        sb
     }
 
     /// The sandbox's code contexts, with the template's default ones started and ready.

@@ -36,19 +36,40 @@ fn parse_meminfo(meminfo: &str, key: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// A place in a team's quota held while one of its sandboxes is being created.
+/// A place in a team's quota held while one of its sandboxes is being created (or resumed).
+///
+/// The place is given up either by dropping it (the create failed) or by [`Self::settle`]
+/// (the sandbox now counts among the team's running ones). Settling makes the sandbox count
+/// and gives up the place in one step under the lock [`Manager::reserve`] counts under, so no
+/// create ever sees one sandbox twice, as being created and as running: a team at its quota
+/// that kills one sandbox can always create the next.
 pub(super) struct Reservation {
     pub(super) manager: Arc<Manager>,
     pub(super) team: String,
+    settled: bool,
+}
+
+impl Reservation {
+    /// Runs `admit`, which makes the reserved sandbox count among the team's running ones
+    /// (inserts it into the live sandboxes, or un-pauses it), and gives up the place, both
+    /// under the quota's lock. `admit` must not take that lock itself.
+    pub(super) fn settle<T>(mut self, admit: impl FnOnce() -> T) -> T {
+        let mut creating = self.manager.creating_lock();
+        let out = admit();
+        if let Some(n) = creating.get_mut(&self.team) {
+            *n = n.saturating_sub(1);
+        }
+        self.settled = true;
+        out
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut creating = self
-            .manager
-            .creating
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        if self.settled {
+            return;
+        }
+        let mut creating = self.manager.creating_lock();
         if let Some(n) = creating.get_mut(&self.team) {
             *n = n.saturating_sub(1);
         }
@@ -159,11 +180,13 @@ impl Manager {
     /// a resume): running ones, paused-in-place ones excluded, and those being created count.
     pub(super) fn reserve(self: &Arc<Self>, team: &str) -> Result<Reservation, CoreError> {
         let limit = self.quota(team);
+        // The running ones are counted under the quota's lock: a reservation settles (its
+        // sandbox starts to count here, its place is given up) under that lock too.
+        let mut creating = self.creating_lock();
         let live = super::read(&self.sandboxes)
             .values()
             .filter(|s| s.team == team && !s.is_paused())
             .count() as u32;
-        let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
         let pending = creating.entry(team.to_owned()).or_default();
         if live + *pending >= limit {
             return Err(CoreError::QuotaExceeded {
@@ -175,7 +198,14 @@ impl Manager {
         Ok(Reservation {
             manager: self.clone(),
             team: team.to_owned(),
+            settled: false,
         })
+    }
+
+    /// The places held by creates under way, per team. Taken before the live sandboxes'
+    /// lock where both are held.
+    fn creating_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
+        self.creating.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Clamps a requested timeout to (0, max].

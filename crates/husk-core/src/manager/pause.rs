@@ -414,7 +414,7 @@ impl Manager {
             return Ok(false);
         }
         // It takes a place among the team's running sandboxes again.
-        let _reservation = self.reserve(&sb.team)?;
+        let reservation = self.reserve(&sb.team)?;
         let host = self.host.clone();
         let rid = sb.runtime_id.clone();
         tokio::task::spawn_blocking(move || host.thaw(&rid))
@@ -422,7 +422,7 @@ impl Manager {
             .map_err(|e| CoreError::internal("the resume task", e))?
             .map_err(|e| CoreError::internal("thawing the sandbox", e))?;
         let end = OffsetDateTime::now_utc() + self.clamp_timeout(timeout.unwrap_or(sb.timeout));
-        sb.paused.store(false, Ordering::Release);
+        reservation.settle(|| sb.paused.store(false, Ordering::Release));
         sb.set_end_at(end);
         let _ = self.store.update_sandbox_end(&sb.id, end);
         tracing::info!(sandbox = %sb.id, "resumed in place");

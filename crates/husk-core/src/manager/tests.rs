@@ -615,3 +615,34 @@ pub(super) fn header_rules() -> crate::net_rules::NetRules {
     )])
     .unwrap()
 }
+
+/// A team at its quota that kills one sandbox and creates another, many times over and from
+/// many tasks at once (what the SDK's benchmark at concurrency 100 against a quota of 100
+/// does): a create never sees the quota full. Each task holds at most one place at any time,
+/// so a refusal can only come from a sandbox counted twice (as being created and as running)
+/// or a kill that frees its place late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn creates_at_exactly_the_quota_are_never_refused() {
+    const TASKS: u32 = 8;
+    const CYCLES: u32 = 300;
+    let (m, _) = manager(TASKS);
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let a = team("a");
+                for _ in 0..CYCLES {
+                    let sb = m.create(&a, req()).await?;
+                    m.kill(&a, &sb.id).await?;
+                }
+                Ok::<_, CoreError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            panic!("a create or kill at the quota failed: {e}");
+        }
+    }
+    assert_eq!(m.count(), 0);
+}
