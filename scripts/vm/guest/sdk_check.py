@@ -62,26 +62,37 @@ def commands():
     return f"user {r.stdout.split()[1]}"
 
 
+def base_pool():
+    """The server's warm pool of `base` (`/husk/v1/pools`), or None."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(URL + "/husk/v1/pools", headers={"X-API-Key": KEY})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        pools = json.load(r)["pools"]
+    return next((p for p in pools if p["template"] == "base"), None)
+
+
+def pool_ready(deadline):
+    """Waits (until `deadline`, monotonic) for a warm `base` sandbox; the pool as it is then."""
+    while True:
+        p = base_pool()
+        if p["ready"] >= 1:
+            return p
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the pool did not fill: {p}")
+        time.sleep(1)
+
+
 def warm():
     """A create served by the server's warm pool (`--warm base=2`, servers the kind starts
     itself): named by its own id in the kernel (set by the spawner) and in /etc/hostname."""
     import json
-    import urllib.request
-
-    def base_pool():
-        req = urllib.request.Request(URL + "/husk/v1/pools", headers={"X-API-Key": KEY})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            pools = json.load(r)["pools"]
-        return next((p for p in pools if p["template"] == "base"), None)
 
     if base_pool() is None:
         raise Skip("no warm pool on this server")
     deadline = time.monotonic() + 300
-    while base_pool()["ready"] < 1:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the pool did not fill: {base_pool()}")
-        time.sleep(1)
-    before = base_pool()
+    before = pool_ready(deadline)
     s = Sandbox.create(timeout=120, **OPTS)
     try:
         names = s.commands.run("cat /proc/sys/kernel/hostname /etc/hostname").stdout.split()
@@ -100,11 +111,7 @@ def warm():
     try:
         status, body = husk_api("PUT", f"/husk/v1/workspaces/{name}/files/in.txt", b"from the host\n")
         assert status // 100 == 2, (status, body)
-        while base_pool()["ready"] < 1:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the pool did not fill again: {base_pool()}")
-            time.sleep(1)
-        before = base_pool()
+        before = pool_ready(deadline)
         s = Sandbox.create(timeout=120, volume_mounts={"/data": f"{name}:rw"}, **OPTS)
         try:
             r = s.commands.run("cat /data/in.txt; stat -c %U /data/in.txt; echo out > /data/out.txt")
@@ -119,6 +126,45 @@ def warm():
     finally:
         husk_api("DELETE", f"/husk/v1/workspaces/{name}")
     return f"claimed {after['claimed']}, one with a workspace"
+
+
+def run_events(spec):
+    """A run through husk's run API (`POST /husk/v1/runs`): its NDJSON events, keepalives left out."""
+    import json
+
+    status, body = husk_api("POST", "/husk/v1/runs", json.dumps(spec).encode())
+    assert status == 200, (status, body[:300])
+    events = [json.loads(line) for line in body.splitlines() if line.strip()]
+    return [e for e in events if e.get("type") != "keepalive"]
+
+
+def warm_limits():
+    """Runs with limits below the server's, on a server with a warm pool: each claims a warm
+    sandbox, and the spawner lowers its limits at the claim (the writable layer's tmpfs resized,
+    the cgroups' limits written, under this kind's cgroup set-up). Seen from inside: /dev/shm
+    (a directory of the layer) has the run's disk, and a shell holding more memory than the
+    run's memory and disk together is killed by the OOM killer."""
+    if base_pool() is None:
+        raise Skip("no warm pool on this server")
+    deadline = time.monotonic() + 300
+    limits = {"memory_mb": 64, "disk_mb": 16}
+    before = pool_ready(deadline)
+    events = run_events({"shell": "df -k /dev/shm | tail -n 1", "limits": limits, "timeout": 60})
+    end = events[-1]["run"]
+    assert end["status"] == "succeeded", end
+    out = "".join(e["data"] for e in events if e["type"] == "stdout")
+    size_kib = int(out.split()[1])
+    assert size_kib == 16 * 1024, f"/dev/shm is {size_kib} KiB, not the run's 16 MiB: {out!r}"
+    pool_ready(deadline)
+    # 300 MB in a shell variable: far above 64 + 16 MiB, far below the server's own limits.
+    hog = "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo held ${#x}"
+    events = run_events({"shell": hog, "limits": limits, "timeout": 120})
+    end = events[-1]["run"]
+    assert end["reason"] == "out of memory", end
+    after = base_pool()
+    assert after["claimed"] == before["claimed"] + 2, (before, after)
+    assert after["claim_failed"] == 0, after
+    return f"claimed 2 with 64 MiB and 16 MiB: /dev/shm {size_kib} KiB, the hog {end['reason']}"
 
 
 def husk_api(method, path, body=None):
@@ -286,6 +332,7 @@ def only_full(name, fn, needs=()):
 check("sdk-create", create)
 check("sdk-commands", commands, needs=["sdk-create"])
 check("sdk-warm", warm)
+check("sdk-warm-limits", warm_limits)
 only_full("sdk-files", files, needs=["sdk-create"])
 only_full("sdk-template", template)
 only_full("sdk-10-at-once", ten_at_once)
