@@ -447,3 +447,34 @@ async fn paused_sandboxes_beyond_the_retention_are_killed() {
     // A running sandbox is no paused one, however old.
     assert!(m.get(&a, &running.id).is_ok());
 }
+
+/// Sandboxes paused in place and resumed over and over, from as many tasks as the team's
+/// quota: a resume never sees the quota full. Each task's sandbox holds at most one place at
+/// any time, so a refusal can only come from one counted twice (its reservation and, resumed,
+/// itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resumes_at_exactly_the_quota_are_never_refused() {
+    const TASKS: u32 = 6;
+    const CYCLES: u32 = 200;
+    let f = fixture(TASKS, TASKS);
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let m = f.m.clone();
+            tokio::spawn(async move {
+                let a = team("a");
+                let sb = m.create(&a, req()).await?;
+                for _ in 0..CYCLES {
+                    m.pause(&a, &sb.id, PauseMode::Full).await?;
+                    m.resume(&a, &sb.id, None, false).await?;
+                }
+                m.kill(&a, &sb.id).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            panic!("a pause or resume at the quota failed: {e}");
+        }
+    }
+    assert_eq!(f.m.count(), 0);
+}
