@@ -354,12 +354,27 @@ pub fn worker(args: WorkerArgs) -> i32 {
 }
 
 fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
+    kib_field("/proc/meminfo", "MemAvailable:")
+}
+
+/// A `kB` field of a `/proc` file such as `/proc/meminfo` (0 when it is not there).
+fn kib_field(file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(file)
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// This process's resident anonymous memory and page tables (KiB). The sandboxes' first processes are
+/// forks of it: a fork copies the page tables of what it has resident, so whatever it keeps
+/// per live sandbox makes every later create dearer.
+fn own_rss_and_page_tables_kib() -> (u64, u64) {
+    (
+        kib_field("/proc/self/status", "RssAnon:"),
+        kib_field("/proc/self/status", "VmPTE:"),
+    )
 }
 
 fn density(n: usize) -> Result<(), String> {
@@ -370,6 +385,7 @@ fn density(n: usize) -> Result<(), String> {
     let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
     let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
     let before = mem_available_kib();
+    let own_before = own_rss_and_page_tables_kib();
     let start = Instant::now();
     let mut alive = Vec::with_capacity(n);
     // Creates per second in each tenth of the run: a create must cost the same with many
@@ -383,6 +399,7 @@ fn density(n: usize) -> Result<(), String> {
     // Let lazily-freed memory from the creation burst settle before reading.
     std::thread::sleep(Duration::from_millis(500));
     let after = mem_available_kib();
+    let own_after = own_rss_and_page_tables_kib();
     let per = (before.saturating_sub(after)) as f64 / n as f64;
     println!(
         "  created {n} in {created:.2} s ({:.0}/s)",
@@ -396,6 +413,11 @@ fn density(n: usize) -> Result<(), String> {
         "  host memory per idle sandbox: {per:.0} KiB ({:.2} MiB; MemAvailable drop {} MiB)",
         per / 1024.0,
         before.saturating_sub(after) / 1024
+    );
+    println!(
+        "  the spawner (this process, which each create forks): anonymous memory {} -> {} KiB, \
+         page tables {} -> {} KiB",
+        own_before.0, own_after.0, own_before.1, own_after.1
     );
     let start = Instant::now();
     let mut tenths = Tenths::new(n);
