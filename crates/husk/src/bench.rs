@@ -367,10 +367,10 @@ fn kib_field(file: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// This process's resident anonymous memory and page tables (KiB). The sandboxes' first processes are
-/// forks of it: a fork copies the page tables of what it has resident, so whatever it keeps
-/// per live sandbox makes every later create dearer.
-fn own_rss_and_page_tables_kib() -> (u64, u64) {
+/// This process's resident anonymous memory and page tables (KiB). The sandboxes' first
+/// processes are forks of it: a fork copies the page tables of what it has resident, so
+/// whatever it keeps per live sandbox makes every later create dearer.
+fn own_anon_and_page_tables_kib() -> (u64, u64) {
     (
         kib_field("/proc/self/status", "RssAnon:"),
         kib_field("/proc/self/status", "VmPTE:"),
@@ -385,7 +385,7 @@ fn density(n: usize) -> Result<(), String> {
     let devnull = std::fs::File::open("/dev/null").map_err(chain)?;
     let stdio = Some([devnull.as_fd(), devnull.as_fd(), devnull.as_fd()]);
     let before = mem_available_kib();
-    let own_before = own_rss_and_page_tables_kib();
+    let own_before = own_anon_and_page_tables_kib();
     let start = Instant::now();
     let mut alive = Vec::with_capacity(n);
     // Creates per second in each tenth of the run: a create must cost the same with many
@@ -399,7 +399,7 @@ fn density(n: usize) -> Result<(), String> {
     // Let lazily-freed memory from the creation burst settle before reading.
     std::thread::sleep(Duration::from_millis(500));
     let after = mem_available_kib();
-    let own_after = own_rss_and_page_tables_kib();
+    let own_after = own_anon_and_page_tables_kib();
     let per = (before.saturating_sub(after)) as f64 / n as f64;
     println!(
         "  created {n} in {created:.2} s ({:.0}/s)",

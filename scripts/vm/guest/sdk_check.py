@@ -156,7 +156,7 @@ def warm_limits():
     size_kib = int(out.split()[1])
     assert size_kib == 16 * 1024, f"/dev/shm is {size_kib} KiB, not the run's 16 MiB: {out!r}"
     pool_ready(deadline)
-    # 300 MB in a shell variable: far above 64 + 16 MiB, far below the server's own limits.
+    # 300 MB in a shell variable: far above 64 + 16 MiB, within the server's default limits.
     hog = "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo held ${#x}"
     events = run_events({"shell": hog, "limits": limits, "timeout": 120})
     end = events[-1]["run"]
