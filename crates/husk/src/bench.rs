@@ -359,9 +359,12 @@ fn mem_available_kib() -> u64 {
 
 /// A `kB` field of a `/proc` file such as `/proc/meminfo` (0 when it is not there).
 fn kib_field(file: &str, key: &str) -> u64 {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
+    kib_in(&std::fs::read_to_string(file).unwrap_or_default(), key)
+}
+
+/// The `kB` field `key` of a `/proc` file's text (0 when it is not there).
+fn kib_in(text: &str, key: &str) -> u64 {
+    text.lines()
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
@@ -371,10 +374,8 @@ fn kib_field(file: &str, key: &str) -> u64 {
 /// processes are forks of it: a fork copies the page tables of what it has resident, so
 /// whatever it keeps per live sandbox makes every later create dearer.
 fn own_anon_and_page_tables_kib() -> (u64, u64) {
-    (
-        kib_field("/proc/self/status", "RssAnon:"),
-        kib_field("/proc/self/status", "VmPTE:"),
-    )
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    (kib_in(&status, "RssAnon:"), kib_in(&status, "VmPTE:"))
 }
 
 fn density(n: usize) -> Result<(), String> {

@@ -118,10 +118,11 @@ fn start_exec(sb: &Sandbox<'_>, body: Value) -> Streaming {
 /// Runs code; the NDJSON lines (keepalives dropped). Asserts 200 and the final
 /// `end_of_execution`.
 fn exec(sb: &Sandbox<'_>, body: Value) -> Vec<Value> {
-    exec_within(sb, body, Duration::MAX)
+    exec_within(sb, body, Duration::from_secs(300))
 }
 
-/// [`exec`], failing once `limit` has passed.
+/// [`exec`], failing once `limit` has passed (keepalives keep a stuck execution's stream
+/// going).
 fn exec_within(sb: &Sandbox<'_>, body: Value, limit: Duration) -> Vec<Value> {
     let s = start_exec(sb, body.clone());
     assert_eq!(s.status, 200, "{body}: {}", s.headers);

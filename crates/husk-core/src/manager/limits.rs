@@ -1,7 +1,8 @@
 //! What a team and a sandbox may have: quotas, resources, timeouts, the host's memory
 //! reserve, workspace mounts and the egress policy of a request.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use husk_runtime::Limits;
@@ -56,9 +57,7 @@ impl Reservation {
     pub(super) fn settle<T>(mut self, admit: impl FnOnce() -> T) -> T {
         let mut creating = self.manager.creating_lock();
         let out = admit();
-        if let Some(n) = creating.get_mut(&self.team) {
-            *n = n.saturating_sub(1);
-        }
+        give_back(&mut creating, &self.team);
         self.settled = true;
         out
     }
@@ -66,13 +65,16 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.settled {
-            return;
+        if !self.settled {
+            give_back(&mut self.manager.creating_lock(), &self.team);
         }
-        let mut creating = self.manager.creating_lock();
-        if let Some(n) = creating.get_mut(&self.team) {
-            *n = n.saturating_sub(1);
-        }
+    }
+}
+
+/// Gives a place of `team`'s back in `creating` (the quota's lock, held).
+fn give_back(creating: &mut HashMap<String, u32>, team: &str) {
+    if let Some(n) = creating.get_mut(team) {
+        *n = n.saturating_sub(1);
     }
 }
 
@@ -204,7 +206,7 @@ impl Manager {
 
     /// The places held by creates under way, per team. Taken before the live sandboxes'
     /// lock where both are held.
-    fn creating_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
+    fn creating_lock(&self) -> MutexGuard<'_, HashMap<String, u32>> {
         self.creating.lock().unwrap_or_else(|p| p.into_inner())
     }
 
