@@ -21,6 +21,7 @@
 
 mod backend;
 mod keys;
+pub mod postgres;
 pub mod remote;
 mod runs;
 mod sandboxes;
@@ -28,12 +29,16 @@ mod schema;
 mod secrets;
 mod templates;
 mod volumes;
-pub use backend::Store;
+pub use backend::{Store, StoreLocation};
 /// Why the state helper could not be asked (in [`StoreError::Helper`]).
 pub use husk_runtime::helper::HelperError;
 pub use runs::{RunRow, RunTable};
 pub use secrets::{PutMode, SealedRow, SecretUse};
 pub use volumes::VolumeRecord;
+#[cfg(test)]
+mod contract_tests;
+#[cfg(test)]
+pub(crate) mod test_postgres;
 #[cfg(test)]
 mod tests;
 
@@ -110,6 +115,34 @@ pub enum StoreError {
     /// The state helper could not be asked: it is gone, or it answered out of protocol.
     #[error(transparent)]
     Helper(#[from] husk_runtime::helper::HelperError),
+    /// PostgreSQL refused a statement (a constraint, a type, a bug); see
+    /// [`StoreError::Unavailable`] for a database that cannot be reached.
+    #[error("database: {0}")]
+    Postgres(::postgres::Error),
+    /// The database cannot be reached (no connection in time, a connection lost, the server
+    /// restarting): a retry may succeed, and nothing was lost.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    /// The database URL does not parse, or asks for what husk does not do.
+    #[error("invalid database URL: {0}")]
+    BadUrl(String),
+    /// A node name is not 1-63 characters of `[a-z0-9.-]` starting with a letter or digit.
+    #[error("invalid node name {0:?}: use 1-63 characters of a-z, 0-9, '-' and '.', starting with a letter or digit")]
+    InvalidNode(String),
+    /// Migrating the PostgreSQL schema failed.
+    #[error("database migration: {0}")]
+    Migration(String),
+}
+
+impl StoreError {
+    /// Whether the database (or the state helper holding it) cannot be reached right now: the
+    /// request may be retried, and the API answers 503.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::Helper(HelperError::Gone(_))
+        )
+    }
 }
 
 /// A key as listed: everything but the secret and its hash, which never leave the store.

@@ -190,12 +190,13 @@ impl From<VolumeError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
+        // The state helper is gone, or the database cannot be reached: nothing this server
+        // can do answers until it is back, and a retry later may succeed.
+        if e.is_unavailable() {
+            return ApiError::of(StatusCode::SERVICE_UNAVAILABLE, &e).retry_after(1);
+        }
         let status = match &e {
             StoreError::InvalidTeam(_) => StatusCode::BAD_REQUEST,
-            // The state helper is gone: nothing this server can do answers until it is back.
-            StoreError::Helper(husk_core::store::HelperError::Gone(_)) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::of(status, &e)

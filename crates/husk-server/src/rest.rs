@@ -90,11 +90,13 @@ fn auth(state: &AppState, headers: &HeaderMap) -> Result<Principal, Response> {
             "missing API key: set the X-API-KEY header (E2B_API_KEY in the SDKs)",
         ));
     }
-    state
-        .manager
-        .store()
-        .authenticate(key)
-        .ok_or_else(|| error(StatusCode::UNAUTHORIZED, "Invalid API key"))
+    match state.manager.store().check_key(key) {
+        Ok(Some(who)) => Ok(who),
+        Ok(None) => Err(error(StatusCode::UNAUTHORIZED, "Invalid API key")),
+        // The key cannot be checked now (the database is unreachable): refused, as a 503 the
+        // client may retry, not a 401 that would say its key is bad.
+        Err(e) => Err(crate::error::ApiError::from(e).into_response()),
+    }
 }
 
 pub(crate) fn parse_body<T: for<'de> Deserialize<'de> + Default>(

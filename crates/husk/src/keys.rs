@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use husk_core::keys::{self, KeyRef};
-use husk_core::store::{KeyInfo, OffsetDateTime, Store, StoreError, DEFAULT_STATE_DIR};
+use husk_core::store::{KeyInfo, OffsetDateTime, StoreError, DEFAULT_STATE_DIR};
 use time::format_description::well_known::Rfc3339;
 
 use crate::units::without_controls;
@@ -26,6 +26,8 @@ pub struct KeyArgs {
     /// State directory [default: /var/lib/husk]
     #[arg(long, global = true, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub database: crate::database::DatabaseArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -118,7 +120,7 @@ fn execute(args: KeyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     let state_dir = args
         .state_dir
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-    let store = Store::open(&state_dir)?;
+    let store = args.database.open(&state_dir)?;
     match args.command {
         KeyCommand::Create { team, admin, name } => {
             let (info, secret) = store.create_key(&team, admin, name.as_deref())?;
@@ -249,6 +251,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use husk_core::store::Store;
 
     /// `husk key …` as the lead wires it: a `key` subcommand taking [`KeyArgs`].
     #[derive(clap::Parser, Debug)]

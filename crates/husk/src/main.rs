@@ -10,6 +10,7 @@ mod bench_net;
 mod bench_rules;
 mod cli;
 mod client;
+mod database;
 mod doctor;
 mod egress;
 mod keys;

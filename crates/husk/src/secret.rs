@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use husk_core::secrets::{MasterKeys, SecretError, Secrets, MASTER_KEY_FILE, MAX_SECRET_BYTES};
-use husk_core::store::{Store, DEFAULT_STATE_DIR};
+use husk_core::store::DEFAULT_STATE_DIR;
 use time::format_description::well_known::Rfc3339;
 use zeroize::Zeroizing;
 
@@ -26,6 +26,8 @@ pub struct SecretArgs {
     /// The master key file [default: STATE_DIR/master.key; created on first use, mode 0600].
     #[arg(long, global = true, value_name = "FILE")]
     pub master_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub database: crate::database::DatabaseArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -71,9 +73,9 @@ pub fn main(args: SecretArgs) -> i32 {
     let key_path = args
         .master_key
         .unwrap_or_else(|| state_dir.join(MASTER_KEY_FILE));
-    let store = match Store::open(&state_dir) {
+    let store = match args.database.open_or_explain(&state_dir) {
         Ok(s) => Arc::new(s),
-        Err(e) => return fail(format_args!("state directory {}: {e}", state_dir.display())),
+        Err(e) => return fail(e),
     };
     let keys = match MasterKeys::load(&key_path) {
         Ok(k) => k,

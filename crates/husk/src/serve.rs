@@ -21,9 +21,12 @@ pub struct ServeArgs {
     /// Address to listen on (HTTP/1.1 and h2c). Port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
-    /// Where the database and the admin key live.
+    /// Where the database (unless --database-url), the admin key, templates, workspaces and
+    /// paused sandboxes live.
     #[arg(long, value_name = "DIR", default_value = husk_core::store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub database: crate::database::DatabaseArgs,
     /// Concurrent sandboxes per team (a team's own quota, set with `husk key quota`, wins).
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_sandboxes: u32,
@@ -347,10 +350,18 @@ pub fn main(args: ServeArgs) -> i32 {
         .master_key
         .clone()
         .unwrap_or_else(|| args.state_dir.join(husk_core::secrets::MASTER_KEY_FILE));
+    let location = match args.database.location(&args.state_dir) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
     let state = match RemoteStore::start(move || {
-        let store = Store::open(&state_dir)
-            .map(Arc::new)
-            .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
+        let store = Store::open_at(&location).map(Arc::new).map_err(|e| {
+            format!(
+                "{}: {}",
+                crate::database::describe(&location),
+                crate::report::chain(&e)
+            )
+        })?;
         ensure_admin_key(&store, &state_dir)?;
         let keys = husk_core::secrets::MasterKeys::load(&key_path)
             .map_err(|e| crate::report::chain(&e))?;

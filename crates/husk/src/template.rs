@@ -28,6 +28,8 @@ pub struct TemplateArgs {
     /// State directory [default: /var/lib/husk]
     #[arg(long, global = true, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub database: crate::database::DatabaseArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -69,17 +71,11 @@ pub fn main(args: TemplateArgs) -> i32 {
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     match args.command {
-        TemplateCommand::Build(cli) => build(&state_dir, cli),
+        TemplateCommand::Build(cli) => build(&state_dir, &args.database, cli),
         other => {
-            let store = match Store::open(&state_dir) {
+            let store = match args.database.open_or_explain(&state_dir) {
                 Ok(s) => Arc::new(s),
-                Err(e) => {
-                    return fail(format_args!(
-                        "state directory {}: {}",
-                        state_dir.display(),
-                        crate::report::chain(&e)
-                    ))
-                }
+                Err(e) => return fail(e),
             };
             match other {
                 TemplateCommand::List { json } => list(&store, json),
@@ -139,7 +135,7 @@ pub struct BuildCli {
     layer_cache: Option<PathBuf>,
 }
 
-fn build(state_dir: &Path, a: BuildCli) -> i32 {
+fn build(state_dir: &Path, database: &crate::database::DatabaseArgs, a: BuildCli) -> i32 {
     let mut build_args = Vec::new();
     for b in &a.build_args {
         match b.split_once('=') {
@@ -193,15 +189,9 @@ fn build(state_dir: &Path, a: BuildCli) -> i32 {
             return fail(crate::doctor::HINT);
         }
     };
-    let store = match Store::open(state_dir) {
+    let store = match database.open_or_explain(state_dir) {
         Ok(s) => Arc::new(s),
-        Err(e) => {
-            return fail(format_args!(
-                "state directory {}: {}",
-                state_dir.display(),
-                crate::report::chain(&e)
-            ))
-        }
+        Err(e) => return fail(e),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

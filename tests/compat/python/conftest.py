@@ -38,7 +38,11 @@ def husk() -> HuskServer:
     # nothing else. No API key is set here, so such a call fails loudly instead of passing.
     # E2B_VOLUME_API_URL: the volume content API, which the SDKs do not look for at
     # E2B_API_URL (see the README, "E2B's volume API").
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG")}
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG", "HUSK_DATABASE_URL", "HUSK_NODE_NAME")}
+    # On PostgreSQL (HUSK_COMPAT_STORE=postgres), the tests' own `husk template …` and
+    # `husk key …` commands must reach the session server's database.
+    if server.database_url:
+        os.environ.update({k: v for k, v in server.store_env().items() if k.startswith("HUSK_")})
     os.environ["E2B_API_URL"] = server.url
     os.environ["E2B_SANDBOX_URL"] = server.url
     os.environ["E2B_VOLUME_API_URL"] = server.url

@@ -38,6 +38,21 @@ LAYER_CACHE = "/var/tmp/husk-test-layers"
 
 T = TypeVar("T")
 
+# HUSK_COMPAT_STORE=postgres: every server keeps its state in a database of its own on a
+# private PostgreSQL server (husk_postgres) instead of its state dir's SQLite file; a restart
+# on the same state dir reuses its database. The node name the servers use there.
+COMPAT_NODE = "compat"
+_databases: Dict[Path, str] = {}
+
+
+def _database_for(state_dir: Path) -> Optional[str]:
+    if os.environ.get("HUSK_COMPAT_STORE", "sqlite") != "postgres":
+        return None
+    if state_dir not in _databases:
+        from husk_postgres import session_postgres
+        _databases[state_dir] = session_postgres().create_database()
+    return _databases[state_dir]
+
 
 class Deadline(Exception):
     pass
@@ -102,6 +117,17 @@ class HuskServer:
     proc: subprocess.Popen
     log_path: Path
     extra_keys: Dict[str, str] = field(default_factory=dict)
+    # The PostgreSQL database the server keeps its state in (None: the state dir's SQLite).
+    database_url: Optional[str] = None
+
+    def store_env(self) -> dict:
+        """The environment for a `husk` command on this server's database."""
+        env = dict(os.environ)
+        env.pop("HUSK_DATABASE_URL", None)
+        if self.database_url:
+            env["HUSK_DATABASE_URL"] = self.database_url
+            env["HUSK_NODE_NAME"] = COMPAT_NODE
+        return env
 
     def opts(self, api_key: Optional[str] = None, **extra) -> dict:
         """Per-call SDK connection kwargs pointing at this server."""
@@ -128,6 +154,7 @@ class HuskServer:
             [str(self.bin), "key", "create", "--team", team, "--state-dir", str(self.state_dir)],
             capture_output=True,
             timeout=30,
+            env=self.store_env(),
         )
         if out.returncode != 0:
             raise RuntimeError(
@@ -146,6 +173,7 @@ class HuskServer:
             check=True,
             capture_output=True,
             timeout=30,
+            env=self.store_env(),
         )
 
     def stop(self, timeout: float = 60) -> Optional[int]:
@@ -269,11 +297,13 @@ def start_server(
     extra_args: Tuple[str, ...] = (),
     state_dir: Optional[Path] = None,
     keep: bool = False,
+    database_url: Optional[str] = None,
 ) -> HuskServer:
     """A new server; with `state_dir`, on an earlier server's state (a restart), which the
     returned server's close() removes as its own. Its sandboxes end when it stops
     (`--destroy-on-exit`), unless `keep`: then they outlive it, as by default, for the next
-    server on the same state directory to take up."""
+    server on the same state directory to take up. With `database_url`, its state is in that
+    PostgreSQL database (else see HUSK_COMPAT_STORE)."""
     binary = husk_binary()
     if not keep:
         extra_args = (*extra_args, "--destroy-on-exit")
@@ -283,6 +313,12 @@ def start_server(
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
     log_path = state_dir.parent / f"{state_dir.name}.log"
+    database_url = database_url or _database_for(state_dir)
+    env = dict(os.environ)
+    env.pop("HUSK_DATABASE_URL", None)
+    if database_url:
+        env["HUSK_DATABASE_URL"] = database_url
+        env["HUSK_NODE_NAME"] = COMPAT_NODE
     log = open(log_path, "wb")
     try:
         proc = subprocess.Popen(
@@ -291,6 +327,7 @@ def start_server(
             stdout=log,
             stderr=log,
             preexec_fn=_pdeathsig_term,
+            env=env,
         )
     except BaseException:
         log.close()
@@ -334,6 +371,7 @@ def start_server(
         admin_key=admin_key,
         proc=proc,
         log_path=log_path,
+        database_url=database_url,
     )
 
 

@@ -1,25 +1,29 @@
-//! [`Store`]: the database as its users see it, whichever process holds it. In `husk serve`
-//! the state helper holds the SQLite file (and the master key) and the server holds a
-//! [`RemoteStore`](super::remote::RemoteStore); the CLI and tests open the file themselves.
+//! [`Store`]: the database as its users see it, whichever process holds it and whichever
+//! database it is. In `husk serve` the state helper holds the database (the SQLite file, or
+//! the connections to PostgreSQL) and the master key, and the server holds a
+//! [`RemoteStore`](super::remote::RemoteStore); the CLI and tests open the database
+//! themselves.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use time::OffsetDateTime;
 
+use super::postgres::Postgres;
 use super::remote::RemoteStore;
 use super::{
     KeyInfo, LostSandbox, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord,
     SealedRow, SecretUse, SnapshotRow, Sqlite, StoreError, TemplateRecord, VolumeRecord,
 };
 
-/// The store: the SQLite database of this process, or the state helper's.
+/// The store: this process's SQLite file or PostgreSQL connections, or the state helper's.
 #[derive(Debug)]
 pub struct Store(Backend);
 
 #[derive(Debug)]
 enum Backend {
     Sqlite(Sqlite),
+    Postgres(Postgres),
     Remote(Arc<RemoteStore>),
 }
 
@@ -35,6 +39,19 @@ impl Store {
         Sqlite::open_in_memory().map(|s| Store(Backend::Sqlite(s)))
     }
 
+    /// The PostgreSQL database at `url`, as node `node` (see [`Postgres::open`]).
+    pub fn open_postgres(url: &str, node: &str) -> Result<Store, StoreError> {
+        Postgres::open(url, node).map(|p| Store(Backend::Postgres(p)))
+    }
+
+    /// Opens where `location` says.
+    pub fn open_at(location: &StoreLocation) -> Result<Store, StoreError> {
+        match location {
+            StoreLocation::Sqlite(dir) => Store::open(dir),
+            StoreLocation::Postgres { url, node } => Store::open_postgres(url, node),
+        }
+    }
+
     /// The state helper's database, through its channels.
     pub fn remote(remote: Arc<RemoteStore>) -> Store {
         Store(Backend::Remote(remote))
@@ -44,7 +61,20 @@ impl Store {
     pub fn path(&self) -> Option<&Path> {
         match &self.0 {
             Backend::Sqlite(s) => s.path(),
-            Backend::Remote(_) => None,
+            Backend::Postgres(_) | Backend::Remote(_) => None,
+        }
+    }
+
+    /// Who `presented` acts for, if it is an active key; `None` also when the database cannot
+    /// answer (logged): for callers that only need yes or no and fail closed. The API uses
+    /// [`Store::check_key`] to tell an unreachable database (503) from a bad key (401).
+    pub fn authenticate(&self, presented: &str) -> Option<Principal> {
+        match self.check_key(presented) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "key lookup failed; refused");
+                None
+            }
         }
     }
 
@@ -52,9 +82,17 @@ impl Store {
     pub(crate) fn as_remote(&self) -> Option<&Arc<RemoteStore>> {
         match &self.0 {
             Backend::Remote(r) => Some(r),
-            Backend::Sqlite(_) => None,
+            Backend::Sqlite(_) | Backend::Postgres(_) => None,
         }
     }
+}
+
+/// Where the database is: a SQLite file in a state directory (one machine), or a PostgreSQL
+/// database shared by a cluster's nodes, each opening it as itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    Sqlite(std::path::PathBuf),
+    Postgres { url: String, node: String },
 }
 
 /// Each method goes to the backend's method of the same name and signature.
@@ -66,6 +104,7 @@ macro_rules! delegate {
                 pub fn $name(&self $(, $arg: $ty)*) -> $ret {
                     match &self.0 {
                         Backend::Sqlite(s) => s.$name($($arg),*),
+                        Backend::Postgres(p) => p.$name($($arg),*),
                         Backend::Remote(r) => r.$name($($arg),*),
                     }
                 }
@@ -77,8 +116,9 @@ macro_rules! delegate {
 delegate! {
     /// Creates a key for `team` (see [`Sqlite::create_key`]); returns it with its secret.
     fn create_key(&self, team: &str, admin: bool, label: Option<&str>) -> Result<(KeyInfo, String), StoreError>;
-    /// Who `presented` acts for, if it is an active key.
-    fn authenticate(&self, presented: &str) -> Option<Principal>;
+    /// Who `presented` acts for, if it is an active key (`None`: it is not); an error when
+    /// the database cannot answer.
+    fn check_key(&self, presented: &str) -> Result<Option<Principal>, StoreError>;
     fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError>;
     fn revoke_key(&self, id_or_key: &str) -> Result<bool, StoreError>;
     fn has_active_keys(&self) -> Result<bool, StoreError>;

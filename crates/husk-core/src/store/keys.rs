@@ -74,25 +74,18 @@ impl Sqlite {
         Err(StoreError::NoFreeKeyId(KEY_ATTEMPTS))
     }
 
-    /// Who `presented` authenticates as, or `None`: unknown, revoked and malformed keys alike,
-    /// with no detail (a caller must not be able to tell them apart), and never a panic.
+    /// Who `presented` authenticates as: `None` for unknown, revoked and malformed keys
+    /// alike, with no detail (a caller must not be able to tell them apart), and never a
+    /// panic; an error only when the database cannot answer (callers fail closed).
     ///
     /// The key is looked up by its hash, then the stored hash is compared again in constant
     /// time. Nothing is cached, so a revocation takes effect on the next call, in any process.
-    /// A database error is logged and fails closed.
-    pub fn authenticate(&self, presented: &str) -> Option<Principal> {
+    pub fn check_key(&self, presented: &str) -> Result<Option<Principal>, StoreError> {
         // Also bounds the work: nothing but a 44-byte key is ever hashed.
         if !keys::looks_like_key(presented) {
-            return None;
+            return Ok(None);
         }
-        let hash = keys::hash(presented);
-        match self.lookup(&hash) {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::warn!(error = %e, "key lookup failed; request refused");
-                None
-            }
-        }
+        self.lookup(&keys::hash(presented))
     }
 
     fn lookup(&self, hash: &str) -> Result<Option<Principal>, StoreError> {

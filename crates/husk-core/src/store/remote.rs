@@ -213,8 +213,13 @@ pub enum WireStoreError {
     InvalidLabel,
     SandboxExists(String),
     TimeOutOfRange,
-    SchemaTooNew { found: i64, supported: i64 },
+    SchemaTooNew {
+        found: i64,
+        supported: i64,
+    },
     Corrupt(String),
+    /// The database cannot be reached (the API's 503).
+    Unavailable(String),
     Other(String),
 }
 
@@ -245,6 +250,7 @@ impl From<&StoreError> for WireStoreError {
                 supported: *supported,
             },
             StoreError::Corrupt(m) => WireStoreError::Corrupt(m.clone()),
+            StoreError::Unavailable(m) => WireStoreError::Unavailable(m.clone()),
             other => WireStoreError::Other(crate::error_chain(other)),
         }
     }
@@ -261,6 +267,7 @@ impl From<WireStoreError> for StoreError {
                 StoreError::SchemaTooNew { found, supported }
             }
             WireStoreError::Corrupt(m) => StoreError::Corrupt(m),
+            WireStoreError::Unavailable(m) => StoreError::Unavailable(m),
             WireStoreError::Other(m) => StoreError::Remote(m),
         }
     }
@@ -443,26 +450,17 @@ impl RemoteStore {
         ask!(self, req, StateReply::Key(k, s) => (k, s))
     }
 
-    /// Who `presented` acts for; `None` also when the helper cannot answer (logged).
-    pub fn authenticate(&self, presented: &str) -> Option<Principal> {
+    /// Who `presented` acts for (`None`: no active key); an error when the helper or its
+    /// database cannot answer.
+    pub fn check_key(&self, presented: &str) -> Result<Option<Principal>, StoreError> {
         // A key is at most a few dozen bytes: anything longer is no key, and not sent.
         if presented.len() > MAX_KEY_BYTES {
-            return None;
+            return Ok(None);
         }
         let req = StateRequest::Authenticate {
             presented: presented.into(),
         };
-        match self.call(req) {
-            Ok(StateReply::Principal(p)) => p,
-            Ok(other) => {
-                tracing::warn!(error = %unexpected(&other), "authenticating a key");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %crate::error_chain(&e), "authenticating a key");
-                None
-            }
-        }
+        ask!(self, req, StateReply::Principal(p) => p)
     }
 
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
@@ -815,7 +813,10 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
                 let (k, s) = store.create_key(&team, admin, label.as_deref())?;
                 R::Key(k, s)
             }
-            Q::Authenticate { presented } => R::Principal(store.authenticate(&presented)),
+            Q::Authenticate { presented } => match store.check_key(&presented) {
+                Ok(p) => R::Principal(p),
+                Err(e) => R::Store((&e).into()),
+            },
             Q::ListKeys => R::Keys(store.list_keys()?),
             Q::RevokeKey { id_or_key } => R::Bool(store.revoke_key(&id_or_key)?),
             Q::HasActiveKeys => R::Bool(store.has_active_keys()?),

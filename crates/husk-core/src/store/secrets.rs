@@ -35,7 +35,7 @@ pub enum PutMode {
     Update,
 }
 
-type Parts = (SealedRow, i64, i64, i64, String);
+pub(super) type Parts = (SealedRow, i64, i64, i64, String);
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Parts> {
     Ok((
@@ -57,7 +57,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Parts> {
     ))
 }
 
-fn finish(parts: Parts) -> Result<SealedRow, StoreError> {
+pub(super) fn finish(parts: Parts) -> Result<SealedRow, StoreError> {
     let (mut r, c, u, version, metadata) = parts;
     r.created_at = from_db_time(c)?;
     r.updated_at = from_db_time(u)?;
@@ -70,10 +70,10 @@ fn finish(parts: Parts) -> Result<SealedRow, StoreError> {
     Ok(r)
 }
 
-const COLUMNS: &str =
+pub(super) const COLUMNS: &str =
     "team, name, key_id, nonce, ciphertext, created_at, updated_at, version, metadata";
 
-fn metadata_json(r: &SealedRow) -> Result<Option<String>, StoreError> {
+pub(super) fn metadata_json(r: &SealedRow) -> Result<Option<String>, StoreError> {
     r.metadata
         .as_ref()
         .map(serde_json::to_string)

@@ -8,7 +8,7 @@ use rusqlite::{params, OptionalExtension};
 
 use super::{from_db_time, to_db_time, Sqlite, StoreError, TemplateRecord};
 
-const COLUMNS: &str = "name, digest, image, size, manifest, created_at";
+pub(super) const COLUMNS: &str = "name, digest, image, size, manifest, created_at";
 
 fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<(TemplateRecord, String, i64)> {
     let manifest: String = row.get(4)?;
@@ -28,7 +28,7 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<(TemplateRecord, S
     ))
 }
 
-fn finish(parts: (TemplateRecord, String, i64)) -> Result<TemplateRecord, StoreError> {
+pub(super) fn finish(parts: (TemplateRecord, String, i64)) -> Result<TemplateRecord, StoreError> {
     let (mut rec, manifest, created) = parts;
     rec.manifest = serde_json::from_str(&manifest)
         .map_err(|e| StoreError::Corrupt(format!("template {} manifest: {e}", rec.name)))?;

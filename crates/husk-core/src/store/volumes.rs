@@ -16,7 +16,7 @@ pub struct VolumeRecord {
     pub created_at: OffsetDateTime,
 }
 
-const COLUMNS: &str = "id, team, name, created_at";
+pub(super) const COLUMNS: &str = "id, team, name, created_at";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(VolumeRecord, i64)> {
     Ok((
@@ -30,7 +30,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(VolumeRecord, i64)> {
     ))
 }
 
-fn finish(parts: (VolumeRecord, i64)) -> Result<VolumeRecord, StoreError> {
+pub(super) fn finish(parts: (VolumeRecord, i64)) -> Result<VolumeRecord, StoreError> {
     let (mut v, at) = parts;
     v.created_at = from_db_time(at)?;
     Ok(v)

@@ -1,0 +1,207 @@
+//! The PostgreSQL schema, as refinery migrations in `husk_schema_history`.
+//!
+//! Append-only like the SQLite migrations: a released entry never changes (refinery checks
+//! each applied migration's checksum and refuses a database whose history diverges), and a
+//! change is a new entry. The first version is the SQLite schema as it stands at its version
+//! 11, in PostgreSQL's types, plus the `node` of the rows a server takes up when it starts.
+
+use refinery::Migration;
+
+use super::super::StoreError;
+
+/// Version 1: everything the SQLite file holds at its version 11.
+///
+/// Times are Unix nanoseconds (`BIGINT`). `sandboxes.team` has no foreign key, for the
+/// reason given in the SQLite schema (the record must never refuse a sandbox that exists).
+const V1: &str = "
+CREATE TABLE teams (
+    name          TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 64),
+    created_at    BIGINT NOT NULL,
+    max_sandboxes BIGINT NULL CHECK (max_sandboxes IS NULL OR max_sandboxes >= 0)
+);
+
+CREATE TABLE keys (
+    id           TEXT PRIMARY KEY,
+    hash         TEXT NOT NULL UNIQUE,
+    team         TEXT NOT NULL REFERENCES teams(name),
+    admin        BOOLEAN NOT NULL DEFAULT false,
+    name         TEXT NULL,
+    created_at   BIGINT NOT NULL,
+    revoked_at   BIGINT NULL,
+    last_used_at BIGINT NULL
+);
+CREATE INDEX keys_by_team ON keys (team);
+
+CREATE TABLE sandboxes (
+    id          TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    team        TEXT NOT NULL,
+    template    TEXT NOT NULL,
+    runtime_id  TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    end_at      BIGINT NOT NULL,
+    metadata    TEXT NOT NULL DEFAULT '{}',
+    description TEXT NULL,
+    lost_at     BIGINT NULL,
+    lost_reason TEXT NULL
+);
+CREATE INDEX sandboxes_live_by_node ON sandboxes (node, created_at) WHERE lost_at IS NULL;
+CREATE INDEX sandboxes_live_by_team ON sandboxes (team) WHERE lost_at IS NULL;
+CREATE INDEX sandboxes_lost ON sandboxes (lost_at) WHERE lost_at IS NOT NULL;
+
+CREATE TABLE templates (
+    name       TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 63),
+    digest     TEXT NOT NULL,
+    image      TEXT NOT NULL,
+    size       BIGINT NOT NULL CHECK (size > 0),
+    manifest   TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX templates_by_digest ON templates (digest);
+
+CREATE TABLE secrets (
+    team       TEXT NOT NULL,
+    name       TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 128),
+    key_id     TEXT NOT NULL,
+    nonce      BYTEA NOT NULL CHECK (length(nonce) = 24),
+    ciphertext BYTEA NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    version    BIGINT NOT NULL DEFAULT 1 CHECK (version >= 1),
+    metadata   TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (team, name)
+);
+
+CREATE TABLE secret_uses (
+    id      BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at      BIGINT NOT NULL,
+    team    TEXT NOT NULL,
+    secret  TEXT NOT NULL,
+    sandbox TEXT NOT NULL,
+    command TEXT NOT NULL
+);
+CREATE INDEX secret_uses_team ON secret_uses (team, at);
+CREATE INDEX secret_uses_by_time ON secret_uses (at);
+
+CREATE TABLE runs (
+    id         TEXT PRIMARY KEY,
+    node       TEXT NOT NULL,
+    team       TEXT NOT NULL,
+    batch      TEXT NULL,
+    created_at BIGINT NOT NULL,
+    ended_at   BIGINT NULL,
+    record     TEXT NOT NULL
+);
+CREATE INDEX runs_by_team ON runs (team, created_at);
+CREATE INDEX runs_by_batch ON runs (batch) WHERE batch IS NOT NULL;
+CREATE INDEX runs_by_end ON runs (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX runs_unfinished ON runs (node) WHERE ended_at IS NULL;
+
+CREATE TABLE batches (
+    id         TEXT PRIMARY KEY,
+    node       TEXT NOT NULL,
+    team       TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    ended_at   BIGINT NULL,
+    record     TEXT NOT NULL
+);
+CREATE INDEX batches_by_team ON batches (team, created_at);
+CREATE INDEX batches_by_end ON batches (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX batches_unfinished ON batches (node) WHERE ended_at IS NULL;
+
+CREATE TABLE volumes (
+    id         TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+    team       TEXT NOT NULL,
+    name       TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+    created_at BIGINT NOT NULL,
+    UNIQUE (team, name)
+);
+
+CREATE TABLE saved_sandboxes (
+    id          TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+    node        TEXT NOT NULL,
+    team        TEXT NOT NULL,
+    saved_at    BIGINT NOT NULL,
+    description TEXT NOT NULL
+);
+CREATE INDEX saved_sandboxes_by_node ON saved_sandboxes (node);
+
+CREATE TABLE snapshots (
+    id         TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+    node       TEXT NOT NULL,
+    team       TEXT NOT NULL,
+    name       TEXT NULL CHECK (name IS NULL OR length(name) BETWEEN 3 AND 129),
+    state      TEXT NOT NULL CHECK (state IN ('live', 'retired')),
+    digest     TEXT NULL,
+    created_at BIGINT NOT NULL,
+    record     TEXT NOT NULL
+);
+CREATE UNIQUE INDEX snapshots_by_name ON snapshots (team, name)
+    WHERE state = 'live' AND name IS NOT NULL;
+CREATE INDEX snapshots_by_digest ON snapshots (digest) WHERE digest IS NOT NULL;
+CREATE INDEX snapshots_by_node ON snapshots (node);
+";
+
+/// The migrations, oldest first: (refinery's name, SQL).
+const MIGRATIONS: &[(&str, &str)] = &[("V1__initial", V1)];
+
+/// The schema version this husk writes and understands.
+pub(in crate::store) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// refinery's table of applied migrations.
+const HISTORY: &str = "husk_schema_history";
+
+/// The advisory lock that serialises migrations across processes ("husk" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6875_736b;
+
+/// Brings the schema up to [`SCHEMA_VERSION`], refusing a database from a newer husk.
+/// Nodes starting at once take turns under an advisory lock; the second finds nothing to do.
+pub(super) fn migrate(client: &mut postgres::Client) -> Result<(), StoreError> {
+    client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
+    let result = migrate_locked(client);
+    // The lock is the session's: a connection returned to the pool must not keep it.
+    let unlocked = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]);
+    result?;
+    unlocked?;
+    Ok(())
+}
+
+fn migrate_locked(client: &mut postgres::Client) -> Result<(), StoreError> {
+    let found = version(client)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|(name, sql)| Migration::unapplied(name, sql))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::Migration(e.to_string()))?;
+    // One transaction for all pending migrations: a crash leaves the old schema or the new
+    // one, as with SQLite.
+    let mut runner = refinery::Runner::new(&migrations).set_grouped(true);
+    runner
+        .set_migration_table_name(HISTORY)
+        .run(client)
+        .map_err(|e| StoreError::Migration(e.to_string()))?;
+    Ok(())
+}
+
+/// The newest applied migration's version (0: none, a new database).
+pub(in crate::store) fn version(client: &mut postgres::Client) -> Result<i64, StoreError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY])?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let v: Option<i32> = client
+        .query_one(&format!("SELECT max(version) FROM {HISTORY}"), &[])?
+        .get(0);
+    Ok(i64::from(v.unwrap_or(0)))
+}
