@@ -213,7 +213,7 @@ def build_template(server: "HuskServer", spec: Path, name: Optional[str] = None,
             "--state-dir", str(server.state_dir), "--layer-cache", LAYER_CACHE]
     if name:
         args += ["--name", name]
-    out = subprocess.run(args, capture_output=True, timeout=timeout)
+    out = subprocess.run(args, capture_output=True, timeout=timeout, env=server.store_env())
     text = (out.stdout + out.stderr).decode(errors="replace").strip()
     if out.returncode != 0:
         raise RuntimeError(f"husk template build {spec} failed ({out.returncode}):\n{text[-4000:]}")
@@ -223,7 +223,7 @@ def build_template(server: "HuskServer", spec: Path, name: Optional[str] = None,
 def remove_template(server: "HuskServer", name: str) -> None:
     """`husk template rm NAME` (best effort: used in teardown)."""
     subprocess.run([str(server.bin), "template", "rm", name, "--state-dir", str(server.state_dir)],
-                   capture_output=True, timeout=60)
+                   capture_output=True, timeout=60, env=server.store_env())
 
 
 def husk_binary() -> Path:

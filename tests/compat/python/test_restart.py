@@ -623,7 +623,7 @@ def test_secrets_stay_masked_in_the_output_of_taken_up_processes(restarts):
     first = restarts.start(keep=True)
     out = subprocess.run(
         [str(first.bin), "secret", "set", name, "--team", "default", "--state-dir", str(first.state_dir)],
-        input=value.encode(), capture_output=True, timeout=30,
+        input=value.encode(), capture_output=True, timeout=30, env=first.store_env(),
     )
     assert out.returncode == 0, out.stderr.decode(errors="replace")
     sbx = Sandbox.create(timeout=300, envs={"S": f"husk-secret://{name}"}, **first.opts())
@@ -770,7 +770,7 @@ def test_a_sigterm_as_soon_as_the_server_listens_stops_it_in_order(restarts):
         proc = subprocess.Popen(
             [str(first.bin), "serve", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir),
              "--destroy-on-exit", "--egress", "off"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=first.store_env(),
         )
     try:
         wait_for(lambda: b"listening on" in log_path.read_bytes() or proc.poll() is not None, 30,

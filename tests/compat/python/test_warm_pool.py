@@ -165,7 +165,7 @@ def test_a_claimed_kernel_holds_the_creates_secret_masked(warm_husk):
     out = subprocess.run(
         [str(warm_husk.bin), "secret", "set", "WARM_KEY", "--team", "default",
          "--state-dir", str(warm_husk.state_dir)],
-        input=value.encode(), capture_output=True, timeout=30,
+        input=value.encode(), capture_output=True, timeout=30, env=warm_husk.store_env(),
     )
     assert out.returncode == 0, out.stderr.decode(errors="replace")
     wait_ready(warm_husk, 1)

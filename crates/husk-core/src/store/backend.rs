@@ -41,7 +41,7 @@ impl Store {
 
     /// The PostgreSQL database at `url`, as node `node` (see [`Postgres::open`]).
     pub fn open_postgres(url: &str, node: &str) -> Result<Store, StoreError> {
-        Postgres::open(url, node).map(|p| Store(Backend::Postgres(p)))
+        off_runtime(|| Postgres::open(url, node)).map(|p| Store(Backend::Postgres(p)))
     }
 
     /// Opens where `location` says.
@@ -87,6 +87,33 @@ impl Store {
     }
 }
 
+/// Runs `f` where the synchronous PostgreSQL client may block: here, unless this thread is
+/// one of a Tokio runtime's, where that client panics (it drives its connection on a runtime
+/// of its own, which cannot start inside another); then on a thread of its own. In `husk
+/// serve` the store runs in the state helper, which has no runtime, so this costs nothing
+/// there; the CLI's commands call it from async code.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+impl Drop for Store {
+    /// Closing PostgreSQL connections drops their clients' runtimes, which panics on a
+    /// runtime's thread: that happens off it (see [`off_runtime`]).
+    fn drop(&mut self) {
+        if let Backend::Postgres(p) = &mut self.0 {
+            let pool = p.take_pool();
+            off_runtime(move || drop(pool));
+        }
+    }
+}
+
 /// Where the database is: a SQLite file in a state directory (one machine), or a PostgreSQL
 /// database shared by a cluster's nodes, each opening it as itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +131,7 @@ macro_rules! delegate {
                 pub fn $name(&self $(, $arg: $ty)*) -> $ret {
                     match &self.0 {
                         Backend::Sqlite(s) => s.$name($($arg),*),
-                        Backend::Postgres(p) => p.$name($($arg),*),
+                        Backend::Postgres(p) => off_runtime(|| p.$name($($arg),*)),
                         Backend::Remote(r) => r.$name($($arg),*),
                     }
                 }

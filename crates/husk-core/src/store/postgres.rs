@@ -59,7 +59,8 @@ type Conn = r2d2::PooledConnection<Manager>;
 
 /// The PostgreSQL store of one node (see the module documentation).
 pub struct Postgres {
-    pool: r2d2::Pool<Manager>,
+    /// `None` only while the store is being dropped (see [`Postgres::take_pool`]).
+    pool: Option<r2d2::Pool<Manager>>,
     /// Whose per-node rows this process writes and lists.
     node: String,
     /// Where the database is, without the password, for messages.
@@ -133,7 +134,7 @@ impl Postgres {
                 ))
             })?;
         let store = Postgres {
-            pool,
+            pool: Some(pool),
             node: node.to_owned(),
             target,
             last_error,
@@ -147,6 +148,12 @@ impl Postgres {
         &self.node
     }
 
+    /// The pool, taken out so that its connections can be closed on another thread; the
+    /// store answers no more calls after this.
+    pub(super) fn take_pool(&mut self) -> Option<r2d2::Pool<Manager>> {
+        self.pool.take()
+    }
+
     /// Where the database is (host, port, database and user; never the password).
     pub fn target(&self) -> &str {
         &self.target
@@ -154,7 +161,11 @@ impl Postgres {
 
     /// A connection from the pool; [`StoreError::Unavailable`] when none can be had in time.
     fn conn(&self) -> Result<Conn, StoreError> {
-        self.pool.get().map_err(|_| {
+        let pool = self
+            .pool
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable(format!("{}: store closed", self.target)))?;
+        pool.get().map_err(|_| {
             StoreError::Unavailable(format!(
                 "{}: {}",
                 self.target,

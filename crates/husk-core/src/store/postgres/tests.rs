@@ -198,3 +198,26 @@ fn bad_urls_and_node_names_are_refused() {
         validate_node(node).expect(node);
     }
 }
+
+/// The synchronous client cannot block on a runtime's thread; the store moves such calls
+/// (and the closing of its connections) to a thread of their own, so that async code can use
+/// it as it uses SQLite (`husk template build` does).
+#[test]
+fn usable_and_droppable_inside_async_runtimes() {
+    let url = TestPostgres::shared().fresh_database();
+    for multi_thread in [false, true] {
+        let runtime = if multi_thread {
+            tokio::runtime::Builder::new_multi_thread().build()
+        } else {
+            tokio::runtime::Builder::new_current_thread().build()
+        }
+        .unwrap();
+        runtime.block_on(async {
+            let store = open(&url, "node-a");
+            let (_, secret) = store.create_key("acme", false, None).unwrap();
+            assert_eq!(store.authenticate(&secret).unwrap().team, "acme");
+            drop(store);
+        });
+    }
+    assert_eq!(open(&url, "node-a").list_keys().unwrap().len(), 2);
+}
