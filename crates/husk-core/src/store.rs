@@ -129,6 +129,9 @@ pub enum StoreError {
     /// A node name is not 1-63 characters of `[a-z0-9.-]` starting with a letter or digit.
     #[error("invalid node name {0:?}: use 1-63 characters of a-z, 0-9, '-' and '.', starting with a letter or digit")]
     InvalidNode(String),
+    /// TLS to the database cannot be set up (a CA file, no CA at all).
+    #[error("database TLS: {0}")]
+    Tls(String),
     /// Migrating the PostgreSQL schema failed.
     #[error("database migration: {0}")]
     Migration(String),

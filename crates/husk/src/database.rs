@@ -25,6 +25,10 @@ pub struct DatabaseArgs {
     /// sandboxes, snapshots and runs are recorded under it [default: the host name].
     #[arg(long, global = true, value_name = "NAME", env = "HUSK_NODE_NAME")]
     pub node_name: Option<String>,
+    /// A CA certificate (PEM) the database's certificate may be signed by, beside the host's
+    /// CAs; with sslmode=require in the URL, husk always verifies the database's certificate.
+    #[arg(long, global = true, value_name = "FILE", env = "HUSK_DATABASE_CA")]
+    pub database_ca: Option<std::path::PathBuf>,
 }
 
 impl DatabaseArgs {
@@ -41,6 +45,7 @@ impl DatabaseArgs {
         Ok(StoreLocation::Postgres {
             url: url.clone(),
             node,
+            ca: self.database_ca.clone(),
         })
     }
 
@@ -64,7 +69,7 @@ impl DatabaseArgs {
 pub fn describe(location: &StoreLocation) -> String {
     match location {
         StoreLocation::Sqlite(dir) => format!("state directory {}", dir.display()),
-        StoreLocation::Postgres { url, node } => {
+        StoreLocation::Postgres { url, node, .. } => {
             format!("database {} (node {node})", redact(url))
         }
     }
@@ -161,12 +166,14 @@ mod tests {
         let pg = DatabaseArgs {
             database_url: Some("postgres://h@db/husk".into()),
             node_name: Some("node-1".into()),
+            database_ca: None,
         };
         assert_eq!(
             pg.location(dir).unwrap(),
             StoreLocation::Postgres {
                 url: "postgres://h@db/husk".into(),
-                node: "node-1".into()
+                node: "node-1".into(),
+                ca: None,
             }
         );
         let bad = DatabaseArgs {

@@ -31,6 +31,10 @@ Prints, from one run against one server it starts itself:
   kernel's own time; memory of an idle sandbox with its Python kernel beside one without;
   then the same create + first result from a warm pool (`--warm code-interpreter=2`, a fourth
   server), each create timed once the pool has a warm sandbox ready;
+- the state store, SQLite beside PostgreSQL: two servers of this process, one on each, measured
+  interleaved (ABBA rounds): create + kill over HTTP with the create's store step, an
+  authenticated list (a key check in the store), SDK create + kill cycles per second at
+  concurrencies 1 and 20, and the ratios (`--only store`);
 - one tenant's abuse (issue 15: stalled uploads and run bodies, unread downloads, connections
   that never finish their head, from another address) beside another team's SDK create + first
   command and workspace call, quiet and under the abuse, and the server's memory meanwhile.
@@ -59,7 +63,7 @@ from typing import Callable, List, Optional
 
 from e2b import Sandbox
 
-from bench_creates import creates_table
+from bench_creates import creates_table, sdk_creates
 from bench_density import density
 from husk_compat import (
     CODE_INTERPRETER_PRESETS,
@@ -100,38 +104,50 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def raw_creates(port: int, key: str, n: int) -> None:
-    """Sequential creates over one keep-alive connection: server-side and client-side times."""
+def raw_create_times(port: int, key: str, n: int) -> dict:
+    """Sequential creates, each followed by its kill, over one keep-alive connection (ms):
+    "server" (the create's Server-Timing total) and its steps "spawn", "boot", "register";
+    "client" (the create as the client sees it) and "kill" (the DELETE, likewise)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    server, client = [], []
-    steps: dict = {"spawn": [], "boot": [], "register": []}
+    times: dict = {"server": [], "spawn": [], "boot": [], "register": [], "client": [], "kill": []}
     body = json.dumps({"templateID": "base", "timeout": 60}).encode()
     for _ in range(n):
         t = time.perf_counter()
         conn.request("POST", "/v2/sandboxes", body, {"X-API-KEY": key, "Content-Type": "application/json"})
         resp = conn.getresponse()
         data = resp.read()
-        client.append((time.perf_counter() - t) * 1000)
+        times["client"].append((time.perf_counter() - t) * 1000)
         if resp.status != 201:
             raise RuntimeError(f"create: {resp.status} {data!r}")
         timing = dict(re.findall(r"(\w+);dur=([0-9.]+)", resp.getheader("server-timing", "")))
-        server.append(float(timing["create"]))
-        for step, values in steps.items():
-            values.append(float(timing[step]))
+        times["server"].append(float(timing["create"]))
+        for step in ("spawn", "boot", "register"):
+            times[step].append(float(timing[step]))
         sid = json.loads(data)["sandboxID"]
+        t = time.perf_counter()
         conn.request("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": key})
-        conn.getresponse().read()
+        resp = conn.getresponse()
+        data = resp.read()
+        times["kill"].append((time.perf_counter() - t) * 1000)
+        if resp.status not in (200, 204):
+            raise RuntimeError(f"delete {sid}: {resp.status} {data!r}")
     conn.close()
-    line("create -> agent ready, server side", server)
-    line("  of which: a spawner makes it", steps["spawn"])
-    line("  of which: the agent's hello", steps["boot"])
-    line("  of which: registration (store)", steps["register"])
-    line("create over HTTP, as the client sees it", client)
+    return times
 
 
-def keyed_request_latency(port: int, key: str, n: int) -> None:
+def raw_creates(port: int, key: str, n: int) -> None:
+    """Sequential creates over one keep-alive connection: server-side and client-side times."""
+    times = raw_create_times(port, key, n)
+    line("create -> agent ready, server side", times["server"])
+    line("  of which: a spawner makes it", times["spawn"])
+    line("  of which: the agent's hello", times["boot"])
+    line("  of which: registration (store)", times["register"])
+    line("create over HTTP, as the client sees it", times["client"])
+
+
+def keyed_request_times(port: int, key: str, n: int) -> List[float]:
     """An authenticated request that does little else: the key check (the state helper's, since
-    issue 17) and one read of the team's sandboxes, over one keep-alive connection."""
+    issue 17) and one read of the team's sandboxes, over one keep-alive connection (ms)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     times = []
     for _ in range(n):
@@ -143,7 +159,11 @@ def keyed_request_latency(port: int, key: str, n: int) -> None:
         if resp.status != 200:
             raise RuntimeError(f"list: {resp.status} {data!r}")
     conn.close()
-    line("GET /v2/sandboxes (key check + list), as the client sees it", times)
+    return times
+
+
+def keyed_request_latency(port: int, key: str, n: int) -> None:
+    line("GET /v2/sandboxes (key check + list), as the client sees it", keyed_request_times(port, key, n))
 
 
 def sdk_create_first_command(opts: dict, n: int) -> None:
@@ -950,6 +970,85 @@ def pause_resume(server, n: int, loaded_mb: int) -> None:
     copy_peer(server, n, loaded_mb)
 
 
+def store_backends(iterations: int, seconds: float, concurrencies=(1, 20)) -> None:
+    """The same figures on two servers started side by side, one keeping its state in SQLite
+    (the state directory's file) and one in PostgreSQL (a private server on loopback, see
+    husk_postgres.py), measured in rounds in ABBA order (SQLite first in even rounds,
+    PostgreSQL first in odd ones) so that whatever else the machine does hits both alike:
+    create + kill over plain HTTP (and the create's store step, from its Server-Timing), an
+    authenticated list (each such request checks its key in the store), and create + kill
+    cycles per second through the stock SDK at `concurrencies`, `seconds` on each server in
+    all (split over the rounds). Printed side by side with the ratio PostgreSQL / SQLite."""
+    from husk_postgres import PostgresServer
+
+    rounds = 4 if iterations >= 20 else 2
+    creates = max(2, iterations // rounds)
+    keyed = max(10, iterations * 5 // rounds)
+    slice_s = seconds / rounds
+    pg = servers = None
+    try:
+        pg = PostgresServer()
+        servers = []
+        # A plain start_server() would follow HUSK_COMPAT_STORE=postgres: this one must not.
+        saved = os.environ.pop("HUSK_COMPAT_STORE", None)
+        try:
+            servers.append(start_server())
+        finally:
+            if saved is not None:
+                os.environ["HUSK_COMPAT_STORE"] = saved
+        servers.append(start_server(database_url=pg.create_database()))
+        if servers[0].database_url or not servers[1].database_url:
+            raise RuntimeError("the SQLite server is on a database or the PostgreSQL one is not")
+        version = pg.psql("SHOW server_version").split()[0]
+        print(f"store backends: SQLite vs PostgreSQL {version} (loopback, fsync off), two husk serve "
+              f"started by this process, measured interleaved in {rounds} rounds in ABBA order")
+        # Uncounted: the first create mounts the template's image, the first request fills caches.
+        for s in servers:
+            raw_create_times(s.port, s.admin_key, 2)
+            keyed_request_times(s.port, s.admin_key, 10)
+        figures = [{"create": [], "register": [], "kill": [], "keyed": [],
+                    **{c: [] for c in concurrencies}} for _ in servers]
+        for r in range(rounds):
+            order = (0, 1) if r % 2 == 0 else (1, 0)
+            for i in order:
+                s, f = servers[i], figures[i]
+                times = raw_create_times(s.port, s.admin_key, creates)
+                f["create"] += times["client"]
+                f["register"] += times["register"]
+                f["kill"] += times["kill"]
+                f["keyed"] += keyed_request_times(s.port, s.admin_key, keyed)
+            for c in concurrencies:
+                for i in order:
+                    rate, _ = sdk_creates(servers[i].opts(), c, slice_s)
+                    figures[i][c].append(rate)
+    finally:
+        try:
+            for s in servers or ():
+                rc, tail = s.close()
+                if rc not in (0, None):
+                    print(f"husk serve ({s.database_url or 'SQLite'}) exited with {rc}; last log lines:\n{tail}",
+                          file=sys.stderr)
+        finally:
+            if pg is not None:
+                pg.close()
+    rows = []
+    for key, what, n in (("create", "create over HTTP, client side", creates),
+                         ("register", "  of which: registration (store), server side", creates),
+                         ("kill", "kill over HTTP, client side", creates),
+                         ("keyed", "GET /v2/sandboxes (key check + list)", keyed)):
+        for p in (50, 99):
+            rows.append((f"{what}, p{p} (n={n * rounds})", *(pct(f[key], p) for f in figures), "ms"))
+    for c in concurrencies:
+        # Each server's cycles over all its rounds: the mean of equal slices' rates.
+        rows.append((f"SDK create+kill cycles/s, concurrency {c} ({seconds:g} s)",
+                     *(statistics.mean(f[c]) for f in figures), "/s"))
+    width = max(len(r[0]) for r in rows)
+    print(f"  {'figure':<{width}} {'SQLite':>11} {'PostgreSQL':>11} {'ratio':>7}")
+    for name, a, b, unit in rows:
+        print(f"  {name:<{width}} {a:8.2f} {unit:<2} {b:8.2f} {unit:<2} {b / a:7.2f}")
+    print("  (ratio: PostgreSQL / SQLite; above 1 is PostgreSQL slower for times, faster for rates)")
+
+
 def server_restart(n: int, rounds: int = 3) -> None:
     """A restart of the server with `n` running sandboxes (issue 19), each running a
     background process: how long the stop takes, how long the next server takes to listen
@@ -1057,10 +1156,11 @@ def main() -> None:
                     help="idle sandboxes the density section holds, per kind: base=N,network=N,kernel=N "
                          "(default: 30, 20 and 1.5 times --iterations)")
     ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
-                                       "interpreter", "creates", "density"],
+                                       "interpreter", "creates", "density", "store"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
-                         "checks, commands, creates with a network, workspace files, runs' outputs)")
+                         "checks, commands, creates with a network, workspace files, runs' outputs); "
+                         "store: SQLite beside PostgreSQL")
     args = ap.parse_args()
     counts = {"base": args.iterations * 30, "network": args.iterations * 20,
               "kernel": max(2, args.iterations * 3 // 2)}
@@ -1080,6 +1180,9 @@ def main() -> None:
         return
     # A SIGTERM unwinds like Ctrl-C, so the servers and the namespace are removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.only == "store":
+        store_backends(args.iterations, args.seconds)
+        return
     server = start_server()
     try:
         key = server.admin_key
@@ -1123,6 +1226,7 @@ def main() -> None:
     finally:
         server.close()
     if args.only is None:
+        store_backends(args.iterations, args.seconds)
         server_restart(args.restart_sandboxes, rounds=1)
         density(counts)
     if args.only != "main":

@@ -39,16 +39,19 @@ impl Store {
         Sqlite::open_in_memory().map(|s| Store(Backend::Sqlite(s)))
     }
 
-    /// The PostgreSQL database at `url`, as node `node` (see [`Postgres::open`]).
-    pub fn open_postgres(url: &str, node: &str) -> Result<Store, StoreError> {
-        off_runtime(|| Postgres::open(url, node)).map(|p| Store(Backend::Postgres(p)))
+    /// The PostgreSQL database at `url`, as node `node`, TLS verified with the host's CAs
+    /// and `ca` (see [`Postgres::open`]).
+    pub fn open_postgres(url: &str, node: &str, ca: Option<&Path>) -> Result<Store, StoreError> {
+        off_runtime(|| Postgres::open(url, node, ca)).map(|p| Store(Backend::Postgres(p)))
     }
 
     /// Opens where `location` says.
     pub fn open_at(location: &StoreLocation) -> Result<Store, StoreError> {
         match location {
             StoreLocation::Sqlite(dir) => Store::open(dir),
-            StoreLocation::Postgres { url, node } => Store::open_postgres(url, node),
+            StoreLocation::Postgres { url, node, ca } => {
+                Store::open_postgres(url, node, ca.as_deref())
+            }
         }
     }
 
@@ -119,7 +122,12 @@ impl Drop for Store {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreLocation {
     Sqlite(std::path::PathBuf),
-    Postgres { url: String, node: String },
+    Postgres {
+        url: String,
+        node: String,
+        /// A CA certificate (PEM) the database's TLS certificate may be signed by.
+        ca: Option<std::path::PathBuf>,
+    },
 }
 
 /// Each method goes to the backend's method of the same name and signature.

@@ -31,7 +31,9 @@ impl Fixture {
     pub(super) fn open(&self) -> Store {
         match self {
             Fixture::Sqlite(dir) => Store::open(&dir.state()).expect("open SQLite store"),
-            Fixture::Postgres(url) => Store::open_postgres(url, "node-a").expect("open PostgreSQL"),
+            Fixture::Postgres(url) => {
+                Store::open_postgres(url, "node-a", None).expect("open PostgreSQL")
+            }
         }
     }
 }

@@ -27,6 +27,7 @@ mod sandboxes;
 mod schema;
 mod secrets;
 mod templates;
+mod tls;
 mod volumes;
 
 use std::fmt;
@@ -34,8 +35,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use postgres::error::SqlState;
-use postgres::NoTls;
+use std::path::Path;
+
 use r2d2_postgres::PostgresConnectionManager;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
 
@@ -54,7 +57,7 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest node name.
 pub const MAX_NODE_LEN: usize = 63;
 
-type Manager = PostgresConnectionManager<NoTls>;
+type Manager = PostgresConnectionManager<MakeRustlsConnect>;
 type Conn = r2d2::PooledConnection<Manager>;
 
 /// The PostgreSQL store of one node (see the module documentation).
@@ -82,23 +85,21 @@ impl Postgres {
     /// Connects to the database at `url` (`postgres://user:password@host:port/database`, or
     /// the key=value form libpq takes) as node `node`, and brings its schema up to date.
     ///
+    /// TLS is used when the URL says `sslmode=require`, and then the server's certificate is
+    /// verified (against the host's CAs and `ca`, a PEM file) whatever libpq would do; without
+    /// it the connection is plain (`prefer`, the default, is `disable`: a private network).
     /// Fails with [`StoreError::Unavailable`] if no connection can be made within
-    /// [`CONNECT_TIMEOUT`], and refuses a URL that asks for TLS (`sslmode=require`), which
-    /// this husk does not speak: silently connecting in the clear would be worse.
-    pub fn open(url: &str, node: &str) -> Result<Postgres, StoreError> {
+    /// [`CONNECT_TIMEOUT`].
+    pub fn open(url: &str, node: &str, ca: Option<&Path>) -> Result<Postgres, StoreError> {
         validate_node(node)?;
         let mut config: postgres::Config = url
             .parse()
             .map_err(|e: postgres::Error| StoreError::BadUrl(e.to_string()))?;
-        if config.get_ssl_mode() == postgres::config::SslMode::Require {
-            return Err(StoreError::BadUrl(
-                "sslmode=require: TLS to PostgreSQL is not supported yet; \
-                 reach the database over a private network (or a TLS proxy on the node)"
-                    .into(),
-            ));
+        let require = config.get_ssl_mode() == postgres::config::SslMode::Require;
+        if !require {
+            config.ssl_mode(postgres::config::SslMode::Disable);
         }
-        // `prefer` (the default) would try TLS first; without TLS support that is `disable`.
-        config.ssl_mode(postgres::config::SslMode::Disable);
+        let tls = tls::connector(require, ca)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -126,7 +127,7 @@ impl Postgres {
             // A connection the database closed (it restarted) is found out before use.
             .test_on_check_out(true)
             .error_handler(Box::new(last_error.clone()))
-            .build(PostgresConnectionManager::new(config, NoTls))
+            .build(PostgresConnectionManager::new(config, tls))
             .map_err(|_| {
                 StoreError::Unavailable(format!(
                     "{target}: {}",

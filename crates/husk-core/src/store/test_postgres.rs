@@ -181,6 +181,50 @@ impl TestPostgres {
         out
     }
 
+    /// Turns TLS on with this certificate and key (PEM): written beside the data directory,
+    /// owned by the server's user (PostgreSQL refuses a key others can read), set with
+    /// `ALTER SYSTEM` and a reload, which is all `ssl` needs.
+    pub(crate) fn enable_tls(&self, cert_pem: &str, key_pem: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        for (name, pem, mode) in [
+            ("server.crt", cert_pem, 0o644),
+            ("server.key", key_pem, 0o600),
+        ] {
+            let path = self.dir.join(name);
+            std::fs::write(&path, pem).unwrap_or_else(|e| panic!("write {path:?}: {e}"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("chmod {path:?}: {e}"));
+            if let Some((uid, gid)) = self.owner {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                    .unwrap_or_else(|e| panic!("chown {path:?}: {e}"));
+            }
+        }
+        let url = self.url("postgres");
+        for sql in [
+            format!(
+                "ALTER SYSTEM SET ssl_cert_file = '{}'",
+                self.dir.join("server.crt").display()
+            ),
+            format!(
+                "ALTER SYSTEM SET ssl_key_file = '{}'",
+                self.dir.join("server.key").display()
+            ),
+            "ALTER SYSTEM SET ssl = on".to_owned(),
+            "SELECT pg_reload_conf()".to_owned(),
+        ] {
+            self.psql(&url, &sql);
+        }
+        // The reload is asynchronous: wait until new sessions see it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.psql(&url, "SHOW ssl") != "on" {
+            assert!(
+                Instant::now() < deadline,
+                "test PostgreSQL: ssl not on after a reload"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops the server with a fast shutdown (SIGINT; open sessions are ended) and waits for
     /// it. Does nothing if it is stopped; panics if it had to be killed.
     pub(crate) fn stop(&self) {

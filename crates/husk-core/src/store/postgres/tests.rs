@@ -10,7 +10,7 @@ use super::super::*;
 use super::{schema, validate_node, Postgres};
 
 fn open(url: &str, node: &str) -> Store {
-    Store::open_postgres(url, node).expect("open PostgreSQL")
+    Store::open_postgres(url, node, None).expect("open PostgreSQL")
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn a_database_from_a_newer_husk_is_refused() {
              VALUES ({next}, 'future', '', '0')"
         ),
     );
-    match Postgres::open(&url, "node-a") {
+    match Postgres::open(&url, "node-a", None) {
         Err(StoreError::SchemaTooNew { found, supported }) => {
             assert_eq!((found, supported), (next, schema::SCHEMA_VERSION));
         }
@@ -144,7 +144,7 @@ fn an_unreachable_database_is_unavailable() {
         .unwrap()
         .port();
     let url = format!("postgres://husk@127.0.0.1:{port}/husk");
-    match Postgres::open(&url, "node-a") {
+    match Postgres::open(&url, "node-a", None) {
         Err(e) => assert!(e.is_unavailable(), "{e:?}"),
         Ok(_) => panic!("opened a database nothing serves"),
     }
@@ -177,13 +177,12 @@ fn a_restarted_database_loses_nothing() {
 
 #[test]
 fn bad_urls_and_node_names_are_refused() {
-    for url in [
-        "postgres://husk@127.0.0.1:1/husk?sslmode=require",
-        "postgres://husk@127.0.0.1:notaport/husk",
-        "mysql://x",
-    ] {
+    for url in ["postgres://husk@127.0.0.1:notaport/husk", "mysql://x"] {
         assert!(
-            matches!(Postgres::open(url, "node-a"), Err(StoreError::BadUrl(_))),
+            matches!(
+                Postgres::open(url, "node-a", None),
+                Err(StoreError::BadUrl(_))
+            ),
             "{url}"
         );
     }
@@ -220,4 +219,75 @@ fn usable_and_droppable_inside_async_runtimes() {
         });
     }
     assert_eq!(open(&url, "node-a").list_keys().unwrap().len(), 2);
+}
+
+/// A CA and a certificate it signs for `hosts`: (CA PEM, certificate PEM, key PEM).
+fn certificates(hosts: &[&str]) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// `sslmode=require` encrypts and verifies: with the database's CA the store works over TLS
+/// (PostgreSQL says so of the session); with another CA, or a certificate for another name,
+/// it refuses to connect; a CA without `sslmode=require` is a mistake said at once.
+#[test]
+fn tls_is_verified_when_required() {
+    let pg = TestPostgres::start();
+    let (ca, cert, key) = certificates(&["127.0.0.1"]);
+    pg.enable_tls(&cert, &key);
+    let url = format!("{}?sslmode=require", pg.fresh_database());
+    let dir = super::super::tests::TempDir::new();
+    let ca_path = dir.state().with_extension("ca.pem");
+    std::fs::write(&ca_path, &ca).unwrap();
+
+    let store = Store::open_postgres(&url, "node-a", Some(&ca_path)).expect("TLS with the CA");
+    store.create_key("acme", false, None).unwrap();
+    // Seen from the server: every session of the store's is encrypted.
+    let db = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    assert_eq!(
+        pg.psql(
+            &pg.url("postgres"),
+            &format!(
+                "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                 WHERE a.datname = '{db}' AND a.application_name = 'husk'"
+            )
+        ),
+        "t"
+    );
+    drop(store);
+
+    // Another CA: the certificate cannot be verified.
+    let (other_ca, _, _) = certificates(&["127.0.0.1"]);
+    std::fs::write(&ca_path, &other_ca).unwrap();
+    let err = Postgres::open(&url, "node-a", Some(&ca_path)).unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(format!("{err}").contains("certificate"), "{err}");
+
+    // The right CA, a certificate for another name.
+    let (ca2, cert2, key2) = certificates(&["db.example"]);
+    pg.enable_tls(&cert2, &key2);
+    std::fs::write(&ca_path, &ca2).unwrap();
+    let err = Postgres::open(&url, "node-a", Some(&ca_path)).unwrap_err();
+    assert!(format!("{err}").contains("certificate"), "{err}");
+
+    // A CA given for a plain connection, and a CA file that is none.
+    let plain = url.trim_end_matches("?sslmode=require");
+    assert!(matches!(
+        Postgres::open(plain, "node-a", Some(&ca_path)),
+        Err(StoreError::Tls(_))
+    ));
+    std::fs::write(&ca_path, "not a certificate").unwrap();
+    assert!(matches!(
+        Postgres::open(&url, "node-a", Some(&ca_path)),
+        Err(StoreError::Tls(_))
+    ));
 }
