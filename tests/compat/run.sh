@@ -6,7 +6,10 @@
 #   tests/compat/run.sh              # both suites
 #   COMPAT_ONLY=python tests/compat/run.sh [pytest args...]
 #   COMPAT_ONLY=js tests/compat/run.sh
+#   HUSK_COMPAT_STORE=postgres COMPAT_ONLY=python tests/compat/run.sh test_x.py  # state in PostgreSQL
 #
+# A whole run also runs the store-heavy Python suites a second time with the servers' state in
+# PostgreSQL (COMPAT_POSTGRES=0 skips that pass).
 # The server binary is $HUSK_BIN, else target/x86_64-unknown-linux-gnu/debug/husk (build it
 # first: cargo build). Must run as root (husk creates namespaces, cgroups and mounts).
 # Exits non-zero if anything failed.
@@ -36,6 +39,16 @@ if [ "$only" = all ] || [ "$only" = python ]; then
   echo "compat: Python (e2b==2.63.0, e2b-code-interpreter==2.11.5)" >&2
   (cd "$HERE/python" && .venv/bin/python -m pytest -q "$@")
   py_rc=$?
+  # The suites that exercise the store most, again with every server's state in PostgreSQL
+  # (a private server on a free loopback port; husk_postgres.py) instead of SQLite. Only in a
+  # whole run: given pytest arguments, the caller chose what to run.
+  if [ $# -eq 0 ] && [ "${COMPAT_POSTGRES:-1}" != 0 ]; then
+    echo "compat: Python again, with the state in PostgreSQL (HUSK_COMPAT_STORE=postgres)" >&2
+    (cd "$HERE/python" && HUSK_COMPAT_STORE=postgres .venv/bin/python -m pytest -q \
+      test_sandbox.py test_async.py test_tenancy.py test_secrets.py test_limits.py \
+      test_restart.py test_pause.py test_snapshots.py test_volumes.py test_workspaces.py \
+      test_templates.py) || py_rc=1
+  fi
 fi
 
 if [ "$only" = all ] || [ "$only" = js ]; then
