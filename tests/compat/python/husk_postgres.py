@@ -4,7 +4,8 @@ port on 127.0.0.1 (never a fixed one: other workloads listen on this machine's l
 
 PostgreSQL refuses to run as root, so the server runs as the `postgres` user (the Debian
 package's). It dies with the test process (PR_SET_PDEATHSIG, set after the uid change, which
-would clear it), and close() removes its directory."""
+would clear it), close() removes its directory, and the next run removes the directory of a
+test process that was killed before it could."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ from pathlib import Path
 from typing import Optional
 
 _counter = itertools.count()
+# Servers' directories are named for the test process, so that one killed before its close()
+# (SIGKILL) leaves a directory the next run recognises as stale and removes.
+DIR_PREFIX = "husk-pg-compat-"
+
+
+def _sweep_stale_dirs() -> None:
+    for d in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
+        pid = d.name[len(DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            # Its server died with its test process (PR_SET_PDEATHSIG): only files remain.
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def pg_bin() -> Path:
@@ -54,7 +66,8 @@ class PostgresServer:
     def __init__(self) -> None:
         self.bin = pg_bin()
         self.user = pwd.getpwnam("postgres")
-        self.dir = Path(tempfile.mkdtemp(prefix="husk-pg-compat-"))
+        _sweep_stale_dirs()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         self.data = self.dir / "data"
         self.log = self.dir / "log"
