@@ -12,8 +12,9 @@
 //!
 //! **Synchronous, pooled, bounded.** Methods block like SQLite's; in `husk serve` they run in
 //! the state helper, whose channels are its threads. A pool of [`POOL_SIZE`] connections
-//! serves them; a connection is checked before it is handed out, so a database that restarted
-//! costs no request more than the reconnect. Connecting waits at most [`CONNECT_TIMEOUT`], a
+//! serves them, each keeping the statements it prepared (`postgres/pool.rs`); a connection is
+//! checked before it is handed out, so a database that restarted costs no request more than
+//! the reconnect. Connecting waits at most [`CONNECT_TIMEOUT`], a
 //! statement runs at most [`STATEMENT_TIMEOUT`] (set on the server side), and a database that
 //! cannot be reached is [`StoreError::Unavailable`], which the API answers with 503.
 //!
@@ -22,6 +23,7 @@
 //! Times are Unix nanoseconds in `BIGINT`, as in the SQLite file.
 
 mod keys;
+mod pool;
 mod runs;
 mod sandboxes;
 mod schema;
@@ -36,9 +38,6 @@ use std::time::Duration;
 
 use postgres::error::SqlState;
 use std::path::Path;
-
-use r2d2_postgres::PostgresConnectionManager;
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
 
@@ -57,7 +56,8 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest node name.
 pub const MAX_NODE_LEN: usize = 63;
 
-type Manager = PostgresConnectionManager<MakeRustlsConnect>;
+use pool::Manager;
+
 type Conn = r2d2::PooledConnection<Manager>;
 
 /// The PostgreSQL store of one node (see the module documentation).
@@ -127,7 +127,7 @@ impl Postgres {
             // A connection the database closed (it restarted) is found out before use.
             .test_on_check_out(true)
             .error_handler(Box::new(last_error.clone()))
-            .build(PostgresConnectionManager::new(config, tls))
+            .build(Manager { config, tls })
             .map_err(|_| {
                 StoreError::Unavailable(format!(
                     "{target}: {}",
@@ -140,7 +140,7 @@ impl Postgres {
             target,
             last_error,
         };
-        schema::migrate(&mut *store.conn()?)?;
+        schema::migrate(&mut store.conn()?.client)?;
         Ok(store)
     }
 
