@@ -91,6 +91,11 @@ pub fn answer(e: impl Into<ApiError>) -> Response {
 
 impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> ApiError {
+        if let CoreError::Store(s) = &e {
+            if s.is_unavailable() {
+                return ApiError::store_unavailable(s);
+            }
+        }
         let status = match &e {
             CoreError::NotFound(_)
             | CoreError::Lost { .. }
@@ -116,6 +121,11 @@ impl From<CoreError> for ApiError {
 
 impl From<RunError> for ApiError {
     fn from(e: RunError) -> ApiError {
+        if let RunError::Store(s) = &e {
+            if s.is_unavailable() {
+                return ApiError::store_unavailable(s);
+            }
+        }
         let status = match &e {
             RunError::Invalid(_) => StatusCode::BAD_REQUEST,
             RunError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -133,6 +143,11 @@ impl From<RunError> for ApiError {
 
 impl From<SecretError> for ApiError {
     fn from(e: SecretError) -> ApiError {
+        if let SecretError::Store(s) = &e {
+            if s.is_unavailable() {
+                return ApiError::store_unavailable(s);
+            }
+        }
         let status = match &e {
             SecretError::NotFound(_) => StatusCode::NOT_FOUND,
             SecretError::Exists(_) => StatusCode::CONFLICT,
@@ -188,12 +203,24 @@ impl From<VolumeError> for ApiError {
     }
 }
 
+/// What a client is told when the database cannot be reached: that, and when to retry; never
+/// where the database is or why it failed (the log says, for the operator).
+pub const STORE_UNAVAILABLE: &str = "the database is unavailable; retry shortly";
+
+impl ApiError {
+    /// A 503 for a store that cannot answer now (see [`STORE_UNAVAILABLE`]); logs why.
+    pub fn store_unavailable(e: &StoreError) -> ApiError {
+        tracing::warn!(error = %husk_core::error_chain(e), "the store is unavailable");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, STORE_UNAVAILABLE).retry_after(1)
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         // The state helper is gone, or the database cannot be reached: nothing this server
         // can do answers until it is back, and a retry later may succeed.
         if e.is_unavailable() {
-            return ApiError::of(StatusCode::SERVICE_UNAVAILABLE, &e).retry_after(1);
+            return ApiError::store_unavailable(&e);
         }
         let status = match &e {
             StoreError::InvalidTeam(_) => StatusCode::BAD_REQUEST,
@@ -263,6 +290,35 @@ mod tests {
         assert_eq!(
             headers(CoreError::NotFound("x".into())),
             (StatusCode::NOT_FOUND, None, None)
+        );
+    }
+
+    /// An unreachable database is a 503 to retry, from whichever error carries it, and says
+    /// nothing of where the database is (the log does).
+    #[tokio::test]
+    async fn an_unavailable_store_is_a_503_that_names_nothing_inside() {
+        let down =
+            || StoreError::Unavailable("postgres://husk@db.internal:5432/husk: refused".into());
+        let answers: Vec<ApiError> = vec![
+            down().into(),
+            CoreError::Store(down()).into(),
+            RunError::Store(down()).into(),
+            SecretError::Store(down()).into(),
+        ];
+        for e in answers {
+            let resp = e.into_response();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(resp.headers()["retry-after"], "1");
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["message"], STORE_UNAVAILABLE);
+        }
+        // Any other store failure stays a 500.
+        assert_eq!(
+            headers(StoreError::Corrupt("x".into())).0,
+            StatusCode::INTERNAL_SERVER_ERROR
         );
     }
 

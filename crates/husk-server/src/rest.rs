@@ -95,7 +95,18 @@ fn auth(state: &AppState, headers: &HeaderMap) -> Result<Principal, Response> {
         Ok(None) => Err(error(StatusCode::UNAUTHORIZED, "Invalid API key")),
         // The key cannot be checked now (the database is unreachable): refused, as a 503 the
         // client may retry, not a 401 that would say its key is bad.
-        Err(e) => Err(crate::error::ApiError::from(e).into_response()),
+        Err(e) if e.is_unavailable() => {
+            Err(crate::error::ApiError::store_unavailable(&e).into_response())
+        }
+        // Anything else is a fault of this server's (logged): refused, and nothing of it
+        // told to a caller not yet known to be anybody.
+        Err(e) => {
+            tracing::error!(error = %husk_core::error_chain(&e), "cannot check an API key");
+            Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot check the API key; see the server's log",
+            ))
+        }
     }
 }
 
