@@ -332,6 +332,7 @@ def start_server(
     except BaseException:
         log.close()
         remove_state_dir(state_dir)
+        log_path.unlink(missing_ok=True)
         raise
     log.close()
 
@@ -362,6 +363,8 @@ def start_server(
                 proc.kill()
                 proc.wait()
         remove_state_dir(state_dir)
+        # What the log said is in the exception (the server's last lines); nothing stays.
+        log_path.unlink(missing_ok=True)
         raise
     return HuskServer(
         bin=binary,
