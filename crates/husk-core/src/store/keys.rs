@@ -105,35 +105,22 @@ impl Sqlite {
                 ))
             })
             .optional()?;
-        let Some((key_id, stored, team, admin, last_used)) = row else {
+        let Some((id, stored, team, admin, last_used)) = row else {
             return Ok(None);
         };
-        if !keys::hashes_equal(&stored, hash) {
-            return Ok(None);
-        }
-        let now = OffsetDateTime::now_utc();
-        let stale = match from_db_time_opt(last_used)? {
-            None => true,
-            Some(t) => now - t >= LAST_USED_GRANULARITY || t > now,
-        };
-        if stale {
-            // Bookkeeping only: a failure here (say, the CLI holding the write lock for longer
-            // than the busy timeout) must not refuse a valid key.
-            let touched = to_db_time(now).and_then(|now| {
-                self.conn()
-                    .prepare_cached("UPDATE keys SET last_used_at = ?2 WHERE id = ?1")?
-                    .execute(params![key_id, now])
-                    .map_err(StoreError::from)
-            });
-            if let Err(e) = touched {
-                tracing::warn!(key = %keys::display_id(&key_id), error = %e, "cannot record key use");
-            }
-        }
-        Ok(Some(Principal {
+        let found = FoundKey {
+            id,
+            stored,
             team,
-            key_id,
             admin,
-        }))
+            last_used,
+        };
+        principal_of(found, hash, |id, now| {
+            self.conn()
+                .prepare_cached("UPDATE keys SET last_used_at = ?2 WHERE id = ?1")?
+                .execute(params![id, now])?;
+            Ok(())
+        })
     }
 
     /// All keys, revoked ones included, oldest first. Never the secrets or their hashes.
@@ -234,4 +221,44 @@ impl Sqlite {
             })
             .transpose()
     }
+}
+
+/// An active key as found by its hash, in either database.
+pub(super) struct FoundKey {
+    pub(super) id: String,
+    /// The hash as stored, compared again in constant time.
+    pub(super) stored: String,
+    pub(super) team: String,
+    pub(super) admin: bool,
+    /// When it last authenticated (Unix nanoseconds).
+    pub(super) last_used: Option<i64>,
+}
+
+/// Who `found` acts for, if its stored hash is `hash`. Records the use through `touch(id,
+/// now)` when the last record is older than [`LAST_USED_GRANULARITY`] (or in the future):
+/// bookkeeping only, so a failure there (say, another process holding the write lock) is
+/// logged and never refuses a valid key.
+pub(super) fn principal_of(
+    found: FoundKey,
+    hash: &str,
+    touch: impl FnOnce(&str, i64) -> Result<(), StoreError>,
+) -> Result<Option<Principal>, StoreError> {
+    if !keys::hashes_equal(&found.stored, hash) {
+        return Ok(None);
+    }
+    let now = OffsetDateTime::now_utc();
+    let stale = match from_db_time_opt(found.last_used)? {
+        None => true,
+        Some(t) => now - t >= LAST_USED_GRANULARITY || t > now,
+    };
+    if stale {
+        if let Err(e) = to_db_time(now).and_then(|now| touch(&found.id, now)) {
+            tracing::warn!(key = %keys::display_id(&found.id), error = %e, "cannot record key use");
+        }
+    }
+    Ok(Some(Principal {
+        team: found.team,
+        key_id: found.id,
+        admin: found.admin,
+    }))
 }

@@ -13,24 +13,49 @@ use super::{
 };
 
 /// The columns of a sandbox's record, in [`record_of`]'s order.
-const RECORD_COLUMNS: &str =
+pub(super) const RECORD_COLUMNS: &str =
     "id, team, template, runtime_id, created_at, end_at, metadata, description";
 
 /// A record from a row whose first columns are [`RECORD_COLUMNS`].
 fn record_of(row: &rusqlite::Row<'_>) -> Result<SandboxRecord, StoreError> {
-    let id: String = row.get(0)?;
-    let metadata: String = row.get(6)?;
-    let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata)
-        .map_err(|e| StoreError::Corrupt(format!("metadata of sandbox {id:?}: {e}")))?;
-    Ok(SandboxRecord {
+    record_from(RecordColumns {
+        id: row.get(0)?,
         team: row.get(1)?,
         template: row.get(2)?,
         runtime_id: row.get(3)?,
-        created_at: from_db_time(row.get(4)?)?,
-        end_at: from_db_time(row.get(5)?)?,
-        metadata,
+        created_at: row.get(4)?,
+        end_at: row.get(5)?,
+        metadata: row.get(6)?,
         description: row.get(7)?,
-        id,
+    })
+}
+
+/// [`RECORD_COLUMNS`] as either database returns them.
+pub(super) struct RecordColumns {
+    pub(super) id: String,
+    pub(super) team: String,
+    pub(super) template: String,
+    pub(super) runtime_id: String,
+    pub(super) created_at: i64,
+    pub(super) end_at: i64,
+    /// A JSON object of strings.
+    pub(super) metadata: String,
+    pub(super) description: Option<String>,
+}
+
+/// The record those columns hold: times decoded, metadata parsed.
+pub(super) fn record_from(c: RecordColumns) -> Result<SandboxRecord, StoreError> {
+    let metadata: BTreeMap<String, String> = serde_json::from_str(&c.metadata)
+        .map_err(|e| StoreError::Corrupt(format!("metadata of sandbox {:?}: {e}", c.id)))?;
+    Ok(SandboxRecord {
+        team: c.team,
+        template: c.template,
+        runtime_id: c.runtime_id,
+        created_at: from_db_time(c.created_at)?,
+        end_at: from_db_time(c.end_at)?,
+        metadata,
+        description: c.description,
+        id: c.id,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use time::OffsetDateTime;
 
+use super::super::keys::{principal_of, FoundKey};
 use super::super::{
     from_db_time, from_db_time_opt, to_db_time, validate_label, validate_team, KeyInfo, Principal,
     StoreError,
@@ -12,9 +13,6 @@ use crate::keys::{self, KeyRef};
 
 /// How many fresh keys `create_key` draws before concluding that ids cannot be had.
 const KEY_ATTEMPTS: u32 = 16;
-
-/// `last_used_at` is written at most this often per key (authenticating stays a read).
-const LAST_USED_GRANULARITY: time::Duration = time::Duration::minutes(1);
 
 impl Postgres {
     /// Creates a key for `team` (creating the team if it is new) and returns what is listed
@@ -84,34 +82,20 @@ impl Postgres {
         else {
             return Ok(None);
         };
-        let (key_id, stored, team, admin, last_used): (String, String, String, bool, Option<i64>) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-        if !keys::hashes_equal(&stored, hash) {
-            return Ok(None);
-        }
-        let now = OffsetDateTime::now_utc();
-        let stale = match from_db_time_opt(last_used)? {
-            None => true,
-            Some(t) => now - t >= LAST_USED_GRANULARITY || t > now,
+        let found = FoundKey {
+            id: row.get(0),
+            stored: row.get(1),
+            team: row.get(2),
+            admin: row.get(3),
+            last_used: row.get(4),
         };
-        if stale {
-            // Bookkeeping only: a failure here must not refuse a valid key.
-            let touched = to_db_time(now).and_then(|now| {
-                conn.execute(
-                    "UPDATE keys SET last_used_at = $2 WHERE id = $1",
-                    &[&key_id, &now],
-                )
-                .map_err(StoreError::from)
-            });
-            if let Err(e) = touched {
-                tracing::warn!(key = %keys::display_id(&key_id), error = %e, "cannot record key use");
-            }
-        }
-        Ok(Some(Principal {
-            team,
-            key_id,
-            admin,
-        }))
+        principal_of(found, hash, |id, now| {
+            conn.execute(
+                "UPDATE keys SET last_used_at = $2 WHERE id = $1",
+                &[&id, &now],
+            )?;
+            Ok(())
+        })
     }
 
     /// All keys, revoked ones included, oldest first. Never the secrets or their hashes.

@@ -3,36 +3,27 @@
 //! snapshots are listed per node (their processes and files are that machine's); lookups,
 //! updates and the lost record by id or team see the whole cluster.
 
-use std::collections::BTreeMap;
-
 use postgres::Row;
 use time::OffsetDateTime;
 
+use super::super::sandboxes::{record_from, RecordColumns, RECORD_COLUMNS};
 use super::super::{
     from_db_time, to_db_time, LostSandbox, SandboxRecord, SavedSandboxRecord, SnapshotRow,
     StoreError,
 };
 use super::{is_unique_violation, Postgres};
 
-/// The columns of a sandbox's record, in [`record_of`]'s order.
-const RECORD_COLUMNS: &str =
-    "id, team, template, runtime_id, created_at, end_at, metadata, description";
-
 /// A record from a row whose first columns are [`RECORD_COLUMNS`].
 fn record_of(row: &Row) -> Result<SandboxRecord, StoreError> {
-    let id: String = row.get(0);
-    let metadata: String = row.get(6);
-    let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata)
-        .map_err(|e| StoreError::Corrupt(format!("metadata of sandbox {id:?}: {e}")))?;
-    Ok(SandboxRecord {
+    record_from(RecordColumns {
+        id: row.get(0),
         team: row.get(1),
         template: row.get(2),
         runtime_id: row.get(3),
-        created_at: from_db_time(row.get(4))?,
-        end_at: from_db_time(row.get(5))?,
-        metadata,
+        created_at: row.get(4),
+        end_at: row.get(5),
+        metadata: row.get(6),
         description: row.get(7),
-        id,
     })
 }
 
