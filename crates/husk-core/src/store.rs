@@ -20,6 +20,7 @@
 //! (see `store/schema.rs`). A database written by a newer husk is refused rather than guessed at.
 
 mod backend;
+pub mod cluster;
 mod keys;
 pub mod postgres;
 pub mod remote;
@@ -132,6 +133,10 @@ pub enum StoreError {
     /// TLS to the database cannot be set up (a CA file, no CA at all).
     #[error("database TLS: {0}")]
     Tls(String),
+    /// A cluster's operation (nodes, quota claims) asked of the SQLite file: a cluster keeps
+    /// its state in PostgreSQL.
+    #[error("a husk cluster keeps its state in PostgreSQL: give --database-url")]
+    NotClustered,
     /// Migrating the PostgreSQL schema failed.
     #[error("database migration: {0}")]
     Migration(String),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use time::OffsetDateTime;
 
+use super::cluster::{Heartbeat, NodeLoad, NodeRow, NodeState, Reaped};
 use super::postgres::Postgres;
 use super::remote::RemoteStore;
 use super::{
@@ -195,4 +196,77 @@ delegate! {
     fn volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError>;
     fn volumes(&self, team: &str) -> Result<Vec<VolumeRecord>, StoreError>;
     fn delete_volume(&self, team: &str, name: &str) -> Result<bool, StoreError>;
+}
+
+/// The cluster's operations (`store/cluster.rs`): PostgreSQL's alone. A node's own three go
+/// through the state helper in `husk serve`; the gateway's hold the database themselves.
+impl Store {
+    fn postgres(&self) -> Result<&Postgres, StoreError> {
+        match &self.0 {
+            Backend::Postgres(p) => Ok(p),
+            Backend::Sqlite(_) | Backend::Remote(_) => Err(StoreError::NotClustered),
+        }
+    }
+
+    /// Registers this node (see [`Postgres::register_node`]); its code.
+    pub fn register_node(&self, url: &str, capacity: u32) -> Result<String, StoreError> {
+        match &self.0 {
+            Backend::Remote(r) => r.register_node(url, capacity),
+            _ => {
+                let p = self.postgres()?;
+                off_runtime(|| p.register_node(url, capacity))
+            }
+        }
+    }
+
+    /// This node's heartbeat (see [`Postgres::node_heartbeat`]).
+    pub fn node_heartbeat(&self, load: &NodeLoad) -> Result<Option<Heartbeat>, StoreError> {
+        match &self.0 {
+            Backend::Remote(r) => r.node_heartbeat(load),
+            _ => {
+                let p = self.postgres()?;
+                off_runtime(|| p.node_heartbeat(load))
+            }
+        }
+    }
+
+    /// Sets this node's state (see [`Postgres::set_node_state`]).
+    pub fn set_node_state(&self, state: NodeState) -> Result<bool, StoreError> {
+        match &self.0 {
+            Backend::Remote(r) => r.set_node_state(state),
+            _ => {
+                let p = self.postgres()?;
+                off_runtime(|| p.set_node_state(state))
+            }
+        }
+    }
+
+    /// Every node (see [`Postgres::nodes`]).
+    pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        let p = self.postgres()?;
+        off_runtime(|| p.nodes())
+    }
+
+    /// Holds a place in a team's quota across the cluster (see [`Postgres::claim_quota`]).
+    pub fn claim_quota(
+        &self,
+        team: &str,
+        limit: u32,
+        ttl: std::time::Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let p = self.postgres()?;
+        off_runtime(|| p.claim_quota(team, limit, ttl))
+    }
+
+    /// Gives a place back (see [`Postgres::release_quota`]).
+    pub fn release_quota(&self, claim: i64) -> Result<(), StoreError> {
+        let p = self.postgres()?;
+        off_runtime(|| p.release_quota(claim))
+    }
+
+    /// Declares silent nodes lost (see [`Postgres::reap_nodes`]).
+    pub fn reap_nodes(&self, silent: std::time::Duration) -> Result<Vec<Reaped>, StoreError> {
+        let p = self.postgres()?;
+        off_runtime(|| p.reap_nodes(silent))
+    }
 }

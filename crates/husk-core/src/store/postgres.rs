@@ -22,6 +22,7 @@
 //! [`Postgres::open`] under an advisory lock so that nodes starting together migrate once.
 //! Times are Unix nanoseconds in `BIGINT`, as in the SQLite file.
 
+mod cluster;
 mod keys;
 mod pool;
 mod runs;
@@ -56,6 +57,7 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest node name.
 pub const MAX_NODE_LEN: usize = 63;
 
+pub use cluster::MAX_NODE_TEMPLATES;
 use pool::Manager;
 
 type Conn = r2d2::PooledConnection<Manager>;
@@ -267,3 +269,6 @@ fn to_i64(n: u64, what: &str) -> Result<i64, StoreError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cluster_tests;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
+use super::cluster::{Heartbeat, NodeLoad, NodeState};
 use super::{
     KeyInfo, LostSandbox, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord,
     SealedRow, SecretUse, SnapshotRow, Store, StoreError, TemplateRecord, VolumeRecord,
@@ -172,6 +173,17 @@ pub enum StateRequest {
         team: String,
         name: String,
     },
+    /// The node's own membership (a cluster's node, see `store/cluster.rs`).
+    RegisterNode {
+        url: String,
+        capacity: u32,
+    },
+    NodeHeartbeat {
+        load: NodeLoad,
+    },
+    SetNodeState {
+        state: NodeState,
+    },
 }
 
 /// The state helper's answers.
@@ -200,6 +212,7 @@ pub enum StateReply {
     Volume(Option<VolumeRecord>),
     Volumes(Vec<VolumeRecord>),
     Token(String),
+    Heartbeat(Option<Heartbeat>),
     Store(WireStoreError),
     Secret(WireSecretError),
     Failed(Failure),
@@ -220,6 +233,8 @@ pub enum WireStoreError {
     Corrupt(String),
     /// The database cannot be reached (the API's 503).
     Unavailable(String),
+    /// A cluster's operation on the SQLite file.
+    NotClustered,
     Other(String),
 }
 
@@ -251,6 +266,7 @@ impl From<&StoreError> for WireStoreError {
             },
             StoreError::Corrupt(m) => WireStoreError::Corrupt(m.clone()),
             StoreError::Unavailable(m) => WireStoreError::Unavailable(m.clone()),
+            StoreError::NotClustered => WireStoreError::NotClustered,
             other => WireStoreError::Other(crate::error_chain(other)),
         }
     }
@@ -268,6 +284,7 @@ impl From<WireStoreError> for StoreError {
             }
             WireStoreError::Corrupt(m) => StoreError::Corrupt(m),
             WireStoreError::Unavailable(m) => StoreError::Unavailable(m),
+            WireStoreError::NotClustered => StoreError::NotClustered,
             WireStoreError::Other(m) => StoreError::Remote(m),
         }
     }
@@ -472,6 +489,23 @@ impl RemoteStore {
             id_or_key: id_or_key.into(),
         };
         ask!(self, req, StateReply::Bool(b) => b)
+    }
+
+    pub fn register_node(&self, url: &str, capacity: u32) -> Result<String, StoreError> {
+        let req = StateRequest::RegisterNode {
+            url: url.into(),
+            capacity,
+        };
+        ask!(self, req, StateReply::Token(code) => code)
+    }
+
+    pub fn node_heartbeat(&self, load: &NodeLoad) -> Result<Option<Heartbeat>, StoreError> {
+        let req = StateRequest::NodeHeartbeat { load: load.clone() };
+        ask!(self, req, StateReply::Heartbeat(h) => h)
+    }
+
+    pub fn set_node_state(&self, state: NodeState) -> Result<bool, StoreError> {
+        ask!(self, StateRequest::SetNodeState { state }, StateReply::Bool(b) => b)
     }
 
     pub fn has_active_keys(&self) -> Result<bool, StoreError> {
@@ -820,6 +854,9 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::ListKeys => R::Keys(store.list_keys()?),
             Q::RevokeKey { id_or_key } => R::Bool(store.revoke_key(&id_or_key)?),
             Q::HasActiveKeys => R::Bool(store.has_active_keys()?),
+            Q::RegisterNode { url, capacity } => R::Token(store.register_node(&url, capacity)?),
+            Q::NodeHeartbeat { load } => R::Heartbeat(store.node_heartbeat(&load)?),
+            Q::SetNodeState { state } => R::Bool(store.set_node_state(state)?),
             Q::SetTeamQuota { team, max } => {
                 store.set_team_quota(&team, max)?;
                 R::Unit

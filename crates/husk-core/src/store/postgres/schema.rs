@@ -142,8 +142,81 @@ CREATE INDEX snapshots_by_digest ON snapshots (digest) WHERE digest IS NOT NULL;
 CREATE INDEX snapshots_by_node ON snapshots (node);
 ";
 
+/// Version 2: the cluster. Nodes (see `store/cluster.rs`), places in teams' quotas held by
+/// gateways while a create is under way, and the two operations that must be atomic and
+/// timed by one clock, as functions: claiming a place (lock the team, count its sandboxes on
+/// every node and the places held, hold one) and declaring silent nodes lost. The advisory
+/// lock keys spell "husq" and "husr".
+const V2: &str = "
+CREATE TABLE nodes (
+    name          TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 63),
+    code          TEXT NOT NULL UNIQUE CHECK (length(code) = 4),
+    url           TEXT NOT NULL,
+    state         TEXT NOT NULL CHECK (state IN ('ready', 'draining', 'lost')),
+    capacity      BIGINT NOT NULL CHECK (capacity >= 0),
+    live          BIGINT NOT NULL DEFAULT 0 CHECK (live >= 0),
+    templates     TEXT[] NOT NULL DEFAULT '{}',
+    registered_at BIGINT NOT NULL,
+    last_seen     BIGINT NOT NULL
+);
+
+CREATE TABLE quota_claims (
+    id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    team       TEXT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+CREATE INDEX quota_claims_by_team ON quota_claims (team);
+
+CREATE FUNCTION husk_now() RETURNS BIGINT LANGUAGE sql VOLATILE AS
+$$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::BIGINT $$;
+
+CREATE FUNCTION husk_claim_quota(p_team TEXT, p_limit BIGINT, p_ttl BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ns BIGINT := husk_now();
+    used   BIGINT;
+    claim  BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock(1752527729, hashtext(p_team));
+    DELETE FROM quota_claims WHERE team = p_team AND expires_at < now_ns;
+    SELECT (SELECT count(*) FROM sandboxes WHERE team = p_team AND lost_at IS NULL)
+         + (SELECT count(*) FROM quota_claims WHERE team = p_team)
+      INTO used;
+    IF used >= p_limit THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO quota_claims (team, expires_at) VALUES (p_team, now_ns + p_ttl)
+        RETURNING id INTO claim;
+    RETURN claim;
+END $$;
+
+CREATE FUNCTION husk_reap_nodes(p_silent BIGINT)
+RETURNS TABLE (lost_node TEXT, lost_sandboxes BIGINT)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ns BIGINT := husk_now();
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(1752527730) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH gone AS (
+        UPDATE nodes SET state = 'lost'
+        WHERE state <> 'lost' AND last_seen < now_ns - p_silent
+        RETURNING name
+    ), lost AS (
+        UPDATE sandboxes s
+        SET lost_at = now_ns,
+            lost_reason = format('its node %s stopped answering', gone.name)
+        FROM gone WHERE s.node = gone.name AND s.lost_at IS NULL
+        RETURNING s.node
+    )
+    SELECT gone.name, (SELECT count(*) FROM lost WHERE lost.node = gone.name) FROM gone;
+END $$;
+";
+
 /// The migrations, oldest first: (refinery's name, SQL).
-const MIGRATIONS: &[(&str, &str)] = &[("V1__initial", V1)];
+const MIGRATIONS: &[(&str, &str)] = &[("V1__initial", V1), ("V2__cluster", V2)];
 
 /// The schema version this husk writes and understands.
 pub(in crate::store) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,0 +1,214 @@
+//! The cluster's membership and quota claims, on a real PostgreSQL (`store/cluster.rs`).
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use super::super::cluster::{NodeLoad, NodeState};
+use super::super::contract_tests::record;
+use super::super::test_postgres::TestPostgres;
+use super::super::*;
+
+fn open(url: &str, node: &str) -> Store {
+    Store::open_postgres(url, node, None).expect("open PostgreSQL")
+}
+
+fn node<'a>(
+    store: &Store,
+    name: &str,
+    rows: &'a mut Vec<cluster::NodeRow>,
+) -> &'a cluster::NodeRow {
+    *rows = store.nodes().expect("nodes");
+    rows.iter()
+        .find(|n| n.name == name)
+        .expect("the node is listed")
+}
+
+#[test]
+fn a_node_keeps_its_code_and_reports_its_load() {
+    let url = TestPostgres::shared().fresh_database();
+    let (a, b) = (open(&url, "node-a"), open(&url, "node-b"));
+    let code = a.register_node("http://10.0.0.1:3000", 50).unwrap();
+    assert_eq!(code.len(), cluster::NODE_CODE_LEN);
+    assert!(
+        code.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+        "{code}"
+    );
+    // Registering again (a restart, a new address) keeps the code its sandboxes' ids carry.
+    assert_eq!(a.register_node("http://10.0.0.9:3000", 60).unwrap(), code);
+    let other = b.register_node("http://10.0.0.2:3000", 50).unwrap();
+    assert_ne!(other, code);
+
+    let load = NodeLoad {
+        live: 7,
+        templates: vec!["sha256:aa".into(), "sha256:bb".into()],
+    };
+    let beat = a.node_heartbeat(&load).unwrap().expect("registered");
+    assert_eq!(beat.state, NodeState::Ready);
+    assert!(!beat.was_lost);
+    let mut rows = Vec::new();
+    let row = node(&b, "node-a", &mut rows);
+    assert_eq!(row.code, code);
+    assert_eq!(row.url, "http://10.0.0.9:3000");
+    assert_eq!(row.capacity, 60);
+    assert_eq!(row.load, load);
+    assert!(
+        row.silent_for < Duration::from_secs(5),
+        "{:?}",
+        row.silent_for
+    );
+
+    // Draining takes it out of placement; registering (the next start) makes it ready.
+    assert!(a.set_node_state(NodeState::Draining).unwrap());
+    assert_eq!(node(&b, "node-a", &mut rows).state, NodeState::Draining);
+    a.register_node("http://10.0.0.9:3000", 60).unwrap();
+    assert_eq!(node(&b, "node-a", &mut rows).state, NodeState::Ready);
+
+    // A node nobody registered has no heartbeat; bad URLs are refused.
+    let c = open(&url, "node-c");
+    assert_eq!(c.node_heartbeat(&NodeLoad::default()).unwrap(), None);
+    for bad in ["10.0.0.1:3000", "http://a b", "ftp://x", "http://x\n"] {
+        assert!(c.register_node(bad, 1).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn the_sqlite_file_is_not_a_cluster() {
+    let store = Store::open_in_memory().unwrap();
+    assert!(matches!(
+        store.register_node("http://127.0.0.1:1", 1),
+        Err(StoreError::NotClustered)
+    ));
+    assert!(matches!(store.nodes(), Err(StoreError::NotClustered)));
+    assert!(matches!(
+        store.claim_quota("acme", 1, Duration::from_secs(1)),
+        Err(StoreError::NotClustered)
+    ));
+}
+
+#[test]
+fn a_quota_counts_every_nodes_sandboxes_and_the_creates_under_way() {
+    let url = TestPostgres::shared().fresh_database();
+    let (a, b) = (open(&url, "node-a"), open(&url, "node-b"));
+    let now = OffsetDateTime::now_utc();
+    let ttl = Duration::from_secs(60);
+    a.insert_sandbox(&record("sa", now)).unwrap();
+    b.insert_sandbox(&record("sb", now)).unwrap();
+    // Two running on two nodes, quota 3: one place left.
+    let claim = a.claim_quota("acme", 3, ttl).unwrap().expect("a place");
+    assert_eq!(b.claim_quota("acme", 3, ttl).unwrap(), None);
+    // Other teams are not counted.
+    assert!(b.claim_quota("other", 1, ttl).unwrap().is_some());
+    // A create that ends gives its place back; a lost sandbox no longer counts.
+    a.release_quota(claim).unwrap();
+    let again = b.claim_quota("acme", 3, ttl).unwrap().expect("given back");
+    b.release_quota(again).unwrap();
+    a.mark_sandbox_lost("sa", "gone", now).unwrap();
+    let first = a.claim_quota("acme", 3, ttl).unwrap().expect("one");
+    let second = a.claim_quota("acme", 3, ttl).unwrap().expect("two");
+    assert_eq!(a.claim_quota("acme", 3, ttl).unwrap(), None);
+    a.release_quota(first).unwrap();
+    a.release_quota(second).unwrap();
+    // A place whose gateway died is free again once it expires.
+    let short = Duration::from_millis(100);
+    a.claim_quota("acme", 2, short).unwrap().expect("a place");
+    assert_eq!(a.claim_quota("acme", 2, ttl).unwrap(), None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(c) = a.claim_quota("acme", 2, ttl).unwrap() {
+            a.release_quota(c).unwrap();
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an expired place was never freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn concurrent_claims_never_exceed_the_quota() {
+    let url = TestPostgres::shared().fresh_database();
+    let stores: Vec<Arc<Store>> = (0..4)
+        .map(|i| Arc::new(open(&url, &format!("gw-{i}"))))
+        .collect();
+    let threads = 12;
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                store
+                    .claim_quota("acme", 5, Duration::from_secs(60))
+                    .expect("claim")
+            })
+        })
+        .collect();
+    let granted = handles
+        .into_iter()
+        .filter_map(|h| h.join().expect("thread"))
+        .count();
+    assert_eq!(granted, 5);
+}
+
+#[test]
+fn a_silent_node_is_declared_lost_with_its_sandboxes_and_comes_back() {
+    let url = TestPostgres::shared().fresh_database();
+    let (a, b) = (open(&url, "node-a"), open(&url, "node-b"));
+    a.register_node("http://10.0.0.1:3000", 10).unwrap();
+    b.register_node("http://10.0.0.2:3000", 10).unwrap();
+    let now = OffsetDateTime::now_utc();
+    a.insert_sandbox(&record("sa1", now)).unwrap();
+    a.insert_sandbox(&record("sa2", now)).unwrap();
+    b.insert_sandbox(&record("sb", now)).unwrap();
+
+    // node-b beats, node-a is silent: only node-a goes, with its two sandboxes.
+    let silent = Duration::from_millis(300);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reaped = loop {
+        b.node_heartbeat(&NodeLoad::default()).unwrap();
+        let reaped = b.reap_nodes(silent).unwrap();
+        if !reaped.is_empty() {
+            break reaped;
+        }
+        assert!(Instant::now() < deadline, "node-a was never declared lost");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        reaped,
+        [cluster::Reaped {
+            node: "node-a".into(),
+            sandboxes: 2
+        }]
+    );
+    let lost = b.lost_sandboxes(Some("acme"), None).unwrap();
+    let mut ids: Vec<_> = lost.iter().map(|l| l.record.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["sa1", "sa2"]);
+    assert!(lost.iter().all(|l| l.reason.contains("node-a")), "{lost:?}");
+    // Their places in the quota are free: only node-b's sandbox counts.
+    let claim = b.claim_quota("acme", 2, Duration::from_secs(60)).unwrap();
+    assert!(claim.is_some());
+    let mut rows = Vec::new();
+    assert_eq!(node(&b, "node-a", &mut rows).state, NodeState::Lost);
+    // Swept once: a second sweep finds nothing more.
+    assert!(b.reap_nodes(silent).unwrap().is_empty());
+
+    // node-a beats again: it learns it was lost (to end what it still runs), and is ready.
+    let beat = a
+        .node_heartbeat(&NodeLoad::default())
+        .unwrap()
+        .expect("registered");
+    assert!(beat.was_lost);
+    assert_eq!(beat.state, NodeState::Ready);
+    let beat = a
+        .node_heartbeat(&NodeLoad::default())
+        .unwrap()
+        .expect("registered");
+    assert!(!beat.was_lost);
+}
