@@ -192,6 +192,9 @@ pub struct Config {
     /// Below this much available host memory the pools stop filling and give their warm
     /// sandboxes back (0: never).
     pub warm_memory_floor: u64,
+    /// The first characters of every sandbox id this server makes: a cluster node's code,
+    /// by which gateways route (empty on a server of its own).
+    pub id_prefix: String,
 }
 
 impl Default for Config {
@@ -207,6 +210,7 @@ impl Default for Config {
             keep: true,
             warm: Vec::new(),
             warm_memory_floor: 2 * DEFAULT_MEMORY_RESERVE,
+            id_prefix: String::new(),
         }
     }
 }

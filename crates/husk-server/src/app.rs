@@ -12,7 +12,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use husk_core::manager::Manager;
 use tokio::net::TcpListener;
@@ -45,6 +45,9 @@ pub struct AppState {
     pub domain: Option<crate::domain::Domain>,
     /// Signed file URLs that name no sandbox, and the sandboxes they were found for.
     pub signed: Arc<crate::sandbox::signed::SignedRoutes>,
+    /// A cluster's node: the token every request must carry, the gateway's word for who the
+    /// caller is (see [`crate::cluster`]). `None`: a server of its own (`husk serve`).
+    pub cluster: Option<crate::cluster::ClusterToken>,
 }
 
 /// Bytes of request bodies that one team's requests may hold in the server at once.
@@ -65,7 +68,14 @@ impl AppState {
             bodies: crate::budget::Budget::new("request bodies", TEAM_BODY_BYTES),
             domain: None,
             signed: Arc::default(),
+            cluster: None,
         }
+    }
+
+    /// A cluster's node: only holders of `token` (the gateways) are served.
+    pub fn with_cluster(mut self, token: crate::cluster::ClusterToken) -> AppState {
+        self.cluster = Some(token);
+        self
     }
 
     /// The domain given to the SDKs as each sandbox's `domain`.
@@ -200,13 +210,22 @@ pub fn service(
         .merge(crate::volumes::router(state.clone()))
         .merge(crate::runs::router(state.clone()));
     let policy = state.body_policy;
+    let cluster = state.cluster.clone();
     let (manager, signed) = (state.manager.clone(), state.signed.clone());
     let sandbox: Router = crate::sandbox::router(state);
     tower::service_fn(move |mut req: Request<Body>| {
         let (rest, sandbox) = (rest.clone(), sandbox.clone());
         let (manager, signed) = (manager.clone(), signed.clone());
+        let cluster = cluster.clone();
         async move {
             let mut target = sandbox_target(&req);
+            // A node serves its gateways only (the orchestrator's health probe aside); what
+            // goes on to a sandbox never carries the cluster's headers.
+            if let Some(token) = &cluster {
+                if let Some(refused) = node_admission(token, target.is_some(), &mut req) {
+                    return Ok(refused);
+                }
+            }
             // A signed file URL opened by a client that names no sandbox (a browser, curl):
             // its signature says which sandbox it is for (see `sandbox::signed`).
             if target.is_none() && crate::sandbox::signed::is_signed_files(&req) {
@@ -241,6 +260,35 @@ pub fn service(
             Ok(resp)
         }
     })
+}
+
+/// A node's check of a request: `None` to serve it. The token must be there, except on the
+/// health endpoint; it is then removed, and so are the caller's headers from a request for a
+/// sandbox (the node authenticates those by their own credentials, as a server of its own
+/// does), so that a sandbox's server never sees them.
+fn node_admission(
+    token: &crate::cluster::ClusterToken,
+    for_sandbox: bool,
+    req: &mut Request<Body>,
+) -> Option<Response> {
+    if !for_sandbox && req.uri().path() == "/health" {
+        return None;
+    }
+    if !token.presented_in(req.headers()) {
+        return Some(
+            crate::error::ApiError::new(
+                axum::http::StatusCode::UNAUTHORIZED,
+                "this is a husk node: it serves the cluster's gateways only; send requests to \
+                 a gateway",
+            )
+            .into_response(),
+        );
+    }
+    req.headers_mut().remove(crate::cluster::TOKEN);
+    if for_sandbox {
+        crate::cluster::strip(req.headers_mut());
+    }
+    None
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and lets open requests finish, under

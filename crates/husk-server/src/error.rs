@@ -40,7 +40,7 @@ impl ApiError {
         ApiError::new(status, husk_core::error_chain(e))
     }
 
-    fn retry_after(mut self, seconds: u32) -> ApiError {
+    pub(crate) fn retry_after(mut self, seconds: u32) -> ApiError {
         self.retry_after = Some(seconds);
         self
     }

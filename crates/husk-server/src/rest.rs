@@ -80,17 +80,34 @@ impl FromRequestParts<AppState> for Who {
 }
 
 fn auth(state: &AppState, headers: &HeaderMap) -> Result<Principal, Response> {
+    // A node: the gateway checked the key and says whose it is (the token was checked for
+    // every request, see `app::node_admission`).
+    if state.cluster.is_some() {
+        return crate::cluster::principal(headers).ok_or_else(missing_key);
+    }
     let key = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if key.is_empty() {
-        return Err(error(
-            StatusCode::UNAUTHORIZED,
-            "missing API key: set the X-API-KEY header (E2B_API_KEY in the SDKs)",
-        ));
+        return Err(missing_key());
     }
-    match state.manager.store().check_key(key) {
+    key_checked(state.manager.store().check_key(key))
+}
+
+/// The answer to a request without a key.
+pub(crate) fn missing_key() -> Response {
+    error(
+        StatusCode::UNAUTHORIZED,
+        "missing API key: set the X-API-KEY header (E2B_API_KEY in the SDKs)",
+    )
+}
+
+/// The caller, from the outcome of a key check, or the answer refusing it.
+pub(crate) fn key_checked(
+    checked: Result<Option<Principal>, husk_core::store::StoreError>,
+) -> Result<Principal, Response> {
+    match checked {
         Ok(Some(who)) => Ok(who),
         Ok(None) => Err(error(StatusCode::UNAUTHORIZED, "Invalid API key")),
         // The key cannot be checked now (the database is unreachable): refused, as a 503 the

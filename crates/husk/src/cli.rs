@@ -18,6 +18,12 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Serve the E2B-compatible API: sandboxes for the stock E2B SDKs and husk's own clients.
     Serve(Box<crate::serve::ServeArgs>),
+    /// Serve as one node of a husk cluster: `husk serve` with its state in PostgreSQL,
+    /// reached by the cluster's gateways only (see `husk gateway`).
+    Node(Box<crate::cluster::NodeArgs>),
+    /// Serve a cluster's E2B endpoint: authenticate, place sandboxes on nodes, route every
+    /// request to the node that holds its sandbox. Stateless: run as many as you like.
+    Gateway(Box<crate::cluster::GatewayArgs>),
     /// Run one command per input on a husk server, in parallel, with a summary.
     Batch(Box<crate::batch::BatchArgs>),
     /// Manage API keys (and teams' sandbox quotas) in the server's state directory.

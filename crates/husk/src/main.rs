@@ -10,6 +10,7 @@ mod bench_net;
 mod bench_rules;
 mod cli;
 mod client;
+mod cluster;
 mod database;
 mod doctor;
 mod egress;
@@ -44,6 +45,8 @@ fn main() {
         cli::Command::Run(args) => run::main(*args),
         cli::Command::Batch(args) => batch::main(*args),
         cli::Command::Serve(args) => serve::main(*args),
+        cli::Command::Node(args) => cluster::node_main(*args),
+        cli::Command::Gateway(args) => cluster::gateway_main(*args),
         cli::Command::Key(args) => keys::main(args),
         cli::Command::Secret(args) => secret::main(args),
         cli::Command::Workspace(args) => workspace::main(args),

@@ -174,6 +174,11 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 }
 
 pub fn main(args: ServeArgs) -> i32 {
+    main_with(args, None)
+}
+
+/// `husk serve`, or with `node` a cluster's node (`husk node`, see `crate::cluster`).
+pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) -> i32 {
     // The core logs sandbox lifecycle events (timeouts, agents gone) with `tracing`; to
     // stderr, at `info` unless HUSK_LOG says otherwise (e.g. HUSK_LOG=debug).
     let filter = tracing_subscriber::EnvFilter::try_from_env("HUSK_LOG")
@@ -431,6 +436,7 @@ pub fn main(args: ServeArgs) -> i32 {
         Ok((listener, watched, runtime)) => {
             let code = runtime.block_on(run(
                 args,
+                node,
                 store,
                 Helpers {
                     spawner: spawner.clone(),
@@ -512,14 +518,30 @@ struct Helpers {
 
 async fn run(
     args: ServeArgs,
+    node: Option<crate::cluster::NodeSettings>,
     store: Arc<Store>,
     helpers: Helpers,
     listener: std::net::TcpListener,
     default_policy: husk_net::NetPolicy,
-    config: Config,
+    mut config: Config,
 ) -> i32 {
     // First of all: a stop asked for from now on waits for the server to have started.
     let signals = stop_signals();
+    // A node registers before it makes any sandbox: their ids begin with its code.
+    let port = listener.local_addr().map_or(0, |a| a.port());
+    let node = node.map(|n| Arc::new(n.with_port(port)));
+    if let Some(node) = &node {
+        match crate::cluster::register(&store, node) {
+            Ok(code) => {
+                eprintln!(
+                    "husk: node registered (code {code}, reached at {}, capacity {})",
+                    node.url, node.capacity
+                );
+                config.id_prefix = code;
+            }
+            Err(e) => return fail(e),
+        }
+    }
     let Helpers {
         spawner,
         network,
@@ -629,17 +651,30 @@ async fn run(
             per_team: args.max_transfers_per_team.max(1),
             total: args.max_transfers.max(1),
         });
+    let state = match &node {
+        Some(node) => {
+            crate::cluster::spawn_heartbeat(manager.store_arc(), manager.clone(), node.clone());
+            state.with_cluster(node.token.clone())
+        }
+        None => state,
+    };
     tokio::spawn(prune_records(manager.store_arc(), args.record_retention));
     manager.spawn_metrics_sampler();
     manager.spawn_paused_expiry();
     manager.spawn_pools();
     let shutdown_manager = manager.clone();
+    let drain_store = node.as_ref().map(|_| manager.store_arc());
     let destroy_on_exit = args.destroy_on_exit;
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failed_in_stop = failed.clone();
     let shutdown = async move {
         tokio::select! {
-            _ = wait_for_stop(signals) => {}
+            _ = wait_for_stop(signals) => {
+                if let Some(store) = &drain_store {
+                    let store = store.clone();
+                    let _ = tokio::task::spawn_blocking(move || crate::cluster::drain(&store)).await;
+                }
+            }
             gone = helper_exited(helpers) => {
                 // Without it the server cannot go on (its sandboxes, its state or its network
                 // are gone): stop, and say so, so that a service manager restarts husk.
@@ -812,7 +847,7 @@ fn time_duration(d: std::time::Duration) -> husk_core::store::TimeDuration {
 /// SIGTERM and SIGINT, caught from the moment this is made: a stop asked for while the
 /// server is still starting (taking sandboxes up) is an orderly stop once it has started, never
 /// the signal's default action.
-fn stop_signals() -> Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
+pub(crate) fn stop_signals() -> Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),
@@ -825,7 +860,7 @@ fn stop_signals() -> Option<(tokio::signal::unix::Signal, tokio::signal::unix::S
     }
 }
 
-async fn wait_for_stop(
+pub(crate) async fn wait_for_stop(
     signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
 ) {
     let Some((mut term, mut int)) = signals else {

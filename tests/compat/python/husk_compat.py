@@ -298,12 +298,17 @@ def start_server(
     state_dir: Optional[Path] = None,
     keep: bool = False,
     database_url: Optional[str] = None,
+    command: str = "serve",
+    env_extra: Optional[Dict[str, str]] = None,
+    admin_key: Optional[str] = None,
 ) -> HuskServer:
     """A new server; with `state_dir`, on an earlier server's state (a restart), which the
     returned server's close() removes as its own. Its sandboxes end when it stops
     (`--destroy-on-exit`), unless `keep`: then they outlive it, as by default, for the next
     server on the same state directory to take up. With `database_url`, its state is in that
-    PostgreSQL database (else see HUSK_COMPAT_STORE)."""
+    PostgreSQL database (else see HUSK_COMPAT_STORE). `command` is `serve` or `node` (a
+    cluster's node, with `env_extra` naming it); `admin_key`: the key to use when the server
+    makes none (a database that has keys already)."""
     binary = husk_binary()
     if not keep:
         extra_args = (*extra_args, "--destroy-on-exit")
@@ -319,10 +324,11 @@ def start_server(
     if database_url:
         env["HUSK_DATABASE_URL"] = database_url
         env["HUSK_NODE_NAME"] = COMPAT_NODE
+    env.update(env_extra or {})
     log = open(log_path, "wb")
     try:
         proc = subprocess.Popen(
-            [str(binary), "serve", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), *extra_args],
+            [str(binary), command, "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), *extra_args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -348,10 +354,11 @@ def start_server(
         return None
 
     try:
-        port = wait_for(listening, startup_timeout, "husk serve to log 'listening on'", 0.05)
-        key_file = state_dir / "admin.key"
-        wait_for(lambda: key_file.is_file() and key_file.read_text().strip(), 10, "admin.key")
-        admin_key = key_file.read_text().strip()
+        port = wait_for(listening, startup_timeout, f"husk {command} to log 'listening on'", 0.05)
+        if admin_key is None:
+            key_file = state_dir / "admin.key"
+            wait_for(lambda: key_file.is_file() and key_file.read_text().strip(), 10, "admin.key")
+            admin_key = key_file.read_text().strip()
         if not KEY_RE.match(admin_key):
             raise RuntimeError(f"admin.key holds {admin_key!r}, not e2b_<40 hex>")
     except BaseException:

@@ -32,7 +32,23 @@ const CA_ENV: [&str; 3] = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA
 
 /// A new sandbox id: 20 characters of `[a-z0-9]` (what clients' routing expects).
 pub fn new_sandbox_id() -> Result<String, CoreError> {
-    random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", 20)
+    random_string(b"abcdefghijklmnopqrstuvwxyz0123456789", ID_LEN)
+}
+
+/// Sandbox ids' length, E2B's.
+const ID_LEN: usize = 20;
+
+impl Manager {
+    /// A new sandbox id: this server's prefix (a cluster node's code), then random
+    /// characters, 20 in all.
+    pub fn new_id(&self) -> Result<String, CoreError> {
+        let prefix = &self.config.id_prefix;
+        let tail = random_string(
+            b"abcdefghijklmnopqrstuvwxyz0123456789",
+            ID_LEN.saturating_sub(prefix.len()).max(16),
+        )?;
+        Ok(format!("{prefix}{tail}"))
+    }
 }
 
 /// Who a sandbox that is booted again is (a resume from disk): its id, credentials, start and
@@ -172,7 +188,7 @@ impl Manager {
         } = given;
         let id = match &identity {
             Some(i) => i.id.clone(),
-            None => new_sandbox_id()?,
+            None => self.new_id()?,
         };
         let policy = self.request_policy(req.network.as_ref())?;
         let own = identity.as_ref().map(|i| crate::saved_layers::LayerRef {

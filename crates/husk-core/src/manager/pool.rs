@@ -592,7 +592,7 @@ impl Manager {
             mounts,
             rules,
         } = given;
-        let id = new_sandbox_id()?;
+        let id = self.new_id()?;
         let policy = self.request_policy(req.network.as_ref())?;
         let agent = booted.agent.clone();
         // Until its supervisor sets its own backstop, it waits for a server like any other.

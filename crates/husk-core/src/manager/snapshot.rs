@@ -453,7 +453,7 @@ impl Manager {
                 sb.origin.layers.len()
             )));
         }
-        let snap_id = super::new_sandbox_id()?;
+        let snap_id = self.new_id()?;
         let captured = {
             let _transition = sb.transition.lock().await;
             if sb.is_paused()

@@ -116,6 +116,27 @@ impl Manager {
         true
     }
 
+    /// A cluster node declared lost while it still ran (it was cut off from the database
+    /// for too long): a gateway has told the teams its sandboxes are lost and freed their
+    /// quota, so those must not run on. Destroys each whose record says lost; how many.
+    pub async fn end_declared_lost(&self) -> usize {
+        let ids: Vec<String> = read(&self.sandboxes).keys().cloned().collect();
+        let mut ended = 0;
+        for id in ids {
+            let lost = match self.store.lost_sandboxes(None, Some(&id)) {
+                Ok(l) => !l.is_empty(),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %crate::error_chain(&e), "cannot tell whether a sandbox was declared lost");
+                    false
+                }
+            };
+            if lost && self.remove_as(&id, true, Some(NODE_DECLARED_LOST)).await {
+                ended += 1;
+            }
+        }
+        ended
+    }
+
     /// Server shutdown: sandboxes paused in place are saved to disk, every other one is
     /// destroyed and listed as lost. Sandboxes paused to disk stay as they are, for the next
     /// server.
@@ -131,3 +152,7 @@ impl Manager {
         }
     }
 }
+
+/// Why the sandboxes of a node that was declared lost while it ran were ended.
+pub const NODE_DECLARED_LOST: &str =
+    "its node was cut off from the cluster for too long and was declared lost";

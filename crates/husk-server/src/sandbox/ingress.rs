@@ -229,7 +229,7 @@ async fn connect(
 }
 
 /// The protocol an `Upgrade` request asks for, when it is one (`Connection: upgrade` too).
-fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
     let asks = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -241,7 +241,7 @@ fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// Removes the hop-by-hop headers and those the `Connection` header names.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

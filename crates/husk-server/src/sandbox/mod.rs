@@ -10,7 +10,7 @@
 
 mod files;
 mod filesystem;
-mod ingress;
+pub(crate) mod ingress;
 pub(crate) mod interpreter;
 mod process;
 mod rpc;

@@ -1,0 +1,479 @@
+//! `husk gateway`: the cluster's E2B endpoint. Stateless; any number run behind one address.
+//!
+//! It authenticates each REST request's API key against the shared database and passes the
+//! caller on to a node as the node API's headers (`crate::cluster`), with the cluster token.
+//! A create claims a place in the team's quota across the cluster (one statement, see
+//! `store/postgres/cluster.rs`), goes to a node chosen by load (`nodes.rs`), and gives the
+//! place back once the node answers (its sandbox counts by then). Everything about one
+//! sandbox, the REST calls and the in-sandbox API, ingress and the code interpreter alike,
+//! goes to the node whose code begins the sandbox's id, found in memory: no database read on
+//! that path, which keeps working while the database is away. Listing asks every node and
+//! merges. The gateway also sweeps the nodes (one gateway at a time, under a lock in the
+//! database): a node silent for [`LOST_AFTER`] is lost, its sandboxes with it.
+
+mod db;
+mod list;
+mod nodes;
+pub mod proxy;
+pub mod routes;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use husk_core::manager::CoreError;
+use husk_core::store::{Principal, Store};
+use tokio::net::TcpListener;
+
+pub use db::Db;
+pub use nodes::Nodes;
+
+use crate::cluster::ClusterToken;
+use crate::error::ApiError;
+use proxy::{Client, ProxyError};
+use routes::Route;
+
+/// How often the gateway reads the nodes from the database.
+pub const REFRESH: Duration = Duration::from_millis(500);
+/// How often a gateway sweeps for silent nodes.
+pub const SWEEP: Duration = Duration::from_secs(1);
+/// A node silent this long is lost (it beats every second).
+pub const LOST_AFTER: Duration = Duration::from_secs(10);
+/// How long a create's place in its team's quota is held at most: a gateway that dies
+/// mid-create frees it then. Longer than any create (a template's start command included).
+pub const CLAIM_TTL: Duration = Duration::from_secs(120);
+/// Largest create request read (its body is kept to try another node).
+pub const MAX_CREATE_BODY: usize = 1 << 20;
+/// How many nodes a create tries when they cannot be reached.
+const CREATE_ATTEMPTS: usize = 3;
+
+/// What a gateway is told at start.
+pub struct GatewayConfig {
+    pub token: ClusterToken,
+    /// A team's quota when the database has none for it (`husk serve --max-sandboxes`).
+    pub default_quota: u32,
+}
+
+/// One gateway.
+pub struct Gateway {
+    db: Db,
+    nodes: Nodes,
+    client: Client,
+    config: GatewayConfig,
+}
+
+impl Gateway {
+    /// A gateway on `store` (PostgreSQL), serving calls on as many threads as the store has
+    /// connections.
+    pub fn new(store: Arc<Store>, config: GatewayConfig) -> std::io::Result<Arc<Gateway>> {
+        let threads = husk_core::store::postgres::POOL_SIZE as usize;
+        Ok(Arc::new(Gateway {
+            db: Db::start(store, threads)?,
+            nodes: Nodes::default(),
+            client: proxy::client(),
+            config,
+        }))
+    }
+
+    /// Reads the nodes now (at start, before serving).
+    pub async fn refresh(&self) -> Result<usize, husk_core::store::StoreError> {
+        let rows = self.db.call(|s| s.nodes()).await?;
+        let n = rows.len();
+        self.nodes.refresh(rows);
+        Ok(n)
+    }
+
+    /// Keeps the picture of the nodes fresh and sweeps for lost ones, until the runtime ends.
+    pub fn spawn_background(self: &Arc<Self>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REFRESH);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = this.refresh().await {
+                    // The last picture stays: routing goes on, creates fail on the database.
+                    tracing::debug!(error = %husk_core::error_chain(&e), "reading the nodes failed");
+                }
+            }
+        });
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match this.db.call(|s| s.reap_nodes(LOST_AFTER)).await {
+                    Ok(reaped) => {
+                        for r in reaped {
+                            tracing::warn!(
+                                node = %r.node,
+                                sandboxes = r.sandboxes,
+                                "node silent for {}s: declared lost with its sandboxes",
+                                LOST_AFTER.as_secs()
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %husk_core::error_chain(&e), "sweeping the nodes failed")
+                    }
+                }
+            }
+        });
+    }
+
+    /// The caller of a REST request: `None` when it sent no key (the node then answers as
+    /// for a request without one, or by the request's own credential: a volume's token).
+    async fn caller(&self, headers: &axum::http::HeaderMap) -> Result<Option<Principal>, Response> {
+        let Some(key) = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .filter(|k| !k.is_empty())
+        else {
+            return Ok(None);
+        };
+        let key = key.to_owned();
+        let checked = self.db.call(move |s| s.check_key(&key)).await;
+        crate::rest::key_checked(checked).map(Some)
+    }
+
+    async fn handle(self: Arc<Self>, mut req: Request<Body>) -> Response {
+        // Nothing a client sends may pass for the gateway's word.
+        crate::cluster::strip(req.headers_mut());
+        if let Some(target) = crate::app::sandbox_target(&req) {
+            return self.to_sandbox(&target.id, req, None).await;
+        }
+        let path = req.uri().path().to_owned();
+        if path == "/health" {
+            return StatusCode::OK.into_response();
+        }
+        let who = match self.caller(req.headers()).await {
+            Ok(who) => who,
+            Err(refused) => return refused,
+        };
+        if path == "/husk/v1/cluster/nodes" {
+            return self.list_nodes(who.as_ref()).await;
+        }
+        match routes::route(req.method(), &path) {
+            Route::Create => match who {
+                Some(who) => self.create(who, req).await,
+                None => crate::rest::missing_key(),
+            },
+            Route::List { paged } => match who {
+                Some(who) => list::fan_out(&self, &who, req, paged).await,
+                None => crate::rest::missing_key(),
+            },
+            Route::Sandbox(id) => self.to_sandbox(&id, req, who.as_ref()).await,
+            // Every template request goes to one node (builds happen there; see design §19).
+            Route::Template(_) => {
+                let node = self.nodes.for_key("templates");
+                self.to_any(node, req, who.as_ref()).await
+            }
+            Route::Any => {
+                let key = getrandom::u64().unwrap_or(0).to_string();
+                let node = self.nodes.for_key(&key);
+                self.to_any(node, req, who.as_ref()).await
+            }
+        }
+    }
+
+    /// A request about sandbox `id`: to its node. A REST read whose node does not answer
+    /// goes to another, which answers from the shared records (a lost sandbox's).
+    async fn to_sandbox(&self, id: &str, req: Request<Body>, who: Option<&Principal>) -> Response {
+        let node = routes::code_of(id).and_then(|c| self.nodes.by_code(c));
+        let Some(node) = node else {
+            return not_found(id);
+        };
+        let retry = (who.is_some() && req.method() == Method::GET)
+            .then(|| clone_bodiless(&req))
+            .flatten();
+        match proxy::send(&self.client, &self.config.token, &node.row.url, req, who).await {
+            Ok(resp) => resp,
+            Err(ProxyError::Connect(e)) => {
+                tracing::debug!(node = %node.row.name, error = %e, "node not answering");
+                let other = self
+                    .nodes
+                    .serving()
+                    .into_iter()
+                    .find(|n| n.row.code != node.row.code);
+                match (retry, other) {
+                    (Some(req), Some(other)) => {
+                        proxy::send(&self.client, &self.config.token, &other.row.url, req, who)
+                            .await
+                            .unwrap_or_else(|e| unreachable_node(&other.row.name, id, &e))
+                    }
+                    _ => unreachable_node(&node.row.name, id, &ProxyError::Connect(e)),
+                }
+            }
+            Err(e) => unreachable_node(&node.row.name, id, &e),
+        }
+    }
+
+    /// A request any node answers (one that may be tried again elsewhere if it could not
+    /// connect, when it has no body).
+    async fn to_any(
+        &self,
+        node: Option<Arc<nodes::Node>>,
+        req: Request<Body>,
+        who: Option<&Principal>,
+    ) -> Response {
+        let Some(node) = node else {
+            return no_nodes();
+        };
+        let retry = clone_bodiless(&req);
+        match proxy::send(&self.client, &self.config.token, &node.row.url, req, who).await {
+            Ok(resp) => resp,
+            Err(ProxyError::Connect(_)) if retry.is_some() => {
+                let other = self
+                    .nodes
+                    .serving()
+                    .into_iter()
+                    .find(|n| n.row.code != node.row.code);
+                match (retry, other) {
+                    (Some(req), Some(other)) => {
+                        proxy::send(&self.client, &self.config.token, &other.row.url, req, who)
+                            .await
+                            .unwrap_or_else(|e| node_failed(&other.row.name, &e))
+                    }
+                    _ => no_nodes(),
+                }
+            }
+            Err(e) => node_failed(&node.row.name, &e),
+        }
+    }
+
+    /// A create: a place in the team's quota across the cluster, then a node.
+    async fn create(&self, who: Principal, req: Request<Body>) -> Response {
+        let (parts, body) = req.into_parts();
+        let body = match read_bounded(body, MAX_CREATE_BODY).await {
+            Ok(b) => b,
+            Err(refused) => return refused,
+        };
+        let team = who.team.clone();
+        let default = self.config.default_quota;
+        let claimed = self
+            .db
+            .call(move |s| {
+                let limit = s.team_quota(&team)?.unwrap_or(default);
+                Ok((limit, s.claim_quota(&team, limit, CLAIM_TTL)?))
+            })
+            .await;
+        let claim = match claimed {
+            Ok((_, Some(claim))) => claim,
+            Ok((limit, None)) => {
+                return ApiError::from(CoreError::QuotaExceeded {
+                    team: who.team.clone(),
+                    limit,
+                })
+                .into_response()
+            }
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        // A sandbox from a snapshot starts where the snapshot's files are: the node whose
+        // code begins the snapshot's id.
+        let pinned = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("templateID")?.as_str().map(str::to_owned))
+            .and_then(|t| routes::code_of(&t).and_then(|c| self.nodes.by_code(c)));
+        let mut tried: Vec<String> = Vec::new();
+        let resp = if let Some(node) = pinned {
+            let mut req = Request::from_parts(clone_parts(&parts), Body::from(body.clone()));
+            *req.extensions_mut() = parts.extensions.clone();
+            proxy::send(
+                &self.client,
+                &self.config.token,
+                &node.row.url,
+                req,
+                Some(&who),
+            )
+            .await
+            .unwrap_or_else(|e| node_failed(&node.row.name, &e))
+        } else {
+            loop {
+                let Some(placed) = self.nodes.place(&tried, || getrandom::u64().unwrap_or(0))
+                else {
+                    break no_capacity();
+                };
+                let mut req = Request::from_parts(clone_parts(&parts), Body::from(body.clone()));
+                *req.extensions_mut() = parts.extensions.clone();
+                let url = placed.node.row.url.clone();
+                match proxy::send(&self.client, &self.config.token, &url, req, Some(&who)).await {
+                    Ok(resp) => break resp,
+                    Err(ProxyError::Connect(e)) if tried.len() + 1 < CREATE_ATTEMPTS => {
+                        tracing::warn!(node = %placed.node.row.name, error = %e, "node not answering; placing the create elsewhere");
+                        tried.push(placed.node.row.code.clone());
+                    }
+                    Err(e) => break node_failed(&placed.node.row.name, &e),
+                }
+            }
+        };
+        // The sandbox is recorded by now (or the create failed): the place is given back.
+        // If this fails the place expires with its claim.
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            if let Err(e) = db.call(move |s| s.release_quota(claim)).await {
+                tracing::debug!(error = %husk_core::error_chain(&e), "giving back a quota place failed");
+            }
+        });
+        resp
+    }
+
+    /// The nodes as this gateway sees them (admin keys only).
+    async fn list_nodes(&self, who: Option<&Principal>) -> Response {
+        match who {
+            None => return crate::rest::missing_key(),
+            Some(w) if !w.admin => {
+                return ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "listing the nodes needs an admin key",
+                )
+                .into_response()
+            }
+            Some(_) => {}
+        }
+        let rows = match self.db.call(|s| s.nodes()).await {
+            Ok(rows) => rows,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        let list: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "name": n.name,
+                    "code": n.code,
+                    "url": n.url,
+                    "state": n.state.as_str(),
+                    "capacity": n.capacity,
+                    "live": n.load.live,
+                    "templates": n.load.templates,
+                    "silentForMs": n.silent_for.as_millis() as u64,
+                })
+            })
+            .collect();
+        axum::Json(list).into_response()
+    }
+}
+
+fn clone_parts(parts: &axum::http::request::Parts) -> axum::http::request::Parts {
+    let mut b = Request::builder()
+        .method(parts.method.clone())
+        .uri(parts.uri.clone())
+        .version(parts.version);
+    if let Some(h) = b.headers_mut() {
+        *h = parts.headers.clone();
+    }
+    b.body(())
+        .map(|r| r.into_parts().0)
+        .unwrap_or_else(|_| Request::new(()).into_parts().0)
+}
+
+/// A copy of a request without a body (to send again elsewhere), `None` if it has one.
+fn clone_bodiless(req: &Request<Body>) -> Option<Request<Body>> {
+    if !http_body::Body::is_end_stream(req.body()) {
+        return None;
+    }
+    let mut b = Request::builder()
+        .method(req.method().clone())
+        .uri(req.uri().clone())
+        .version(req.version());
+    if let Some(h) = b.headers_mut() {
+        *h = req.headers().clone();
+    }
+    b.body(Body::empty()).ok()
+}
+
+/// A body read whole, at most `max` bytes (413 beyond).
+async fn read_bounded(body: Body, max: usize) -> Result<bytes::Bytes, Response> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => {
+            let status = if e.is::<http_body_util::LengthLimitError>() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            Err(ApiError::new(status, format!("reading the request body: {e}")).into_response())
+        }
+    }
+}
+
+fn not_found(id: &str) -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")).into_response()
+}
+
+fn no_nodes() -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no node of the cluster is answering; retry shortly",
+    )
+    .retry_after(1)
+    .into_response()
+}
+
+fn no_capacity() -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no node of the cluster can take a sandbox now (all are full, draining or not \
+         answering); retry shortly",
+    )
+    .retry_after(1)
+    .into_response()
+}
+
+fn unreachable_node(node: &str, id: &str, e: &ProxyError) -> Response {
+    tracing::warn!(node, sandbox = id, error = %e, "node not answering");
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        format!("the node holding sandbox {id} is not answering; retry shortly"),
+    )
+    .retry_after(1)
+    .into_response()
+}
+
+fn node_failed(node: &str, e: &ProxyError) -> Response {
+    tracing::warn!(node, error = %e, "request to a node failed");
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "the node serving this request failed to answer; retry shortly",
+    )
+    .retry_after(1)
+    .into_response()
+}
+
+/// The gateway's HTTP service.
+pub fn service(
+    gateway: Arc<Gateway>,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = Response,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response, Infallible>> + Send,
+> + Clone
+       + Send {
+    tower::service_fn(move |req: Request<Body>| {
+        let gateway = gateway.clone();
+        async move {
+            let mut resp = gateway.handle(req).await;
+            resp.headers_mut()
+                .entry(header::SERVER)
+                .or_insert(HeaderValue::from_static("husk"));
+            Ok(resp)
+        }
+    })
+}
+
+/// Serves until `shutdown` resolves, under `limits` (see [`crate::listener`]).
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    limits: crate::listener::ConnLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    crate::listener::serve(listener, service(gateway), limits, shutdown).await
+}

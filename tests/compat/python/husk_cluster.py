@@ -1,0 +1,183 @@
+"""A husk cluster on this machine, for the tests: a private PostgreSQL (husk_postgres), N
+`husk node`s with state directories of their own, and M `husk gateway`s, all on free loopback
+ports, sharing one cluster token and one master key. The SDKs talk to a gateway exactly as to
+`husk serve` (`opts(gateway)`)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from husk_compat import (
+    LISTEN_RE,
+    HuskServer,
+    _pdeathsig_term,
+    http_request,
+    husk_binary,
+    start_server,
+    wait_for,
+)
+from husk_postgres import PostgresServer
+
+
+@dataclass
+class Gateway:
+    proc: subprocess.Popen
+    port: int
+    url: str
+    log_path: Path
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return "<no gateway log>"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 30) -> Optional[int]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+
+class Cluster:
+    def __init__(self, pg: PostgresServer, nodes: int = 3, gateways: int = 2,
+                 node_args: tuple = ()) -> None:
+        self.pg = pg
+        self.bin = husk_binary()
+        self.database_url = pg.create_database()
+        self.dir = Path(tempfile.mkdtemp(prefix="husk-cluster-"))
+        self.token_file = self.dir / "cluster-token"
+        self.token_file.write_text(secrets.token_hex(32) + "\n")
+        os.chmod(self.token_file, 0o600)
+        self.master_key = self.dir / "master.key"
+        self.node_args = node_args
+        self.nodes: List[HuskServer] = []
+        self.node_names: List[str] = []
+        self.gateways: List[Gateway] = []
+        self.admin_key: Optional[str] = None
+        try:
+            for i in range(nodes):
+                self.add_node()
+            for _ in range(gateways):
+                self.add_gateway()
+        except BaseException:
+            self.close()
+            raise
+
+    def node_env(self, name: str) -> dict:
+        return {
+            "HUSK_NODE_NAME": name,
+            "HUSK_CLUSTER_TOKEN_FILE": str(self.token_file),
+            "HUSK_ADVERTISE_URL": "http://127.0.0.1",
+        }
+
+    def add_node(self) -> HuskServer:
+        name = f"node-{len(self.node_names) + 1}"
+        node = start_server(
+            command="node",
+            database_url=self.database_url,
+            env_extra=self.node_env(name),
+            extra_args=("--master-key", str(self.master_key), *self.node_args),
+            admin_key=self.admin_key,
+        )
+        # The first node on a fresh database makes the admin key; the others find keys.
+        self.admin_key = self.admin_key or node.admin_key
+        self.nodes.append(node)
+        self.node_names.append(name)
+        return node
+
+    def add_gateway(self) -> Gateway:
+        log_path = self.dir / f"gateway-{len(self.gateways) + 1}.log"
+        env = dict(os.environ)
+        env["HUSK_DATABASE_URL"] = self.database_url
+        env["HUSK_CLUSTER_TOKEN_FILE"] = str(self.token_file)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [str(self.bin), "gateway", "--listen", "127.0.0.1:0"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                preexec_fn=_pdeathsig_term,
+            )
+
+        def listening() -> Optional[int]:
+            m = LISTEN_RE.search(log_path.read_bytes())
+            if m:
+                return int(m.group(1))
+            if proc.poll() is not None:
+                raise RuntimeError(f"husk gateway exited with {proc.returncode}:\n"
+                                   + log_path.read_bytes()[-3000:].decode(errors="replace"))
+            return None
+
+        try:
+            port = wait_for(listening, 30, "husk gateway to log 'listening on'", 0.05)
+        except BaseException:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
+        gw = Gateway(proc=proc, port=port, url=f"http://127.0.0.1:{port}", log_path=log_path)
+        self.gateways.append(gw)
+        return gw
+
+    def opts(self, gateway: int = 0, api_key: Optional[str] = None, **extra) -> dict:
+        """SDK connection kwargs for a gateway."""
+        url = self.gateways[gateway].url
+        return dict(api_url=url, sandbox_url=url, api_key=api_key or self.admin_key,
+                    request_timeout=30, **extra)
+
+    def nodes_listed(self, gateway: int = 0) -> list:
+        """GET /husk/v1/cluster/nodes (admin)."""
+        resp = http_request(self.gateways[gateway].port, "GET", "/husk/v1/cluster/nodes",
+                            headers={"X-API-Key": self.admin_key})
+        assert resp.status == 200, (resp.status, resp.body)
+        return resp.json()
+
+    def code_of(self, node_index: int) -> str:
+        name = self.node_names[node_index]
+        return next(n["code"] for n in self.nodes_listed() if n["name"] == name)
+
+    def husk(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """A `husk` CLI command on the cluster's database."""
+        env = dict(os.environ)
+        env["HUSK_DATABASE_URL"] = self.database_url
+        env["HUSK_NODE_NAME"] = "cli"
+        out = subprocess.run([str(self.bin), *args], capture_output=True, timeout=60, env=env)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"husk {' '.join(args)} failed: {out.stderr.decode(errors='replace')}")
+        return out
+
+    def create_key(self, team: str) -> str:
+        return self.husk("key", "create", "--team", team).stdout.decode().strip()
+
+    def set_quota(self, team: str, limit: int) -> None:
+        self.husk("key", "quota", "--team", team, str(limit))
+
+    def logs(self) -> str:
+        parts = [f"--- gateway {i + 1}\n{g.log_tail(2000)}" for i, g in enumerate(self.gateways)]
+        parts += [f"--- {self.node_names[i]}\n{n.log_tail(2000)}" for i, n in enumerate(self.nodes)]
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        for gw in self.gateways:
+            gw.stop()
+        for node in self.nodes:
+            try:
+                node.close()
+            except Exception:  # noqa: BLE001 - closing the rest matters more
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
