@@ -106,8 +106,19 @@ impl Gateway {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(SWEEP);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Nodes beat through the same database: after this gateway could not reach it,
+            // they may not have either, so none is judged until it has been reachable for
+            // LOST_AFTER (a database restart loses no node).
+            let mut reachable_since = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
+                if reachable_since.elapsed() < LOST_AFTER {
+                    if let Err(e) = this.db.call(|s| s.nodes().map(drop)).await {
+                        tracing::debug!(error = %husk_core::error_chain(&e), "the database is away");
+                        reachable_since = tokio::time::Instant::now();
+                    }
+                    continue;
+                }
                 match this.db.call(|s| s.reap_nodes(LOST_AFTER)).await {
                     Ok(reaped) => {
                         for r in reaped {
@@ -120,7 +131,8 @@ impl Gateway {
                         }
                     }
                     Err(e) => {
-                        tracing::debug!(error = %husk_core::error_chain(&e), "sweeping the nodes failed")
+                        tracing::debug!(error = %husk_core::error_chain(&e), "sweeping the nodes failed");
+                        reachable_since = tokio::time::Instant::now();
                     }
                 }
             }
@@ -150,7 +162,7 @@ impl Gateway {
         }
         let path = req.uri().path().to_owned();
         if path == "/health" {
-            return StatusCode::OK.into_response();
+            return StatusCode::NO_CONTENT.into_response();
         }
         let who = match self.caller(req.headers()).await {
             Ok(who) => who,

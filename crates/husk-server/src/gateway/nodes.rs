@@ -3,9 +3,9 @@
 //! database (and keeps working while the database is away). Placement picks among the
 //! nodes that are ready, recently heard from and below their capacity.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use husk_core::store::cluster::{NodeRow, NodeState};
@@ -13,18 +13,41 @@ use husk_core::store::cluster::{NodeRow, NodeState};
 /// A node not heard from for this long gets no creates (its heartbeat is every second).
 pub const FRESH: Duration = Duration::from_secs(3);
 
+/// How long a create this gateway placed counts in its node's load on top of what the node
+/// reports: until a heartbeat (every second) has counted it and the gateway read that (every
+/// half second). It counts twice meanwhile, which only errs towards spreading.
+pub const RECENT: Duration = Duration::from_millis(1500);
+
 /// A node as this gateway knows it.
 #[derive(Debug)]
 pub struct Node {
     pub row: NodeRow,
-    /// Creates this gateway sent it that its heartbeat may not count yet.
+    /// Creates this gateway sent it that have not been answered yet.
     inflight: Arc<AtomicU32>,
+    /// When this gateway placed its latest creates there (within [`RECENT`]).
+    recent: Arc<Mutex<VecDeque<Instant>>>,
 }
 
 impl Node {
     /// Sandboxes it has or is about to have, as far as this gateway knows.
     fn load(&self) -> u64 {
-        u64::from(self.row.load.live) + u64::from(self.inflight.load(Ordering::Relaxed))
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        while recent.front().is_some_and(|t| t.elapsed() > RECENT) {
+            recent.pop_front();
+        }
+        u64::from(self.row.load.live)
+            + u64::from(self.inflight.load(Ordering::Relaxed))
+            + recent.len() as u64
+    }
+
+    fn placed(&self) {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.push_back(Instant::now());
+        // Bounded by what a gateway places in RECENT; a cap keeps a burst from growing it.
+        if recent.len() > 100_000 {
+            recent.pop_front();
+        }
     }
 }
 
@@ -77,12 +100,16 @@ impl Nodes {
         let nodes: Vec<Arc<Node>> = rows
             .into_iter()
             .map(|row| {
-                let inflight = old
+                let (inflight, recent) = old
                     .by_code
                     .get(&row.code)
-                    .map(|n| n.inflight.clone())
+                    .map(|n| (n.inflight.clone(), n.recent.clone()))
                     .unwrap_or_default();
-                Arc::new(Node { row, inflight })
+                Arc::new(Node {
+                    row,
+                    inflight,
+                    recent,
+                })
             })
             .collect();
         let by_code = nodes
@@ -134,7 +161,7 @@ impl Nodes {
     /// gateway sending its creates to the same one between heartbeats.
     pub fn place(&self, except: &[String], random: impl FnMut() -> u64) -> Option<Placed> {
         let node = choose(&self.candidates(except), random)?;
-        node.inflight.fetch_add(1, Ordering::Relaxed);
+        node.placed();
         Some(Placed { node })
     }
 
@@ -223,11 +250,14 @@ mod tests {
             row("e", "eeee", NodeState::Ready, 2, 2),
         ]);
         let mut random = rng(7);
-        for _ in 0..50 {
+        // Left out (it just failed): nothing else takes creates.
+        assert!(nodes.place(&["aaaa".into()], &mut random).is_none());
+        // Seven places left on "a" (3 of 10 live); each placed create counts at once.
+        for _ in 0..7 {
             let p = nodes.place(&[], &mut random).expect("a node");
             assert_eq!(p.node.row.name, "a");
         }
-        assert!(nodes.place(&["aaaa".into()], &mut random).is_none());
+        assert!(nodes.place(&[], &mut random).is_none(), "a is full");
         // Lost nodes still route (they may come back), but are not among those serving.
         assert!(nodes.by_code("cccc").is_some());
         let serving: Vec<_> = nodes.serving().iter().map(|n| n.row.name.clone()).collect();
@@ -262,9 +292,31 @@ mod tests {
             row("c", "cccc", NodeState::Ready, 100, 0),
         ]);
         let a = nodes.by_code("aaaa").unwrap();
-        assert_eq!(a.load(), per["a"] as u64);
+        // In flight, and placed recently: counted twice until the heartbeat has it.
+        assert_eq!(a.load(), 2 * per["a"] as u64);
         drop(held);
-        assert_eq!(a.load(), 0);
+        assert_eq!(a.load(), per["a"] as u64);
+    }
+
+    #[test]
+    fn creates_one_after_another_spread_before_any_heartbeat() {
+        let nodes = Nodes::default();
+        nodes.refresh(vec![
+            row("a", "aaaa", NodeState::Ready, 100, 0),
+            row("b", "bbbb", NodeState::Ready, 100, 0),
+            row("c", "cccc", NodeState::Ready, 100, 0),
+        ]);
+        let mut random = rng(3);
+        let mut per: HashMap<String, usize> = HashMap::new();
+        for _ in 0..12 {
+            // Each answered at once: nothing stays in flight.
+            let p = nodes.place(&[], &mut random).expect("a node");
+            *per.entry(p.node.row.name.clone()).or_default() += 1;
+        }
+        for name in ["a", "b", "c"] {
+            let n = per.get(name).copied().unwrap_or(0);
+            assert!((2..=6).contains(&n), "{per:?}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub enum Route {
 pub fn route(method: &Method, path: &str) -> Route {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match segs.as_slice() {
-        ["sandboxes"] if method == Method::POST => Route::Create,
+        ["sandboxes"] | ["v2", "sandboxes"] if method == Method::POST => Route::Create,
         ["sandboxes"] if method == Method::GET => Route::List { paged: false },
         ["v2", "sandboxes"] if method == Method::GET => Route::List { paged: true },
         ["sandboxes", id, ..]
@@ -71,6 +71,8 @@ mod tests {
         let id = "ab12cdefghijklmnopqr";
         let r = |m: Method, p: &str| route(&m, p);
         assert_eq!(r(Method::POST, "/sandboxes"), Route::Create);
+        // What the SDKs send.
+        assert_eq!(r(Method::POST, "/v2/sandboxes"), Route::Create);
         assert_eq!(r(Method::GET, "/sandboxes"), Route::List { paged: false });
         assert_eq!(r(Method::GET, "/v2/sandboxes"), Route::List { paged: true });
         for p in [

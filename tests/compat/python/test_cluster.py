@@ -1,0 +1,368 @@
+"""A husk cluster on this machine, through the stock SDK (e2b==2.63.0): PostgreSQL from
+Debian (private, a free loopback port), three `husk node`s with state directories of their
+own, two `husk gateway`s (husk_cluster). Creates spread over the nodes; commands, files, PTYs,
+watches and ingress work through either gateway for a sandbox on any node; a team's quota
+holds across nodes; a secret set once is usable on every node; the node API serves gateways
+only and a client cannot pass for a gateway. Faults, each on a cluster of its own: a node
+killed (SIGKILL) has its sandboxes reported lost within seconds, their quota freed, and later
+creates land elsewhere; a gateway killed is invisible to the other's clients; PostgreSQL
+restarted mid-test loses nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from e2b import PtySize, Sandbox, SandboxQuery
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+from husk_cluster import Cluster
+from husk_compat import http_request, sandbox_headers, unique, wait_for
+from husk_postgres import PostgresServer
+
+
+@pytest.fixture(scope="module")
+def pg():
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(pg):
+    c = Cluster(pg, nodes=3, gateways=2)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def made(cluster):
+    """Sandboxes a test made (by id, with the options to kill them): killed at the end."""
+    ids: dict = {}
+    yield ids
+    for sid, opts in ids.items():
+        try:
+            Sandbox.kill(sid, **opts)
+        except Exception:  # noqa: BLE001 - a killed node's sandboxes cannot be killed
+            pass
+
+
+def create(cluster, made, gateway=0, api_key=None, **kwargs) -> Sandbox:
+    opts = cluster.opts(gateway, api_key)
+    sbx = Sandbox.create(timeout=120, **opts, **kwargs)
+    made[sbx.sandbox_id] = opts
+    return sbx
+
+
+def one_per_node(cluster, made, limit=30, **kwargs) -> dict:
+    """Creates sandboxes until every node holds one: {code: sandbox}."""
+    codes = {cluster.code_of(i) for i in range(len(cluster.nodes))}
+    found: dict = {}
+    for i in range(limit):
+        sbx = create(cluster, made, gateway=i % len(cluster.gateways), **kwargs)
+        found.setdefault(sbx.sandbox_id[:4], sbx)
+        if set(found) >= codes:
+            return found
+    raise AssertionError(f"{limit} creates did not reach every node: {sorted(found)} of {sorted(codes)}")
+
+
+def test_creates_spread_over_the_nodes(cluster, made):
+    codes = {cluster.code_of(i) for i in range(3)}
+    assert len(codes) == 3
+    per: dict = {}
+    for i in range(12):
+        sbx = create(cluster, made, gateway=i % 2)
+        per[sbx.sandbox_id[:4]] = per.get(sbx.sandbox_id[:4], 0) + 1
+        assert len(sbx.sandbox_id) == 20
+    assert set(per) == codes, per
+    # Placement by load: nobody gets most of them.
+    assert max(per.values()) <= 6, per
+    # The nodes report their load within a heartbeat or two.
+    def counted():
+        live = {n["code"]: n["live"] for n in cluster.nodes_listed()}
+        return live if all(live[c] >= per[c] for c in per) else None
+
+    wait_for(counted, 10, "the nodes' heartbeats to count their sandboxes")
+
+
+def test_every_api_works_through_either_gateway_on_every_node(cluster, made):
+    for code, sbx in one_per_node(cluster, made).items():
+        for gw in (0, 1):
+            s = Sandbox.connect(sbx.sandbox_id, **cluster.opts(gw))
+            # Commands, streamed.
+            lines = []
+            r = s.commands.run("for i in 1 2 3; do echo line$i; done", on_stdout=lines.append)
+            assert r.exit_code == 0 and r.stdout == "line1\nline2\nline3\n"
+            # Files.
+            s.files.write(f"/tmp/from-{gw}.txt", f"{code}-{gw}")
+            assert s.files.read(f"/tmp/from-{gw}.txt") == f"{code}-{gw}"
+            names = {e.name for e in s.files.list("/tmp")}
+            assert f"from-{gw}.txt" in names
+            # A PTY.
+            h = s.pty.create(PtySize(rows=24, cols=80), timeout=30)
+            s.pty.send_stdin(h.pid, b"echo pty-$((6*7))\nexit 0\n")
+            out = []
+            assert h.wait(on_pty=out.append).exit_code == 0
+            assert "pty-42" in b"".join(out).decode(errors="replace")
+            # A watch.
+            s.files.make_dir(f"/tmp/w{gw}")
+            handle = s.files.watch_dir(f"/tmp/w{gw}")
+            s.files.write(f"/tmp/w{gw}/f", "x")
+            def seen():
+                evs = handle.get_new_events()
+                return [e for e in evs if e.name == "f" and e.type in (FilesystemEventType.CREATE, FilesystemEventType.WRITE)] or None
+            wait_for(seen, 20, "the watch's event through the gateway")
+            handle.stop()
+
+
+def test_ingress_reaches_a_sandbox_on_any_node(cluster, made):
+    for code, sbx in one_per_node(cluster, made).items():
+        sbx.files.write("/tmp/www/hello.txt", f"hello from {code}\n")
+        sbx.commands.run("python3 -m http.server 8000 --bind 0.0.0.0 --directory /tmp/www",
+                         background=True)
+        for gw in cluster.gateways:
+            def via_host():
+                r = http_request(gw.port, "GET", "/hello.txt",
+                                 headers={"Host": f"8000-{sbx.sandbox_id}.husk.test"})
+                return r if r.status == 200 else None
+            r = wait_for(via_host, 30, f"the sandbox's server on node {code} through a gateway")
+            assert r.body == f"hello from {code}\n".encode()
+            r = http_request(gw.port, "GET", "/hello.txt",
+                             headers=sandbox_headers(sbx.sandbox_id, port=8000))
+            assert r.status == 200 and r.body == f"hello from {code}\n".encode(), r.text
+
+
+def test_the_list_merges_every_node_and_pages(cluster, made):
+    tag = unique("list")
+    ids = {create(cluster, made, gateway=i % 2, metadata={"tag": tag}).sandbox_id for i in range(7)}
+    assert len({i[:4] for i in ids}) >= 2
+    for gw in (0, 1):
+        listed = Sandbox.list(query=SandboxQuery(metadata={"tag": tag}), **cluster.opts(gw)).next_items()
+        assert {s.sandbox_id for s in listed} == ids
+        # Pages of two, in order, each sandbox once.
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"tag": tag}), limit=2, **cluster.opts(gw))
+        seen = []
+        while paginator.has_next:
+            page = paginator.next_items()
+            assert len(page) <= 2
+            seen += [s.sandbox_id for s in page]
+        assert sorted(seen) == sorted(ids) and len(seen) == len(ids)
+        started = [s.started_at for s in Sandbox.list(query=SandboxQuery(metadata={"tag": tag}),
+                                                      **cluster.opts(gw)).next_items()]
+        assert started == sorted(started, reverse=True)
+
+
+def test_a_teams_quota_holds_across_nodes(cluster, made):
+    team = unique("quota").replace("_", "-")
+    key = cluster.create_key(team)
+    cluster.set_quota(team, 3)
+    first = [create(cluster, made, gateway=i % 2, api_key=key) for i in range(3)]
+    assert len({s.sandbox_id[:4] for s in first}) >= 2, "the three should not all be on one node"
+    for gw in (0, 1):
+        with pytest.raises(Exception) as refused:
+            create(cluster, made, gateway=gw, api_key=key)
+        assert "limit of 3" in str(refused.value), refused.value
+    # Concurrent creates at the limit: never more than the quota.
+    first[0].kill()
+    results = []
+    def one(gw):
+        try:
+            results.append(create(cluster, made, gateway=gw, api_key=key).sandbox_id)
+        except Exception as e:  # noqa: BLE001
+            results.append(e)
+    threads = [threading.Thread(target=one, args=(i % 2,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, str) for r in results) == 1, results
+    # Other teams are not counted.
+    create(cluster, made, gateway=1)
+
+
+def test_a_secret_set_once_is_usable_on_every_node(cluster, made):
+    name = unique("TOKEN").replace("-", "_").upper()
+    value = "cluster-secret-5f1e"
+    r = http_request(cluster.gateways[0].port, "PUT", f"/husk/v1/secrets/{name}",
+                     headers={"X-API-Key": cluster.admin_key}, body=value.encode())
+    assert r.status == 204, r.text
+    for code, sbx in one_per_node(cluster, made, envs={"S": f"husk-secret://{name}"}).items():
+        r = sbx.commands.run('test "$S" = "%s" && echo match-%s' % (value, code))
+        assert r.stdout == f"match-{code}\n"
+
+
+def test_only_gateways_reach_a_node_and_nobody_passes_for_one(cluster, made):
+    node = cluster.nodes[0]
+    # The node answers its health probe, and nothing else without the cluster token.
+    assert http_request(node.port, "GET", "/health").status == 204
+    for headers in ({"X-API-Key": cluster.admin_key},
+                    {"X-API-Key": cluster.admin_key, "X-Husk-Cluster-Token": "x" * 64},
+                    {"X-Husk-Team": "default"}):
+        r = http_request(node.port, "GET", "/sandboxes", headers=headers)
+        assert r.status == 401 and "husk node" in r.json()["message"], r.text
+    sbx = create(cluster, made)
+    r = http_request(node.port, "GET", "/files?path=/etc/hostname",
+                     headers=sandbox_headers(sbx.sandbox_id))
+    assert r.status == 401, r.text
+    # Through a gateway, a client's own cluster headers count for nothing.
+    other = cluster.create_key(unique("other").replace("_", "-"))
+    spoof = {"X-API-Key": other, "X-Husk-Team": "default", "X-Husk-Admin": "1",
+             "X-Husk-Cluster-Token": "y" * 64}
+    for gw in cluster.gateways:
+        r = http_request(gw.port, "GET", "/sandboxes", headers=spoof)
+        assert r.status == 200 and r.json() == [], r.text
+        r = http_request(gw.port, "GET", f"/sandboxes/{sbx.sandbox_id}", headers=spoof)
+        assert r.status == 404, r.text
+        r = http_request(gw.port, "DELETE", f"/sandboxes/{sbx.sandbox_id}", headers=spoof)
+        assert r.status == 404, r.text
+        r = http_request(gw.port, "GET", "/sandboxes", headers={"X-Husk-Team": "default"})
+        assert r.status == 401, r.text
+        r = http_request(gw.port, "GET", "/husk/v1/cluster/nodes", headers={"X-API-Key": other})
+        assert r.status == 403, r.text
+    # A sandbox id no node made.
+    r = http_request(cluster.gateways[0].port, "GET", "/sandboxes/zzzzaaaaaaaaaaaaaaaa",
+                     headers={"X-API-Key": cluster.admin_key})
+    assert r.status == 404, r.text
+    assert sbx.is_running()
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults, each on a cluster of its own
+
+
+def test_a_killed_node_is_reported_lost_and_creates_go_elsewhere(pg):
+    c = Cluster(pg, nodes=3, gateways=1)
+    made: dict = {}
+    try:
+        team = unique("lost").replace("_", "-")
+        key = c.create_key(team)
+        c.set_quota(team, 2)
+        victim = c.code_of(2)
+        # Two sandboxes of the team, one on the node about to die.
+        on_victim = None
+        for _ in range(20):
+            sbx = create(c, made, api_key=key)
+            if sbx.sandbox_id[:4] == victim and on_victim is None:
+                on_victim = sbx
+            else:
+                sbx.kill()
+                made.pop(sbx.sandbox_id)
+            if on_victim is not None:
+                break
+        assert on_victim is not None, "no create reached the victim node"
+        other = create(c, made, api_key=key)
+        while other.sandbox_id[:4] == victim:
+            other.kill()
+            made.pop(other.sandbox_id)
+            other = create(c, made, api_key=key)
+        with pytest.raises(Exception, match="limit of 2"):
+            create(c, made, api_key=key)
+
+        c.nodes[2].proc.kill()
+        killed = time.monotonic()
+
+        def reported_lost():
+            r = http_request(c.gateways[0].port, "GET", f"/sandboxes/{on_victim.sandbox_id}",
+                             headers={"X-API-Key": key})
+            return r if r.status == 404 and "stopped answering" in r.text else None
+
+        r = wait_for(reported_lost, 30, "the killed node's sandbox to be reported lost")
+        assert time.monotonic() - killed < 20, "reported lost, but late"
+        lost = http_request(c.gateways[0].port, "GET", "/v2/sandboxes?state=lost",
+                            headers={"X-API-Key": key}).json()
+        assert [s["sandboxID"] for s in lost] == [on_victim.sandbox_id], lost
+        # Its place in the quota is free; the new one, and every later create, lands elsewhere.
+        again = create(c, made, api_key=key)
+        assert again.sandbox_id[:4] != victim
+        again.kill()
+        for _ in range(6):
+            sbx = create(c, made)
+            assert sbx.sandbox_id[:4] != victim
+        # The survivors still serve theirs.
+        assert other.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        for sid, opts in made.items():
+            try:
+                Sandbox.kill(sid, **opts)
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
+
+
+def test_a_killed_gateway_is_invisible_to_the_others_clients(pg):
+    c = Cluster(pg, nodes=2, gateways=2)
+    made: dict = {}
+    try:
+        sbx = create(c, made, gateway=1)
+        s0 = Sandbox.connect(sbx.sandbox_id, **c.opts(0))
+        # A command streaming through gateway 1 while gateway 0 dies.
+        lines = []
+        h = sbx.commands.run("for i in $(seq 1 20); do echo tick$i; sleep 0.1; done",
+                             background=True)
+        s0.commands.run("true")
+        c.gateways[0].kill()
+        r = h.wait(on_stdout=lines.append)
+        assert r.exit_code == 0 and r.stdout.count("tick") == 20
+        assert sbx.commands.run("echo still").stdout == "still\n"
+        more = create(c, made, gateway=1)
+        assert more.files.write("/tmp/a", "b") is not None
+        # The dead gateway's clients fail; retried against the live one they succeed.
+        with pytest.raises(Exception):
+            s0.commands.run("true", request_timeout=5)
+    finally:
+        for sid, opts in made.items():
+            try:
+                Sandbox.kill(sid, **c.opts(1))
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
+
+
+def test_a_postgres_restart_loses_nothing():
+    pg = PostgresServer()
+    c = None
+    made: dict = {}
+    try:
+        c = Cluster(pg, nodes=2, gateways=1)
+        team = unique("pgr").replace("_", "-")
+        key = c.create_key(team)
+        before = [create(c, made, gateway=0, api_key=key, metadata={"n": str(i)}) for i in range(4)]
+        pg.stop()
+        # Creates fail clearly; running sandboxes keep working through the gateway.
+        r = http_request(c.gateways[0].port, "POST", "/sandboxes",
+                         headers={"X-API-Key": key, "Content-Type": "application/json"},
+                         body=b'{"templateID": "base"}')
+        assert r.status == 503, r.text
+        assert r.json()["message"] == "the database is unavailable; retry shortly"
+        for sbx in before:
+            assert sbx.commands.run("echo up").stdout == "up\n"
+            sbx.files.write("/tmp/during", "outage")
+        pg.start()
+
+        def creates():
+            try:
+                return create(c, made, gateway=0, api_key=key)
+            except Exception:  # noqa: BLE001 - the database is still coming back
+                return None
+
+        wait_for(creates, 30, "creates to work again after PostgreSQL restarted")
+        listed = {s.sandbox_id for s in Sandbox.list(**c.opts(0, key)).next_items()}
+        assert {s.sandbox_id for s in before} <= listed
+        # No node was declared lost, no sandbox with it.
+        assert all(n["state"] == "ready" for n in c.nodes_listed())
+        for sbx in before:
+            assert sbx.files.read("/tmp/during") == "outage"
+    finally:
+        if c is not None:
+            for sid, opts in made.items():
+                try:
+                    Sandbox.kill(sid, **opts)
+                except Exception:  # noqa: BLE001
+                    pass
+            c.close()
+        pg.close()
