@@ -1156,11 +1156,11 @@ def main() -> None:
                     help="idle sandboxes the density section holds, per kind: base=N,network=N,kernel=N "
                          "(default: 30, 20 and 1.5 times --iterations)")
     ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
-                                       "interpreter", "creates", "density", "store"],
+                                       "interpreter", "creates", "density", "store", "cluster"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
                          "or only the sections whose requests cross the server's helpers (creates, key "
                          "checks, commands, creates with a network, workspace files, runs' outputs); "
-                         "store: SQLite beside PostgreSQL")
+                         "store: SQLite beside PostgreSQL; cluster: through a gateway beside a node direct")
     args = ap.parse_args()
     counts = {"base": args.iterations * 30, "network": args.iterations * 20,
               "kernel": max(2, args.iterations * 3 // 2)}
@@ -1182,6 +1182,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.only == "store":
         store_backends(args.iterations, args.seconds)
+        return
+    if args.only == "cluster":
+        from bench_cluster import cluster_gateway
+
+        cluster_gateway(args.iterations, args.seconds)
         return
     server = start_server()
     try:

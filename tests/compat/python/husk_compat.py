@@ -348,7 +348,7 @@ def start_server(
             return int(m.group(1))
         if proc.poll() is not None:
             raise RuntimeError(
-                f"husk serve exited with {proc.returncode} before listening:\n"
+                f"husk {command} exited with {proc.returncode} before listening:\n"
                 + log_path.read_bytes()[-4000:].decode("utf-8", "replace")
             )
         return None

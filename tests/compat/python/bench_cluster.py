@@ -1,0 +1,192 @@
+"""The gateway's cost (`bench.sh --only cluster`): a cluster on this machine (PostgreSQL on
+loopback, three `husk node`s, one `husk gateway`) measured two ways in the same run, in
+rounds in ABBA order: through the gateway (as the SDKs use it), and straight to one node
+with the headers the gateway would add (the cluster token and the caller), which is the
+node's own cost. The difference is what the gateway adds per request: its key check in the
+database, its quota claim and release (creates), and one more HTTP hop."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import threading
+import time
+from typing import Dict, List
+
+from bench_creates import sdk_creates
+from husk_cluster import Cluster
+from husk_compat import envelope, parse_envelopes
+from husk_postgres import PostgresServer
+
+
+def pct(values: List[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def keep_alive(port: int) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+
+def create_kill_times(port: int, headers: Dict[str, str], n: int) -> Dict[str, List[float]]:
+    conn = keep_alive(port)
+    out: Dict[str, List[float]] = {"create": [], "kill": []}
+    body = json.dumps({"templateID": "base", "timeout": 60}).encode()
+    for _ in range(n):
+        t = time.perf_counter()
+        conn.request("POST", "/v2/sandboxes", body, {**headers, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        out["create"].append((time.perf_counter() - t) * 1000)
+        if resp.status != 201:
+            raise RuntimeError(f"create: {resp.status} {data!r}")
+        sid = json.loads(data)["sandboxID"]
+        t = time.perf_counter()
+        conn.request("DELETE", f"/sandboxes/{sid}", headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        out["kill"].append((time.perf_counter() - t) * 1000)
+        if resp.status not in (200, 204):
+            raise RuntimeError(f"kill: {resp.status} {data!r}")
+    conn.close()
+    return out
+
+
+def request_times(port: int, method: str, path: str, headers: Dict[str, str], n: int,
+                  ok=(200, 204)) -> List[float]:
+    conn = keep_alive(port)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        conn.request(method, path, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        times.append((time.perf_counter() - t) * 1000)
+        if resp.status not in ok:
+            raise RuntimeError(f"{method} {path}: {resp.status} {data!r}")
+    conn.close()
+    return times
+
+
+def commands_per_second(port: int, headers: Dict[str, str], workers: int, seconds: float) -> float:
+    """Commands (a Connect `process.Process/Start` of /bin/true, read to its end, as the SDKs
+    send it) per second from `workers` threads, each on a keep-alive connection of its own."""
+    counts = [0] * workers
+    errors: List[str] = []
+    stop_at = time.monotonic() + seconds
+    start = envelope(json.dumps({"process": {"cmd": "/bin/true"}, "stdin": False}).encode())
+    headers = {**headers, "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+
+    def work(i: int) -> None:
+        try:
+            conn = keep_alive(port)
+            while time.monotonic() < stop_at:
+                conn.request("POST", "/process.Process/Start", start, headers)
+                resp = conn.getresponse()
+                frames = parse_envelopes(resp.read())
+                if resp.status != 200 or not any(
+                        "end" in json.loads(f[1] or b"{}").get("event", {}) for f in frames):
+                    raise RuntimeError(f"Start failed: {resp.status} {frames!r}")
+                counts[i] += 1
+            conn.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return sum(counts) / (time.perf_counter() - t)
+
+
+def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20)) -> None:
+    rounds = 4 if iterations >= 20 else 2
+    n = max(5, iterations // rounds)
+    slice_s = seconds / rounds
+    pg = PostgresServer()
+    c = None
+    held = []
+    try:
+        c = Cluster(pg, nodes=3, gateways=1)
+        node, gw = c.nodes[0], c.gateways[0]
+        token = c.token_file.read_text().strip()
+        direct_headers = {"X-Husk-Cluster-Token": token, "X-Husk-Team": "default", "X-Husk-Admin": "1"}
+        targets = {
+            "gateway": (gw.port, {"X-API-Key": c.admin_key},
+                        dict(api_url=gw.url, sandbox_url=gw.url, api_key=c.admin_key)),
+            "node": (node.port, direct_headers,
+                     dict(api_url=node.url, sandbox_url=node.url, api_key=c.admin_key,
+                          headers=direct_headers)),
+        }
+        version = pg.psql("SHOW server_version").split()[0]
+        print(f"cluster: one gateway in front of 3 nodes, beside one node direct (its cost alone), "
+              f"PostgreSQL {version} on loopback (fsync off), {rounds} rounds in ABBA order")
+        # A sandbox on node 1 for the per-request figures and the commands.
+        conn = keep_alive(node.port)
+        conn.request("POST", "/v2/sandboxes", json.dumps({"templateID": "base", "timeout": 600}).encode(),
+                     {**direct_headers, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        made = json.loads(resp.read())
+        conn.close()
+        if resp.status != 201:
+            raise RuntimeError(f"create: {resp.status} {made!r}")
+        sid = made["sandboxID"]
+        held.append(sid)
+        sandbox_headers = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
+                           "X-Access-Token": made["envdAccessToken"]}
+        in_sandbox = {"gateway": sandbox_headers,
+                      "node": {**sandbox_headers, "X-Husk-Cluster-Token": token}}
+        figures = {name: {"create": [], "kill": [], "info": [], "envd": [], **{k: [] for k in concurrencies},
+                          "cmd1": [], "cmd8": []} for name in targets}
+        for name, (port, headers, opts) in targets.items():  # warm-up, uncounted
+            create_kill_times(port, headers, 2)
+            request_times(port, "GET", f"/sandboxes/{sid}", headers, 5)
+        for r in range(rounds):
+            order = ("gateway", "node") if r % 2 == 0 else ("node", "gateway")
+            for name in order:
+                port, headers, opts = targets[name]
+                f = figures[name]
+                t = create_kill_times(port, headers, n)
+                f["create"] += t["create"]
+                f["kill"] += t["kill"]
+                f["info"] += request_times(port, "GET", f"/sandboxes/{sid}", headers, n * 4)
+                f["envd"] += request_times(port, "GET", "/health", in_sandbox[name], n * 4)
+            for k in concurrencies:
+                for name in order:
+                    rate, _ = sdk_creates(targets[name][2], k, slice_s)
+                    figures[name][k].append(rate)
+            for workers, key in ((1, "cmd1"), (8, "cmd8")):
+                for name in order:
+                    figures[name][key].append(commands_per_second(
+                        targets[name][0], in_sandbox[name], workers, slice_s / 2))
+    finally:
+        for sid in held:
+            try:
+                request_times(c.nodes[0].port, "DELETE", f"/sandboxes/{sid}", direct_headers, 1)
+            except Exception:  # noqa: BLE001
+                pass
+        if c is not None:
+            c.close()
+        pg.close()
+    g, d = figures["gateway"], figures["node"]
+    rows = []
+    for key, what in (("create", "create over HTTP"), ("kill", "kill over HTTP"),
+                      ("info", "GET /sandboxes/ID (key check + routing)"),
+                      ("envd", "in-sandbox GET /health (routing only)")):
+        for p in (50, 99):
+            rows.append((f"{what}, p{p} (n={len(g[key])})", pct(g[key], p), pct(d[key], p), "ms"))
+    for k in concurrencies:
+        rows.append((f"SDK create+kill cycles/s, concurrency {k}", statistics.mean(g[k]), statistics.mean(d[k]), "/s"))
+    rows.append(("commands (Connect Start of /bin/true)/s, 1 client", statistics.mean(g["cmd1"]), statistics.mean(d["cmd1"]), "/s"))
+    rows.append(("commands (Connect Start of /bin/true)/s, 8 clients", statistics.mean(g["cmd8"]), statistics.mean(d["cmd8"]), "/s"))
+    width = max(len(r[0]) for r in rows)
+    print(f"  {'figure':<{width}} {'gateway':>11} {'node direct':>12} {'added':>9}")
+    for name, a, b, unit in rows:
+        added = f"{a - b:+8.2f}" if unit == "ms" else f"{a / b:8.2f}x"
+        print(f"  {name:<{width}} {a:8.2f} {unit:<2} {b:9.2f} {unit:<2} {added}")
+    print("  (added: gateway minus node direct for times; gateway / node direct for rates)")
