@@ -366,3 +366,19 @@ def test_a_postgres_restart_loses_nothing():
                     pass
             c.close()
         pg.close()
+
+
+def test_the_stock_js_sdk_works_through_the_gateways(cluster):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    js = Path(__file__).resolve().parent.parent / "js"
+    env = dict(os.environ)
+    env["HUSK_GATEWAYS"] = ",".join(g.url for g in cluster.gateways)
+    env["HUSK_API_KEY"] = cluster.admin_key
+    out = subprocess.run(["node", "--test", "--test-timeout=120000", "cluster_gateway.mjs"],
+                         cwd=js, env=env, capture_output=True, timeout=300)
+    text = (out.stdout + out.stderr).decode(errors="replace")
+    assert out.returncode == 0, text[-6000:]
+    assert "# pass 1" in text and "# fail 0" in text, text[-3000:]
