@@ -1,0 +1,10 @@
+//! Tests of husk's Kubernetes manifests (`deploy/kubernetes`) and image (`deploy/Dockerfile`).
+//!
+//! This crate has no code of its own: `tests/manifests.rs` reads every manifest into its
+//! Kubernetes API type (k8s-openapi) and checks it against the real `husk` binary (the flags and
+//! `HUSK_*` variables each container passes must be in `husk <subcommand> --help`) and against
+//! the other manifests (selectors, Secrets, probes, ports, privileges, network policies), and,
+//! where `kubectl` is installed, its model of kustomize against `kubectl kustomize`. It needs
+//! the binary built first: `HUSK_BIN`, else `$CARGO_TARGET_DIR` or `target/`'s
+//! `x86_64-unknown-linux-gnu/debug/husk`.
+#![forbid(unsafe_code)]
