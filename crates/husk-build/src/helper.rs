@@ -67,6 +67,15 @@ pub enum BuildRequest {
     /// Store the files of an E2B `COPY` step (a tar archive) that come through the pipe
     /// passed with it.
     PutFiles { hash: String },
+    /// The digests of the template images this machine holds (a cluster's node reports
+    /// them). No descriptor.
+    ListImages,
+    /// The image with `digest`, opened for reading, comes with the answer (a peer node
+    /// fetches it). No descriptor.
+    OpenImage { digest: String },
+    /// Store the image of `size` bytes with `digest` that comes through the pipe passed with
+    /// it (fetched from a peer node), checked against its digest.
+    PutImage { digest: String, size: u64 },
 }
 
 /// The build helper's answers.
@@ -89,6 +98,10 @@ pub enum BuildReply {
     HasFiles(bool),
     /// The files are stored.
     Stored,
+    /// The images held, by digest.
+    Images(Vec<String>),
+    /// The image asked for: its descriptor comes with this answer.
+    ImageOpened,
     Failed(Failure),
 }
 
@@ -264,6 +277,46 @@ impl BuildHelper {
         }
     }
 
+    /// The digests of the template images this machine holds. Blocking.
+    pub fn list_images(&self) -> Result<Vec<String>, BuildError> {
+        match self
+            .channels
+            .call::<_, BuildReply>(&BuildRequest::ListImages, None)?
+            .0
+        {
+            BuildReply::Images(d) => Ok(d),
+            other => Err(settled_error(other)),
+        }
+    }
+
+    /// The image with `digest`, open for reading (`None`: this machine has none). Blocking.
+    pub fn open_image(&self, digest: &str) -> Result<Option<File>, BuildError> {
+        let req = BuildRequest::OpenImage {
+            digest: digest.into(),
+        };
+        match self.channels.call::<_, BuildReply>(&req, None)? {
+            (BuildReply::ImageOpened, Some(fd)) => Ok(Some(File::from(fd))),
+            (BuildReply::Refused { status: 404, .. }, _) => Ok(None),
+            (other, _) => Err(settled_error(other)),
+        }
+    }
+
+    /// Stores the `size` bytes `reader` gives as the image with `digest` (refused if they
+    /// are not that image). Blocking.
+    pub fn put_image(&self, digest: &str, size: u64, reader: impl Read) -> Result<(), BuildError> {
+        let req = BuildRequest::PutImage {
+            digest: digest.into(),
+            size,
+        };
+        let mut lent = self.send_streamed(&req, reader)?;
+        let (reply, _) = lent.recv::<BuildReply>()?;
+        lent.settled();
+        match reply {
+            BuildReply::Stored => Ok(()),
+            other => Err(settled_error(other)),
+        }
+    }
+
     /// Registers template `source`'s image under each of `names` too, replacing what they
     /// named (refused: 404 when `source` is missing, 400 for a name that is not
     /// `name[:tag]`). Blocking.
@@ -414,6 +467,31 @@ fn handle(
             match crate::e2b_files::has(&served.proto.opts.state_dir, &hash) {
                 Ok(b) => (BuildReply::HasFiles(b), None),
                 Err(e) => context_refusal(e),
+            }
+        }
+        (BuildRequest::ListImages, None) => (
+            BuildReply::Images(crate::image_files::list(
+                &served.proto.opts.state_dir,
+                husk_core::store::postgres::MAX_NODE_TEMPLATES,
+            )),
+            None,
+        ),
+        (BuildRequest::OpenImage { digest }, None) => {
+            match crate::image_files::open(&served.proto.opts.state_dir, &digest) {
+                Ok(Some(file)) => (BuildReply::ImageOpened, Some(OwnedFd::from(file))),
+                Ok(None) => refused(404, format!("no image {digest} on this node")),
+                Err(e) => refused(400, e.to_string()),
+            }
+        }
+        (BuildRequest::PutImage { digest, size }, Some(pipe)) => {
+            let reader = rt::chunk_reader(pipe);
+            let opts = &served.proto.opts;
+            match crate::image_files::put(&opts.state_dir, &opts.run_dir, &digest, size, reader) {
+                Ok(()) => {
+                    tracing::info!(digest = %digest, size, "template image received");
+                    (BuildReply::Stored, None)
+                }
+                Err(e) => refused(502, e.to_string()),
             }
         }
         (BuildRequest::PutFiles { hash }, Some(pipe)) => {

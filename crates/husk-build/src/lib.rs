@@ -18,6 +18,7 @@ pub mod events;
 pub mod finalize;
 pub mod helper;
 pub mod image;
+pub mod image_files;
 pub mod layers;
 pub mod oci;
 pub mod plan;

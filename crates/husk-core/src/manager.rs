@@ -195,6 +195,9 @@ pub struct Config {
     /// The first characters of every sandbox id this server makes: a cluster node's code,
     /// by which gateways route (empty on a server of its own).
     pub id_prefix: String,
+    /// A cluster's node: its images directory, where every template's image is found by
+    /// digest (see [`crate::template::Templates::with_local_images`]).
+    pub local_images: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -211,6 +214,7 @@ impl Default for Config {
             warm: Vec::new(),
             warm_memory_floor: 2 * DEFAULT_MEMORY_RESERVE,
             id_prefix: String::new(),
+            local_images: None,
         }
     }
 }
@@ -244,6 +248,8 @@ pub struct Manager {
     /// Sandboxes being created, per team (they count against the quota).
     creating: Mutex<HashMap<String, u32>>,
     templates: Arc<Templates>,
+    /// A cluster's node: where images of templates built on other nodes come from.
+    image_source: std::sync::OnceLock<Arc<dyn crate::template::ImageSource>>,
     /// Teams' secrets, once the server has loaded its master key.
     secrets: std::sync::OnceLock<Arc<crate::secrets::Secrets>>,
     /// Teams' workspaces, once the server has opened them.
@@ -324,7 +330,10 @@ impl Manager {
             tracing::info!(count = pruned, "forgot sandboxes lost more than a week ago");
         }
         Ok(Arc::new(Manager {
-            templates: Arc::new(Templates::new(store.clone())),
+            templates: Arc::new(
+                Templates::new(store.clone()).with_local_images(config.local_images.clone()),
+            ),
+            image_source: std::sync::OnceLock::new(),
             secrets: std::sync::OnceLock::new(),
             workspaces: std::sync::OnceLock::new(),
             network: std::sync::OnceLock::new(),
@@ -343,6 +352,11 @@ impl Manager {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// A cluster's node: fetches the images of templates built elsewhere before use.
+    pub fn set_image_source(&self, source: Arc<dyn crate::template::ImageSource>) {
+        let _ = self.image_source.set(source);
     }
 
     /// Enables `husk-secret://` references in sandboxes' environments.
@@ -413,14 +427,25 @@ impl Manager {
     pub async fn resolve_template(&self, name: &str) -> Result<Resolved, CoreError> {
         let templates = self.templates.clone();
         let name = name.to_owned();
-        tokio::task::spawn_blocking(move || templates.resolve(&name))
+        let resolved = tokio::task::spawn_blocking(move || templates.resolve(&name))
             .await
             .map_err(|e| CoreError::internal("resolving the template", e))?
             .map_err(|e| match e {
                 TemplateError::NotFound(n) => CoreError::TemplateNotFound(n),
                 TemplateError::Store(e) => CoreError::Store(e),
                 other => CoreError::TemplateBroken(other.to_string()),
-            })
+            })?;
+        if let (Some(source), husk_runtime::RootSource::Image { digest, size, .. }) =
+            (self.image_source.get(), &resolved.rootfs)
+        {
+            source.ensure(digest, *size).await.map_err(|e| {
+                CoreError::TemplateBroken(format!(
+                    "template {}: its image is not on this node and could not be fetched: {e}",
+                    resolved.name
+                ))
+            })?;
+        }
+        Ok(resolved)
     }
 
     /// The store, shared (for the services beside the manager: secrets).

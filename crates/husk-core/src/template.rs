@@ -149,6 +149,20 @@ pub struct Templates {
     store: Arc<Store>,
     /// For [`Self::verify`].
     verifier: husk_runtime::images::Verifier,
+    /// A cluster's node: images are this machine's own files by digest (the record names
+    /// where the machine that built it keeps it), fetched from a peer when missing.
+    local_images: Option<PathBuf>,
+}
+
+/// Where a cluster's node gets the images of templates built elsewhere.
+pub trait ImageSource: Send + Sync {
+    /// Makes the image with `digest` (`size` bytes) present in this machine's images
+    /// directory, fetching it from a node that has it if need be.
+    fn ensure<'a>(
+        &'a self,
+        digest: &'a str,
+        size: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>;
 }
 
 impl Templates {
@@ -156,7 +170,14 @@ impl Templates {
         Templates {
             store,
             verifier: husk_runtime::images::Verifier::default(),
+            local_images: None,
         }
+    }
+
+    /// Images from `dir` by digest, whatever machine the record names (a cluster's node).
+    pub fn with_local_images(mut self, dir: Option<PathBuf>) -> Templates {
+        self.local_images = dir;
+        self
     }
 
     /// What `name` means for a new sandbox (a store lookup: call from a blocking context).
@@ -181,10 +202,17 @@ impl Templates {
             }
             return Err(TemplateError::NotFound(name.to_string()));
         };
+        let path = match (
+            &self.local_images,
+            husk_runtime::images::digest_hex(&rec.digest),
+        ) {
+            (Some(dir), Ok(hex)) => dir.join(format!("{hex}.erofs")),
+            _ => rec.image.clone(),
+        };
         Ok(Resolved {
             name: rec.name.clone(),
             rootfs: RootSource::Image {
-                path: rec.image.clone(),
+                path,
                 size: rec.size,
                 digest: rec.digest.clone(),
             },

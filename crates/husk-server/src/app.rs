@@ -208,7 +208,8 @@ pub fn service(
         .merge(crate::e2b_secrets::router(state.clone()))
         .merge(crate::workspaces::router(state.clone()))
         .merge(crate::volumes::router(state.clone()))
-        .merge(crate::runs::router(state.clone()));
+        .merge(crate::runs::router(state.clone()))
+        .merge(crate::node_images::router(state.clone()));
     let policy = state.body_policy;
     let cluster = state.cluster.clone();
     let (manager, signed) = (state.manager.clone(), state.signed.clone());

@@ -11,6 +11,7 @@ pub mod domain;
 pub mod e2b_secrets;
 pub mod listener;
 pub mod net_rules;
+pub mod node_images;
 pub mod openapi;
 pub mod pools;
 pub(crate) mod rest;

@@ -121,20 +121,26 @@ pub fn spawn_heartbeat(
     store: Arc<Store>,
     manager: Arc<husk_core::manager::Manager>,
     node: Arc<NodeSettings>,
+    images: Option<Arc<husk_server::node_images::NodeImages>>,
 ) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let load = NodeLoad {
-                live: u32::try_from(manager.count()).unwrap_or(u32::MAX),
-                templates: Vec::new(),
-            };
-            let (s, n) = (store.clone(), node.clone());
-            let beat = tokio::task::spawn_blocking(move || match s.node_heartbeat(&load) {
-                Ok(None) => register(&s, &n).map(|_| None),
-                other => other.map_err(|e| crate::report::chain(&e)),
+            let live = u32::try_from(manager.count()).unwrap_or(u32::MAX);
+            let (s, n, images) = (store.clone(), node.clone(), images.clone());
+            let beat = tokio::task::spawn_blocking(move || {
+                // The images held, so that placement prefers this node for their templates
+                // and peers fetch them from here.
+                let templates = match &images {
+                    Some(i) => i.held()?,
+                    None => Vec::new(),
+                };
+                match s.node_heartbeat(&NodeLoad { live, templates }) {
+                    Ok(None) => register(&s, &n).map(|_| None),
+                    other => other.map_err(|e| crate::report::chain(&e)),
+                }
             })
             .await;
             match beat {

@@ -538,6 +538,8 @@ async fn run(
                     node.url, node.capacity
                 );
                 config.id_prefix = code;
+                // Templates' images by digest, this machine's own (fetched from peers).
+                config.local_images = Some(husk_core::template::images_dir(&args.state_dir));
             }
             Err(e) => return fail(e),
         }
@@ -554,10 +556,21 @@ async fn run(
         memory_mb: config.limits.memory_bytes >> 20,
         disk_mb: config.limits.disk_bytes >> 20,
     };
+    let code = config.id_prefix.clone();
     let manager = match Manager::new(store, spawner, config) {
         Ok(m) => m,
         Err(e) => return fail(crate::report::chain(&e)),
     };
+    let images = node.as_ref().map(|n| {
+        let images = Arc::new(husk_server::node_images::NodeImages::new(
+            builds.clone(),
+            manager.store_arc(),
+            n.token.clone(),
+            code,
+        ));
+        manager.set_image_source(images.clone());
+        images
+    });
     manager.set_network(network, default_policy);
     // Paused sandboxes' files are saved (and removed) by the files helper; those an earlier
     // server left paused are taken up here.
@@ -653,7 +666,12 @@ async fn run(
         });
     let state = match &node {
         Some(node) => {
-            crate::cluster::spawn_heartbeat(manager.store_arc(), manager.clone(), node.clone());
+            crate::cluster::spawn_heartbeat(
+                manager.store_arc(),
+                manager.clone(),
+                node.clone(),
+                images.clone(),
+            );
             state.with_cluster(node.token.clone())
         }
         None => state,

@@ -151,15 +151,19 @@ class Cluster:
         name = self.node_names[node_index]
         return next(n["code"] for n in self.nodes_listed() if n["name"] == name)
 
-    def husk(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def husk(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         """A `husk` CLI command on the cluster's database."""
         env = dict(os.environ)
         env["HUSK_DATABASE_URL"] = self.database_url
         env["HUSK_NODE_NAME"] = "cli"
-        out = subprocess.run([str(self.bin), *args], capture_output=True, timeout=60, env=env)
+        out = subprocess.run([str(self.bin), *args], capture_output=True, timeout=timeout, env=env)
         if check and out.returncode != 0:
             raise RuntimeError(f"husk {' '.join(args)} failed: {out.stderr.decode(errors='replace')}")
         return out
+
+    def psql(self, sql: str) -> str:
+        """SQL on the cluster's database (as an operator would, by hand)."""
+        return self.pg.psql(sql, self.database_url.rsplit("/", 1)[1])
 
     def create_key(self, team: str) -> str:
         return self.husk("key", "create", "--team", team).stdout.decode().strip()

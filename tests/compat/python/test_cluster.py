@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from e2b import PtySize, Sandbox, SandboxQuery
@@ -20,6 +21,9 @@ from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 from husk_cluster import Cluster
 from husk_compat import http_request, sandbox_headers, unique, wait_for
 from husk_postgres import PostgresServer
+
+SPEC = Path(__file__).resolve().parent.parent / "templates" / "debian" / "husk.toml"
+LAYER_CACHE = "/var/tmp/husk-test-layers"
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +73,15 @@ def one_per_node(cluster, made, limit=30, **kwargs) -> dict:
         if set(found) >= codes:
             return found
     raise AssertionError(f"{limit} creates did not reach every node: {sorted(found)} of {sorted(codes)}")
+
+
+def only_node(cluster, index) -> None:
+    """Drains every node but `index` (an operator's UPDATE; `None`: none drained), and waits
+    for the gateways to read it (they read the nodes every half second)."""
+    for i, name in enumerate(cluster.node_names):
+        state = "ready" if index is None or i == index else "draining"
+        cluster.psql(f"UPDATE nodes SET state = '{state}' WHERE name = '{name}'")
+    time.sleep(1.2)
 
 
 def test_creates_spread_over_the_nodes(cluster, made):
@@ -139,8 +152,13 @@ def test_ingress_reaches_a_sandbox_on_any_node(cluster, made):
 
 def test_the_list_merges_every_node_and_pages(cluster, made):
     tag = unique("list")
-    ids = {create(cluster, made, gateway=i % 2, metadata={"tag": tag}).sandbox_id for i in range(7)}
-    assert len({i[:4] for i in ids}) >= 2
+    ids = set()
+    for i in range(7):
+        # Spread over the three nodes, so that the list must merge them.
+        only_node(cluster, i % 3)
+        ids.add(create(cluster, made, gateway=i % 2, metadata={"tag": tag}).sandbox_id)
+    only_node(cluster, None)
+    assert len({i[:4] for i in ids}) == 3
     for gw in (0, 1):
         listed = Sandbox.list(query=SandboxQuery(metadata={"tag": tag}), **cluster.opts(gw)).next_items()
         assert {s.sandbox_id for s in listed} == ids
@@ -161,12 +179,21 @@ def test_a_teams_quota_holds_across_nodes(cluster, made):
     team = unique("quota").replace("_", "-")
     key = cluster.create_key(team)
     cluster.set_quota(team, 3)
-    first = [create(cluster, made, gateway=i % 2, api_key=key) for i in range(3)]
-    assert len({s.sandbox_id[:4] for s in first}) >= 2, "the three should not all be on one node"
-    for gw in (0, 1):
-        with pytest.raises(Exception) as refused:
-            create(cluster, made, gateway=gw, api_key=key)
-        assert "limit of 3" in str(refused.value), refused.value
+    # One on each node.
+    first = []
+    try:
+        for i in range(3):
+            only_node(cluster, i)
+            first.append(create(cluster, made, gateway=i % 2, api_key=key))
+            assert first[-1].sandbox_id[:4] == cluster.code_of(i)
+        # The fourth, on any node, through either gateway: refused.
+        for i in range(3):
+            only_node(cluster, i)
+            with pytest.raises(Exception) as refused:
+                create(cluster, made, gateway=i % 2, api_key=key)
+            assert "limit of 3" in str(refused.value), refused.value
+    finally:
+        only_node(cluster, None)
     # Concurrent creates at the limit: never more than the quota.
     first[0].kill()
     results = []
@@ -229,6 +256,87 @@ def test_only_gateways_reach_a_node_and_nobody_passes_for_one(cluster, made):
                      headers={"X-API-Key": cluster.admin_key})
     assert r.status == 404, r.text
     assert sbx.is_running()
+
+
+@pytest.mark.timeout(900)
+def test_a_template_built_once_runs_on_every_node(cluster, made):
+    name = unique("cluster-deb")
+    # Built on node 1 (into its state directory), registered in the shared database.
+    cluster.husk("template", "build", str(SPEC), "--name", name, "--quiet",
+                 "--state-dir", str(cluster.nodes[0].state_dir), "--layer-cache", LAYER_CACHE,
+                 timeout=900)
+    try:
+        digest = cluster.psql(f"SELECT digest FROM templates WHERE name = '{name}'").strip()
+        assert digest.startswith("sha256:"), digest
+        holders = lambda: {n["name"] for n in cluster.nodes_listed() if digest in n["templates"]}  # noqa: E731
+        wait_for(lambda: holders() == {"node-1"} or None, 10, "node 1 to report the image")
+        time.sleep(1.2)  # the gateways read the nodes and templates every half second
+        # Placement prefers the node that holds it.
+        for i in range(3):
+            sbx = create(cluster, made, gateway=i % 2, template=name)
+            assert sbx.sandbox_id[:4] == cluster.code_of(0)
+        # Each other node alone takes the creates: it fetches the image from node 1, checked
+        # against its digest, and runs the template.
+        for index in (1, 2):
+            only_node(cluster, index)
+            sbx = create(cluster, made, gateway=index % 2, template=name)
+            assert sbx.sandbox_id[:4] == cluster.code_of(index)
+            r = sbx.commands.run("cat /etc/husk-compat; jq --version; echo $TEMPLATE_ENV")
+            assert r.stdout.splitlines()[0] == "compat-template" and "from-the-template" in r.stdout
+        wait_for(lambda: holders() == {"node-1", "node-2", "node-3"} or None, 10,
+                 "every node to report the image")
+    finally:
+        only_node(cluster, None)
+        cluster.husk("template", "rm", name, "--state-dir", str(cluster.nodes[0].state_dir), check=False)
+
+
+@pytest.mark.timeout(1200)
+def test_run_code_through_either_gateway_on_every_node(cluster):
+    """husk's code-interpreter preset built once, on node 1; `run_code` with the stock
+    e2b-code-interpreter SDK through both gateways on sandboxes of every node (nodes 2 and 3
+    fetch the image first)."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    from husk_compat import CODE_INTERPRETER_PRESETS, PRESETS_DIR
+
+    built = []
+    made = []
+    try:
+        for preset in CODE_INTERPRETER_PRESETS:
+            cluster.husk("template", "build", str(PRESETS_DIR / preset), "--quiet",
+                         "--state-dir", str(cluster.nodes[0].state_dir), "--layer-cache", LAYER_CACHE,
+                         timeout=1100)
+            built.append(preset)
+        # `base` now names the built preset, for every create of the cluster: only the code
+        # interpreter's image is wanted here.
+        cluster.husk("template", "rm", "base", "--state-dir", str(cluster.nodes[0].state_dir))
+        built.remove("base")
+        seen = {}
+        for index in range(3):
+            # Node 1 holds the image; the others fetch it when they alone take the create.
+            only_node(cluster, index)
+            sbx = CodeSandbox.create(timeout=180, **cluster.opts(index % 2))
+            made.append(sbx.sandbox_id)
+            seen[sbx.sandbox_id[:4]] = sbx
+            assert sbx.sandbox_id[:4] == cluster.code_of(index)
+        assert len(seen) == 3, sorted(seen)
+        for code, sbx in seen.items():
+            for gw in (0, 1):
+                other = CodeSandbox.connect(sbx.sandbox_id, **cluster.opts(gw))
+                first = other.run_code(f"x = {gw + 40}")
+                assert first.error is None
+                result = other.run_code("x + 2")
+                assert result.text == str(gw + 42), (code, gw, result)
+    finally:
+        only_node(cluster, None)
+        for sid in made:
+            try:
+                Sandbox.kill(sid, **cluster.opts(0))
+            except Exception:  # noqa: BLE001
+                pass
+        for preset in reversed(built):
+            cluster.husk("template", "rm", preset, "--state-dir", str(cluster.nodes[0].state_dir),
+                         check=False)
 
 
 # ---------------------------------------------------------------------------------------------

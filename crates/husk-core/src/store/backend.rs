@@ -243,8 +243,13 @@ impl Store {
 
     /// Every node (see [`Postgres::nodes`]).
     pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-        let p = self.postgres()?;
-        off_runtime(|| p.nodes())
+        match &self.0 {
+            Backend::Remote(r) => r.nodes(),
+            _ => {
+                let p = self.postgres()?;
+                off_runtime(|| p.nodes())
+            }
+        }
     }
 
     /// Holds a place in a team's quota across the cluster (see [`Postgres::claim_quota`]).

@@ -51,7 +51,7 @@ pub struct NodeLoad {
 }
 
 /// A node as listed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeRow {
     pub name: String,
     pub code: String,

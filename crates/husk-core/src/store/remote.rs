@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
-use super::cluster::{Heartbeat, NodeLoad, NodeState};
+use super::cluster::{Heartbeat, NodeLoad, NodeRow, NodeState};
 use super::{
     KeyInfo, LostSandbox, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord,
     SealedRow, SecretUse, SnapshotRow, Store, StoreError, TemplateRecord, VolumeRecord,
@@ -184,6 +184,7 @@ pub enum StateRequest {
     SetNodeState {
         state: NodeState,
     },
+    Nodes,
 }
 
 /// The state helper's answers.
@@ -213,6 +214,7 @@ pub enum StateReply {
     Volumes(Vec<VolumeRecord>),
     Token(String),
     Heartbeat(Option<Heartbeat>),
+    Nodes(Vec<NodeRow>),
     Store(WireStoreError),
     Secret(WireSecretError),
     Failed(Failure),
@@ -502,6 +504,10 @@ impl RemoteStore {
     pub fn node_heartbeat(&self, load: &NodeLoad) -> Result<Option<Heartbeat>, StoreError> {
         let req = StateRequest::NodeHeartbeat { load: load.clone() };
         ask!(self, req, StateReply::Heartbeat(h) => h)
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        ask!(self, StateRequest::Nodes, StateReply::Nodes(n) => n)
     }
 
     pub fn set_node_state(&self, state: NodeState) -> Result<bool, StoreError> {
@@ -857,6 +863,7 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::RegisterNode { url, capacity } => R::Token(store.register_node(&url, capacity)?),
             Q::NodeHeartbeat { load } => R::Heartbeat(store.node_heartbeat(&load)?),
             Q::SetNodeState { state } => R::Bool(store.set_node_state(state)?),
+            Q::Nodes => R::Nodes(store.nodes()?),
             Q::SetTeamQuota { team, max } => {
                 store.set_team_quota(&team, max)?;
                 R::Unit

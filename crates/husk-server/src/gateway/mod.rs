@@ -63,6 +63,8 @@ pub struct GatewayConfig {
 pub struct Gateway {
     db: Db,
     nodes: Nodes,
+    /// Templates' image digests by name, read with the nodes (placement prefers holders).
+    digests: std::sync::RwLock<std::collections::HashMap<String, String>>,
     client: Client,
     config: GatewayConfig,
 }
@@ -75,6 +77,7 @@ impl Gateway {
         Ok(Arc::new(Gateway {
             db: Db::start(store, threads)?,
             nodes: Nodes::default(),
+            digests: Default::default(),
             client: proxy::client(),
             config,
         }))
@@ -82,10 +85,25 @@ impl Gateway {
 
     /// Reads the nodes now (at start, before serving).
     pub async fn refresh(&self) -> Result<usize, husk_core::store::StoreError> {
-        let rows = self.db.call(|s| s.nodes()).await?;
+        let (rows, templates) = self.db.call(|s| Ok((s.nodes()?, s.templates()?))).await?;
         let n = rows.len();
         self.nodes.refresh(rows);
+        *self.digests.write().unwrap_or_else(|p| p.into_inner()) =
+            templates.into_iter().map(|t| (t.name, t.digest)).collect();
         Ok(n)
+    }
+
+    /// The image digest of the template a create names (`None`: the host template, a
+    /// snapshot, or one not known yet).
+    fn digest_of(&self, template: &str) -> Option<String> {
+        use husk_core::template::{CODE_INTERPRETER_TEMPLATE, E2B_CODE_INTERPRETER};
+        let name = template.strip_suffix(":default").unwrap_or(template);
+        let digests = self.digests.read().unwrap_or_else(|p| p.into_inner());
+        digests.get(name).cloned().or_else(|| {
+            (name == E2B_CODE_INTERPRETER)
+                .then(|| digests.get(CODE_INTERPRETER_TEMPLATE).cloned())
+                .flatten()
+        })
     }
 
     /// Keeps the picture of the nodes fresh and sweeps for lost ones, until the runtime ends.
@@ -288,10 +306,12 @@ impl Gateway {
         };
         // A sandbox from a snapshot starts where the snapshot's files are: the node whose
         // code begins the snapshot's id.
-        let pinned = serde_json::from_slice::<serde_json::Value>(&body)
+        let template = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v.get("templateID")?.as_str().map(str::to_owned))
-            .and_then(|t| routes::code_of(&t).and_then(|c| self.nodes.by_code(c)));
+            .unwrap_or_else(|| husk_core::template::BASE_TEMPLATE.to_owned());
+        let pinned = routes::code_of(&template).and_then(|c| self.nodes.by_code(c));
+        let digest = self.digest_of(&template);
         let mut tried: Vec<String> = Vec::new();
         let resp = if let Some(node) = pinned {
             let mut req = Request::from_parts(clone_parts(&parts), Body::from(body.clone()));
@@ -307,8 +327,8 @@ impl Gateway {
             .unwrap_or_else(|e| node_failed(&node.row.name, &e))
         } else {
             loop {
-                let Some(placed) = self.nodes.place(&tried, || getrandom::u64().unwrap_or(0))
-                else {
+                let random = || getrandom::u64().unwrap_or(0);
+                let Some(placed) = self.nodes.place(&tried, digest.as_deref(), random) else {
                     break no_capacity();
                 };
                 let mut req = Request::from_parts(clone_parts(&parts), Body::from(body.clone()));

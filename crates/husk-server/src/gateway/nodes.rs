@@ -156,11 +156,27 @@ impl Nodes {
             .collect()
     }
 
-    /// A node for a new sandbox: the less loaded (relative to capacity) of two picked at
-    /// random, which balances nearly as well as the least loaded of all without every
-    /// gateway sending its creates to the same one between heartbeats.
-    pub fn place(&self, except: &[String], random: impl FnMut() -> u64) -> Option<Placed> {
-        let node = choose(&self.candidates(except), random)?;
+    /// A node for a new sandbox: among those holding the template's image (`digest`) if any
+    /// can take it (the others would fetch it first), the less loaded (relative to capacity)
+    /// of two picked at random, which balances nearly as well as the least loaded of all
+    /// without every gateway sending its creates to the same one between heartbeats.
+    pub fn place(
+        &self,
+        except: &[String],
+        digest: Option<&str>,
+        random: impl FnMut() -> u64,
+    ) -> Option<Placed> {
+        let all = self.candidates(except);
+        let holding: Vec<Arc<Node>> = match digest {
+            Some(d) => all
+                .iter()
+                .filter(|n| n.row.load.templates.iter().any(|t| t == d))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        let pool = if holding.is_empty() { &all } else { &holding };
+        let node = choose(pool, random)?;
         node.placed();
         Some(Placed { node })
     }
@@ -211,6 +227,7 @@ fn rendezvous(key: &str, code: &str) -> u64 {
 mod tests {
     use super::*;
     use husk_core::store::cluster::NodeLoad;
+    use std::collections::HashSet;
 
     fn row(name: &str, code: &str, state: NodeState, capacity: u32, live: u32) -> NodeRow {
         NodeRow {
@@ -251,13 +268,13 @@ mod tests {
         ]);
         let mut random = rng(7);
         // Left out (it just failed): nothing else takes creates.
-        assert!(nodes.place(&["aaaa".into()], &mut random).is_none());
+        assert!(nodes.place(&["aaaa".into()], None, &mut random).is_none());
         // Seven places left on "a" (3 of 10 live); each placed create counts at once.
         for _ in 0..7 {
-            let p = nodes.place(&[], &mut random).expect("a node");
+            let p = nodes.place(&[], None, &mut random).expect("a node");
             assert_eq!(p.node.row.name, "a");
         }
-        assert!(nodes.place(&[], &mut random).is_none(), "a is full");
+        assert!(nodes.place(&[], None, &mut random).is_none(), "a is full");
         // Lost nodes still route (they may come back), but are not among those serving.
         assert!(nodes.by_code("cccc").is_some());
         let serving: Vec<_> = nodes.serving().iter().map(|n| n.row.name.clone()).collect();
@@ -275,7 +292,7 @@ mod tests {
         let mut random = rng(42);
         // Held (in flight): each counts against its node, so they spread evenly.
         let held: Vec<Placed> = (0..30)
-            .map(|_| nodes.place(&[], &mut random).expect("a node"))
+            .map(|_| nodes.place(&[], None, &mut random).expect("a node"))
             .collect();
         let mut per: HashMap<String, usize> = HashMap::new();
         for p in &held {
@@ -310,13 +327,43 @@ mod tests {
         let mut per: HashMap<String, usize> = HashMap::new();
         for _ in 0..12 {
             // Each answered at once: nothing stays in flight.
-            let p = nodes.place(&[], &mut random).expect("a node");
+            let p = nodes.place(&[], None, &mut random).expect("a node");
             *per.entry(p.node.row.name.clone()).or_default() += 1;
         }
         for name in ["a", "b", "c"] {
             let n = per.get(name).copied().unwrap_or(0);
             assert!((2..=6).contains(&n), "{per:?}");
         }
+    }
+
+    #[test]
+    fn a_template_goes_where_its_image_is_while_that_node_takes_creates() {
+        let nodes = Nodes::default();
+        let mut b = row("b", "bbbb", NodeState::Ready, 100, 50);
+        b.load.templates = vec!["sha256:t".into()];
+        nodes.refresh(vec![row("a", "aaaa", NodeState::Ready, 100, 0), b.clone()]);
+        let mut random = rng(5);
+        for _ in 0..20 {
+            let p = nodes.place(&[], Some("sha256:t"), &mut random).unwrap();
+            assert_eq!(p.node.row.name, "b", "the holder, though busier");
+        }
+        // Nobody holds it, or the holder is full: anywhere (the node fetches it).
+        let names: HashSet<String> = (0..10)
+            .map(|_| {
+                nodes
+                    .place(&[], Some("sha256:other"), &mut random)
+                    .unwrap()
+                    .node
+                    .row
+                    .name
+                    .clone()
+            })
+            .collect();
+        assert!(names.contains("a"), "{names:?}");
+        b.load.live = 100;
+        nodes.refresh(vec![row("a", "aaaa", NodeState::Ready, 100, 0), b]);
+        let p = nodes.place(&[], Some("sha256:t"), &mut random).unwrap();
+        assert_eq!(p.node.row.name, "a");
     }
 
     #[test]

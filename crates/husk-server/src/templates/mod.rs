@@ -67,6 +67,11 @@ pub struct TemplateService {
 }
 
 impl TemplateService {
+    /// The build helper (images are its files).
+    pub fn helper(&self) -> &Arc<husk_build::helper::BuildHelper> {
+        &self.helper
+    }
+
     pub fn new(helper: Arc<husk_build::helper::BuildHelper>, size: SandboxSize) -> TemplateService {
         TemplateService {
             helper,
