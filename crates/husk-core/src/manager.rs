@@ -369,6 +369,15 @@ impl Manager {
         self.secrets.get()
     }
 
+    /// Why workspaces are off, for the answers that need them (`None`: not enabled).
+    pub fn workspaces_off(&self) -> &'static str {
+        if self.config.id_prefix.is_empty() {
+            "workspaces are not enabled on this server"
+        } else {
+            crate::workspaces::NOT_SHARED
+        }
+    }
+
     /// Enables workspace mounts.
     pub fn set_workspaces(&self, workspaces: Arc<crate::workspaces::Workspaces>) {
         let _ = self.workspaces.set(workspaces);

@@ -431,9 +431,7 @@ impl Runs {
             .chain(plan.output_workspace.as_ref());
         for name in names {
             let Some(ws) = self.manager.workspaces() else {
-                return Err(RunError::Invalid(
-                    "workspaces are not enabled on this server".into(),
-                ));
+                return Err(RunError::Invalid(self.manager.workspaces_off().into()));
             };
             ws.dir(&who.team, name).map_err(|e| match e {
                 crate::workspaces::WorkspaceError::NotFound(_) => {

@@ -80,6 +80,12 @@ use tree::Tree;
 /// The directory of all workspaces in the state directory.
 pub const WORKSPACES_DIR: &str = "workspaces";
 
+/// Why a cluster's node has no workspaces: each would be on one machine, and a team's next
+/// sandbox, on another, would not find them.
+pub const NOT_SHARED: &str = "workspaces (and volumes) in a husk cluster need storage every \
+    node mounts: mount one ReadWriteMany volume at STATE_DIR/workspaces on every node and \
+    start them with --shared-workspaces (see docs/kubernetes.md)";
+
 /// Host uid/gid that own workspace files: the sandbox `user`'s id (1000). Workspaces are mounted
 /// id-mapped into sandboxes, so files owned by 1000 on the host are the sandbox user's.
 pub const WORKSPACE_OWNER: (u32, u32) = (1000, 1000);

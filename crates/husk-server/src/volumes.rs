@@ -63,10 +63,12 @@ pub fn router(state: AppState) -> Router {
 
 fn service(state: &AppState) -> Result<Arc<Volumes>, Response> {
     state.volumes.clone().ok_or_else(|| {
-        error(
-            StatusCode::NOT_IMPLEMENTED,
-            "volumes are not enabled on this server (they need workspaces and secrets)",
-        )
+        let why = if state.cluster.is_some() && state.workspaces.is_none() {
+            husk_core::workspaces::NOT_SHARED
+        } else {
+            "volumes are not enabled on this server (they need workspaces and secrets)"
+        };
+        error(StatusCode::NOT_IMPLEMENTED, why)
     })
 }
 

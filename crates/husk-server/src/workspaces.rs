@@ -68,12 +68,10 @@ pub fn router(state: AppState) -> Router {
 }
 
 fn service(state: &AppState) -> Result<Arc<Workspaces>, Response> {
-    state.workspaces.clone().ok_or_else(|| {
-        error(
-            StatusCode::NOT_IMPLEMENTED,
-            "workspaces are not enabled on this server",
-        )
-    })
+    state
+        .workspaces
+        .clone()
+        .ok_or_else(|| error(StatusCode::NOT_IMPLEMENTED, state.manager.workspaces_off()))
 }
 
 /// A slot for one operation of `team` (429 with `Retry-After` when its team or the server has

@@ -33,6 +33,11 @@ pub struct NodeArgs {
     /// Most sandboxes this node takes (alive at once, all teams); gateways place no more.
     #[arg(long, value_name = "N", env = "HUSK_CAPACITY", default_value_t = 1000)]
     pub capacity: u32,
+    /// STATE_DIR/workspaces is storage every node mounts (one ReadWriteMany volume): serve
+    /// workspaces and volumes, without husk's per-team quota (the volume's own applies).
+    /// Without it a node refuses them, saying why.
+    #[arg(long, env = "HUSK_SHARED_WORKSPACES")]
+    pub shared_workspaces: bool,
 }
 
 /// What a node is told, once checked.
@@ -40,6 +45,7 @@ pub struct NodeSettings {
     pub token: ClusterToken,
     pub url: String,
     pub capacity: u32,
+    pub shared_workspaces: bool,
 }
 
 /// `husk node`.
@@ -81,6 +87,7 @@ pub fn node_main(args: NodeArgs) -> i32 {
             token,
             url,
             capacity: args.capacity,
+            shared_workspaces: args.shared_workspaces,
         }),
     )
 }
@@ -299,6 +306,7 @@ mod tests {
             token: ClusterToken::new(&[b'a'; 32]).unwrap(),
             url: url.into(),
             capacity: 1,
+            shared_workspaces: false,
         }
     }
 

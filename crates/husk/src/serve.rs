@@ -380,7 +380,16 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
     // The workspaces (their files, the teams' loop-mounted file systems) and the copying of
     // runs' outputs out of sandboxes live in the files helper, which gets sandboxes' roots
     // from the spawner, by id (husk_core::workspaces::remote).
-    let quota = match husk_core::workspaces::WorkspaceQuota::from_bytes(args.workspace_quota) {
+    // On storage every node of a cluster mounts, a team's quota is the volume's business: a
+    // size-capped file system per team, loop-mounted by several machines at once, would be
+    // corrupted.
+    let shared_workspaces = node.as_ref().is_some_and(|n| n.shared_workspaces);
+    let workspace_quota = if shared_workspaces {
+        0
+    } else {
+        args.workspace_quota
+    };
+    let quota = match husk_core::workspaces::WorkspaceQuota::from_bytes(workspace_quota) {
         Ok(q) => q,
         Err(e) => return fail(format_args!("--workspace-quota: {e}")),
     };
@@ -600,7 +609,13 @@ async fn run(
         ),
     );
     // Sandboxes mount them (E2B volumeMounts, runs); runs save outputs into them.
-    manager.set_workspaces(workspaces.clone());
+    // A cluster's node serves workspaces only from storage every node mounts: elsewhere a
+    // team's workspace would be on one machine and its next sandbox on another.
+    let shared_workspaces = node.as_ref().is_some_and(|n| n.shared_workspaces);
+    let workspaces_here = node.is_none() || shared_workspaces;
+    if workspaces_here {
+        manager.set_workspaces(workspaces.clone());
+    }
     // What the previous server left running (the spawner took it up): same ids, processes,
     // network, kernels; before the listener serves anyone.
     match manager.take_up().await {
@@ -629,6 +644,19 @@ async fn run(
     );
     // The open logged what is wrong, if anything; this says what is in force.
     match workspaces.quota_state() {
+        _ if !workspaces_here => eprintln!(
+            "husk: workspaces and volumes: off (give --shared-workspaces once a volume every \
+             node mounts is at {})",
+            args.state_dir
+                .join(husk_core::workspaces::WORKSPACES_DIR)
+                .display()
+        ),
+        husk_core::workspaces::QuotaState::Off if shared_workspaces => eprintln!(
+            "husk: workspaces: on the volume every node mounts at {} (its own quota applies)",
+            args.state_dir
+                .join(husk_core::workspaces::WORKSPACES_DIR)
+                .display()
+        ),
         husk_core::workspaces::QuotaState::PerTeam(q) => eprintln!(
             "husk: workspace quota: {} per team (a size-capped file system each, in {})",
             format_size(*q),
@@ -654,7 +682,6 @@ async fn run(
     let state = AppState::new(manager.clone())
         .with_templates(TemplateService::new(builds, size))
         .with_secrets(secrets)
-        .with_workspaces(workspaces)
         .with_runs(runs)
         .with_body_policy(husk_server::body::BodyPolicy::with_window(
             args.body_timeout,
@@ -664,6 +691,11 @@ async fn run(
             per_team: args.max_transfers_per_team.max(1),
             total: args.max_transfers.max(1),
         });
+    let state = if workspaces_here {
+        state.with_workspaces(workspaces)
+    } else {
+        state
+    };
     let state = match &node {
         Some(node) => {
             crate::cluster::spawn_heartbeat(

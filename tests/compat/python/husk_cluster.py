@@ -57,7 +57,7 @@ class Gateway:
 
 class Cluster:
     def __init__(self, pg: PostgresServer, nodes: int = 3, gateways: int = 2,
-                 node_args: tuple = ()) -> None:
+                 node_args: tuple = (), shared_workspaces: bool = False) -> None:
         self.pg = pg
         self.bin = husk_binary()
         self.database_url = pg.create_database()
@@ -67,6 +67,11 @@ class Cluster:
         os.chmod(self.token_file, 0o600)
         self.master_key = self.dir / "master.key"
         self.node_args = node_args
+        # One directory bind-mounted at every node's STATE_DIR/workspaces: what a
+        # ReadWriteMany volume is to a cluster's machines.
+        self.shared = self.dir / "shared-workspaces" if shared_workspaces else None
+        if self.shared is not None:
+            self.shared.mkdir()
         self.nodes: List[HuskServer] = []
         self.node_names: List[str] = []
         self.gateways: List[Gateway] = []
@@ -89,12 +94,21 @@ class Cluster:
 
     def add_node(self) -> HuskServer:
         name = f"node-{len(self.node_names) + 1}"
+        state_dir = None
+        extra = ("--master-key", str(self.master_key), *self.node_args)
+        if self.shared is not None:
+            state_dir = Path(tempfile.mkdtemp(prefix="husk-compat-py-"))
+            (state_dir / "workspaces").mkdir()
+            subprocess.run(["mount", "--bind", str(self.shared), str(state_dir / "workspaces")],
+                           check=True)
+            extra = (*extra, "--shared-workspaces")
         node = start_server(
             command="node",
             database_url=self.database_url,
             env_extra=self.node_env(name),
-            extra_args=("--master-key", str(self.master_key), *self.node_args),
+            extra_args=extra,
             admin_key=self.admin_key,
+            state_dir=state_dir,
         )
         # The first node on a fresh database makes the admin key; the others find keys.
         self.admin_key = self.admin_key or node.admin_key

@@ -10,6 +10,7 @@ restarted mid-test loses nothing."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -337,6 +338,55 @@ def test_run_code_through_either_gateway_on_every_node(cluster):
         for preset in reversed(built):
             cluster.husk("template", "rm", preset, "--state-dir", str(cluster.nodes[0].state_dir),
                          check=False)
+
+
+def test_workspaces_are_refused_clearly_without_storage_every_node_mounts(cluster):
+    headers = {"X-API-Key": cluster.admin_key, "Content-Type": "application/json"}
+    for gw in cluster.gateways:
+        r = http_request(gw.port, "POST", "/husk/v1/workspaces", headers=headers,
+                         body=b'{"name": "data"}')
+        assert r.status == 501 and "ReadWriteMany" in r.json()["message"], r.text
+        r = http_request(gw.port, "GET", "/volumes", headers=headers)
+        assert r.status == 501 and "--shared-workspaces" in r.json()["message"], r.text
+        r = http_request(gw.port, "POST", "/v2/sandboxes", headers=headers,
+                         body=b'{"templateID": "base", "volumeMounts": [{"name": "data", "path": "/data"}]}')
+        assert r.status == 400 and "ReadWriteMany" in r.json()["message"], r.text
+
+
+def test_workspaces_on_storage_every_node_mounts(pg):
+    c = Cluster(pg, nodes=2, gateways=1, shared_workspaces=True)
+    made: dict = {}
+    try:
+        headers = {"X-API-Key": c.admin_key, "Content-Type": "application/json"}
+        port = c.gateways[0].port
+        name = unique("ws")
+        r = http_request(port, "POST", "/husk/v1/workspaces", headers=headers,
+                         body=json.dumps({"name": name}).encode())
+        assert r.status == 201, r.text
+        r = http_request(port, "PUT", f"/husk/v1/workspaces/{name}/files/in.txt", headers=headers,
+                         body=b"uploaded once\n")
+        assert r.status // 100 == 2, r.text
+        # A sandbox on each node mounts it, sees the upload and what the other wrote.
+        for index in (0, 1):
+            only_node(c, index)
+            sbx = create(c, made, volume_mounts={"/data": f"{name}:rw"})
+            assert sbx.sandbox_id[:4] == c.code_of(index)
+            r = sbx.commands.run(f"cat /data/in.txt; ls /data; echo from-{index} > /data/out-{index}.txt")
+            assert r.stdout.startswith("uploaded once\n"), r.stdout
+            if index == 1:
+                assert "out-0.txt" in r.stdout
+        # Listed and read through the gateway (whichever node answers).
+        for _ in range(4):
+            r = http_request(port, "GET", f"/husk/v1/workspaces/{name}/files/out-1.txt", headers=headers)
+            assert r.status == 200 and r.body == b"from-1\n", r.text
+    finally:
+        only_node(c, None)
+        for sid, opts in made.items():
+            try:
+                Sandbox.kill(sid, **opts)
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
 
 
 # ---------------------------------------------------------------------------------------------

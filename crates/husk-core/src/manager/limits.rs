@@ -114,9 +114,7 @@ impl Manager {
             )));
         }
         let Some(ws) = self.workspaces() else {
-            return Err(CoreError::InvalidArgument(
-                "workspaces are not enabled on this server".into(),
-            ));
+            return Err(CoreError::InvalidArgument(self.workspaces_off().into()));
         };
         let mut out: Vec<husk_runtime::MountSpec> = Vec::new();
         for m in mounts {
