@@ -57,7 +57,10 @@ class Gateway:
 
 class Cluster:
     def __init__(self, pg: PostgresServer, nodes: int = 3, gateways: int = 2,
-                 node_args: tuple = (), shared_workspaces: bool = False) -> None:
+                 node_args: tuple = (), shared_workspaces: bool = False, keep: bool = False) -> None:
+        # keep: sandboxes outlive their node's process (as in production), instead of ending
+        # with it (--destroy-on-exit, the tests' default).
+        self.keep = keep
         self.pg = pg
         self.bin = husk_binary()
         self.database_url = pg.create_database()
@@ -109,11 +112,30 @@ class Cluster:
             extra_args=extra,
             admin_key=self.admin_key,
             state_dir=state_dir,
+            keep=self.keep,
         )
         # The first node on a fresh database makes the admin key; the others find keys.
         self.admin_key = self.admin_key or node.admin_key
         self.nodes.append(node)
         self.node_names.append(name)
+        return node
+
+    def restart_node(self, index: int) -> HuskServer:
+        """Starts node `index` again on its state directory (after it stopped or was killed)."""
+        old = self.nodes[index]
+        extra = ("--master-key", str(self.master_key), *self.node_args)
+        if self.shared is not None:
+            extra = (*extra, "--shared-workspaces")
+        node = start_server(
+            command="node",
+            database_url=self.database_url,
+            env_extra=self.node_env(self.node_names[index]),
+            extra_args=extra,
+            admin_key=self.admin_key,
+            state_dir=old.state_dir,
+            keep=self.keep,
+        )
+        self.nodes[index] = node
         return node
 
     def add_gateway(self) -> Gateway:

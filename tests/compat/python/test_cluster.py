@@ -394,7 +394,8 @@ def test_workspaces_on_storage_every_node_mounts(pg):
 
 
 def test_a_killed_node_is_reported_lost_and_creates_go_elsewhere(pg):
-    c = Cluster(pg, nodes=3, gateways=1)
+    # Sandboxes outlive a node's process, as in production: the killed node's keep running.
+    c = Cluster(pg, nodes=3, gateways=1, keep=True)
     made: dict = {}
     try:
         team = unique("lost").replace("_", "-")
@@ -443,6 +444,63 @@ def test_a_killed_node_is_reported_lost_and_creates_go_elsewhere(pg):
             assert sbx.sandbox_id[:4] != victim
         # The survivors still serve theirs.
         assert other.commands.run("echo alive").stdout == "alive\n"
+        # The node comes back: it takes up nothing the cluster reported lost (the sandbox it
+        # still ran is destroyed), is ready again, and gets creates.
+        c.restart_node(2)
+        wait_for(lambda: next(n for n in c.nodes_listed() if n["code"] == victim)["state"] == "ready"
+                 or None, 15, "the restarted node to be ready")
+        r = http_request(c.gateways[0].port, "GET", f"/sandboxes/{on_victim.sandbox_id}",
+                         headers={"X-API-Key": key})
+        assert r.status == 404 and "stopped answering" in r.text, r.text
+        assert "destroyed 1 that no record named" in c.nodes[2].log_tail(), c.nodes[2].log_tail()
+        only_node(c, 2)
+        back = create(c, made)
+        assert back.sandbox_id[:4] == victim
+        assert back.commands.run("echo back").stdout == "back\n"
+        only_node(c, None)
+    finally:
+        for sid, opts in made.items():
+            try:
+                Sandbox.kill(sid, **opts)
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
+
+
+def test_a_node_cut_off_too_long_ends_what_the_cluster_reported_lost(pg):
+    """A node frozen (SIGSTOP: alive, silent) past the limit is declared lost; when it wakes,
+    its first heartbeat tells it, and it destroys the sandboxes the cluster reported lost,
+    which must not run on with their quota freed."""
+    import signal as sig
+
+    c = Cluster(pg, nodes=2, gateways=1, keep=True)
+    made: dict = {}
+    try:
+        only_node(c, 1)
+        sbx = create(c, made)
+        assert sbx.sandbox_id[:4] == c.code_of(1)
+        only_node(c, None)
+        node = c.nodes[1]
+        node.proc.send_signal(sig.SIGSTOP)
+        try:
+            def reported_lost():
+                r = http_request(c.gateways[0].port, "GET", f"/v2/sandboxes?state=lost",
+                                 headers={"X-API-Key": c.admin_key})
+                return r if r.status == 200 and any(s["sandboxID"] == sbx.sandbox_id for s in r.json()) else None
+
+            wait_for(reported_lost, 30, "the frozen node's sandbox to be reported lost")
+        finally:
+            node.proc.send_signal(sig.SIGCONT)
+        wait_for(lambda: "ended the sandboxes the cluster had reported lost" in node.log_tail() or None,
+                 15, "the node to end what was reported lost")
+        wait_for(lambda: next(n for n in c.nodes_listed() if n["code"] == c.code_of(1))["state"] == "ready"
+                 or None, 15, "the node to be ready again")
+        # Gone for good: not running on the node, still reported lost.
+        r = http_request(c.gateways[0].port, "GET", f"/sandboxes/{sbx.sandbox_id}",
+                         headers={"X-API-Key": c.admin_key})
+        assert r.status == 404, r.text
+        with pytest.raises(Exception):
+            sbx.commands.run("true", request_timeout=5)
     finally:
         for sid, opts in made.items():
             try:

@@ -20,6 +20,10 @@ use super::{proxy, Gateway};
 /// Largest answer read from one node (a list of thousands of sandboxes fits).
 const MAX_NODE_ANSWER: usize = 64 << 20;
 
+/// How long a node has to answer a list: one that is stuck (frozen, overloaded) must not
+/// hold every list of the cluster; its sandboxes are missing from that answer.
+pub const NODE_LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(super) async fn fan_out(
     gw: &Gateway,
     who: &Principal,
@@ -50,7 +54,7 @@ pub(super) async fn fan_out(
             *h = req.headers().clone();
         }
         let ask = b.body(Body::empty());
-        async move {
+        let answer = async move {
             let ask = ask.map_err(|e| e.to_string())?;
             let resp = proxy::send(&gw.client, &gw.config.token, &node.row.url, ask, Some(who))
                 .await
@@ -60,6 +64,13 @@ pub(super) async fn fan_out(
                 .await
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((parts, bytes))
+        };
+        async move {
+            tokio::time::timeout(NODE_LIST_TIMEOUT, answer)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!("no answer within {}s", NODE_LIST_TIMEOUT.as_secs()))
+                })
         }
     });
     let answers = join_all(asks).await;
