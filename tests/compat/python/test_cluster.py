@@ -252,6 +252,13 @@ def test_only_gateways_reach_a_node_and_nobody_passes_for_one(cluster, made):
         assert r.status == 401, r.text
         r = http_request(gw.port, "GET", "/husk/v1/cluster/nodes", headers={"X-API-Key": other})
         assert r.status == 403, r.text
+        r = http_request(gw.port, "GET", "/husk/v1/cluster/nodes")
+        assert r.status == 401, r.text
+        # The nodes' image exchange is theirs alone, even for an admin key.
+        digest = "sha256:" + "0" * 64
+        r = http_request(gw.port, "GET", f"/husk/v1/cluster/images/{digest}",
+                         headers={"X-API-Key": cluster.admin_key})
+        assert r.status == 404 and r.json()["message"] == "no such route", r.text
     # A sandbox id no node made.
     r = http_request(cluster.gateways[0].port, "GET", "/sandboxes/zzzzaaaaaaaaaaaaaaaa",
                      headers={"X-API-Key": cluster.admin_key})
@@ -598,3 +605,10 @@ def test_the_stock_js_sdk_works_through_the_gateways(cluster):
     text = (out.stdout + out.stderr).decode(errors="replace")
     assert out.returncode == 0, text[-6000:]
     assert "# pass 1" in text and "# fail 0" in text, text[-3000:]
+
+
+def test_a_server_of_its_own_hands_out_no_template_images(husk):
+    digest = "sha256:" + "0" * 64
+    for headers in ({}, {"X-API-Key": husk.admin_key}):
+        r = http_request(husk.port, "GET", f"/husk/v1/cluster/images/{digest}", headers=headers)
+        assert r.status == 404, r.text

@@ -189,6 +189,11 @@ impl Gateway {
         if path == "/husk/v1/cluster/nodes" {
             return self.list_nodes(who.as_ref()).await;
         }
+        // The nodes' own API among themselves (template images): never a client's, whatever
+        // its key.
+        if path.starts_with("/husk/v1/cluster/") {
+            return ApiError::new(StatusCode::NOT_FOUND, "no such route").into_response();
+        }
         match routes::route(req.method(), &path) {
             Route::Create => match who {
                 Some(who) => self.create(who, req).await,
