@@ -24,6 +24,8 @@ from husk_compat import http_request, sandbox_headers, unique, wait_for
 from husk_postgres import PostgresServer
 
 SPEC = Path(__file__).resolve().parent.parent / "templates" / "debian" / "husk.toml"
+# A ready node silent this long is declared lost (husk_server::gateway::LOST_AFTER).
+LOST_AFTER_S = 10
 LAYER_CACHE = "/var/tmp/husk-test-layers"
 
 
@@ -465,6 +467,47 @@ def test_a_killed_node_is_reported_lost_and_creates_go_elsewhere(pg):
         assert back.sandbox_id[:4] == victim
         assert back.commands.run("echo back").stdout == "back\n"
         only_node(c, None)
+    finally:
+        for sid, opts in made.items():
+            try:
+                Sandbox.kill(sid, **opts)
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
+
+
+def test_a_node_restarted_cleanly_keeps_its_sandboxes_however_long_it_takes(pg):
+    """SIGTERM (a rolling upgrade): the node drains and stops, its sandboxes keep running;
+    it is not declared lost however long past the limit for a silent node it stays away, and
+    the next process on its machine takes its sandboxes up."""
+    c = Cluster(pg, nodes=2, gateways=1, keep=True)
+    made: dict = {}
+    try:
+        only_node(c, 1)
+        sbx = create(c, made)
+        assert sbx.sandbox_id[:4] == c.code_of(1)
+        sbx.commands.run("echo kept > /tmp/kept")
+        only_node(c, None)
+        assert c.nodes[1].stop() == 0
+        assert "node draining" in c.nodes[1].log_tail()
+        state = lambda: next(n for n in c.nodes_listed() if n["code"] == c.code_of(1))["state"]  # noqa: E731
+        assert state() == "draining"
+        # Creates go elsewhere meanwhile.
+        other = create(c, made)
+        assert other.sandbox_id[:4] == c.code_of(0)
+        time.sleep(LOST_AFTER_S + 3)
+        assert state() == "draining"
+        c.restart_node(1)
+        wait_for(lambda: state() == "ready" or None, 15, "the node to be ready again")
+
+        def kept():
+            # The new process listens elsewhere: the gateways learn it within half a second.
+            try:
+                return sbx.commands.run("cat /tmp/kept").stdout
+            except Exception:  # noqa: BLE001
+                return None
+
+        assert wait_for(kept, 10, "the sandbox through the restarted node") == "kept\n"
     finally:
         for sid, opts in made.items():
             try:

@@ -270,8 +270,12 @@ impl Store {
     }
 
     /// Declares silent nodes lost (see [`Postgres::reap_nodes`]).
-    pub fn reap_nodes(&self, silent: std::time::Duration) -> Result<Vec<Reaped>, StoreError> {
+    pub fn reap_nodes(
+        &self,
+        silent: std::time::Duration,
+        draining: std::time::Duration,
+    ) -> Result<Vec<Reaped>, StoreError> {
         let p = self.postgres()?;
-        off_runtime(|| p.reap_nodes(silent))
+        off_runtime(|| p.reap_nodes(silent, draining))
     }
 }

@@ -44,6 +44,9 @@ pub const REFRESH: Duration = Duration::from_millis(500);
 pub const SWEEP: Duration = Duration::from_secs(1);
 /// A node silent this long is lost (it beats every second).
 pub const LOST_AFTER: Duration = Duration::from_secs(10);
+/// A node that stopped cleanly (draining: a restart, an upgrade) is lost only after this
+/// long: its sandboxes keep running for the next process on its machine meanwhile.
+pub const DRAINING_LOST_AFTER: Duration = Duration::from_secs(300);
 /// How long a create's place in its team's quota is held at most: a gateway that dies
 /// mid-create frees it then. Longer than any create (a template's start command included).
 pub const CLAIM_TTL: Duration = Duration::from_secs(120);
@@ -137,7 +140,11 @@ impl Gateway {
                     }
                     continue;
                 }
-                match this.db.call(|s| s.reap_nodes(LOST_AFTER)).await {
+                match this
+                    .db
+                    .call(|s| s.reap_nodes(LOST_AFTER, DRAINING_LOST_AFTER))
+                    .await
+                {
                     Ok(reaped) => {
                         for r in reaped {
                             tracing::warn!(

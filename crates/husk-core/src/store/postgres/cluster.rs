@@ -169,13 +169,20 @@ impl Postgres {
         Ok(())
     }
 
-    /// Declares lost every node silent for longer than `silent`, and its sandboxes with it
+    /// Declares lost every ready node silent for longer than `silent` and every draining one
+    /// silent for longer than `draining` (it stopped cleanly: a restart, an upgrade, and its
+    /// sandboxes wait for the next process on that machine), and their sandboxes with them
     /// (freeing their quota). One process sweeps at a time (a transaction's advisory lock):
     /// another's concurrent call returns nothing.
-    pub fn reap_nodes(&self, silent: Duration) -> Result<Vec<Reaped>, StoreError> {
-        let rows = self
-            .conn()?
-            .query("SELECT * FROM husk_reap_nodes($1)", &[&nanos(silent)])?;
+    pub fn reap_nodes(
+        &self,
+        silent: Duration,
+        draining: Duration,
+    ) -> Result<Vec<Reaped>, StoreError> {
+        let rows = self.conn()?.query(
+            "SELECT * FROM husk_reap_nodes($1, $2)",
+            &[&nanos(silent), &nanos(draining)],
+        )?;
         rows.iter()
             .map(|r| {
                 let n: i64 = r.get(1);

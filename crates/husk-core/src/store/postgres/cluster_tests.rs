@@ -172,7 +172,7 @@ fn a_silent_node_is_declared_lost_with_its_sandboxes_and_comes_back() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let reaped = loop {
         b.node_heartbeat(&NodeLoad::default()).unwrap();
-        let reaped = b.reap_nodes(silent).unwrap();
+        let reaped = b.reap_nodes(silent, Duration::from_secs(3600)).unwrap();
         if !reaped.is_empty() {
             break reaped;
         }
@@ -197,7 +197,7 @@ fn a_silent_node_is_declared_lost_with_its_sandboxes_and_comes_back() {
     let mut rows = Vec::new();
     assert_eq!(node(&b, "node-a", &mut rows).state, NodeState::Lost);
     // Swept once: a second sweep finds nothing more.
-    assert!(b.reap_nodes(silent).unwrap().is_empty());
+    assert!(b.reap_nodes(silent, silent).unwrap().is_empty());
 
     // node-a beats again: it learns it was lost (to end what it still runs), and is ready.
     let beat = a

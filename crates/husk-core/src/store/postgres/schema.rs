@@ -145,8 +145,9 @@ CREATE INDEX snapshots_by_node ON snapshots (node);
 /// Version 2: the cluster. Nodes (see `store/cluster.rs`), places in teams' quotas held by
 /// gateways while a create is under way, and the two operations that must be atomic and
 /// timed by one clock, as functions: claiming a place (lock the team, count its sandboxes on
-/// every node and the places held, hold one) and declaring silent nodes lost. The advisory
-/// lock keys spell "husq" and "husr".
+/// every node and the places held, hold one) and declaring silent nodes lost (a node that
+/// stopped cleanly, draining, is given longer: it is being restarted). The advisory lock keys
+/// spell "husq" and "husr".
 const V2: &str = "
 CREATE TABLE nodes (
     name          TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 63),
@@ -190,7 +191,7 @@ BEGIN
     RETURN claim;
 END $$;
 
-CREATE FUNCTION husk_reap_nodes(p_silent BIGINT)
+CREATE FUNCTION husk_reap_nodes(p_silent BIGINT, p_draining BIGINT)
 RETURNS TABLE (lost_node TEXT, lost_sandboxes BIGINT)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -202,7 +203,8 @@ BEGIN
     RETURN QUERY
     WITH gone AS (
         UPDATE nodes SET state = 'lost'
-        WHERE state <> 'lost' AND last_seen < now_ns - p_silent
+        WHERE (state = 'ready' AND last_seen < now_ns - p_silent)
+           OR (state = 'draining' AND last_seen < now_ns - p_draining)
         RETURNING name
     ), lost AS (
         UPDATE sandboxes s
