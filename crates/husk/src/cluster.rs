@@ -36,7 +36,12 @@ pub struct NodeArgs {
     /// STATE_DIR/workspaces is storage every node mounts (one ReadWriteMany volume): serve
     /// workspaces and volumes, without husk's per-team quota (the volume's own applies).
     /// Without it a node refuses them, saying why.
-    #[arg(long, env = "HUSK_SHARED_WORKSPACES")]
+    #[arg(
+        long,
+        env = "HUSK_SHARED_WORKSPACES",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub shared_workspaces: bool,
 }
 

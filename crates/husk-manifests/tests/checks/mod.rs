@@ -8,6 +8,7 @@ mod objects;
 mod rollout;
 mod security;
 mod wiring;
+mod workspaces;
 
 /// Fails with every problem in `errors`, one a line, under `what`.
 fn assert_none(what: &str, errors: impl IntoIterator<Item = String>) {

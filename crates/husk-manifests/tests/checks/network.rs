@@ -1,7 +1,8 @@
 //! The NetworkPolicies admit the cluster's traffic and nothing else, evaluated as the API
 //! defines them (a pod no policy selects for a direction is open in it; a selected one admits
 //! what any rule of any of its policies admits) on the connections that matter: gateways to
-//! nodes, clients to gateways, PostgreSQL, DNS, sandboxes' internet, and what must stay out.
+//! nodes, nodes to nodes (template images), clients to gateways, PostgreSQL, DNS, sandboxes'
+//! internet, and what must stay out.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -229,11 +230,13 @@ fn network_policies_admit_the_clusters_traffic_and_nothing_else() {
                 "TCP",
                 false,
             ),
+            // A node fetches a template's image from a node that holds it.
+            ("a node to another node's API", n, n, node_port, "TCP", true),
             (
-                "a node to another node's API",
+                "a node to another node's other ports",
                 n,
                 n,
-                node_port,
+                22,
                 "TCP",
                 false,
             ),

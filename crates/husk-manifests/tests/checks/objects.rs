@@ -125,6 +125,7 @@ fn kustomizations_name_only_files_that_exist_and_every_manifest_is_in_one() {
     for expected in [
         "deploy/kubernetes/base",
         "deploy/kubernetes/overlays/with-postgres",
+        "deploy/kubernetes/overlays/with-shared-workspaces",
     ] {
         if !names.iter().any(|n| n == expected) {
             errors.push(format!("{expected} is not a kustomization that applies"));

@@ -11,7 +11,8 @@ use crate::support::{husk_containers, kubernetes_dir, pods, running, shown};
 
 /// The host paths a node mounts, each at the same path in the pod, and whether read-only.
 const NODE_HOST_PATHS: [(&str, bool); 5] = [
-    // The state directory: templates, saved sandboxes, workspaces (--state-dir).
+    // The state directory: template images, saved sandboxes (--state-dir); workspaces are on
+    // components/shared-workspaces' claim, mounted over its workspaces/.
     ("/var/lib/husk", false),
     // The registry of running sandboxes, uid-range and uplink locks, per machine.
     ("/run/husk", false),

@@ -1,6 +1,6 @@
 //! The objects refer to each other correctly: selectors select the pods they are for, ports
-//! and probes name ports the containers have, and the Secrets, volumes, files and service
-//! accounts that pods use exist.
+//! and probes name ports the containers have, and the Secrets, claims, volumes, files and
+//! service accounts that pods use exist.
 
 use super::assert_none;
 use crate::support::kustomize::roots;
@@ -175,7 +175,7 @@ fn selectors_select_the_pods_they_are_for() {
 }
 
 #[test]
-fn secrets_volumes_and_files_the_pods_use_exist() {
+fn secrets_claims_volumes_and_files_the_pods_use_exist() {
     let mut errors = Vec::new();
     for (root, build) in roots(&kubernetes_dir()) {
         let here = shown(&root);
@@ -189,6 +189,18 @@ fn secrets_volumes_and_files_the_pods_use_exist() {
         for p in &all {
             let volumes = p.spec.volumes.as_deref().unwrap_or_default();
             for v in volumes {
+                if let Some(c) = &v.persistent_volume_claim {
+                    let made = build.docs.iter().any(|d| {
+                        matches!(&d.object, Object::PersistentVolumeClaim(pvc)
+                            if pvc.metadata.name.as_deref() == Some(c.claim_name.as_str()))
+                    });
+                    if !made {
+                        errors.push(format!(
+                            "{here}: {} mounts claim {:?}, which is not made",
+                            p.owner, c.claim_name
+                        ));
+                    }
+                }
                 let Some(secret) = &v.secret else { continue };
                 let name = secret.secret_name.as_deref().unwrap_or_default();
                 if !has(name, None) {
@@ -274,7 +286,7 @@ fn secrets_volumes_and_files_the_pods_use_exist() {
             }
         }
     }
-    assert_none("Secrets, volumes and files", errors);
+    assert_none("Secrets, claims, volumes and files", errors);
 }
 
 #[test]

@@ -2,8 +2,10 @@
 //! command line and `HUSK_*` variables).
 
 use std::collections::BTreeSet;
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, EnvVar};
 
@@ -12,25 +14,31 @@ use super::{shown, workspace_root};
 /// Where the binary a debug build makes is, below a target directory.
 const DEBUG_BIN: &str = "x86_64-unknown-linux-gnu/debug/husk";
 
-/// The husk binary to ask: `HUSK_BIN`, else the debug build in `$CARGO_TARGET_DIR` or the
-/// workspace's `target/` (where scripts/test's `cargo build --workspace` puts it before
-/// `cargo test`). Panics, saying how to get one, when there is none: the flag checks are not
-/// skipped.
+/// The husk binary to ask: `HUSK_BIN`, else the debug build in `$CARGO_TARGET_DIR`, else the
+/// one in the workspace's `target/` (where scripts/test's `cargo build --workspace` puts it
+/// before `cargo test`; a test run with a target directory of its own still finds it). Panics,
+/// saying how to get one, when there is none: the flag checks are not skipped.
 pub fn binary() -> PathBuf {
-    let candidate = match std::env::var_os("HUSK_BIN") {
-        Some(bin) => PathBuf::from(bin),
-        None => match std::env::var_os("CARGO_TARGET_DIR") {
-            Some(dir) => PathBuf::from(dir).join(DEBUG_BIN),
-            None => workspace_root().join("target").join(DEBUG_BIN),
-        },
+    let candidates: Vec<PathBuf> = match std::env::var_os("HUSK_BIN") {
+        Some(bin) => vec![PathBuf::from(bin)],
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(|dir| PathBuf::from(dir).join(DEBUG_BIN))
+            .into_iter()
+            .chain([workspace_root().join("target").join(DEBUG_BIN)])
+            .collect(),
     };
-    assert!(
-        candidate.is_file(),
-        "no husk binary at {}: build it first (`cargo build --locked -p husk`, as scripts/test \
-         does before `cargo test`), or set HUSK_BIN to one",
-        candidate.display()
-    );
-    candidate
+    match candidates.iter().find(|c| c.is_file()) {
+        Some(found) => found.clone(),
+        None => panic!(
+            "no husk binary at {}: build it first (`cargo build --locked -p husk`, as \
+             scripts/test does before `cargo test`), or set HUSK_BIN to one",
+            candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
 }
 
 /// The long flags and `HUSK_*` variables of one subcommand, from `husk SUB --help`.
@@ -88,6 +96,69 @@ pub fn help(subcommand: &str) -> Result<Help, String> {
             })
             .collect(),
     })
+}
+
+/// How long [`boolean_env`] waits for husk to refuse to start.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What `husk SUB` makes of `value` in `var`, the variable of a boolean flag: clap's own
+/// answer, from the real binary (its `--help` does not list a flag's values, and short-circuits
+/// before variables are read). husk runs with that variable alone and no arguments, so that it
+/// stops at clap's checks: a value clap refuses fails as "invalid value"; one it takes gets as
+/// far as the arguments the subcommand requires, which a cluster's `node` and `gateway` have
+/// (and which the process is given `PROBE_TIMEOUT` to stop at, then killed). clap's booleans
+/// are `true` and `false`; any other value it took would be an error here, since which it means
+/// would be a guess.
+pub fn boolean_env(subcommand: &str, var: &str, value: &str) -> Result<bool, String> {
+    let bin = binary();
+    let mut child = Command::new(&bin)
+        .arg(subcommand)
+        .env_clear()
+        .env(var, value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("run {} {subcommand}: {e}", bin.display()))?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < PROBE_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "`{var}={value} husk {subcommand}` with no arguments ran for {PROBE_TIMEOUT:?} \
+                     instead of stopping at clap's checks"
+                ));
+            }
+            Err(e) => return Err(format!("wait for husk {subcommand}: {e}")),
+        }
+    };
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    let said = stderr.lines().next().unwrap_or_default().trim();
+    if said.contains("invalid value") {
+        return Err(format!("husk refuses {var}={value:?}: {said}"));
+    }
+    if !said.contains("required arguments were not provided") {
+        return Err(format!(
+            "`{var}={value} husk {subcommand}` with no arguments: {status}, {said:?}: neither \
+             clap's refusal of the value nor of the missing arguments"
+        ));
+    }
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(format!(
+            "husk takes {var}={other:?}, which is neither `true` nor `false`: write one of those"
+        )),
+    }
 }
 
 /// A container's husk command line: the subcommand, then each flag with its value.

@@ -9,7 +9,9 @@ pub mod pods;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -88,6 +90,7 @@ pub enum Object {
     ServiceAccount(ServiceAccount),
     Secret(Secret),
     ConfigMap(ConfigMap),
+    PersistentVolumeClaim(PersistentVolumeClaim),
     Service(Service),
     DaemonSet(DaemonSet),
     Deployment(Deployment),
@@ -103,6 +106,7 @@ impl Object {
             Object::ServiceAccount(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
+            Object::PersistentVolumeClaim(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
             Object::DaemonSet(o) => &o.metadata,
             Object::Deployment(o) => &o.metadata,
@@ -118,6 +122,7 @@ impl Object {
             Object::ServiceAccount(o) => &mut o.metadata,
             Object::Secret(o) => &mut o.metadata,
             Object::ConfigMap(o) => &mut o.metadata,
+            Object::PersistentVolumeClaim(o) => &mut o.metadata,
             Object::Service(o) => &mut o.metadata,
             Object::DaemonSet(o) => &mut o.metadata,
             Object::Deployment(o) => &mut o.metadata,
@@ -127,21 +132,49 @@ impl Object {
         }
     }
 
-    /// `Kind/name`, for messages.
-    pub fn id(&self) -> String {
-        let kind = match self {
+    /// The object's kind (`DaemonSet`).
+    pub fn kind(&self) -> &'static str {
+        match self {
             Object::Namespace(_) => Namespace::KIND,
             Object::ServiceAccount(_) => ServiceAccount::KIND,
             Object::Secret(_) => Secret::KIND,
             Object::ConfigMap(_) => ConfigMap::KIND,
+            Object::PersistentVolumeClaim(_) => PersistentVolumeClaim::KIND,
             Object::Service(_) => Service::KIND,
             Object::DaemonSet(_) => DaemonSet::KIND,
             Object::Deployment(_) => Deployment::KIND,
             Object::StatefulSet(_) => StatefulSet::KIND,
             Object::PodDisruptionBudget(_) => PodDisruptionBudget::KIND,
             Object::NetworkPolicy(_) => NetworkPolicy::KIND,
+        }
+    }
+
+    /// The object as JSON, as its API type writes it (every field it read, and the defaults
+    /// of required fields it did not).
+    pub fn to_value(&self) -> Value {
+        let value = match self {
+            Object::Namespace(o) => serde_json::to_value(o),
+            Object::ServiceAccount(o) => serde_json::to_value(o),
+            Object::Secret(o) => serde_json::to_value(o),
+            Object::ConfigMap(o) => serde_json::to_value(o),
+            Object::PersistentVolumeClaim(o) => serde_json::to_value(o),
+            Object::Service(o) => serde_json::to_value(o),
+            Object::DaemonSet(o) => serde_json::to_value(o),
+            Object::Deployment(o) => serde_json::to_value(o),
+            Object::StatefulSet(o) => serde_json::to_value(o),
+            Object::PodDisruptionBudget(o) => serde_json::to_value(o),
+            Object::NetworkPolicy(o) => serde_json::to_value(o),
         };
-        format!("{kind}/{}", self.metadata().name.as_deref().unwrap_or("?"))
+        value.unwrap_or_else(|e| panic!("{} as JSON: {e}", self.id()))
+    }
+
+    /// `Kind/name`, for messages.
+    pub fn id(&self) -> String {
+        format!(
+            "{}/{}",
+            self.kind(),
+            self.metadata().name.as_deref().unwrap_or("?")
+        )
     }
 }
 
@@ -163,6 +196,7 @@ pub fn parse_object(value: &Value) -> Result<Object, String> {
         ServiceAccount,
         Secret,
         ConfigMap,
+        PersistentVolumeClaim,
         Service,
         DaemonSet,
         Deployment,
