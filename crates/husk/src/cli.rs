@@ -24,6 +24,8 @@ pub enum Command {
     /// Serve a cluster's E2B endpoint: authenticate, place sandboxes on nodes, route every
     /// request to the node that holds its sandbox. Stateless: run as many as you like.
     Gateway(Box<crate::cluster::GatewayArgs>),
+    /// A cluster's nodes, in its database: list them, drain one, make it ready again.
+    Cluster(crate::cluster_admin::ClusterArgs),
     /// Run one command per input on a husk server, in parallel, with a summary.
     Batch(Box<crate::batch::BatchArgs>),
     /// Manage API keys (and teams' sandbox quotas) in the server's state directory.

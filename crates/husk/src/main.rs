@@ -11,6 +11,7 @@ mod bench_rules;
 mod cli;
 mod client;
 mod cluster;
+mod cluster_admin;
 mod database;
 mod doctor;
 mod egress;
@@ -47,6 +48,7 @@ fn main() {
         cli::Command::Serve(args) => serve::main(*args),
         cli::Command::Node(args) => cluster::node_main(*args),
         cli::Command::Gateway(args) => cluster::gateway_main(*args),
+        cli::Command::Cluster(args) => cluster_admin::main(args),
         cli::Command::Key(args) => keys::main(args),
         cli::Command::Secret(args) => secret::main(args),
         cli::Command::Workspace(args) => workspace::main(args),

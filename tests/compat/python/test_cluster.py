@@ -79,12 +79,28 @@ def one_per_node(cluster, made, limit=30, **kwargs) -> dict:
 
 
 def only_node(cluster, index) -> None:
-    """Drains every node but `index` (an operator's UPDATE; `None`: none drained), and waits
+    """Drains every node but `index` (`husk cluster drain`; `None`: none drained), and waits
     for the gateways to read it (they read the nodes every half second)."""
     for i, name in enumerate(cluster.node_names):
-        state = "ready" if index is None or i == index else "draining"
-        cluster.psql(f"UPDATE nodes SET state = '{state}' WHERE name = '{name}'")
+        state = "ready" if index is None or i == index else "drain"
+        cluster.husk("cluster", state, name)
     time.sleep(1.2)
+
+
+def test_the_operator_lists_drains_and_readies_nodes(cluster):
+    listed = [json.loads(line) for line in cluster.husk("cluster", "nodes", "--json").stdout.splitlines()]
+    assert [n["name"] for n in listed] == cluster.node_names
+    assert all(n["state"] == "ready" and len(n["code"]) == 4 for n in listed)
+    table = cluster.husk("cluster", "nodes").stdout.decode()
+    assert table.splitlines()[0].split()[:3] == ["NAME", "CODE", "STATE"]
+    cluster.husk("cluster", "drain", "node-2")
+    assert next(n for n in cluster.nodes_listed() if n["name"] == "node-2")["state"] == "draining"
+    cluster.husk("cluster", "ready", "node-2")
+    assert next(n for n in cluster.nodes_listed() if n["name"] == "node-2")["state"] == "ready"
+    out = cluster.husk("cluster", "drain", "no-such-node", check=False)
+    assert out.returncode == 1 and b"no node" in out.stderr
+    out = cluster.husk("cluster", "drain", "Bad Name", check=False)
+    assert out.returncode == 1 and b"invalid node name" in out.stderr
 
 
 def test_creates_spread_over_the_nodes(cluster, made):
