@@ -256,11 +256,11 @@ impl Store {
     pub fn claim_quota(
         &self,
         team: &str,
-        limit: u32,
+        default: u32,
         ttl: std::time::Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<(Option<i64>, u32), StoreError> {
         let p = self.postgres()?;
-        off_runtime(|| p.claim_quota(team, limit, ttl))
+        off_runtime(|| p.claim_quota(team, default, ttl))
     }
 
     /// Gives a place back (see [`Postgres::release_quota`]).

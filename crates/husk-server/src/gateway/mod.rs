@@ -300,14 +300,11 @@ impl Gateway {
         let default = self.config.default_quota;
         let claimed = self
             .db
-            .call(move |s| {
-                let limit = s.team_quota(&team)?.unwrap_or(default);
-                Ok((limit, s.claim_quota(&team, limit, CLAIM_TTL)?))
-            })
+            .call(move |s| s.claim_quota(&team, default, CLAIM_TTL))
             .await;
         let claim = match claimed {
-            Ok((_, Some(claim))) => claim,
-            Ok((limit, None)) => {
+            Ok((Some(claim), _)) => claim,
+            Ok((None, limit)) => {
                 return ApiError::from(CoreError::QuotaExceeded {
                     team: who.team.clone(),
                     limit,

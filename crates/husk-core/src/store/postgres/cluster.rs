@@ -144,22 +144,26 @@ impl Postgres {
             .collect()
     }
 
-    /// Holds a place in `team`'s quota of `limit` running sandboxes, counted across the
-    /// cluster (its live sandboxes on every node, plus places held by creates under way),
-    /// for at most `ttl` (a gateway that dies mid-create frees its place then). `None`: the
-    /// quota is full. Teams are serialised against each other's claims only.
+    /// Holds a place in `team`'s quota of running sandboxes (its own, else `default`),
+    /// counted across the cluster (its live sandboxes on every node, plus places held by
+    /// creates under way), for at most `ttl` (a gateway that dies mid-create frees its place
+    /// then). The place (`None`: the quota is full) and the quota. Teams are serialised
+    /// against their own claims only.
     pub fn claim_quota(
         &self,
         team: &str,
-        limit: u32,
+        default: u32,
         ttl: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<(Option<i64>, u32), StoreError> {
         validate_team(team)?;
         let row = self.conn()?.query_one(
-            "SELECT husk_claim_quota($1, $2, $3)",
-            &[&team, &i64::from(limit), &nanos(ttl)],
+            "SELECT claim, quota FROM husk_claim_quota($1, $2, $3)",
+            &[&team, &i64::from(default), &nanos(ttl)],
         )?;
-        Ok(row.get(0))
+        let quota: i64 = row.get(1);
+        let quota = u32::try_from(quota)
+            .map_err(|_| StoreError::Corrupt(format!("quota {quota} of team {team:?}")))?;
+        Ok((row.get(0), quota))
     }
 
     /// Gives a place back (the create finished: its sandbox now counts, or it failed).

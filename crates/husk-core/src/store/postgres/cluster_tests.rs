@@ -97,27 +97,35 @@ fn a_quota_counts_every_nodes_sandboxes_and_the_creates_under_way() {
     a.insert_sandbox(&record("sa", now)).unwrap();
     b.insert_sandbox(&record("sb", now)).unwrap();
     // Two running on two nodes, quota 3: one place left.
-    let claim = a.claim_quota("acme", 3, ttl).unwrap().expect("a place");
-    assert_eq!(b.claim_quota("acme", 3, ttl).unwrap(), None);
+    let claim = a.claim_quota("acme", 3, ttl).unwrap().0.expect("a place");
+    assert_eq!(b.claim_quota("acme", 3, ttl).unwrap().0, None);
     // Other teams are not counted.
-    assert!(b.claim_quota("other", 1, ttl).unwrap().is_some());
+    assert!(b.claim_quota("other", 1, ttl).unwrap().0.is_some());
     // A create that ends gives its place back; a lost sandbox no longer counts.
     a.release_quota(claim).unwrap();
-    let again = b.claim_quota("acme", 3, ttl).unwrap().expect("given back");
+    let again = b
+        .claim_quota("acme", 3, ttl)
+        .unwrap()
+        .0
+        .expect("given back");
     b.release_quota(again).unwrap();
     a.mark_sandbox_lost("sa", "gone", now).unwrap();
-    let first = a.claim_quota("acme", 3, ttl).unwrap().expect("one");
-    let second = a.claim_quota("acme", 3, ttl).unwrap().expect("two");
-    assert_eq!(a.claim_quota("acme", 3, ttl).unwrap(), None);
+    let first = a.claim_quota("acme", 3, ttl).unwrap().0.expect("one");
+    let second = a.claim_quota("acme", 3, ttl).unwrap().0.expect("two");
+    assert_eq!(a.claim_quota("acme", 3, ttl).unwrap().0, None);
     a.release_quota(first).unwrap();
     a.release_quota(second).unwrap();
+    // The team's own quota, when it has one, over the default.
+    b.set_team_quota("acme", Some(1)).unwrap();
+    assert_eq!(a.claim_quota("acme", 100, ttl).unwrap(), (None, 1));
+    b.set_team_quota("acme", None).unwrap();
     // A place whose gateway died is free again once it expires.
     let short = Duration::from_millis(100);
-    a.claim_quota("acme", 2, short).unwrap().expect("a place");
-    assert_eq!(a.claim_quota("acme", 2, ttl).unwrap(), None);
+    a.claim_quota("acme", 2, short).unwrap().0.expect("a place");
+    assert_eq!(a.claim_quota("acme", 2, ttl).unwrap().0, None);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(c) = a.claim_quota("acme", 2, ttl).unwrap() {
+        if let Some(c) = a.claim_quota("acme", 2, ttl).unwrap().0 {
             a.release_quota(c).unwrap();
             break;
         }
@@ -146,6 +154,7 @@ fn concurrent_claims_never_exceed_the_quota() {
                 store
                     .claim_quota("acme", 5, Duration::from_secs(60))
                     .expect("claim")
+                    .0
             })
         })
         .collect();
@@ -192,7 +201,7 @@ fn a_silent_node_is_declared_lost_with_its_sandboxes_and_comes_back() {
     assert_eq!(ids, ["sa1", "sa2"]);
     assert!(lost.iter().all(|l| l.reason.contains("node-a")), "{lost:?}");
     // Their places in the quota are free: only node-b's sandbox counts.
-    let claim = b.claim_quota("acme", 2, Duration::from_secs(60)).unwrap();
+    let claim = b.claim_quota("acme", 2, Duration::from_secs(60)).unwrap().0;
     assert!(claim.is_some());
     let mut rows = Vec::new();
     assert_eq!(node(&b, "node-a", &mut rows).state, NodeState::Lost);

@@ -7,6 +7,7 @@
 //! anyway.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
 use postgres::{Client, Row, Statement, Transaction};
@@ -16,6 +17,11 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 /// Statements a connection keeps prepared; past this it starts over (never reached by the
 /// store's fixed set of statements).
 const MAX_STATEMENTS: usize = 256;
+
+/// A connection that answered a statement this recently is handed out without a check of
+/// its own: the check is a round trip, as much as the statement itself. One idle for longer
+/// (the database may have restarted meanwhile) is checked first.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// Opens connections for the pool (r2d2's `ManageConnection`).
 pub(in crate::store) struct Manager {
@@ -27,6 +33,8 @@ pub(in crate::store) struct Manager {
 pub(in crate::store) struct Connection {
     pub(super) client: Client,
     statements: HashMap<String, Statement>,
+    /// When the database last answered on it.
+    answered: Instant,
 }
 
 impl ManageConnection for Manager {
@@ -37,13 +45,25 @@ impl ManageConnection for Manager {
         Ok(Connection {
             client: self.config.connect(self.tls.clone())?,
             statements: HashMap::new(),
+            answered: Instant::now(),
         })
     }
 
     /// Run as a connection leaves the pool: an empty query finds a connection the database
-    /// closed (it restarted) before a store call fails on it.
+    /// closed (it restarted) before a store call fails on it, unless the connection answered
+    /// within [`RECHECK_AFTER`] (then a restart since costs at most one call an
+    /// `Unavailable`, and the broken connection is dropped).
     fn is_valid(&self, conn: &mut Connection) -> Result<(), postgres::Error> {
-        conn.client.simple_query("").map(|_| ())
+        if conn.client.is_closed() {
+            // Checked the usual way, which fails: the pool drops it.
+            return conn.client.simple_query("").map(|_| ());
+        }
+        if conn.answered.elapsed() < RECHECK_AFTER {
+            return Ok(());
+        }
+        conn.client.simple_query("")?;
+        conn.answered = Instant::now();
+        Ok(())
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
@@ -73,7 +93,8 @@ impl Connection {
         params: Params<'_>,
     ) -> Result<u64, postgres::Error> {
         let statement = self.statement(sql)?;
-        self.client.execute(&statement, params)
+        let out = self.client.execute(&statement, params);
+        self.answered(out)
     }
 
     pub(super) fn query(
@@ -82,7 +103,8 @@ impl Connection {
         params: Params<'_>,
     ) -> Result<Vec<Row>, postgres::Error> {
         let statement = self.statement(sql)?;
-        self.client.query(&statement, params)
+        let out = self.client.query(&statement, params);
+        self.answered(out)
     }
 
     pub(super) fn query_opt(
@@ -91,7 +113,8 @@ impl Connection {
         params: Params<'_>,
     ) -> Result<Option<Row>, postgres::Error> {
         let statement = self.statement(sql)?;
-        self.client.query_opt(&statement, params)
+        let out = self.client.query_opt(&statement, params);
+        self.answered(out)
     }
 
     pub(super) fn query_one(
@@ -100,7 +123,16 @@ impl Connection {
         params: Params<'_>,
     ) -> Result<Row, postgres::Error> {
         let statement = self.statement(sql)?;
-        self.client.query_one(&statement, params)
+        let out = self.client.query_one(&statement, params);
+        self.answered(out)
+    }
+
+    /// Notes that the database answered (an error it sent back is an answer too).
+    fn answered<T>(&mut self, out: Result<T, postgres::Error>) -> Result<T, postgres::Error> {
+        if out.is_ok() || !self.client.is_closed() {
+            self.answered = Instant::now();
+        }
+        out
     }
 
     /// A transaction on the client (its statements are prepared as they come: transactions

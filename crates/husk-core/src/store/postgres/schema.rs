@@ -144,8 +144,8 @@ CREATE INDEX snapshots_by_node ON snapshots (node);
 
 /// Version 2: the cluster. Nodes (see `store/cluster.rs`), places in teams' quotas held by
 /// gateways while a create is under way, and the two operations that must be atomic and
-/// timed by one clock, as functions: claiming a place (lock the team, count its sandboxes on
-/// every node and the places held, hold one) and declaring silent nodes lost (a node that
+/// timed by one clock, as functions: claiming a place (the team's quota or the default, lock
+/// the team, count its sandboxes on every node and the places held, hold one) and declaring silent nodes lost (a node that
 /// stopped cleanly, draining, is given longer: it is being restarted). The advisory lock keys
 /// spell "husq" and "husr".
 const V2: &str = "
@@ -171,24 +171,25 @@ CREATE INDEX quota_claims_by_team ON quota_claims (team);
 CREATE FUNCTION husk_now() RETURNS BIGINT LANGUAGE sql VOLATILE AS
 $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::BIGINT $$;
 
-CREATE FUNCTION husk_claim_quota(p_team TEXT, p_limit BIGINT, p_ttl BIGINT) RETURNS BIGINT
+CREATE FUNCTION husk_claim_quota(p_team TEXT, p_default BIGINT, p_ttl BIGINT)
+RETURNS TABLE (claim BIGINT, quota BIGINT)
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ns BIGINT := husk_now();
     used   BIGINT;
-    claim  BIGINT;
 BEGIN
+    quota := coalesce((SELECT max_sandboxes FROM teams WHERE name = p_team), p_default);
+    claim := NULL;
     PERFORM pg_advisory_xact_lock(1752527729, hashtext(p_team));
     DELETE FROM quota_claims WHERE team = p_team AND expires_at < now_ns;
     SELECT (SELECT count(*) FROM sandboxes WHERE team = p_team AND lost_at IS NULL)
-         + (SELECT count(*) FROM quota_claims WHERE team = p_team)
+         + (SELECT count(*) FROM quota_claims q WHERE q.team = p_team)
       INTO used;
-    IF used >= p_limit THEN
-        RETURN NULL;
+    IF used < quota THEN
+        INSERT INTO quota_claims (team, expires_at) VALUES (p_team, now_ns + p_ttl)
+            RETURNING id INTO claim;
     END IF;
-    INSERT INTO quota_claims (team, expires_at) VALUES (p_team, now_ns + p_ttl)
-        RETURNING id INTO claim;
-    RETURN claim;
+    RETURN NEXT;
 END $$;
 
 CREATE FUNCTION husk_reap_nodes(p_silent BIGINT, p_draining BIGINT)
