@@ -284,13 +284,13 @@ def test_only_gateways_reach_a_node_and_nobody_passes_for_one(cluster, made):
     assert sbx.is_running()
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_a_template_built_once_runs_on_every_node(cluster, made):
     name = unique("cluster-deb")
     # Built on node 1 (into its state directory), registered in the shared database.
     cluster.husk("template", "build", str(SPEC), "--name", name, "--quiet",
                  "--state-dir", str(cluster.nodes[0].state_dir), "--layer-cache", LAYER_CACHE,
-                 timeout=900)
+                 timeout=1700)
     try:
         digest = cluster.psql(f"SELECT digest FROM templates WHERE name = '{name}'").strip()
         assert digest.startswith("sha256:"), digest
@@ -316,7 +316,7 @@ def test_a_template_built_once_runs_on_every_node(cluster, made):
         cluster.husk("template", "rm", name, "--state-dir", str(cluster.nodes[0].state_dir), check=False)
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2400)
 def test_run_code_through_either_gateway_on_every_node(cluster):
     """husk's code-interpreter preset built once, on node 1; `run_code` with the stock
     e2b-code-interpreter SDK through both gateways on sandboxes of every node (nodes 2 and 3
@@ -331,7 +331,7 @@ def test_run_code_through_either_gateway_on_every_node(cluster):
         for preset in CODE_INTERPRETER_PRESETS:
             cluster.husk("template", "build", str(PRESETS_DIR / preset), "--quiet",
                          "--state-dir", str(cluster.nodes[0].state_dir), "--layer-cache", LAYER_CACHE,
-                         timeout=1100)
+                         timeout=2300)
             built.append(preset)
         # `base` now names the built preset, for every create of the cluster: only the code
         # interpreter's image is wanted here.
