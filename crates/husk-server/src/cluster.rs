@@ -49,9 +49,10 @@ pub enum TokenError {
     Invalid(String),
 }
 
-/// The cluster token, kept out of logs and wiped when dropped.
+/// The cluster token, kept out of logs and wiped when dropped. Cloned per request on a node:
+/// shared, not copied.
 #[derive(Clone)]
-pub struct ClusterToken(Zeroizing<String>);
+pub struct ClusterToken(std::sync::Arc<Zeroizing<String>>);
 
 impl std::fmt::Debug for ClusterToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,7 +75,11 @@ impl ClusterToken {
     pub fn new(bytes: &[u8]) -> Option<ClusterToken> {
         let ok = (MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&bytes.len())
             && bytes.iter().all(|b| b.is_ascii_graphic());
-        ok.then(|| ClusterToken(Zeroizing::new(String::from_utf8_lossy(bytes).into_owned())))
+        ok.then(|| {
+            ClusterToken(std::sync::Arc::new(Zeroizing::new(
+                String::from_utf8_lossy(bytes).into_owned(),
+            )))
+        })
     }
 
     /// Whether `headers` carry this token (compared in constant time).

@@ -266,6 +266,7 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
             husk_server::gateway::GatewayConfig {
                 token,
                 default_quota: args.max_sandboxes,
+                body_policy: husk_server::body::BodyPolicy::default(),
             },
         ) {
             Ok(g) => g,

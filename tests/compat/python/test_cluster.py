@@ -169,6 +169,67 @@ def test_ingress_reaches_a_sandbox_on_any_node(cluster, made):
             assert r.status == 200 and r.body == f"hello from {code}\n".encode(), r.text
 
 
+UPGRADE_SERVER = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        if self.headers.get("Upgrade", "").lower() != "websocket":
+            self.send_response(400); self.end_headers(); return
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.end_headers()
+        while True:
+            data = self.rfile.read1(65536)
+            if not data:
+                break
+            self.wfile.write(data)
+        self.close_connection = True
+http.server.ThreadingHTTPServer(("0.0.0.0", 8002), H).serve_forever()
+"""
+
+
+def test_a_protocol_upgrade_is_joined_through_a_gateway(cluster, made):
+    import socket
+
+    sbx = create(cluster, made)
+    sbx.files.write("/tmp/up.py", UPGRADE_SERVER)
+    sbx.commands.run("python3 /tmp/up.py", background=True)
+    host = f"8002-{sbx.sandbox_id}.husk.test"
+
+    def upgraded():
+        s = socket.create_connection(("127.0.0.1", cluster.gateways[1].port), timeout=10)
+        s.sendall(f"GET /ws HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\n"
+                  f"Upgrade: websocket\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        if head.split(b"\r\n", 1)[0].split(b" ")[1:2] != [b"101"]:
+            s.close()
+            return None
+        return s, head.split(b"\r\n\r\n", 1)[1]
+
+    s, rest = wait_for(upgraded, 30, "the sandbox's server to switch protocols through the gateway")
+    try:
+        payload = bytes(i % 251 for i in range(200_000))
+        sender = threading.Thread(target=s.sendall, args=(payload,))
+        sender.start()
+        echoed = rest
+        while len(echoed) < len(payload):
+            chunk = s.recv(65536)
+            assert chunk, f"the joined connection ended after {len(echoed)} bytes"
+            echoed += chunk
+        sender.join()
+        assert echoed == payload
+    finally:
+        s.close()
+
+
 def test_the_list_merges_every_node_and_pages(cluster, made):
     tag = unique("list")
     ids = set()

@@ -46,16 +46,8 @@ pub(super) async fn fan_out(
     let desc = crate::rest::query_value(&query, "order") != Some("asc");
     let nodes = gw.nodes.serving();
     let asks = nodes.iter().map(|node| {
-        let mut b = Request::builder()
-            .method(req.method().clone())
-            .uri(req.uri().clone())
-            .version(req.version());
-        if let Some(h) = b.headers_mut() {
-            *h = req.headers().clone();
-        }
-        let ask = b.body(Body::empty());
+        let ask = super::bodiless_copy(&req);
         let answer = async move {
-            let ask = ask.map_err(|e| e.to_string())?;
             let resp = proxy::send(&gw.client, &gw.config.token, &node.row.url, ask, Some(who))
                 .await
                 .map_err(|e| e.to_string())?;

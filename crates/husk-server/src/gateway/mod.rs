@@ -60,6 +60,8 @@ pub struct GatewayConfig {
     pub token: ClusterToken,
     /// A team's quota when the database has none for it (`husk serve --max-sandboxes`).
     pub default_quota: u32,
+    /// How fast clients must send the bodies the gateway reads (creates).
+    pub body_policy: crate::body::BodyPolicy,
 }
 
 /// One gateway.
@@ -238,18 +240,10 @@ impl Gateway {
             Ok(resp) => resp,
             Err(ProxyError::Connect(e)) => {
                 tracing::debug!(node = %node.row.name, error = %e, "node not answering");
-                let other = self
-                    .nodes
-                    .serving()
-                    .into_iter()
-                    .find(|n| n.row.code != node.row.code);
-                match (retry, other) {
-                    (Some(req), Some(other)) => {
-                        proxy::send(&self.client, &self.config.token, &other.row.url, req, who)
-                            .await
-                            .unwrap_or_else(|e| unreachable_node(&other.row.name, id, &e))
-                    }
-                    _ => unreachable_node(&node.row.name, id, &ProxyError::Connect(e)),
+                match self.elsewhere(&node, retry, who).await {
+                    Some(Ok(resp)) => resp,
+                    Some(Err((other, e))) => unreachable_node(&other, id, &e),
+                    None => unreachable_node(&node.row.name, id, &ProxyError::Connect(e)),
                 }
             }
             Err(e) => unreachable_node(&node.row.name, id, &e),
@@ -271,30 +265,47 @@ impl Gateway {
         match proxy::send(&self.client, &self.config.token, &node.row.url, req, who).await {
             Ok(resp) => resp,
             Err(ProxyError::Connect(_)) if retry.is_some() => {
-                let other = self
-                    .nodes
-                    .serving()
-                    .into_iter()
-                    .find(|n| n.row.code != node.row.code);
-                match (retry, other) {
-                    (Some(req), Some(other)) => {
-                        proxy::send(&self.client, &self.config.token, &other.row.url, req, who)
-                            .await
-                            .unwrap_or_else(|e| node_failed(&other.row.name, &e))
-                    }
-                    _ => no_nodes(),
+                match self.elsewhere(&node, retry, who).await {
+                    Some(Ok(resp)) => resp,
+                    Some(Err((other, e))) => node_failed(&other, &e),
+                    None => no_nodes(),
                 }
             }
             Err(e) => node_failed(&node.row.name, &e),
         }
     }
 
+    /// `retry` (a copy of a request without a body) sent to a serving node other than
+    /// `failed`, which could not be reached: its answer, or the other node's name and why
+    /// it failed too; `None` when there is no copy or no other node.
+    async fn elsewhere(
+        &self,
+        failed: &nodes::Node,
+        retry: Option<Request<Body>>,
+        who: Option<&Principal>,
+    ) -> Option<Result<Response, (String, ProxyError)>> {
+        let req = retry?;
+        let other = self
+            .nodes
+            .serving()
+            .into_iter()
+            .find(|n| n.row.code != failed.row.code)?;
+        Some(
+            proxy::send(&self.client, &self.config.token, &other.row.url, req, who)
+                .await
+                .map_err(|e| (other.row.name.clone(), e)),
+        )
+    }
+
     /// A create: a place in the team's quota across the cluster, then a node.
     async fn create(&self, who: Principal, req: Request<Body>) -> Response {
         let (parts, body) = req.into_parts();
-        let body = match read_bounded(body, MAX_CREATE_BODY).await {
+        // Read whole (it may be sent to more than one node), under the body rate rule that
+        // nodes hold bodies to: a client trickling it is cut off (408), not waited for.
+        let guarded = Body::new(crate::body::Guarded::new(body, self.config.body_policy));
+        let body = match crate::body::read_all(guarded, MAX_CREATE_BODY).await {
             Ok(b) => b,
-            Err(refused) => return refused,
+            Err(e) => return ApiError::new(e.status(), e.to_string()).into_response(),
         };
         let team = who.team.clone();
         let default = self.config.default_quota;
@@ -322,9 +333,14 @@ impl Gateway {
         let pinned = routes::code_of(&template).and_then(|c| self.nodes.by_code(c));
         let digest = self.digest_of(&template);
         let mut tried: Vec<String> = Vec::new();
-        let resp = if let Some(node) = pinned {
+        // The create as received, for each node it is sent to.
+        let request = || {
             let mut req = Request::from_parts(clone_parts(&parts), Body::from(body.clone()));
             *req.extensions_mut() = parts.extensions.clone();
+            req
+        };
+        let resp = if let Some(node) = pinned {
+            let req = request();
             proxy::send(
                 &self.client,
                 &self.config.token,
@@ -340,8 +356,7 @@ impl Gateway {
                 let Some(placed) = self.nodes.place(&tried, digest.as_deref(), random) else {
                     break no_capacity();
                 };
-                let mut req = Request::from_parts(clone_parts(&parts), Body::from(body.clone()));
-                *req.extensions_mut() = parts.extensions.clone();
+                let req = request();
                 let url = placed.node.row.url.clone();
                 match proxy::send(&self.client, &self.config.token, &url, req, Some(&who)).await {
                     Ok(resp) => break resp,
@@ -415,9 +430,11 @@ fn clone_parts(parts: &axum::http::request::Parts) -> axum::http::request::Parts
 
 /// A copy of a request without a body (to send again elsewhere), `None` if it has one.
 fn clone_bodiless(req: &Request<Body>) -> Option<Request<Body>> {
-    if !http_body::Body::is_end_stream(req.body()) {
-        return None;
-    }
+    http_body::Body::is_end_stream(req.body()).then(|| bodiless_copy(req))
+}
+
+/// `req`'s method, URI, version and headers, with no body (a list's question to each node).
+pub(super) fn bodiless_copy(req: &Request<Body>) -> Request<Body> {
     let mut b = Request::builder()
         .method(req.method().clone())
         .uri(req.uri().clone())
@@ -425,23 +442,8 @@ fn clone_bodiless(req: &Request<Body>) -> Option<Request<Body>> {
     if let Some(h) = b.headers_mut() {
         *h = req.headers().clone();
     }
-    b.body(Body::empty()).ok()
-}
-
-/// A body read whole, at most `max` bytes (413 beyond).
-async fn read_bounded(body: Body, max: usize) -> Result<bytes::Bytes, Response> {
-    use http_body_util::BodyExt;
-    match http_body_util::Limited::new(body, max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) => {
-            let status = if e.is::<http_body_util::LengthLimitError>() {
-                StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            Err(ApiError::new(status, format!("reading the request body: {e}")).into_response())
-        }
-    }
+    b.body(Body::empty())
+        .unwrap_or_else(|_| Request::new(Body::empty()))
 }
 
 fn not_found(id: &str) -> Response {
@@ -517,4 +519,81 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     crate::listener::serve(listener, service(gateway), limits, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gateway() -> (Arc<Gateway>, String) {
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let (_, key) = store.create_key("acme", false, None).unwrap();
+        let token = ClusterToken::new(&[b't'; 32]).unwrap();
+        let config = GatewayConfig {
+            token,
+            default_quota: 10,
+            body_policy: crate::body::BodyPolicy::default(),
+        };
+        (Gateway::new(store, config).unwrap(), key)
+    }
+
+    fn create(key: &str, body: Body) -> Request<Body> {
+        Request::post("/v2/sandboxes")
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(body)
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_create_body_that_stalls_is_cut_off_and_one_too_large_refused() {
+        let (gw, key) = gateway();
+        let stalled = Body::from_stream(futures_util::stream::pending::<
+            Result<bytes::Bytes, std::io::Error>,
+        >());
+        let resp = gw.clone().handle(create(&key, stalled)).await;
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        let huge = Body::from(vec![b' '; MAX_CREATE_BODY + 1]);
+        let resp = gw.clone().handle(create(&key, huge)).await;
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
+    async fn nobody_and_forged_cluster_headers_get_nothing() {
+        let (gw, key) = gateway();
+        // No key: a create, a list and the nodes are refused before anything else.
+        for (method, path) in [
+            (Method::POST, "/v2/sandboxes"),
+            (Method::GET, "/v2/sandboxes"),
+            (Method::GET, "/husk/v1/cluster/nodes"),
+        ] {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(crate::cluster::TEAM, "acme")
+                .header(crate::cluster::ADMIN, "1")
+                .body(Body::empty())
+                .unwrap();
+            let resp = gw.clone().handle(req).await;
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path}");
+        }
+        // A key of another kind of user: not an admin.
+        let req = Request::get("/husk/v1/cluster/nodes")
+            .header("x-api-key", &key)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(gw.clone().handle(req).await.status(), StatusCode::FORBIDDEN);
+        // The nodes' own routes are never served to a client.
+        let req = Request::get(format!("/husk/v1/cluster/images/sha256:{}", "0".repeat(64)))
+            .header("x-api-key", &key)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(gw.clone().handle(req).await.status(), StatusCode::NOT_FOUND);
+        // A sandbox id that names no node.
+        let req = Request::get("/sandboxes/zzzzaaaaaaaaaaaaaaaa")
+            .header("x-api-key", &key)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(gw.handle(req).await.status(), StatusCode::NOT_FOUND);
+    }
 }

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, uri::PathAndQuery, HeaderValue, StatusCode, Uri, Version};
+use axum::http::{header, uri::PathAndQuery, HeaderValue, Uri, Version};
 use axum::response::Response;
 use husk_core::store::Principal;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 
 use crate::cluster::{self, ClusterToken};
-use crate::sandbox::ingress::{strip_hop_by_hop, upgrade_of};
+use crate::sandbox::ingress::{relay_response, strip_hop_by_hop, upgrade_of};
 
 /// How long connecting to a node may take before it counts as not answering.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -100,25 +100,6 @@ pub async fn send(
     }
     headers.insert(cluster::TOKEN, token.header_value());
 
-    let mut resp = client.request(req).await.map_err(ProxyError::of)?;
-    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    let kept = switching
-        .then(|| resp.headers().get(header::UPGRADE).cloned())
-        .flatten();
-    strip_hop_by_hop(resp.headers_mut());
-    if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
-        if let Some(proto) = kept {
-            resp.headers_mut().insert(header::UPGRADE, proto);
-        }
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        let node_upgrade = hyper::upgrade::on(&mut resp);
-        tokio::spawn(async move {
-            if let Ok((c, n)) = tokio::try_join!(client_upgrade, node_upgrade) {
-                let (mut c, mut n) = (TokioIo::new(c), TokioIo::new(n));
-                let _ = tokio::io::copy_bidirectional(&mut c, &mut n).await;
-            }
-        });
-    }
-    Ok(resp.map(Body::new))
+    let resp = client.request(req).await.map_err(ProxyError::of)?;
+    Ok(relay_response(resp, client_upgrade, format!("node {base}")))
 }

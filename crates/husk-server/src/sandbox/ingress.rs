@@ -126,7 +126,7 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
             tracing::debug!(sandbox = %id, port, error = %e, "ingress connection ended");
         }
     });
-    let mut resp = match sender.send_request(req).await {
+    let resp = match sender.send_request(req).await {
         Ok(r) => r,
         Err(e) => return bad_gateway(sb.id(), port, e),
     };
@@ -143,6 +143,23 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
             ),
         );
     }
+    relay_response(
+        resp,
+        client_upgrade,
+        format!("sandbox {} port {port}", sb.id()),
+    )
+}
+
+/// An upstream answer as the client gets it: no hop-by-hop headers; on a protocol switch the
+/// client asked for (`client_upgrade`), its `Upgrade` kept and the two upgraded connections
+/// joined once the 101 has gone out (`what` names the upstream in the log). Shared by
+/// ingress and a cluster's gateway.
+pub(crate) fn relay_response(
+    mut resp: Response<hyper::body::Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    what: String,
+) -> axum::response::Response {
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let kept = switching
         .then(|| resp.headers().get(header::UPGRADE).cloned())
         .flatten();
@@ -153,17 +170,14 @@ pub async fn handle(state: &AppState, sb: Sandbox, port: u16, mut req: Request<B
         }
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        let server_upgrade = hyper::upgrade::on(&mut resp);
-        let id = sb.id().to_owned();
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
-            match tokio::try_join!(client_upgrade, server_upgrade) {
-                Ok((client, server)) => {
-                    let (mut c, mut s) = (TokioIo::new(client), TokioIo::new(server));
-                    let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
+            match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                Ok((client, upstream)) => {
+                    let (mut c, mut u) = (TokioIo::new(client), TokioIo::new(upstream));
+                    let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
                 }
-                Err(e) => {
-                    tracing::debug!(sandbox = %id, port, error = %e, "ingress upgrade failed")
-                }
+                Err(e) => tracing::debug!(upstream = %what, error = %e, "upgrade failed"),
             }
         });
     }
