@@ -209,7 +209,8 @@ pub fn service(
         .merge(crate::workspaces::router(state.clone()))
         .merge(crate::volumes::router(state.clone()))
         .merge(crate::runs::router(state.clone()))
-        .merge(crate::node_images::router(state.clone()));
+        .merge(crate::node_images::router(state.clone()))
+        .merge(crate::sandbox::signed::router(state.clone()));
     let policy = state.body_policy;
     let cluster = state.cluster.clone();
     let (manager, signed) = (state.manager.clone(), state.signed.clone());

@@ -14,6 +14,7 @@ pub mod net_rules;
 pub mod node_images;
 pub mod openapi;
 pub mod pools;
+pub mod ration;
 pub(crate) mod rest;
 pub mod runs;
 pub mod sandbox;

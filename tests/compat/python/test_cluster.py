@@ -20,7 +20,7 @@ from e2b import PtySize, Sandbox, SandboxQuery
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 from husk_cluster import Cluster
-from husk_compat import http_request, sandbox_headers, unique, wait_for
+from husk_compat import fetch_url, http_request, multipart, sandbox_headers, unique, wait_for
 from husk_postgres import PostgresServer
 
 SPEC = Path(__file__).resolve().parent.parent / "templates" / "debian" / "husk.toml"
@@ -316,6 +316,8 @@ def test_only_gateways_reach_a_node_and_nobody_passes_for_one(cluster, made):
     r = http_request(node.port, "GET", "/files?path=/etc/hostname",
                      headers=sandbox_headers(sbx.sandbox_id))
     assert r.status == 401, r.text
+    r = http_request(node.port, "GET", "/husk/v1/cluster/signed-files?path=/a&signature=v1_x")
+    assert r.status == 401 and "husk node" in r.json()["message"], r.text
     # Through a gateway, a client's own cluster headers count for nothing.
     other = cluster.create_key(unique("other").replace("_", "-"))
     spoof = {"X-API-Key": other, "X-Husk-Team": "default", "X-Husk-Admin": "1",
@@ -335,14 +337,52 @@ def test_only_gateways_reach_a_node_and_nobody_passes_for_one(cluster, made):
         assert r.status == 401, r.text
         # The nodes' image exchange is theirs alone, even for an admin key.
         digest = "sha256:" + "0" * 64
-        r = http_request(gw.port, "GET", f"/husk/v1/cluster/images/{digest}",
-                         headers={"X-API-Key": cluster.admin_key})
-        assert r.status == 404 and r.json()["message"] == "no such route", r.text
+        for path in (f"/husk/v1/cluster/images/{digest}",
+                     "/husk/v1/cluster/signed-files?path=/etc/passwd&signature=v1_x"):
+            r = http_request(gw.port, "GET", path, headers={"X-API-Key": cluster.admin_key})
+            assert r.status == 404 and r.json()["message"] == "no such route", r.text
     # A sandbox id no node made.
     r = http_request(cluster.gateways[0].port, "GET", "/sandboxes/zzzzaaaaaaaaaaaaaaaa",
                      headers={"X-API-Key": cluster.admin_key})
     assert r.status == 404, r.text
     assert sbx.is_running()
+
+
+def test_signed_file_urls_without_a_sandbox_id_reach_every_node(cluster, made):
+    """`download_url()` / `upload_url()` built on the gateway carry no sandbox id; opened as a
+    browser or curl opens them, the gateway finds the sandbox by asking the nodes."""
+    for code, sbx in one_per_node(cluster, made).items():
+        sbx.files.write("/tmp/signed.txt", f"signed on {code}")
+        for gw in (0, 1):
+            s = Sandbox.connect(sbx.sandbox_id, **cluster.opts(gw))
+            url = s.download_url("/tmp/signed.txt")
+            assert url.startswith(cluster.gateways[gw].url + "/files?"), url
+            # Twice: found by asking the nodes, then remembered.
+            for _ in range(2):
+                assert fetch_url(url, None) == (200, f"signed on {code}".encode())
+            up = s.upload_url(f"/tmp/up-{gw}.txt")
+            body, headers = multipart(f"/tmp/up-{gw}.txt", f"up {code} {gw}".encode())
+            status, resp = fetch_url(up, None, "POST", body, headers)
+            assert status == 200, resp
+            assert sbx.files.read(f"/tmp/up-{gw}.txt") == f"up {code} {gw}"
+            # Expired, tampered: refused as a node refuses them.
+            expired = s.download_url("/tmp/signed.txt", use_signature_expiration=-30)
+            status, body = fetch_url(expired, None)
+            assert status == 401 and json.loads(body)["message"] == "signature is already expired"
+            forged = url.replace("signature=v1_", "signature=v1_AA", 1)
+            status, body = fetch_url(forged, None)
+            assert status == 401 and json.loads(body)["message"] == "invalid signature", body
+    # Once its sandbox is gone, a URL found before is refused, not served from memory.
+    sbx = create(cluster, made)
+    sbx.files.write("/tmp/signed.txt", "soon gone")
+    url = sbx.download_url("/tmp/signed.txt")
+    assert fetch_url(url, None) == (200, b"soon gone")
+    sbx.kill()
+    # What E2B's proxy answers for a sandbox gone, then the URL is searched again.
+    status, body = fetch_url(url, None)
+    assert status == 502 and json.loads(body)["message"] == "The sandbox was not found", body
+    status, body = fetch_url(url, None)
+    assert status == 401 and json.loads(body)["message"] == "invalid signature", body
 
 
 @pytest.mark.timeout(1800)
@@ -727,8 +767,10 @@ def test_the_stock_js_sdk_works_through_the_gateways(cluster):
     assert "# pass 1" in text and "# fail 0" in text, text[-3000:]
 
 
-def test_a_server_of_its_own_hands_out_no_template_images(husk):
+def test_a_server_of_its_own_serves_none_of_the_node_api(husk):
     digest = "sha256:" + "0" * 64
     for headers in ({}, {"X-API-Key": husk.admin_key}):
-        r = http_request(husk.port, "GET", f"/husk/v1/cluster/images/{digest}", headers=headers)
-        assert r.status == 404, r.text
+        for path in (f"/husk/v1/cluster/images/{digest}",
+                     "/husk/v1/cluster/signed-files?path=/a&signature=v1_x"):
+            r = http_request(husk.port, "GET", path, headers=headers)
+            assert r.status == 404, r.text

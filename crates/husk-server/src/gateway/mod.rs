@@ -16,6 +16,7 @@ mod list;
 mod nodes;
 pub mod proxy;
 pub mod routes;
+mod signed;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -72,6 +73,8 @@ pub struct Gateway {
     digests: std::sync::RwLock<std::collections::HashMap<String, String>>,
     client: Client,
     config: GatewayConfig,
+    /// Signed file URLs found on the nodes.
+    signed: signed::SignedSearch,
 }
 
 impl Gateway {
@@ -85,6 +88,7 @@ impl Gateway {
             digests: Default::default(),
             client: proxy::client(),
             config,
+            signed: Default::default(),
         }))
     }
 
@@ -186,6 +190,9 @@ impl Gateway {
         crate::cluster::strip(req.headers_mut());
         if let Some(target) = crate::app::sandbox_target(&req) {
             return self.to_sandbox(&target.id, req, None).await;
+        }
+        if crate::sandbox::signed::is_signed_files(&req) {
+            return self.signed_files(req).await;
         }
         let path = req.uri().path().to_owned();
         if path == "/health" {
@@ -522,10 +529,10 @@ pub async fn serve(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn gateway() -> (Arc<Gateway>, String) {
+    pub(in crate::gateway) fn gateway() -> (Arc<Gateway>, String) {
         let store = Arc::new(Store::open_in_memory().unwrap());
         let (_, key) = store.create_key("acme", false, None).unwrap();
         let token = ClusterToken::new(&[b't'; 32]).unwrap();

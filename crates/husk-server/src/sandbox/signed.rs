@@ -14,40 +14,96 @@
 //! searches are rationed server-wide ([`SEARCHES_PER_SECOND`]); beyond that the answer is 429
 //! with `Retry-After`. Nothing a tenant does can make another tenant's signed URLs resolve
 //! anywhere but to that tenant's sandbox.
+//!
+//! In a cluster, a gateway cannot try the tokens (they stay on the nodes): it asks every node
+//! the same question on the node API ([`LOOKUP_PATH`]), and each answers from its own
+//! sandboxes with this same search (see `gateway::signed`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 
-use crate::app::SandboxTarget;
+use crate::app::{AppState, SandboxTarget};
 use crate::files::{verify_signature, FilesAuthError, FilesError, FilesQuery, Operation};
+use crate::ration::Ration;
 use husk_core::manager::Manager;
 
 /// Searches through every sandbox allowed per second, server-wide (and as a burst).
 pub const SEARCHES_PER_SECOND: f64 = 100.0;
 /// Signatures remembered with the sandbox they were found for.
 const REMEMBERED: usize = 4096;
+/// Where a node answers its gateways which of its sandboxes signed a URL: the URL's query
+/// as is, the method it is for in [`LOOKUP_METHOD`].
+pub const LOOKUP_PATH: &str = "/husk/v1/cluster/signed-files";
+/// The method (`GET`: a download, `POST`: an upload) a looked-up URL is for.
+pub const LOOKUP_METHOD: &str = "x-husk-signed-method";
 
 /// Finds the sandbox of signed `/files` URLs that name none.
 pub struct SignedRoutes {
-    /// signature → sandbox id, for URLs found before (checked again on every use).
-    found: Mutex<HashMap<String, String>>,
-    /// (tokens, last refill) of the search ration.
-    ration: Mutex<(f64, Instant)>,
+    /// URLs found before (checked again on every use).
+    found: Remembered,
+    ration: Ration,
 }
 
 impl Default for SignedRoutes {
     fn default() -> Self {
         SignedRoutes {
-            found: Mutex::new(HashMap::new()),
-            ration: Mutex::new((SEARCHES_PER_SECOND, Instant::now())),
+            found: Remembered::default(),
+            ration: Ration::new(SEARCHES_PER_SECOND),
         }
     }
+}
+
+/// Signatures with the sandbox they were found for, at most [`REMEMBERED`].
+#[derive(Default)]
+pub struct Remembered(Mutex<HashMap<String, String>>);
+
+impl Remembered {
+    pub fn get(&self, signature: &str) -> Option<String> {
+        lock(&self.0).get(signature).cloned()
+    }
+
+    pub fn forget(&self, signature: &str) {
+        lock(&self.0).remove(signature);
+    }
+
+    pub fn remember(&self, signature: String, id: String) {
+        let mut found = lock(&self.0);
+        if found.len() >= REMEMBERED {
+            // Forget an arbitrary half: cheap, and a forgotten URL is only searched again.
+            let drop: Vec<String> = found.keys().take(REMEMBERED / 2).cloned().collect();
+            for k in drop {
+                found.remove(&k);
+            }
+        }
+        found.insert(signature, id);
+    }
+}
+
+/// The answer when the ration of searches is spent.
+pub fn too_many() -> Response {
+    let mut resp = FilesError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many signed URLs without a sandbox id at once; retry, or send the \
+         E2b-Sandbox-Id header",
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
+/// The signature in a `/files` query (`None` without one).
+pub fn signature_of(query: Option<&str>) -> Option<String> {
+    form_urlencoded::parse(query?.as_bytes())
+        .find(|(k, _)| k == "signature")
+        .map(|(_, v)| v.into_owned())
 }
 
 /// Whether `req` is a `/files` request with a signature (and no sandbox named).
@@ -84,8 +140,7 @@ impl SignedRoutes {
                 Err(FilesAuthError::Invalid | FilesAuthError::Missing)
             )
         };
-        let remembered = lock(&self.found).get(&signature).cloned();
-        if let Some(id) = remembered {
+        if let Some(id) = self.found.get(&signature) {
             if manager
                 .get_any(&id)
                 .is_some_and(|sb| signed_by(sb.access_token()))
@@ -95,18 +150,10 @@ impl SignedRoutes {
                     port: super::ENVD_PORT,
                 });
             }
-            lock(&self.found).remove(&signature);
+            self.found.forget(&signature);
         }
-        if !self.take_search() {
-            let mut resp = FilesError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many signed URLs without a sandbox id at once; retry, or send the \
-                 E2b-Sandbox-Id header",
-            )
-            .into_response();
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Err(Box::new(resp));
+        if !self.ration.take() {
+            return Err(Box::new(too_many()));
         }
         let sandbox = manager
             .all_sandboxes()
@@ -114,34 +161,46 @@ impl SignedRoutes {
             .find(|sb| !sb.is_gone() && signed_by(sb.access_token()))
             .ok_or_else(|| answer(FilesAuthError::Invalid.into()))?;
         let id = sandbox.id().to_owned();
-        let mut found = lock(&self.found);
-        if found.len() >= REMEMBERED {
-            // Forget an arbitrary half: cheap, and a forgotten URL is only searched again.
-            let drop: Vec<String> = found.keys().take(REMEMBERED / 2).cloned().collect();
-            for k in drop {
-                found.remove(&k);
-            }
-        }
-        found.insert(signature, id.clone());
+        self.found.remember(signature, id.clone());
         Ok(SandboxTarget {
             id,
             port: super::ENVD_PORT,
         })
     }
+}
 
-    /// Takes one search from the ration (a token bucket).
-    fn take_search(&self) -> bool {
-        let mut ration = lock(&self.ration);
-        let now = Instant::now();
-        let (tokens, last) = *ration;
-        let tokens = (tokens + now.duration_since(last).as_secs_f64() * SEARCHES_PER_SECOND)
-            .min(SEARCHES_PER_SECOND);
-        if tokens < 1.0 {
-            *ration = (tokens, now);
-            return false;
-        }
-        *ration = (tokens - 1.0, now);
-        true
+/// The node API's lookup ([`LOOKUP_PATH`]): served by a cluster's node only (every request
+/// there carries the cluster token).
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/husk/v1/cluster/signed-files", get(lookup))
+        .with_state(state)
+}
+
+/// Which of this node's sandboxes signed the URL whose query this request carries:
+/// `{"sandboxID": …}`, or the answer the URL itself would get here (401, 429, 400).
+async fn lookup(State(state): State<AppState>, req: Request<Body>) -> Response {
+    if state.cluster.is_none() {
+        return crate::error::ApiError::new(StatusCode::NOT_FOUND, "no such route").into_response();
+    }
+    let method = match req.headers().get(LOOKUP_METHOD).map(|v| v.as_bytes()) {
+        Some(b"POST") => Method::POST,
+        _ => Method::GET,
+    };
+    let uri = match req.uri().query() {
+        Some(q) => format!("/files?{q}"),
+        None => "/files".to_owned(),
+    };
+    let Ok(files) = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::empty())
+    else {
+        return FilesError::new(StatusCode::BAD_REQUEST, "unreadable query").into_response();
+    };
+    match state.signed.target(&state.manager, &files) {
+        Ok(t) => axum::Json(serde_json::json!({ "sandboxID": t.id })).into_response(),
+        Err(resp) => *resp,
     }
 }
 
@@ -154,14 +213,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn searches_are_rationed_and_come_back_with_time() {
-        let routes = SignedRoutes::default();
-        let burst = (0..1000).take_while(|_| routes.take_search()).count();
-        assert_eq!(burst, SEARCHES_PER_SECOND as usize);
-        assert!(!routes.take_search());
-        // A second later the ration is whole again.
-        lock(&routes.ration).1 -= std::time::Duration::from_secs(1);
-        assert!(routes.take_search());
+    fn remembered_urls_are_bounded() {
+        let r = Remembered::default();
+        for i in 0..REMEMBERED + 10 {
+            r.remember(format!("s{i}"), format!("id{i}"));
+        }
+        assert!(lock(&r.0).len() <= REMEMBERED);
+        let last = REMEMBERED + 9;
+        assert_eq!(r.get(&format!("s{last}")), Some(format!("id{last}")));
+        r.forget(&format!("s{last}"));
+        assert_eq!(r.get(&format!("s{last}")), None);
+    }
+
+    #[test]
+    fn the_signature_is_read_from_the_query() {
+        assert_eq!(
+            signature_of(Some("path=%2Fa&signature=v1_a%2Bb&x=1")).as_deref(),
+            Some("v1_a+b")
+        );
+        assert_eq!(signature_of(Some("path=a")), None);
+        assert_eq!(signature_of(None), None);
     }
 
     #[test]
