@@ -267,6 +267,7 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
                 token,
                 default_quota: args.max_sandboxes,
                 body_policy: husk_server::body::BodyPolicy::default(),
+                team_body_bytes: husk_server::app::TEAM_BODY_BYTES,
             },
         ) {
             Ok(g) => g,

@@ -12,6 +12,7 @@
 //! database): a node silent for [`LOST_AFTER`] is lost, its sandboxes with it.
 
 mod db;
+mod fair;
 mod list;
 mod nodes;
 pub mod proxy;
@@ -63,6 +64,9 @@ pub struct GatewayConfig {
     pub default_quota: u32,
     /// How fast clients must send the bodies the gateway reads (creates).
     pub body_policy: crate::body::BodyPolicy,
+    /// Bytes of create bodies one team's requests may hold in the gateway at once
+    /// (`app::TEAM_BODY_BYTES`, as on a node).
+    pub team_body_bytes: u64,
 }
 
 /// One gateway.
@@ -75,6 +79,10 @@ pub struct Gateway {
     config: GatewayConfig,
     /// Signed file URLs found on the nodes.
     signed: signed::SignedSearch,
+    /// Each API key's share of the database calls.
+    fair: Arc<fair::Fair>,
+    /// Each team's bytes of create bodies held here.
+    bodies: Arc<crate::budget::Budget>,
 }
 
 impl Gateway {
@@ -87,8 +95,10 @@ impl Gateway {
             nodes: Nodes::default(),
             digests: Default::default(),
             client: proxy::client(),
-            config,
             signed: Default::default(),
+            fair: fair::Fair::new(fair::PER_KEY),
+            bodies: crate::budget::Budget::new("request bodies", config.team_body_bytes),
+            config,
         }))
     }
 
@@ -179,6 +189,9 @@ impl Gateway {
             .filter(|k| !k.is_empty())
         else {
             return Ok(None);
+        };
+        let Some(_place) = self.fair.enter(key).await else {
+            return Err(too_busy());
         };
         let key = key.to_owned();
         let checked = self.db.call(move |s| s.check_key(&key)).await;
@@ -309,17 +322,23 @@ impl Gateway {
         let (parts, body) = req.into_parts();
         // Read whole (it may be sent to more than one node), under the body rate rule that
         // nodes hold bodies to: a client trickling it is cut off (408), not waited for.
+        // Charged to the team's budget of bodies held (as on a node) until the create ends.
         let guarded = Body::new(crate::body::Guarded::new(body, self.config.body_policy));
-        let body = match crate::body::read_all(guarded, MAX_CREATE_BODY).await {
+        let mut held = self.bodies.reservation(&who.team);
+        let body = match crate::body::read_all_within(guarded, MAX_CREATE_BODY, &mut held).await {
             Ok(b) => b,
             Err(e) => return ApiError::new(e.status(), e.to_string()).into_response(),
         };
         let team = who.team.clone();
         let default = self.config.default_quota;
+        let Some(place) = self.fair.enter(&who.key_id).await else {
+            return too_busy();
+        };
         let claimed = self
             .db
             .call(move |s| s.claim_quota(&team, default, CLAIM_TTL))
             .await;
+        drop(place);
         let claim = match claimed {
             Ok((Some(claim), _)) => claim,
             Ok((None, limit)) => {
@@ -453,6 +472,16 @@ pub(super) fn bodiless_copy(req: &Request<Body>) -> Request<Body> {
         .unwrap_or_else(|_| Request::new(Body::empty()))
 }
 
+/// A key with [`fair::PER_KEY`] database calls under way for [`fair::WAIT`].
+fn too_busy() -> Response {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many requests with this API key at once; retry shortly",
+    )
+    .retry_after(1)
+    .into_response()
+}
+
 fn not_found(id: &str) -> Response {
     ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")).into_response()
 }
@@ -533,6 +562,10 @@ pub(super) mod tests {
     use super::*;
 
     pub(in crate::gateway) fn gateway() -> (Arc<Gateway>, String) {
+        gateway_with(3 << 20)
+    }
+
+    fn gateway_with(team_body_bytes: u64) -> (Arc<Gateway>, String) {
         let store = Arc::new(Store::open_in_memory().unwrap());
         let (_, key) = store.create_key("acme", false, None).unwrap();
         let token = ClusterToken::new(&[b't'; 32]).unwrap();
@@ -540,8 +573,31 @@ pub(super) mod tests {
             token,
             default_quota: 10,
             body_policy: crate::body::BodyPolicy::default(),
+            team_body_bytes,
         };
         (Gateway::new(store, config).unwrap(), key)
+    }
+
+    #[tokio::test]
+    async fn create_bodies_are_charged_to_their_teams_budget() {
+        let (gw, key) = gateway_with(100);
+        let body = format!(
+            "{{\"templateID\":\"base\",\"metadata\":{{\"a\":\"{}\"}}}}",
+            "x".repeat(200)
+        );
+        let resp = gw.clone().handle(create(&key, Body::from(body))).await;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        let text = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&text).contains("request bodies"),
+            "{text:?}"
+        );
+        assert_eq!(gw.bodies.held("acme"), 0, "nothing stays held");
+        // A body within the budget gets to the quota claim, which this SQLite store cannot
+        // make (a cluster's is PostgreSQL's).
+        let resp = gw.handle(create(&key, Body::from("{}"))).await;
+        let text = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap();
+        assert!(String::from_utf8_lossy(&text).contains("cluster"), "{text:?}");
     }
 
     fn create(key: &str, body: Body) -> Request<Body> {
