@@ -33,6 +33,11 @@ pub const MIN_TOKEN_LEN: usize = 32;
 /// Longest token accepted.
 pub const MAX_TOKEN_LEN: usize = 512;
 
+/// Largest token file read: a few tokens (during a rotation), with room to spare.
+pub const MAX_TOKEN_FILE: usize = 16 << 10;
+/// How often every process reads its token file again (a rotation takes effect within it).
+pub const RELOAD: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why a token file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -43,16 +48,37 @@ pub enum TokenError {
         source: std::io::Error,
     },
     #[error(
-        "cluster token file {0}: the token must be {MIN_TOKEN_LEN}-{MAX_TOKEN_LEN} printable \
-         characters without spaces (make one with `head -c 32 /dev/urandom | base64`)"
+        "cluster token file {0}: one token per line, each {MIN_TOKEN_LEN}-{MAX_TOKEN_LEN} \
+         printable characters without spaces (make one with `head -c 32 /dev/urandom | base64`)"
     )]
     Invalid(String),
 }
 
+/// A token file read again holds no valid token (the tokens read before stay in use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the cluster token file holds no valid token (one per line, {MIN_TOKEN_LEN}-{MAX_TOKEN_LEN} \
+     printable characters)"
+)]
+pub struct NoToken;
+
+/// The tokens of one reading of the file.
+struct Tokens {
+    /// Every line's token: all are accepted (more than one while a token is rotated).
+    accepted: Vec<Zeroizing<String>>,
+    /// A hash of the file as read, to see whether it changed without keeping it.
+    read: [u8; 32],
+}
+
 /// The cluster token, kept out of logs and wiped when dropped. Cloned per request on a node:
 /// shared, not copied.
+///
+/// The file holds one token per line. The first is the one this process sends; every line's
+/// is accepted. Rotating without a restart (every process reads its file again every
+/// [`RELOAD`]): add the new token as a second line everywhere, then make it the first line
+/// everywhere, then remove the old one.
 #[derive(Clone)]
-pub struct ClusterToken(std::sync::Arc<Zeroizing<String>>);
+pub struct ClusterToken(std::sync::Arc<std::sync::RwLock<std::sync::Arc<Tokens>>>);
 
 impl std::fmt::Debug for ClusterToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,42 +87,155 @@ impl std::fmt::Debug for ClusterToken {
 }
 
 impl ClusterToken {
-    /// The token in `path` (a mounted Secret; a final newline is ignored).
+    /// The tokens in `path` (a mounted Secret).
     pub fn load(path: &Path) -> Result<ClusterToken, TokenError> {
-        let text = Zeroizing::new(std::fs::read(path).map_err(|source| TokenError::Read {
-            path: path.display().to_string(),
-            source,
-        })?);
-        let trimmed = text.trim_ascii_end();
-        ClusterToken::new(trimmed).ok_or_else(|| TokenError::Invalid(path.display().to_string()))
+        let text = read_file(path)?;
+        ClusterToken::parse(&text).ok_or_else(|| TokenError::Invalid(path.display().to_string()))
     }
 
     /// `bytes` as a token, if it is one.
     pub fn new(bytes: &[u8]) -> Option<ClusterToken> {
-        let ok = (MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&bytes.len())
-            && bytes.iter().all(|b| b.is_ascii_graphic());
-        ok.then(|| {
-            ClusterToken(std::sync::Arc::new(Zeroizing::new(
-                String::from_utf8_lossy(bytes).into_owned(),
-            )))
-        })
+        if bytes.contains(&b'\n') {
+            return None;
+        }
+        ClusterToken::parse(bytes)
     }
 
-    /// Whether `headers` carry this token (compared in constant time).
+    /// A token file's text: one token per line (blank lines and trailing white space
+    /// ignored), at least one.
+    pub fn parse(text: &[u8]) -> Option<ClusterToken> {
+        tokens(text).map(|t| ClusterToken(std::sync::Arc::new(std::sync::RwLock::new(t.into()))))
+    }
+
+    fn now(&self) -> std::sync::Arc<Tokens> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes the file's text as read again: `Ok(true)` if the tokens changed, `Ok(false)` if
+    /// the file did not, and an error (the tokens kept as they were) if it is not a token
+    /// file.
+    pub fn reload(&self, text: &[u8]) -> Result<bool, NoToken> {
+        if self.now().read == digest(text) {
+            return Ok(false);
+        }
+        let new = tokens(text).ok_or(NoToken)?;
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = new.into();
+        Ok(true)
+    }
+
+    /// How many tokens are accepted now.
+    pub fn accepted(&self) -> usize {
+        self.now().accepted.len()
+    }
+
+    /// Whether `headers` carry one of the tokens (each compared in constant time).
     pub fn presented_in(&self, headers: &HeaderMap) -> bool {
+        let tokens = self.now();
         let mut found = false;
         for v in headers.get_all(TOKEN) {
-            found |= bool::from(v.as_bytes().ct_eq(self.0.as_bytes()));
+            for t in &tokens.accepted {
+                found |= bool::from(v.as_bytes().ct_eq(t.as_bytes()));
+            }
         }
         found
     }
 
-    /// The token as a header value, marked sensitive (HTTP/2 never indexes it).
+    /// The token this process sends, as a header value marked sensitive (HTTP/2 never
+    /// indexes it).
     pub fn header_value(&self) -> HeaderValue {
-        let mut v = HeaderValue::from_str(&self.0).unwrap_or(HeaderValue::from_static(""));
+        let tokens = self.now();
+        let first = tokens.accepted.first().map_or("", |t| t.as_str());
+        let mut v = HeaderValue::from_str(first).unwrap_or(HeaderValue::from_static(""));
         v.set_sensitive(true);
         v
     }
+
+    /// Reads the token file again every [`RELOAD`] with `read` (blocking; a node asks its
+    /// state helper, which may read it), for as long as the runtime runs. A file that
+    /// stops being a token file is reported once and changes nothing.
+    pub fn spawn_reload<F>(&self, read: F)
+    where
+        F: Fn() -> Result<Zeroizing<Vec<u8>>, String> + Send + Sync + 'static,
+    {
+        let token = self.clone();
+        let read = std::sync::Arc::new(read);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RELOAD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            let mut reported: Option<[u8; 32]> = None;
+            loop {
+                tick.tick().await;
+                let read = read.clone();
+                let text = match tokio::task::spawn_blocking(move || read()).await {
+                    Ok(Ok(text)) => text,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "reading the cluster token file failed");
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                match token.reload(&text) {
+                    Ok(true) => {
+                        reported = None;
+                        tracing::info!(
+                            accepted = token.accepted(),
+                            "the cluster token file changed: its tokens are in use"
+                        );
+                    }
+                    Ok(false) => {}
+                    Err(e) if reported != Some(digest(&text)) => {
+                        reported = Some(digest(&text));
+                        tracing::error!("{e}: the tokens read before stay in use");
+                    }
+                    Err(_) => {}
+                }
+            }
+        });
+    }
+}
+
+/// The token file at `path`, read whole (at most [`MAX_TOKEN_FILE`]).
+pub fn read_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, TokenError> {
+    use std::io::Read;
+    let err = |source| TokenError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(err)?;
+    let mut text = Zeroizing::new(Vec::new());
+    file.take(MAX_TOKEN_FILE as u64 + 1)
+        .read_to_end(&mut text)
+        .map_err(err)?;
+    if text.len() > MAX_TOKEN_FILE {
+        return Err(TokenError::Invalid(path.display().to_string()));
+    }
+    Ok(text)
+}
+
+fn digest(text: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(text).into()
+}
+
+fn tokens(text: &[u8]) -> Option<Tokens> {
+    let mut accepted = Vec::new();
+    for line in text.split(|&b| b == b'\n') {
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            continue;
+        }
+        let ok = (MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&line.len())
+            && line.iter().all(|b| b.is_ascii_graphic());
+        if !ok {
+            return None;
+        }
+        accepted.push(Zeroizing::new(String::from_utf8_lossy(line).into_owned()));
+    }
+    (!accepted.is_empty()).then(|| Tokens {
+        accepted,
+        read: digest(text),
+    })
 }
 
 /// Removes every cluster header.
@@ -175,6 +314,45 @@ mod tests {
         assert!(loaded.unwrap().presented_in(&h));
         assert!(matches!(short, Err(TokenError::Invalid(_))));
         assert!(matches!(missing, Err(TokenError::Read { .. })));
+    }
+
+    #[test]
+    fn a_token_is_rotated_by_editing_the_file() {
+        const NEW: &str = "fedcba9876543210fedcba9876543210";
+        let with = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(TOKEN, HeaderValue::from_str(t).unwrap());
+            h
+        };
+        let token = ClusterToken::parse(format!("{T}\n").as_bytes()).unwrap();
+        assert!(!token.presented_in(&with(NEW)));
+        // Unchanged: nothing to do.
+        assert_eq!(token.reload(format!("{T}\n").as_bytes()), Ok(false));
+        // 1. The new token as a second line: both accepted, the old one still sent.
+        assert_eq!(token.reload(format!("{T}\n{NEW}\n").as_bytes()), Ok(true));
+        assert!(token.presented_in(&with(T)) && token.presented_in(&with(NEW)));
+        assert_eq!(token.header_value(), T);
+        assert_eq!(token.accepted(), 2);
+        // 2. The new one first: sent, the old still accepted.
+        assert_eq!(
+            token.reload(format!("  {NEW}\r\n\n{T}").as_bytes()),
+            Ok(true)
+        );
+        assert_eq!(token.header_value(), NEW);
+        assert!(token.presented_in(&with(T)));
+        // A file written half-way, or emptied, changes nothing.
+        for bad in ["", "\n", "short\n", &format!("{NEW}\nnot a token at all\n")] {
+            assert_eq!(token.reload(bad.as_bytes()), Err(NoToken), "{bad:?}");
+            assert_eq!(token.header_value(), NEW);
+        }
+        // 3. The old one removed: refused.
+        assert_eq!(token.reload(NEW.as_bytes()), Ok(true));
+        assert!(!token.presented_in(&with(T)));
+        assert!(token.presented_in(&with(NEW)));
+        // A clone (every request's) sees the same tokens.
+        assert!(token.clone().presented_in(&with(NEW)));
+        // One line only where a single token is asked for.
+        assert!(ClusterToken::new(format!("{T}\n{NEW}").as_bytes()).is_none());
     }
 
     #[test]

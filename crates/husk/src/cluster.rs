@@ -24,6 +24,8 @@ pub struct NodeArgs {
     pub serve: crate::serve::ServeArgs,
     /// A file holding the cluster token (32+ printable characters), the only credential the
     /// node accepts on its listener; gateways send it (a mounted Secret; never a flag value).
+    /// One token per line while rotating: the first is sent, all are accepted; the file is
+    /// read again every 2 s.
     #[arg(long, value_name = "FILE", env = "HUSK_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: PathBuf,
     /// The URL gateways reach this node's listener at, e.g. http://10.0.0.5:3000; without a
@@ -48,6 +50,8 @@ pub struct NodeArgs {
 /// What a node is told, once checked.
 pub struct NodeSettings {
     pub token: ClusterToken,
+    /// Where the token was read (read again, by the state helper, for rotations).
+    pub token_file: PathBuf,
     pub url: String,
     pub capacity: u32,
     pub shared_workspaces: bool,
@@ -90,6 +94,7 @@ pub fn node_main(args: NodeArgs) -> i32 {
         args.serve,
         Some(NodeSettings {
             token,
+            token_file: args.cluster_token_file.clone(),
             url,
             capacity: args.capacity,
             shared_workspaces: args.shared_workspaces,
@@ -200,7 +205,8 @@ pub struct GatewayArgs {
     /// A CA certificate (PEM) the database's certificate may be signed by.
     #[arg(long, value_name = "FILE", env = "HUSK_DATABASE_CA")]
     pub database_ca: Option<PathBuf>,
-    /// A file holding the cluster token the nodes accept.
+    /// A file holding the cluster token the nodes accept (one per line while rotating: the
+    /// first is sent; read again every 2 s).
     #[arg(long, value_name = "FILE", env = "HUSK_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: PathBuf,
     /// Sandboxes a team may run at once across the cluster, unless `husk key quota` gave it
@@ -264,7 +270,7 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
         let gateway = match husk_server::gateway::Gateway::new(
             store,
             husk_server::gateway::GatewayConfig {
-                token,
+                token: token.clone(),
                 default_quota: args.max_sandboxes,
                 body_policy: husk_server::body::BodyPolicy::default(),
                 team_body_bytes: husk_server::app::TEAM_BODY_BYTES,
@@ -284,6 +290,10 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
             ),
         }
         gateway.spawn_background();
+        let path = args.cluster_token_file.clone();
+        token.spawn_reload(move || {
+            husk_server::cluster::read_file(&path).map_err(|e| crate::report::chain(&e))
+        });
         let addr = listener
             .local_addr()
             .map(|a| a.to_string())
@@ -311,6 +321,7 @@ mod tests {
     fn settings(url: &str) -> NodeSettings {
         NodeSettings {
             token: ClusterToken::new(&[b'a'; 32]).unwrap(),
+            token_file: PathBuf::from("/nonexistent"),
             url: url.into(),
             capacity: 1,
             shared_workspaces: false,

@@ -359,20 +359,24 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let state = match RemoteStore::start(move || {
-        let store = Store::open_at(&location).map(Arc::new).map_err(|e| {
-            format!(
-                "{}: {}",
-                crate::database::describe(&location),
-                crate::report::chain(&e)
-            )
-        })?;
-        ensure_admin_key(&store, &state_dir)?;
-        let keys = husk_core::secrets::MasterKeys::load(&key_path)
-            .map_err(|e| crate::report::chain(&e))?;
-        let secrets = Arc::new(husk_core::secrets::Secrets::new(store.clone(), keys));
-        Ok((store, secrets))
-    }) {
+    let token_file = node.as_ref().map(|n| n.token_file.clone());
+    let state = match RemoteStore::start(
+        move || {
+            let store = Store::open_at(&location).map(Arc::new).map_err(|e| {
+                format!(
+                    "{}: {}",
+                    crate::database::describe(&location),
+                    crate::report::chain(&e)
+                )
+            })?;
+            ensure_admin_key(&store, &state_dir)?;
+            let keys = husk_core::secrets::MasterKeys::load(&key_path)
+                .map_err(|e| crate::report::chain(&e))?;
+            let secrets = Arc::new(husk_core::secrets::Secrets::new(store.clone(), keys));
+            Ok((store, secrets))
+        },
+        token_file,
+    ) {
         Ok(s) => Arc::new(s),
         Err(e) => return fail(e),
     };
@@ -448,6 +452,7 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
                 node,
                 store,
                 Helpers {
+                    state: state.clone(),
                     spawner: spawner.clone(),
                     network: network.clone(),
                     files: files.clone(),
@@ -518,6 +523,8 @@ fn ensure_admin_key(store: &Store, dir: &std::path::Path) -> Result<(), String> 
 
 /// The server's privileged helpers, and the pids it watches.
 struct Helpers {
+    /// The state helper (a node reads its cluster token file through it).
+    state: Arc<RemoteStore>,
     spawner: Arc<husk_runtime::service::SpawnerService>,
     network: Arc<husk_net::helper::NetHelper>,
     files: Arc<husk_core::workspaces::remote::RemoteWorkspaces>,
@@ -554,6 +561,7 @@ async fn run(
         }
     }
     let Helpers {
+        state: state_helper,
         spawner,
         network,
         files,
@@ -704,6 +712,14 @@ async fn run(
                 node.clone(),
                 images.clone(),
             );
+            // The server cannot read the token file itself (it is root's, and this process
+            // is not root any more): its state helper reads it again.
+            let helper = state_helper.clone();
+            node.token.spawn_reload(move || {
+                helper
+                    .cluster_token_file()
+                    .map_err(|e| crate::report::chain(&e))
+            });
             state.with_cluster(node.token.clone())
         }
         None => state,

@@ -385,6 +385,59 @@ def test_signed_file_urls_without_a_sandbox_id_reach_every_node(cluster, made):
     assert status == 401 and json.loads(body)["message"] == "invalid signature", body
 
 
+def test_the_cluster_token_is_rotated_without_a_restart(cluster, made):
+    """The documented rotation: the new token as a second line, then first, then alone. Every
+    process reads its file again every 2 s; sandboxes keep working through the gateways at
+    every step, and at the end the old token opens nothing."""
+    sbx = create(cluster, made)
+    node = next(n for i, n in enumerate(cluster.nodes) if cluster.code_of(i) == sbx.sandbox_id[:4])
+    old = cluster.token_file.read_text().strip()
+    new = "r" + old[1:][::-1]
+    assert new != old
+
+    def node_status(token):
+        return http_request(node.port, "GET", f"/sandboxes/{sbx.sandbox_id}",
+                            headers={"X-Husk-Cluster-Token": token, "X-Husk-Team": "default",
+                                     "X-Husk-Admin": "1"}).status
+
+    def works():
+        for gw in (0, 1):
+            s = Sandbox.connect(sbx.sandbox_id, **cluster.opts(gw))
+            assert s.commands.run("echo ok").stdout == "ok\n"
+
+    assert node_status(old) == 200 and node_status(new) == 401
+    everyone = cluster.nodes + cluster.gateways
+
+    def all_logged(text, times):
+        """Every node and gateway has said `text` at least `times` times (each read the file)."""
+        return all(p.log_path.read_bytes().decode(errors="replace").count(text) >= times
+                   for p in everyone) or None
+
+    changed = "the cluster token file changed: its tokens are in use"
+    before = min(p.log_path.read_bytes().decode(errors="replace").count(changed) for p in everyone)
+    try:
+        cluster.token_file.write_text(f"{old}\n{new}\n")
+        wait_for(lambda: all_logged(changed, before + 1), 10, "every process to read the file")
+        assert node_status(new) == 200 and node_status(old) == 200
+        works()
+        cluster.token_file.write_text(f"{new}\n{old}\n")
+        wait_for(lambda: all_logged(changed, before + 2), 10, "every process to read the file")
+        works()
+        cluster.token_file.write_text(f"{new}\n")
+        wait_for(lambda: all_logged(changed, before + 3), 10, "every process to read the file")
+        assert node_status(old) == 401 and node_status(new) == 200
+        # The gateways send the new one: everything still works.
+        works()
+        # A file that stops being a token file changes nothing.
+        cluster.token_file.write_text("not a token\n")
+        wait_for(lambda: all_logged("holds no valid token", 1), 10, "every process to refuse it")
+        assert node_status(new) == 200 and node_status(old) == 401
+        works()
+    finally:
+        cluster.token_file.write_text(f"{new}\n")
+    assert all(p.proc.poll() is None for p in everyone), "a process died"
+
+
 @pytest.mark.timeout(1800)
 def test_a_template_built_once_runs_on_every_node(cluster, made):
     name = unique("cluster-deb")

@@ -13,6 +13,7 @@
 //! would not fit is an error.
 
 use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use husk_runtime::failure::{Failure, FailureKind};
@@ -185,6 +186,9 @@ pub enum StateRequest {
         state: NodeState,
     },
     Nodes,
+    /// The cluster token file, read again (a node's server, unprivileged, cannot read the
+    /// file; the helper reads the one path it was started with and no other).
+    ClusterTokenFile,
 }
 
 /// The state helper's answers.
@@ -375,8 +379,12 @@ impl RemoteStore {
     /// Forks the state helper: `setup` runs in it and opens what it holds (the store and the
     /// secrets with their master key). Blocks until the helper is ready. The calling process
     /// must be single-threaded.
+    ///
+    /// `cluster_token_file` (a node's) is the one file the helper reads on request
+    /// ([`RemoteStore::cluster_token_file`]).
     pub fn start(
         setup: impl FnOnce() -> Result<(Arc<Store>, Arc<Secrets>), String>,
+        cluster_token_file: Option<PathBuf>,
     ) -> Result<RemoteStore, Failure> {
         let forked = rt::fork("husk-state", CHANNELS + 1, &[], |channels| {
             let (store, secrets) = match setup() {
@@ -399,7 +407,7 @@ impl RemoteStore {
             if rt::ready(&channels, &Ok(())).is_err() {
                 return 1;
             }
-            serve(channels, &store, &secrets);
+            serve(channels, &store, &secrets, cluster_token_file.as_deref());
             0
         })?;
         rt::await_ready::<()>("state", &forked)?;
@@ -508,6 +516,11 @@ impl RemoteStore {
 
     pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         ask!(self, StateRequest::Nodes, StateReply::Nodes(n) => n)
+    }
+
+    /// The cluster token file's text, as the helper reads it now.
+    pub fn cluster_token_file(&self) -> Result<Zeroizing<Vec<u8>>, StoreError> {
+        ask!(self, StateRequest::ClusterTokenFile, StateReply::Opened(v) => Zeroizing::new(v))
     }
 
     pub fn set_node_state(&self, state: NodeState) -> Result<bool, StoreError> {
@@ -810,7 +823,7 @@ impl RemoteStore {
 const MAX_KEY_BYTES: usize = 256;
 
 /// Serves the channels until the server closes them, a thread each.
-fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets) {
+fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets, token_file: Option<&Path>) {
     rt::serve_channels(
         channels,
         "husk-state",
@@ -822,6 +835,9 @@ fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets) {
                 );
                 return (StateReply::Failed(f), None);
             }
+            if let (StateRequest::ClusterTokenFile, Some(path)) = (&req, token_file) {
+                return (read_token_file(path), None);
+            }
             (bounded(handle(store, secrets, req)), None)
         },
         |m| {
@@ -831,6 +847,28 @@ fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets) {
             ))
         },
     );
+}
+
+/// Largest cluster token file the helper reads (a few tokens during a rotation).
+const MAX_TOKEN_FILE: u64 = 16 << 10;
+
+/// The cluster token file's text; its path and the error only when it cannot be read.
+fn read_token_file(path: &Path) -> StateReply {
+    use std::io::Read;
+    let mut text = Vec::new();
+    let read =
+        std::fs::File::open(path).and_then(|f| f.take(MAX_TOKEN_FILE + 1).read_to_end(&mut text));
+    match read {
+        Ok(n) if n as u64 <= MAX_TOKEN_FILE => StateReply::Opened(text),
+        Ok(_) => StateReply::Store(WireStoreError::Other(format!(
+            "cluster token file {}: larger than {MAX_TOKEN_FILE} bytes",
+            path.display()
+        ))),
+        Err(e) => StateReply::Store(WireStoreError::Other(format!(
+            "cluster token file {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// A reply that would not fit a frame becomes an error that does.
@@ -864,6 +902,8 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::NodeHeartbeat { load } => R::Heartbeat(store.node_heartbeat(&load)?),
             Q::SetNodeState { state } => R::Bool(store.set_node_state(state)?),
             Q::Nodes => R::Nodes(store.nodes()?),
+            // Answered by `serve` on a node's helper, which has the file.
+            Q::ClusterTokenFile => return Err(StoreError::NotClustered),
             Q::SetTeamQuota { team, max } => {
                 store.set_team_quota(&team, max)?;
                 R::Unit
@@ -1050,7 +1090,10 @@ mod tests {
             let (a, b) = husk_runtime::sys::stream_pair().unwrap();
             ours.push(a);
             let (store, secrets) = (store.clone(), secrets.clone());
-            threads.push(std::thread::spawn(move || serve(vec![b], &store, &secrets)));
+            let token_file = dir.join("cluster-token");
+            threads.push(std::thread::spawn(move || {
+                serve(vec![b], &store, &secrets, Some(&token_file))
+            }));
         }
         Pair {
             remote: Arc::new(RemoteStore {
@@ -1062,6 +1105,29 @@ mod tests {
             _dir: dir,
             threads,
         }
+    }
+
+    #[test]
+    fn the_helper_reads_the_cluster_token_file_it_was_given_and_only_that() {
+        let p = pair();
+        let file = p._dir.join("cluster-token");
+        assert!(matches!(
+            p.remote.cluster_token_file(),
+            Err(StoreError::Remote(m)) if m.contains("cluster-token") && m.contains("No such file")
+        ));
+        std::fs::write(&file, "one\n").unwrap();
+        assert_eq!(p.remote.cluster_token_file().unwrap().as_slice(), b"one\n");
+        std::fs::write(&file, "one\ntwo\n").unwrap();
+        assert_eq!(
+            p.remote.cluster_token_file().unwrap().as_slice(),
+            b"one\ntwo\n"
+        );
+        std::fs::write(&file, vec![b'a'; MAX_TOKEN_FILE as usize + 1]).unwrap();
+        assert!(p.remote.cluster_token_file().is_err(), "bounded");
+        // A helper without a file (a server of its own) has nothing to read.
+        let store = Store::open_in_memory().unwrap();
+        let reply = handle(&store, &p.secrets, StateRequest::ClusterTokenFile);
+        assert_eq!(reply, StateReply::Store(WireStoreError::NotClustered));
     }
 
     #[test]

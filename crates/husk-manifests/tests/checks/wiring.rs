@@ -289,6 +289,45 @@ fn secrets_claims_volumes_and_files_the_pods_use_exist() {
     assert_none("Secrets, claims, volumes and files", errors);
 }
 
+/// husk reads its cluster token file again every 2 s, so a rotation needs no restart, if an
+/// edit of the Secret reaches the running pods: the Secret keeps its name (no hash suffix,
+/// which would make a new Secret and roll the pods) and is mounted as a directory (the
+/// kubelet never refreshes a `subPath` mount).
+#[test]
+fn the_cluster_token_reaches_running_pods_when_edited() {
+    let mut errors = Vec::new();
+    for (root, build) in roots(&kubernetes_dir()) {
+        let here = shown(&root);
+        if !build.fixed_names.contains("husk-cluster-token") {
+            errors.push(format!(
+                "{here}: Secret husk-cluster-token gets a hash suffix: an edit rolls the pods"
+            ));
+        }
+        for p in pods::all(&build.docs) {
+            let volumes = p.spec.volumes.as_deref().unwrap_or_default();
+            let token_volumes: Vec<&str> = volumes
+                .iter()
+                .filter(|v| {
+                    v.secret.as_ref().and_then(|s| s.secret_name.as_deref())
+                        == Some("husk-cluster-token")
+                })
+                .map(|v| v.name.as_str())
+                .collect();
+            for c in &p.spec.containers {
+                for m in c.volume_mounts.iter().flatten() {
+                    if token_volumes.contains(&m.name.as_str()) && m.sub_path.is_some() {
+                        errors.push(format!(
+                            "{here}: {} mounts the cluster token with subPath: never refreshed",
+                            p.owner
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert_none("the cluster token's rotation", errors);
+}
+
 #[test]
 fn probes_ask_for_health_on_the_listen_port() {
     let mut errors = Vec::new();

@@ -50,6 +50,17 @@ pub struct SecretGenerator {
     pub name: String,
     #[serde(default)]
     pub files: Vec<String>,
+    #[serde(default)]
+    pub options: GeneratorOptions,
+}
+
+/// A generator's `options`, as far as husk uses them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GeneratorOptions {
+    /// The Secret keeps its name (no hash of its content as a suffix).
+    #[serde(default)]
+    pub disable_name_suffix_hash: bool,
 }
 
 impl SecretGenerator {
@@ -118,6 +129,8 @@ pub struct Build {
     pub components: BTreeSet<PathBuf>,
     /// Every generator file named: (kustomization directory, path as written).
     pub generator_files: Vec<(PathBuf, String)>,
+    /// Generated Secrets whose names get no hash suffix (edited in place, not rolled).
+    pub fixed_names: BTreeSet<String>,
 }
 
 /// Builds the kustomization in `dir` (kind `Kustomization`).
@@ -214,6 +227,9 @@ fn gather_in(
         gather(&path, "Component", docs, out, visiting)?;
     }
     for generator in &k.secret_generator {
+        if generator.options.disable_name_suffix_hash {
+            out.fixed_names.insert(generator.name.clone());
+        }
         let keys = out.secrets.entry(generator.name.clone()).or_default();
         for (key, path) in generator.entries() {
             keys.insert(key);

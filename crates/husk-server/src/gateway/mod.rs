@@ -597,7 +597,10 @@ pub(super) mod tests {
         // make (a cluster's is PostgreSQL's).
         let resp = gw.handle(create(&key, Body::from("{}"))).await;
         let text = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap();
-        assert!(String::from_utf8_lossy(&text).contains("cluster"), "{text:?}");
+        assert!(
+            String::from_utf8_lossy(&text).contains("cluster"),
+            "{text:?}"
+        );
     }
 
     fn create(key: &str, body: Body) -> Request<Body> {
