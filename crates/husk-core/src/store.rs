@@ -38,8 +38,9 @@ pub use secrets::{PutMode, SealedRow, SecretUse};
 pub use volumes::VolumeRecord;
 #[cfg(test)]
 mod contract_tests;
-#[cfg(test)]
-pub(crate) mod test_postgres;
+/// A private PostgreSQL for tests (other crates' too, with the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_postgres;
 #[cfg(test)]
 mod tests;
 

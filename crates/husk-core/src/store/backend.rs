@@ -263,6 +263,18 @@ impl Store {
         off_runtime(|| p.claim_quota(team, default, ttl))
     }
 
+    /// A create's key check and quota claim in one statement (see
+    /// [`Postgres::check_key_and_claim`]).
+    pub fn check_key_and_claim(
+        &self,
+        presented: &str,
+        default: u32,
+        ttl: std::time::Duration,
+    ) -> Result<Option<(Principal, super::cluster::Claimed)>, StoreError> {
+        let p = self.postgres()?;
+        off_runtime(|| p.check_key_and_claim(presented, default, ttl))
+    }
+
     /// Gives a place back (see [`Postgres::release_quota`]).
     pub fn release_quota(&self, claim: i64) -> Result<(), StoreError> {
         let p = self.postgres()?;

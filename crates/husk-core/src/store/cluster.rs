@@ -81,3 +81,12 @@ pub struct Reaped {
     pub node: String,
     pub sandboxes: u64,
 }
+
+/// A place claimed in a team's quota across the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// The place (give it back with `release_quota`); `None`: the quota is full.
+    pub claim: Option<i64>,
+    /// The team's quota.
+    pub quota: u32,
+}

@@ -38,7 +38,9 @@
 //!   postmaster are no longer alive (the same sweep cleans up after killed runs).
 
 use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::{self, BufRead, BufReader};
+use std::io;
+#[cfg(test)]
+use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
@@ -65,7 +67,7 @@ const POLL: Duration = Duration::from_millis(20);
 const PORT_ATTEMPTS: u32 = 5;
 
 /// A private PostgreSQL server in a temporary directory, stopped and removed on drop.
-pub(crate) struct TestPostgres {
+pub struct TestPostgres {
     /// The directory with `initdb`, `postgres`, `psql` and `pg_isready`.
     bin: PathBuf,
     /// util-linux's `setpriv`, which sets the servers' death signal.
@@ -83,7 +85,7 @@ pub(crate) struct TestPostgres {
 
 impl TestPostgres {
     /// Starts a new private server; panics (with PostgreSQL's own output) if it cannot.
-    pub(crate) fn start() -> TestPostgres {
+    pub fn start() -> TestPostgres {
         static SWEEP: Once = Once::new();
         SWEEP.call_once(remove_stale_dirs);
 
@@ -119,19 +121,19 @@ impl TestPostgres {
 
     /// The server of the whole test process, started on first use. Tests sharing it should
     /// each take a [`TestPostgres::fresh_database`].
-    pub(crate) fn shared() -> &'static TestPostgres {
+    pub fn shared() -> &'static TestPostgres {
         static SHARED: OnceLock<TestPostgres> = OnceLock::new();
         SHARED.get_or_init(TestPostgres::start)
     }
 
     /// `postgres://husk@127.0.0.1:<port>/<database>`.
-    pub(crate) fn url(&self, database: &str) -> String {
+    pub fn url(&self, database: &str) -> String {
         format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
     }
 
     /// Creates a new empty database (`t_<n>_<pid>`) and returns its URL. Safe to call from
     /// many threads at once.
-    pub(crate) fn fresh_database(&self) -> String {
+    pub fn fresh_database(&self) -> String {
         static N: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             "t_{}_{}",
@@ -150,7 +152,7 @@ impl TestPostgres {
 
     /// Runs `sql` with `psql` against `url` and returns its unaligned, tuples-only output
     /// without the final newline; panics with psql's errors if a statement fails.
-    pub(crate) fn psql(&self, url: &str, sql: &str) -> String {
+    pub fn psql(&self, url: &str, sql: &str) -> String {
         let output = client_command(&self.bin.join("psql"))
             // -X: no ~/.psqlrc; -q: no command tags; -tA: bare values.
             .args([
@@ -184,7 +186,7 @@ impl TestPostgres {
     /// Turns TLS on with this certificate and key (PEM): written beside the data directory,
     /// owned by the server's user (PostgreSQL refuses a key others can read), set with
     /// `ALTER SYSTEM` and a reload, which is all `ssl` needs.
-    pub(crate) fn enable_tls(&self, cert_pem: &str, key_pem: &str) {
+    pub fn enable_tls(&self, cert_pem: &str, key_pem: &str) {
         use std::os::unix::fs::PermissionsExt;
         for (name, pem, mode) in [
             ("server.crt", cert_pem, 0o644),
@@ -227,7 +229,7 @@ impl TestPostgres {
 
     /// Stops the server with a fast shutdown (SIGINT; open sessions are ended) and waits for
     /// it. Does nothing if it is stopped; panics if it had to be killed.
-    pub(crate) fn stop(&self) {
+    pub fn stop(&self) {
         let mut server = self.server.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(mut child) = server.take() {
             if !shut_down(&mut child) {
@@ -238,7 +240,7 @@ impl TestPostgres {
 
     /// Starts the server again on the same port and data directory (stopping it first if it
     /// runs), for "database restarted mid-test" tests.
-    pub(crate) fn restart(&self) {
+    pub fn restart(&self) {
         let mut server = self.server.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(mut child) = server.take() {
             if !shut_down(&mut child) {
@@ -256,6 +258,7 @@ impl TestPostgres {
     }
 
     /// The postmaster's pid while the server runs.
+    #[cfg(test)]
     fn pid(&self) -> Option<u32> {
         self.server
             .lock()
@@ -265,6 +268,7 @@ impl TestPostgres {
     }
 
     /// The temporary directory.
+    #[cfg(test)]
     fn dir(&self) -> &Path {
         &self.dir
     }
@@ -714,6 +718,7 @@ fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+#[cfg(test)]
 mod tests {
     use super::*;
 

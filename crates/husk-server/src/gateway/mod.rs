@@ -183,11 +183,7 @@ impl Gateway {
     /// The caller of a REST request: `None` when it sent no key (the node then answers as
     /// for a request without one, or by the request's own credential: a volume's token).
     async fn caller(&self, headers: &axum::http::HeaderMap) -> Result<Option<Principal>, Response> {
-        let Some(key) = headers
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .filter(|k| !k.is_empty())
-        else {
+        let Some(key) = api_key(headers) else {
             return Ok(None);
         };
         let Some(_place) = self.fair.enter(key).await else {
@@ -211,9 +207,14 @@ impl Gateway {
         if path == "/health" {
             return StatusCode::NO_CONTENT.into_response();
         }
-        let who = match self.caller(req.headers()).await {
-            Ok(who) => who,
-            Err(refused) => return refused,
+        let route = routes::route(req.method(), &path);
+        // A create checks its key as it claims its place: one statement (`create`).
+        let who = match route {
+            Route::Create => None,
+            _ => match self.caller(req.headers()).await {
+                Ok(who) => who,
+                Err(refused) => return refused,
+            },
         };
         if path == "/husk/v1/cluster/nodes" {
             return self.list_nodes(who.as_ref()).await;
@@ -223,11 +224,8 @@ impl Gateway {
         if path.starts_with("/husk/v1/cluster/") {
             return ApiError::new(StatusCode::NOT_FOUND, "no such route").into_response();
         }
-        match routes::route(req.method(), &path) {
-            Route::Create => match who {
-                Some(who) => self.create(who, req).await,
-                None => crate::rest::missing_key(),
-            },
+        match route {
+            Route::Create => self.create(req).await,
             Route::List { paged } => match who {
                 Some(who) => list::fan_out(&self, &who, req, paged).await,
                 None => crate::rest::missing_key(),
@@ -317,8 +315,43 @@ impl Gateway {
         )
     }
 
-    /// A create: a place in the team's quota across the cluster, then a node.
-    async fn create(&self, who: Principal, req: Request<Body>) -> Response {
+    /// A create: its key checked and a place in the team's quota across the cluster claimed
+    /// (one statement), then its body read and a node found.
+    async fn create(&self, req: Request<Body>) -> Response {
+        let Some(key) = api_key(req.headers()) else {
+            return crate::rest::missing_key();
+        };
+        let Some(place) = self.fair.enter(key).await else {
+            return too_busy();
+        };
+        let (key, default) = (key.to_owned(), self.config.default_quota);
+        let checked = self
+            .db
+            .call(move |s| s.check_key_and_claim(&key, default, CLAIM_TTL))
+            .await;
+        drop(place);
+        let (who, claimed) = match checked {
+            Ok(Some(found)) => found,
+            // Refused as any request's key is (401, or 503 while the database is away).
+            other => match crate::rest::key_checked(other.map(|_| None)) {
+                Err(refused) => return refused,
+                Ok(_) => return crate::rest::missing_key(),
+            },
+        };
+        let Some(claim) = claimed.claim else {
+            return ApiError::from(CoreError::QuotaExceeded {
+                team: who.team,
+                limit: claimed.quota,
+            })
+            .into_response();
+        };
+        // Given back however the create ends, the client gone included. The sandbox is
+        // recorded by then (or the create failed); if giving it back fails, the place
+        // expires with its claim.
+        let _claim = Claim {
+            db: self.db.clone(),
+            id: claim,
+        };
         let (parts, body) = req.into_parts();
         // Read whole (it may be sent to more than one node), under the body rate rule that
         // nodes hold bodies to: a client trickling it is cut off (408), not waited for.
@@ -328,27 +361,6 @@ impl Gateway {
         let body = match crate::body::read_all_within(guarded, MAX_CREATE_BODY, &mut held).await {
             Ok(b) => b,
             Err(e) => return ApiError::new(e.status(), e.to_string()).into_response(),
-        };
-        let team = who.team.clone();
-        let default = self.config.default_quota;
-        let Some(place) = self.fair.enter(&who.key_id).await else {
-            return too_busy();
-        };
-        let claimed = self
-            .db
-            .call(move |s| s.claim_quota(&team, default, CLAIM_TTL))
-            .await;
-        drop(place);
-        let claim = match claimed {
-            Ok((Some(claim), _)) => claim,
-            Ok((None, limit)) => {
-                return ApiError::from(CoreError::QuotaExceeded {
-                    team: who.team.clone(),
-                    limit,
-                })
-                .into_response()
-            }
-            Err(e) => return ApiError::from(e).into_response(),
         };
         // A sandbox from a snapshot starts where the snapshot's files are: the node whose
         // code begins the snapshot's id.
@@ -394,14 +406,6 @@ impl Gateway {
                 }
             }
         };
-        // The sandbox is recorded by now (or the create failed): the place is given back.
-        // If this fails the place expires with its claim.
-        let db = self.db.clone();
-        tokio::spawn(async move {
-            if let Err(e) = db.call(move |s| s.release_quota(claim)).await {
-                tracing::debug!(error = %husk_core::error_chain(&e), "giving back a quota place failed");
-            }
-        });
         resp
     }
 
@@ -438,6 +442,33 @@ impl Gateway {
             })
             .collect();
         axum::Json(list).into_response()
+    }
+}
+
+/// The API key a request carries, if any.
+fn api_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+}
+
+/// A create's place in its team's quota, given back when dropped.
+struct Claim {
+    db: Db,
+    id: i64,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let (db, id) = (self.db.clone(), self.id);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = db.call(move |s| s.release_quota(id)).await {
+                    tracing::debug!(error = %husk_core::error_chain(&e), "giving back a quota place failed");
+                }
+            });
+        }
     }
 }
 
@@ -565,8 +596,10 @@ pub(super) mod tests {
         gateway_with(3 << 20)
     }
 
+    /// A gateway on a fresh database of the test PostgreSQL (a cluster's), with no node.
     fn gateway_with(team_body_bytes: u64) -> (Arc<Gateway>, String) {
-        let store = Arc::new(Store::open_in_memory().unwrap());
+        let url = husk_core::store::test_postgres::TestPostgres::shared().fresh_database();
+        let store = Arc::new(Store::open_postgres(&url, "gateway", None).unwrap());
         let (_, key) = store.create_key("acme", false, None).unwrap();
         let token = ClusterToken::new(&[b't'; 32]).unwrap();
         let config = GatewayConfig {
@@ -576,6 +609,35 @@ pub(super) mod tests {
             team_body_bytes,
         };
         (Gateway::new(store, config).unwrap(), key)
+    }
+
+    #[tokio::test]
+    async fn a_creates_place_is_given_back_however_it_ends() {
+        let (gw, key) = gateway_with(3 << 20);
+        // The team's quota is 10: twelve creates refused for their bodies each claimed a
+        // place and gave it back.
+        for _ in 0..12 {
+            let huge = Body::from(vec![b' '; MAX_CREATE_BODY + 1]);
+            let resp = gw.clone().handle(create(&key, huge)).await;
+            assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let resp = gw.clone().handle(create(&key, Body::from("{}"))).await;
+            // Past the quota check: no node to place it on.
+            if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+            assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the places were never given back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A key that is nobody's claims nothing and learns nothing.
+        let resp = gw.handle(create("husk_nobody", Body::from("{}"))).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     }
 
     #[tokio::test]
@@ -593,14 +655,9 @@ pub(super) mod tests {
             "{text:?}"
         );
         assert_eq!(gw.bodies.held("acme"), 0, "nothing stays held");
-        // A body within the budget gets to the quota claim, which this SQLite store cannot
-        // make (a cluster's is PostgreSQL's).
+        // A body within the budget gets to placement (no node here: 503).
         let resp = gw.handle(create(&key, Body::from("{}"))).await;
-        let text = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap();
-        assert!(
-            String::from_utf8_lossy(&text).contains("cluster"),
-            "{text:?}"
-        );
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     fn create(key: &str, body: Body) -> Request<Body> {

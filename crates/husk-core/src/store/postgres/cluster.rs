@@ -5,8 +5,11 @@
 
 use std::time::Duration;
 
-use super::super::cluster::{Heartbeat, NodeLoad, NodeRow, NodeState, Reaped, NODE_CODE_LEN};
-use super::super::{validate_team, StoreError};
+use super::super::cluster::{
+    Claimed, Heartbeat, NodeLoad, NodeRow, NodeState, Reaped, NODE_CODE_LEN,
+};
+use super::super::keys::{principal_of, FoundKey};
+use super::super::{validate_team, Principal, StoreError};
 use super::{is_unique_violation, Postgres};
 
 /// How many random codes registering a new node tries before giving up (there are 36^4).
@@ -164,6 +167,64 @@ impl Postgres {
         let quota = u32::try_from(quota)
             .map_err(|_| StoreError::Corrupt(format!("quota {quota} of team {team:?}")))?;
         Ok((row.get(0), quota))
+    }
+
+    /// A create's key check and claim in one round trip: the key's caller, and a place in
+    /// its team's quota as [`Postgres::claim_quota`] holds one (`None`: no such key, and
+    /// nothing claimed).
+    pub fn check_key_and_claim(
+        &self,
+        presented: &str,
+        default: u32,
+        ttl: Duration,
+    ) -> Result<Option<(Principal, Claimed)>, StoreError> {
+        if !crate::keys::looks_like_key(presented) {
+            return Ok(None);
+        }
+        let hash = crate::keys::hash(presented);
+        let mut conn = self.conn()?;
+        // The claim runs for the key's row only: the key's own conditions filter it first.
+        let Some(row) = conn.query_opt(
+            "SELECT k.id, k.hash, k.team, k.admin, k.last_used_at, c.claim, c.quota
+             FROM keys k, LATERAL husk_claim_quota(k.team, $2, $3) c
+             WHERE k.hash = $1 AND k.revoked_at IS NULL",
+            &[&hash, &i64::from(default), &nanos(ttl)],
+        )?
+        else {
+            return Ok(None);
+        };
+        let claimed = Claimed {
+            claim: row.get(5),
+            quota: {
+                let q: i64 = row.get(6);
+                u32::try_from(q).map_err(|_| StoreError::Corrupt(format!("quota {q}")))?
+            },
+        };
+        let found = FoundKey {
+            id: row.get(0),
+            stored: row.get(1),
+            team: row.get(2),
+            admin: row.get(3),
+            last_used: row.get(4),
+        };
+        let who = principal_of(found, &hash, |id, now| {
+            conn.execute(
+                "UPDATE keys SET last_used_at = $2 WHERE id = $1",
+                &[&id, &now],
+            )?;
+            Ok(())
+        })?;
+        match who {
+            Some(who) => Ok(Some((who, claimed))),
+            None => {
+                // Not its key after all (the hashes compare equal in SQL, so never): no place.
+                if let Some(claim) = claimed.claim {
+                    drop(conn);
+                    self.release_quota(claim)?;
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// Gives a place back (the create finished: its sandbox now counts, or it failed).

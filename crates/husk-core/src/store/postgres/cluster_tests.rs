@@ -138,6 +138,50 @@ fn a_quota_counts_every_nodes_sandboxes_and_the_creates_under_way() {
 }
 
 #[test]
+fn a_creates_key_check_and_claim_are_one_statement_that_claims_only_for_a_valid_key() {
+    let url = TestPostgres::shared().fresh_database();
+    let gw = open(&url, "gateway");
+    let ttl = Duration::from_secs(60);
+    let (info, key) = gw.create_key("acme", false, None).unwrap();
+    let (_, revoked) = gw.create_key("acme", true, None).unwrap();
+    gw.revoke_key(&revoked).unwrap();
+    let raw = super::Postgres::open(&url, "counter", None).unwrap();
+    let claims = |_: &Store| -> i64 {
+        raw.conn()
+            .unwrap()
+            .query_one("SELECT count(*) FROM quota_claims", &[])
+            .unwrap()
+            .get(0)
+    };
+    // A valid key: its caller and a place.
+    let (who, claimed) = gw.check_key_and_claim(&key, 2, ttl).unwrap().expect("valid");
+    assert_eq!((who.team.as_str(), who.key_id.as_str(), who.admin), ("acme", info.id.as_str(), false));
+    assert_eq!(claimed.quota, 2);
+    let first = claimed.claim.expect("a place");
+    // The key's use is recorded as `check_key` records it.
+    assert!(gw.list_keys().unwrap().iter().any(|k| k.id == info.id && k.last_used_at.is_some()));
+    // Unknown, malformed, revoked: nobody, and nothing claimed.
+    for bad in [revoked.as_str(), "husk_nope", "", &format!("{key}x")] {
+        assert!(gw.check_key_and_claim(bad, 2, ttl).unwrap().is_none(), "{bad:?}");
+    }
+    assert_eq!(claims(&gw), 1);
+    // The quota holds as for `claim_quota`: one more place, then none.
+    let second = gw.check_key_and_claim(&key, 2, ttl).unwrap().unwrap().1;
+    assert!(second.claim.is_some());
+    let full = gw.check_key_and_claim(&key, 2, ttl).unwrap().unwrap().1;
+    assert_eq!(full, cluster::Claimed { claim: None, quota: 2 });
+    gw.release_quota(first).unwrap();
+    gw.release_quota(second.claim.unwrap()).unwrap();
+    assert_eq!(claims(&gw), 0);
+    // Not a cluster's database: refused.
+    let file = Store::open_in_memory().unwrap();
+    assert!(matches!(
+        file.check_key_and_claim(&key, 2, ttl),
+        Err(StoreError::NotClustered)
+    ));
+}
+
+#[test]
 fn concurrent_claims_never_exceed_the_quota() {
     let url = TestPostgres::shared().fresh_database();
     let stores: Vec<Arc<Store>> = (0..4)
