@@ -194,17 +194,8 @@ pub struct GatewayArgs {
     /// Address and port to listen on: the E2B endpoint (E2B_API_URL and E2B_SANDBOX_URL).
     #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
     pub listen: std::net::SocketAddr,
-    /// The cluster's PostgreSQL database (postgres://USER:PASSWORD@HOST:PORT/DB).
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "HUSK_DATABASE_URL",
-        hide_env_values = true
-    )]
-    pub database_url: String,
-    /// A CA certificate (PEM) the database's certificate may be signed by.
-    #[arg(long, value_name = "FILE", env = "HUSK_DATABASE_CA")]
-    pub database_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub database: crate::database::ClusterDatabaseArgs,
     /// A file holding the cluster token the nodes accept (one per line while rotating: the
     /// first is sent; read again every 2 s).
     #[arg(long, value_name = "FILE", env = "HUSK_CLUSTER_TOKEN_FILE")]
@@ -232,20 +223,15 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
             return 2;
         }
     };
-    let location = husk_core::store::StoreLocation::Postgres {
-        url: args.database_url.clone(),
-        node: "gateway".into(),
-        ca: args.database_ca.clone(),
-    };
-    let store = match Store::open_at(&location) {
+    let store = match args.database.open("husk gateway", "gateway") {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            crate::report::say(&format!(
-                "{}: {}",
-                crate::database::describe(&location),
-                crate::report::chain(&e)
-            ));
-            return 1;
+            crate::report::say(&e);
+            return if args.database.database_url.is_none() {
+                2
+            } else {
+                1
+            };
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

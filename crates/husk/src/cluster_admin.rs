@@ -5,24 +5,14 @@
 use std::io::{self, Write};
 
 use husk_core::store::cluster::{NodeRow, NodeState};
-use husk_core::store::{Store, StoreLocation};
+use husk_core::store::Store;
 
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
     #[command(subcommand)]
     pub command: ClusterCommand,
-    /// The cluster's PostgreSQL database.
-    #[arg(
-        long,
-        global = true,
-        value_name = "URL",
-        env = "HUSK_DATABASE_URL",
-        hide_env_values = true
-    )]
-    pub database_url: Option<String>,
-    /// A CA certificate (PEM) the database's certificate may be signed by.
-    #[arg(long, global = true, value_name = "FILE", env = "HUSK_DATABASE_CA")]
-    pub database_ca: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub database: crate::database::ClusterDatabaseArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -48,25 +38,7 @@ pub enum ClusterCommand {
 
 /// Opens the database as `node` (whose row the command changes; any valid name to list).
 fn open(args: &ClusterArgs, node: &str) -> Result<Store, String> {
-    let Some(url) = &args.database_url else {
-        return Err(
-            "husk cluster works on the cluster's PostgreSQL database: give --database-url (or \
-             HUSK_DATABASE_URL)"
-                .into(),
-        );
-    };
-    let location = StoreLocation::Postgres {
-        url: url.clone(),
-        node: node.to_owned(),
-        ca: args.database_ca.clone(),
-    };
-    Store::open_at(&location).map_err(|e| {
-        format!(
-            "{}: {}",
-            crate::database::describe(&location),
-            crate::report::chain(&e)
-        )
-    })
+    args.database.open("husk cluster", node)
 }
 
 pub fn main(args: ClusterArgs) -> i32 {

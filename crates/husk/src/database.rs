@@ -183,3 +183,41 @@ mod tests {
         assert!(matches!(bad.location(dir), Err(StoreError::InvalidNode(_))));
     }
 }
+
+/// Where a cluster's PostgreSQL database is, for the commands that only work on one
+/// (`husk gateway`, `husk cluster`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ClusterDatabaseArgs {
+    /// The cluster's PostgreSQL database (postgres://USER:PASSWORD@HOST:PORT/DB).
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "HUSK_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
+    /// A CA certificate (PEM) the database's certificate may be signed by.
+    #[arg(long, global = true, value_name = "FILE", env = "HUSK_DATABASE_CA")]
+    pub database_ca: Option<std::path::PathBuf>,
+}
+
+impl ClusterDatabaseArgs {
+    /// Opens the database as `node` (the row a command changes, or a name of its own);
+    /// `command` names who needs it in the error when no URL was given.
+    pub fn open(&self, command: &str, node: &str) -> Result<Store, String> {
+        let Some(url) = &self.database_url else {
+            return Err(format!(
+                "{command} works on the cluster's PostgreSQL database: give --database-url (or \
+                 HUSK_DATABASE_URL)"
+            ));
+        };
+        let location = StoreLocation::Postgres {
+            url: url.clone(),
+            node: node.to_owned(),
+            ca: self.database_ca.clone(),
+        };
+        Store::open_at(&location)
+            .map_err(|e| format!("{}: {}", describe(&location), crate::report::chain(&e)))
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::super::cluster::{
     Claimed, Heartbeat, NodeLoad, NodeRow, NodeState, Reaped, NODE_CODE_LEN,
 };
-use super::super::keys::{principal_of, FoundKey};
+use super::super::keys::principal_of;
 use super::super::{validate_team, Principal, StoreError};
 use super::{is_unique_violation, Postgres};
 
@@ -200,14 +200,7 @@ impl Postgres {
                 u32::try_from(q).map_err(|_| StoreError::Corrupt(format!("quota {q}")))?
             },
         };
-        let found = FoundKey {
-            id: row.get(0),
-            stored: row.get(1),
-            team: row.get(2),
-            admin: row.get(3),
-            last_used: row.get(4),
-        };
-        let who = principal_of(found, &hash, |id, now| {
+        let who = principal_of(super::keys::found_key(&row), &hash, |id, now| {
             conn.execute(
                 "UPDATE keys SET last_used_at = $2 WHERE id = $1",
                 &[&id, &now],

@@ -82,14 +82,7 @@ impl Postgres {
         else {
             return Ok(None);
         };
-        let found = FoundKey {
-            id: row.get(0),
-            stored: row.get(1),
-            team: row.get(2),
-            admin: row.get(3),
-            last_used: row.get(4),
-        };
-        principal_of(found, hash, |id, now| {
+        principal_of(found_key(&row), hash, |id, now| {
             conn.execute(
                 "UPDATE keys SET last_used_at = $2 WHERE id = $1",
                 &[&id, &now],
@@ -173,5 +166,17 @@ impl Postgres {
             u32::try_from(n).map_err(|_| StoreError::Corrupt(format!("quota {n} of team {team:?}")))
         })
         .transpose()
+    }
+}
+
+/// A key's row as [`principal_of`] takes it, from columns 0-4 of a row that selects `id,
+/// hash, team, admin, last_used_at` first (a create's check joins the claim after them).
+pub(super) fn found_key(row: &postgres::Row) -> FoundKey {
+    FoundKey {
+        id: row.get(0),
+        stored: row.get(1),
+        team: row.get(2),
+        admin: row.get(3),
+        last_used: row.get(4),
     }
 }
