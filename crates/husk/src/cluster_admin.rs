@@ -1,6 +1,6 @@
 //! `husk cluster`: the operator's view of a cluster's nodes, in the shared database: list
 //! them, drain one (gateways stop placing creates on it; its sandboxes keep running and
-//! answering), make it ready again, or forget one that is gone for good.
+//! answering; it stays drained through its restarts, shown `held`), or make it ready again.
 
 use std::io::{self, Write};
 
@@ -24,7 +24,7 @@ pub enum ClusterCommand {
         json: bool,
     },
     /// Take a node out of placement: no new sandboxes there; what it runs keeps running. Lasts
-    /// until `husk cluster ready NAME` or the node's next start.
+    /// through the node's restarts until `husk cluster ready NAME`.
     Drain {
         #[arg(value_name = "NAME")]
         node: String,
@@ -80,14 +80,17 @@ fn set(args: &ClusterArgs, node: &str, state: NodeState) -> Result<(), String> {
         }
         Some(_) => {}
     }
+    // Held by the operator: the node stays drained through its restarts until made ready.
     store
-        .set_node_state(state)
+        .hold_node(state == NodeState::Draining)
         .map_err(|e| crate::report::chain(&e))?;
     eprintln!(
         "husk: node {node} is {}{}",
         state.as_str(),
         match state {
-            NodeState::Draining => " (gateways place no new sandboxes there within a second)",
+            NodeState::Draining =>
+                " (gateways place no new sandboxes there within a second; it stays drained \
+                 through its restarts until `husk cluster ready`)",
             _ => "",
         }
     );
@@ -101,7 +104,7 @@ fn print_nodes(nodes: &[NodeRow], json: bool) -> io::Result<()> {
             let v = serde_json::json!({
                 "name": n.name, "code": n.code, "url": n.url, "state": n.state.as_str(),
                 "capacity": n.capacity, "live": n.load.live, "templates": n.load.templates,
-                "silentForMs": n.silent_for.as_millis() as u64,
+                "silentForMs": n.silent_for.as_millis() as u64, "held": n.held,
             });
             writeln!(out, "{v}")?;
         }
@@ -118,7 +121,10 @@ fn print_nodes(nodes: &[NodeRow], json: bool) -> io::Result<()> {
             "{:<24} {:<5} {:<9} {:>6} {:>8} {:>7} {:>8.1}s  {}",
             n.name,
             n.code,
-            n.state.as_str(),
+            match (n.state, n.held) {
+                (NodeState::Draining, true) => "held",
+                (state, _) => state.as_str(),
+            },
             n.load.live,
             n.capacity,
             n.load.templates.len(),

@@ -678,6 +678,18 @@ def test_a_node_restarted_cleanly_keeps_its_sandboxes_however_long_it_takes(pg):
                 return None
 
         assert wait_for(kept, 10, "the sandbox through the restarted node") == "kept\n"
+        # Drained by the operator, it stays drained through a restart until made ready.
+        c.husk("cluster", "drain", c.node_names[1])
+        assert c.nodes[1].stop() == 0
+        c.restart_node(1)
+        listed = lambda: next(n for n in c.nodes_listed() if n["code"] == c.code_of(1))  # noqa: E731
+        wait_for(lambda: listed()["silentForMs"] < 1500 or None, 15, "the node to beat again")
+        assert (listed()["state"], listed()["held"]) == ("draining", True)
+        assert "held" in c.husk("cluster", "nodes").stdout.decode()
+        assert create(c, made).sandbox_id[:4] == c.code_of(0)
+        assert wait_for(kept, 10, "the sandbox through the restarted node") == "kept\n"
+        c.husk("cluster", "ready", c.node_names[1])
+        assert (listed()["state"], listed()["held"]) == ("ready", False)
     finally:
         for sid, opts in made.items():
             try:

@@ -241,6 +241,13 @@ impl Store {
         }
     }
 
+    /// Holds this node out of placement or lets it back (see [`Postgres::hold_node`]): an
+    /// operator's command, on the database.
+    pub fn hold_node(&self, held: bool) -> Result<bool, StoreError> {
+        let p = self.postgres()?;
+        off_runtime(|| p.hold_node(held))
+    }
+
     /// Every node (see [`Postgres::nodes`]).
     pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         match &self.0 {

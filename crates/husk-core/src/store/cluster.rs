@@ -63,6 +63,8 @@ pub struct NodeRow {
     pub load: NodeLoad,
     /// Since its last heartbeat, by the database's clock (nodes' clocks may disagree).
     pub silent_for: Duration,
+    /// Drained by an operator: it stays draining through its restarts until made ready.
+    pub held: bool,
 }
 
 /// What a heartbeat learnt.

@@ -438,6 +438,7 @@ impl Gateway {
                     "live": n.load.live,
                     "templates": n.load.templates,
                     "silentForMs": n.silent_for.as_millis() as u64,
+                    "held": n.held,
                 })
             })
             .collect();

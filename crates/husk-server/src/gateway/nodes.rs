@@ -241,6 +241,7 @@ mod tests {
                 templates: Vec::new(),
             },
             silent_for: Duration::from_millis(200),
+            held: false,
         }
     }
 

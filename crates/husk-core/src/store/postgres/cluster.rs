@@ -63,7 +63,8 @@ impl Postgres {
                 "INSERT INTO nodes (name, code, url, state, capacity, registered_at, last_seen)
                  VALUES ($1, $2, $3, 'ready', $4, husk_now(), husk_now())
                  ON CONFLICT (name) DO UPDATE
-                   SET url = excluded.url, capacity = excluded.capacity, state = 'ready',
+                   SET url = excluded.url, capacity = excluded.capacity,
+                       state = CASE WHEN nodes.held THEN 'draining' ELSE 'ready' END,
                        last_seen = excluded.last_seen
                  RETURNING code",
                 &[&self.node, &code, &url, &capacity],
@@ -93,7 +94,8 @@ impl Postgres {
         let row = self.conn()?.query_opt(
             "WITH old AS (SELECT state FROM nodes WHERE name = $1 FOR UPDATE)
              UPDATE nodes n SET live = $2, templates = $3, last_seen = husk_now(),
-                 state = CASE WHEN n.state = 'lost' THEN 'ready' ELSE n.state END
+                 state = CASE WHEN n.state <> 'lost' THEN n.state
+                              WHEN n.held THEN 'draining' ELSE 'ready' END
              FROM old WHERE n.name = $1
              RETURNING n.state, old.state",
             &[&self.node, &live, &templates],
@@ -116,11 +118,25 @@ impl Postgres {
         Ok(n == 1)
     }
 
+    /// Holds this node out of placement (`held`: drained by an operator, through its
+    /// restarts) or lets it back (ready); a lost node stays lost until it beats again. Whether
+    /// the node is registered.
+    pub fn hold_node(&self, held: bool) -> Result<bool, StoreError> {
+        let n = self.conn()?.execute(
+            "UPDATE nodes SET held = $2,
+                 state = CASE WHEN state = 'lost' THEN 'lost'
+                              WHEN $2 THEN 'draining' ELSE 'ready' END
+             WHERE name = $1",
+            &[&self.node, &held],
+        )?;
+        Ok(n == 1)
+    }
+
     /// Every node, by name.
     pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         let rows = self.conn()?.query(
             "SELECT name, code, url, state, capacity, live, templates,
-                    greatest(husk_now() - last_seen, 0)
+                    greatest(husk_now() - last_seen, 0), held
              FROM nodes ORDER BY name",
             &[],
         )?;
@@ -142,6 +158,7 @@ impl Postgres {
                         templates: r.get(6),
                     },
                     silent_for: Duration::from_nanos(u64::try_from(silent).unwrap_or(0)),
+                    held: r.get(8),
                 })
             })
             .collect()

@@ -75,6 +75,48 @@ fn a_node_keeps_its_code_and_reports_its_load() {
 }
 
 #[test]
+fn an_operators_drain_holds_through_restarts_and_a_stops_does_not() {
+    let url = TestPostgres::shared().fresh_database();
+    let a = open(&url, "node-a");
+    let state = |rows: &mut Vec<cluster::NodeRow>| {
+        let n = node(&a, "node-a", rows);
+        (n.state, n.held)
+    };
+    let mut rows = Vec::new();
+    a.register_node("http://10.0.0.1:3000", 5).unwrap();
+    // The node's own drain at a stop: ready again at its next start.
+    a.set_node_state(NodeState::Draining).unwrap();
+    a.register_node("http://10.0.0.1:3000", 5).unwrap();
+    assert_eq!(state(&mut rows), (NodeState::Ready, false));
+    // An operator's: held through restarts, and through a return from lost.
+    assert!(a.hold_node(true).unwrap());
+    assert_eq!(state(&mut rows), (NodeState::Draining, true));
+    a.register_node("http://10.0.0.2:3000", 5).unwrap();
+    assert_eq!(state(&mut rows), (NodeState::Draining, true));
+    let load = NodeLoad::default();
+    a.node_heartbeat(&load).unwrap();
+    assert_eq!(state(&mut rows), (NodeState::Draining, true));
+    let raw = super::Postgres::open(&url, "sweeper", None).unwrap();
+    raw.conn()
+        .unwrap()
+        .execute("UPDATE nodes SET state = 'lost' WHERE name = 'node-a'", &[])
+        .unwrap();
+    // Lost: an operator's word does not bring it back, its heartbeat does (held still).
+    assert!(a.hold_node(false).unwrap());
+    assert_eq!(state(&mut rows), (NodeState::Lost, false));
+    assert!(a.hold_node(true).unwrap());
+    let hb = a.node_heartbeat(&load).unwrap().unwrap();
+    assert!(hb.was_lost);
+    assert_eq!(state(&mut rows), (NodeState::Draining, true));
+    // Ready again when the operator says so, and after restarts.
+    assert!(a.hold_node(false).unwrap());
+    a.register_node("http://10.0.0.2:3000", 5).unwrap();
+    assert_eq!(state(&mut rows), (NodeState::Ready, false));
+    // A name never registered: nothing to hold.
+    assert!(!open(&url, "node-z").hold_node(true).unwrap());
+}
+
+#[test]
 fn the_sqlite_file_is_not_a_cluster() {
     let store = Store::open_in_memory().unwrap();
     assert!(matches!(
@@ -154,22 +196,41 @@ fn a_creates_key_check_and_claim_are_one_statement_that_claims_only_for_a_valid_
             .get(0)
     };
     // A valid key: its caller and a place.
-    let (who, claimed) = gw.check_key_and_claim(&key, 2, ttl).unwrap().expect("valid");
-    assert_eq!((who.team.as_str(), who.key_id.as_str(), who.admin), ("acme", info.id.as_str(), false));
+    let (who, claimed) = gw
+        .check_key_and_claim(&key, 2, ttl)
+        .unwrap()
+        .expect("valid");
+    assert_eq!(
+        (who.team.as_str(), who.key_id.as_str(), who.admin),
+        ("acme", info.id.as_str(), false)
+    );
     assert_eq!(claimed.quota, 2);
     let first = claimed.claim.expect("a place");
     // The key's use is recorded as `check_key` records it.
-    assert!(gw.list_keys().unwrap().iter().any(|k| k.id == info.id && k.last_used_at.is_some()));
+    assert!(gw
+        .list_keys()
+        .unwrap()
+        .iter()
+        .any(|k| k.id == info.id && k.last_used_at.is_some()));
     // Unknown, malformed, revoked: nobody, and nothing claimed.
     for bad in [revoked.as_str(), "husk_nope", "", &format!("{key}x")] {
-        assert!(gw.check_key_and_claim(bad, 2, ttl).unwrap().is_none(), "{bad:?}");
+        assert!(
+            gw.check_key_and_claim(bad, 2, ttl).unwrap().is_none(),
+            "{bad:?}"
+        );
     }
     assert_eq!(claims(&gw), 1);
     // The quota holds as for `claim_quota`: one more place, then none.
     let second = gw.check_key_and_claim(&key, 2, ttl).unwrap().unwrap().1;
     assert!(second.claim.is_some());
     let full = gw.check_key_and_claim(&key, 2, ttl).unwrap().unwrap().1;
-    assert_eq!(full, cluster::Claimed { claim: None, quota: 2 });
+    assert_eq!(
+        full,
+        cluster::Claimed {
+            claim: None,
+            quota: 2
+        }
+    );
     gw.release_quota(first).unwrap();
     gw.release_quota(second.claim.unwrap()).unwrap();
     assert_eq!(claims(&gw), 0);

@@ -218,8 +218,18 @@ BEGIN
 END $$;
 ";
 
+/// Version 3: a node an operator drained (`husk cluster drain`) stays drained through its
+/// restarts until `husk cluster ready`; a node's own drain at a stop does not (`held`).
+const V3: &str = "
+ALTER TABLE nodes ADD COLUMN held BOOLEAN NOT NULL DEFAULT false;
+";
+
 /// The migrations, oldest first: (refinery's name, SQL).
-const MIGRATIONS: &[(&str, &str)] = &[("V1__initial", V1), ("V2__cluster", V2)];
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("V1__initial", V1),
+    ("V2__cluster", V2),
+    ("V3__held_nodes", V3),
+];
 
 /// The schema version this husk writes and understands.
 pub(in crate::store) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
