@@ -59,7 +59,7 @@ pub struct NodeSettings {
 
 /// `husk node`.
 pub fn node_main(args: NodeArgs) -> i32 {
-    if args.serve.database.database_url.is_none() {
+    if args.serve.database.postgres.database_url.is_none() {
         crate::report::say(
             "husk node keeps the cluster's state in PostgreSQL: give --database-url (or \
              HUSK_DATABASE_URL)",
@@ -195,7 +195,7 @@ pub struct GatewayArgs {
     #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
     pub listen: std::net::SocketAddr,
     #[command(flatten)]
-    pub database: crate::database::ClusterDatabaseArgs,
+    pub database: crate::database::PostgresArgs,
     /// A file holding the cluster token the nodes accept (one per line while rotating: the
     /// first is sent; read again every 2 s).
     #[arg(long, value_name = "FILE", env = "HUSK_CLUSTER_TOKEN_FILE")]

@@ -12,7 +12,7 @@ pub struct ClusterArgs {
     #[command(subcommand)]
     pub command: ClusterCommand,
     #[command(flatten)]
-    pub database: crate::database::ClusterDatabaseArgs,
+    pub database: crate::database::PostgresArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]

@@ -10,31 +10,18 @@ use husk_core::store::{Store, StoreError, StoreLocation};
 /// The flags that say where the database is (flattened into each command that opens it).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct DatabaseArgs {
-    /// Keep keys, teams, secrets, templates and the sandbox catalog in this PostgreSQL
-    /// database (postgres://USER:PASSWORD@HOST:PORT/DB), shared by a cluster's nodes, instead
-    /// of the SQLite file in the state directory.
-    #[arg(
-        long,
-        global = true,
-        value_name = "URL",
-        env = "HUSK_DATABASE_URL",
-        hide_env_values = true
-    )]
-    pub database_url: Option<String>,
+    #[command(flatten)]
+    pub postgres: PostgresArgs,
     /// This machine's name among the nodes sharing --database-url: its sandboxes, saved
     /// sandboxes, snapshots and runs are recorded under it [default: the host name].
     #[arg(long, global = true, value_name = "NAME", env = "HUSK_NODE_NAME")]
     pub node_name: Option<String>,
-    /// A CA certificate (PEM) the database's certificate may be signed by, beside the host's
-    /// CAs; with sslmode=require in the URL, husk always verifies the database's certificate.
-    #[arg(long, global = true, value_name = "FILE", env = "HUSK_DATABASE_CA")]
-    pub database_ca: Option<std::path::PathBuf>,
 }
 
 impl DatabaseArgs {
     /// Where the database is: PostgreSQL if a URL is given, else `state_dir`'s SQLite file.
     pub fn location(&self, state_dir: &Path) -> Result<StoreLocation, StoreError> {
-        let Some(url) = &self.database_url else {
+        let Some(url) = &self.postgres.database_url else {
             return Ok(StoreLocation::Sqlite(state_dir.to_owned()));
         };
         let node = match &self.node_name {
@@ -45,7 +32,7 @@ impl DatabaseArgs {
         Ok(StoreLocation::Postgres {
             url: url.clone(),
             node,
-            ca: self.database_ca.clone(),
+            ca: self.postgres.database_ca.clone(),
         })
     }
 
@@ -130,6 +117,47 @@ fn host_name() -> String {
         .unwrap_or_default()
 }
 
+/// Where a PostgreSQL database is: every command that opens the database has these (in
+/// [`DatabaseArgs`]); `husk gateway` and `husk cluster`, which only work on one, have them alone.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PostgresArgs {
+    /// The PostgreSQL database (postgres://USER:PASSWORD@HOST:PORT/DB) that keeps keys, teams,
+    /// secrets, templates and the sandbox catalog, shared by a cluster's nodes and gateways;
+    /// without it, a server keeps them in the SQLite file in its state directory.
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "HUSK_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
+    /// A CA certificate (PEM) the database's certificate may be signed by, beside the host's
+    /// CAs; with sslmode=require in the URL, husk always verifies the database's certificate.
+    #[arg(long, global = true, value_name = "FILE", env = "HUSK_DATABASE_CA")]
+    pub database_ca: Option<std::path::PathBuf>,
+}
+
+impl PostgresArgs {
+    /// Opens the database as `node` (the row a command changes, or a name of its own);
+    /// `command` names who needs it in the error when no URL was given.
+    pub fn open(&self, command: &str, node: &str) -> Result<Store, String> {
+        let Some(url) = &self.database_url else {
+            return Err(format!(
+                "{command} works on the cluster's PostgreSQL database: give --database-url (or \
+                 HUSK_DATABASE_URL)"
+            ));
+        };
+        let location = StoreLocation::Postgres {
+            url: url.clone(),
+            node: node.to_owned(),
+            ca: self.database_ca.clone(),
+        };
+        Store::open_at(&location)
+            .map_err(|e| format!("{}: {}", describe(&location), crate::report::chain(&e)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,9 +192,11 @@ mod tests {
             StoreLocation::Sqlite(dir.to_owned())
         );
         let pg = DatabaseArgs {
-            database_url: Some("postgres://h@db/husk".into()),
+            postgres: PostgresArgs {
+                database_url: Some("postgres://h@db/husk".into()),
+                database_ca: None,
+            },
             node_name: Some("node-1".into()),
-            database_ca: None,
         };
         assert_eq!(
             pg.location(dir).unwrap(),
@@ -181,43 +211,5 @@ mod tests {
             ..pg
         };
         assert!(matches!(bad.location(dir), Err(StoreError::InvalidNode(_))));
-    }
-}
-
-/// Where a cluster's PostgreSQL database is, for the commands that only work on one
-/// (`husk gateway`, `husk cluster`).
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct ClusterDatabaseArgs {
-    /// The cluster's PostgreSQL database (postgres://USER:PASSWORD@HOST:PORT/DB).
-    #[arg(
-        long,
-        global = true,
-        value_name = "URL",
-        env = "HUSK_DATABASE_URL",
-        hide_env_values = true
-    )]
-    pub database_url: Option<String>,
-    /// A CA certificate (PEM) the database's certificate may be signed by.
-    #[arg(long, global = true, value_name = "FILE", env = "HUSK_DATABASE_CA")]
-    pub database_ca: Option<std::path::PathBuf>,
-}
-
-impl ClusterDatabaseArgs {
-    /// Opens the database as `node` (the row a command changes, or a name of its own);
-    /// `command` names who needs it in the error when no URL was given.
-    pub fn open(&self, command: &str, node: &str) -> Result<Store, String> {
-        let Some(url) = &self.database_url else {
-            return Err(format!(
-                "{command} works on the cluster's PostgreSQL database: give --database-url (or \
-                 HUSK_DATABASE_URL)"
-            ));
-        };
-        let location = StoreLocation::Postgres {
-            url: url.clone(),
-            node: node.to_owned(),
-            ca: self.database_ca.clone(),
-        };
-        Store::open_at(&location)
-            .map_err(|e| format!("{}: {}", describe(&location), crate::report::chain(&e)))
     }
 }

@@ -46,24 +46,13 @@ pub(super) async fn fan_out(
     let desc = crate::rest::query_value(&query, "order") != Some("asc");
     let nodes = gw.nodes.serving();
     let asks = nodes.iter().map(|node| {
-        let ask = super::bodiless_copy(&req);
-        let answer = async move {
-            let resp = proxy::send(&gw.client, &gw.config.token, &node.row.url, ask, Some(who))
-                .await
-                .map_err(|e| e.to_string())?;
-            let (parts, body) = resp.into_parts();
-            let bytes = axum::body::to_bytes(body, MAX_NODE_ANSWER)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((parts, bytes))
-        };
-        async move {
-            tokio::time::timeout(NODE_LIST_TIMEOUT, answer)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(format!("no answer within {}s", NODE_LIST_TIMEOUT.as_secs()))
-                })
-        }
+        ask(
+            gw,
+            node,
+            super::bodiless_copy(&req),
+            Some(who),
+            MAX_NODE_ANSWER,
+        )
     });
     let answers = join_all(asks).await;
     let mut items: Vec<Value> = Vec::new();
@@ -114,6 +103,31 @@ pub(super) async fn fan_out(
         resp.headers_mut().insert("x-next-token", t);
     }
     resp
+}
+
+/// `req` asked of `node`, its whole answer read (at most `max` bytes) within
+/// [`NODE_LIST_TIMEOUT`]: a question the gateway asks several nodes at once (a list, a signed
+/// URL's lookup), where one node stuck must not hold the answer.
+pub(super) async fn ask(
+    gw: &Gateway,
+    node: &super::nodes::Node,
+    req: Request<Body>,
+    who: Option<&Principal>,
+    max: usize,
+) -> Result<(axum::http::response::Parts, bytes::Bytes), String> {
+    let answer = async {
+        let resp = proxy::send(&gw.client, &gw.config.token, &node.row.url, req, who)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (parts, body) = resp.into_parts();
+        let bytes = axum::body::to_bytes(body, max)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((parts, bytes))
+    };
+    tokio::time::timeout(NODE_LIST_TIMEOUT, answer)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {}s", NODE_LIST_TIMEOUT.as_secs())))
 }
 
 /// The key a node pages by: start time in nanoseconds, zero-padded, then the id.

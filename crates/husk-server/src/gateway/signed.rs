@@ -14,7 +14,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use super::{list::NODE_LIST_TIMEOUT, proxy, Gateway};
+use super::Gateway;
 use crate::error::ApiError;
 use crate::ration::Ration;
 use crate::sandbox::signed::{
@@ -108,24 +108,13 @@ impl Gateway {
             .map(|node| {
                 let path = path.clone();
                 async move {
-                    let ask = async {
-                        let q = Request::get(path)
-                            .header(LOOKUP_METHOD, method)
-                            .body(Body::empty())
-                            .map_err(|e| e.to_string())?;
-                        let resp =
-                            proxy::send(&self.client, &self.config.token, &node.row.url, q, None)
-                                .await
-                                .map_err(|e| e.to_string())?;
-                        let (parts, body) = resp.into_parts();
-                        let bytes = axum::body::to_bytes(body, MAX_ANSWER)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        Ok::<_, String>((parts, bytes))
+                    let answer = match Request::get(path)
+                        .header(LOOKUP_METHOD, method)
+                        .body(Body::empty())
+                    {
+                        Ok(q) => super::list::ask(self, &node, q, None, MAX_ANSWER).await,
+                        Err(e) => Err(e.to_string()),
                     };
-                    let answer = tokio::time::timeout(NODE_LIST_TIMEOUT, ask)
-                        .await
-                        .unwrap_or_else(|_| Err("no answer in time".to_owned()));
                     (node, answer)
                 }
             })
