@@ -240,7 +240,7 @@ impl Postgres {
     /// Gives a place back (the create finished: its sandbox now counts, or it failed).
     pub fn release_quota(&self, claim: i64) -> Result<(), StoreError> {
         self.conn()?
-            .execute("DELETE FROM quota_claims WHERE id = $1", &[&claim])?;
+            .execute("SELECT husk_release_quota($1)", &[&claim])?;
         Ok(())
     }
 

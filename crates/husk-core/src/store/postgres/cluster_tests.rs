@@ -271,6 +271,48 @@ fn concurrent_claims_never_exceed_the_quota() {
 }
 
 #[test]
+fn claims_and_releases_commit_without_a_flush_and_only_their_own_transaction() {
+    let url = TestPostgres::shared().fresh_database();
+    // Opening a store migrates the database.
+    drop(open(&url, "gw"));
+    let mut client = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connect");
+    // The test server runs without flushes; a production one's sessions wait for them.
+    client.batch_execute("SET synchronous_commit = on").unwrap();
+    let setting = |c: &mut ::postgres::Transaction<'_>| -> String {
+        c.query_one("SHOW synchronous_commit", &[]).unwrap().get(0)
+    };
+    let mut tx = client.transaction().unwrap();
+    assert_eq!(setting(&mut tx), "on");
+    let claim: i64 = tx
+        .query_one(
+            "SELECT claim FROM husk_claim_quota('acme', 5, 60000000000)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    // The claim's transaction does not wait for the disk...
+    assert_eq!(setting(&mut tx), "off");
+    tx.commit().unwrap();
+    // ...and the next (a sandbox's row, on a node's connection) does.
+    let mut tx = client.transaction().unwrap();
+    assert_eq!(setting(&mut tx), "on");
+    tx.execute("SELECT husk_release_quota($1)", &[&claim])
+        .unwrap();
+    assert_eq!(setting(&mut tx), "off");
+    tx.commit().unwrap();
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM quota_claims", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    let session: String = client
+        .query_one("SHOW synchronous_commit", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(session, "on");
+}
+
+#[test]
 fn a_silent_node_is_declared_lost_with_its_sandboxes_and_comes_back() {
     let url = TestPostgres::shared().fresh_database();
     let (a, b) = (open(&url, "node-a"), open(&url, "node-b"));

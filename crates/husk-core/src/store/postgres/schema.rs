@@ -224,11 +224,48 @@ const V3: &str = "
 ALTER TABLE nodes ADD COLUMN held BOOLEAN NOT NULL DEFAULT false;
 ";
 
+/// Version 4: a quota claim and its release commit without waiting for the disk (the
+/// transaction's `synchronous_commit`, never the session's). A claim lives for one create:
+/// one lost in a database crash frees a place early, at worst letting the creates under way
+/// at that moment past a full quota once. Their sandboxes' rows, which count after, stay
+/// durable. A create's claim through a gateway then costs one round trip, not also a flush.
+const V4: &str = "
+CREATE OR REPLACE FUNCTION husk_claim_quota(p_team TEXT, p_default BIGINT, p_ttl BIGINT)
+RETURNS TABLE (claim BIGINT, quota BIGINT)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ns BIGINT := husk_now();
+    used   BIGINT;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    quota := coalesce((SELECT max_sandboxes FROM teams WHERE name = p_team), p_default);
+    claim := NULL;
+    PERFORM pg_advisory_xact_lock(1752527729, hashtext(p_team));
+    DELETE FROM quota_claims WHERE team = p_team AND expires_at < now_ns;
+    SELECT (SELECT count(*) FROM sandboxes WHERE team = p_team AND lost_at IS NULL)
+         + (SELECT count(*) FROM quota_claims q WHERE q.team = p_team)
+      INTO used;
+    IF used < quota THEN
+        INSERT INTO quota_claims (team, expires_at) VALUES (p_team, now_ns + p_ttl)
+            RETURNING id INTO claim;
+    END IF;
+    RETURN NEXT;
+END $$;
+
+CREATE FUNCTION husk_release_quota(p_claim BIGINT) RETURNS VOID
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM quota_claims WHERE id = p_claim;
+END $$;
+";
+
 /// The migrations, oldest first: (refinery's name, SQL).
 const MIGRATIONS: &[(&str, &str)] = &[
     ("V1__initial", V1),
     ("V2__cluster", V2),
     ("V3__held_nodes", V3),
+    ("V4__async_quota_claims", V4),
 ];
 
 /// The schema version this husk writes and understands.
