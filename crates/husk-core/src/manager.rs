@@ -262,6 +262,8 @@ pub struct Manager {
     layer_store: std::sync::OnceLock<pause::LayerStore>,
     /// Teams' snapshots, and what stands on them.
     snapshots: Mutex<snapshot::SnapshotTable>,
+    /// Held while snapshots nothing stands on are removed (`collect_snapshots`).
+    collecting: tokio::sync::Mutex<()>,
     /// Per team, the places among layer copies under way (`Manager::capture_slot`).
     capture_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Warm pools (`pool.rs`).
@@ -340,6 +342,7 @@ impl Manager {
             dormant: RwLock::new(HashMap::new()),
             layer_store: std::sync::OnceLock::new(),
             snapshots: Mutex::new(snapshot::SnapshotTable::default()),
+            collecting: tokio::sync::Mutex::new(()),
             capture_slots: Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),
             store,

@@ -604,7 +604,13 @@ impl Manager {
 
     /// Removes the retired snapshots nothing stands on any more: no running, paused or
     /// starting sandbox, and no snapshot that is kept. Returns how many.
+    ///
+    /// One collection at a time: a collection that finds nothing left to forget waits for
+    /// one under way, so that when a kill returns, the files of the snapshot it was the last
+    /// to stand on are gone, even if a collection started elsewhere (a pin dropped) forgot
+    /// that snapshot first.
     pub(super) async fn collect_snapshots(&self) -> usize {
+        let _one = self.collecting.lock().await;
         let gone = self.forget_unkept_snapshots();
         let n = gone.len();
         if n > 0 {
