@@ -313,6 +313,52 @@ fn claims_and_releases_commit_without_a_flush_and_only_their_own_transaction() {
 }
 
 #[test]
+fn claims_read_the_teams_rows_by_plain_index_scans_however_many_dead_rows_there_are() {
+    let url = TestPostgres::shared().fresh_database();
+    let store = open(&url, "gw");
+    // A minute of creates' worth of dead claims, and no vacuum since (a new database, or
+    // autovacuum not yet round): what makes the planner pick bitmap scans.
+    for _ in 0..3000 {
+        let (claim, _) = store
+            .claim_quota("acme", 100, Duration::from_secs(60))
+            .unwrap();
+        store.release_quota(claim.expect("a place")).unwrap();
+    }
+    // The plans of a claim and a release on a new connection, sent to it as notices.
+    let plans = Arc::new(std::sync::Mutex::new(String::new()));
+    let mut config: ::postgres::Config = url.parse().unwrap();
+    let seen = plans.clone();
+    config.notice_callback(move |n| {
+        let mut p = seen.lock().unwrap();
+        p.push_str(n.message());
+        p.push('\n');
+    });
+    let mut client = config.connect(::postgres::NoTls).expect("connect");
+    client
+        .batch_execute(
+            "LOAD 'auto_explain';
+             SET auto_explain.log_min_duration = 0;
+             SET auto_explain.log_nested_statements = on;
+             SET auto_explain.log_level = notice;",
+        )
+        .unwrap();
+    let claim: i64 = client
+        .query_one(
+            "SELECT claim FROM husk_claim_quota('acme', 100, 60000000000)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    client
+        .execute("SELECT husk_release_quota($1)", &[&claim])
+        .unwrap();
+    let plans = plans.lock().unwrap().clone();
+    assert!(plans.contains("quota_claims"), "{plans}");
+    assert!(plans.contains("Index"), "{plans}");
+    assert!(!plans.contains("Bitmap"), "{plans}");
+}
+
+#[test]
 fn a_silent_node_is_declared_lost_with_its_sandboxes_and_comes_back() {
     let url = TestPostgres::shared().fresh_database();
     let (a, b) = (open(&url, "node-a"), open(&url, "node-b"));

@@ -224,15 +224,24 @@ const V3: &str = "
 ALTER TABLE nodes ADD COLUMN held BOOLEAN NOT NULL DEFAULT false;
 ";
 
-/// Version 4: a quota claim and its release commit without waiting for the disk (the
-/// transaction's `synchronous_commit`, never the session's). A claim lives for one create:
-/// one lost in a database crash frees a place early, at worst letting the creates under way
-/// at that moment past a full quota once. Their sandboxes' rows, which count after, stay
-/// durable. A create's claim through a gateway then costs one round trip, not also a flush.
+/// Version 4, for creates at a sustained rate:
+/// - A quota claim and its release commit without waiting for the disk (the transaction's
+///   `synchronous_commit`, never the session's). A claim lives for one create: one lost in a
+///   database crash frees a place early, at worst letting the creates under way at that
+///   moment past a full quota once. Their sandboxes' rows, which count after, stay durable.
+///   A create's claim through a gateway then costs one round trip, not also a flush.
+/// - Their statements read the team's rows by plain index scans (`enable_bitmapscan` off in
+///   the functions alone). Every create leaves a dead claim row, and every kill a dead
+///   sandbox row. A plain index scan marks dead entries so the next scan skips them; a
+///   bitmap scan (what the planner picks on tables not yet vacuumed) visits every one again.
+///   A claim and release measured 0.2 ms at first and 2.4 ms a minute of churn later, until
+///   autovacuum ran; with plain scans they stay at 0.2 ms.
 const V4: &str = "
 CREATE OR REPLACE FUNCTION husk_claim_quota(p_team TEXT, p_default BIGINT, p_ttl BIGINT)
 RETURNS TABLE (claim BIGINT, quota BIGINT)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     now_ns BIGINT := husk_now();
     used   BIGINT;
@@ -253,7 +262,9 @@ BEGIN
 END $$;
 
 CREATE FUNCTION husk_release_quota(p_claim BIGINT) RETURNS VOID
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+AS $$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM quota_claims WHERE id = p_claim;
