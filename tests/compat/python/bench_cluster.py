@@ -5,10 +5,10 @@ with the headers the gateway would add (the cluster token and the caller), which
 nodes' own cost. The difference is what the gateway adds per request: its key check in the
 database, its quota claim (creates), and one more HTTP hop.
 
-Creates sent direct go to the three nodes in turn, as the gateway spreads them: here the
-nodes share two CPUs, and a create on a node that has just made one is cheaper (its
-processes are awake, its caches warm) than on one idle since, a cost separate machines do
-not share. Creates to one node always are measured too, for reference."""
+Creates sent direct go to the three nodes in turn, as the gateway spreads them, so that the
+difference does not depend on whether creates one after another on one node (its processes
+awake, its caches warm) are cheaper than creates spread over nodes sharing two CPUs.
+Creates to one node only are measured too, for reference."""
 
 from __future__ import annotations
 
