@@ -112,11 +112,12 @@ def commands_per_second(port: int, headers: Dict[str, str], workers: int, second
     return sum(counts) / (time.perf_counter() - t)
 
 
-def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20)) -> None:
+def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20),
+                    durable: bool = False) -> None:
     rounds = 4 if iterations >= 20 else 2
     n = max(5, iterations // rounds)
     slice_s = seconds / rounds
-    pg = PostgresServer()
+    pg = PostgresServer(durable=durable)
     c = None
     held = []
     try:
@@ -134,7 +135,8 @@ def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20)) -> N
         version = pg.psql("SHOW server_version").split()[0]
         spread = [n.port for n in c.nodes]
         print(f"cluster: one gateway in front of 3 nodes, beside the nodes direct (their cost alone), "
-              f"PostgreSQL {version} on loopback (fsync off), {rounds} rounds in ABBA order")
+              f"PostgreSQL {version} on loopback ({'durable: fsync and synchronous_commit on' if durable else 'fsync off'}), "
+              f"{rounds} rounds in ABBA order")
         # A sandbox on node 1 for the per-request figures and the commands.
         conn = keep_alive(node.port)
         conn.request("POST", "/v2/sandboxes", json.dumps({"templateID": "base", "timeout": 600}).encode(),

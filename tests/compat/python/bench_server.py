@@ -1155,6 +1155,9 @@ def main() -> None:
     ap.add_argument("--density", default="",
                     help="idle sandboxes the density section holds, per kind: base=N,network=N,kernel=N "
                          "(default: 30, 20 and 1.5 times --iterations)")
+    ap.add_argument("--durable-postgres", action="store_true",
+                    help="cluster: run PostgreSQL with fsync and synchronous_commit on, as in production "
+                         "(default: off, for steadier figures)")
     ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
                                        "interpreter", "creates", "density", "store", "cluster"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
@@ -1186,7 +1189,7 @@ def main() -> None:
     if args.only == "cluster":
         from bench_cluster import cluster_gateway
 
-        cluster_gateway(args.iterations, args.seconds)
+        cluster_gateway(args.iterations, args.seconds, durable=args.durable_postgres)
         return
     server = start_server()
     try:

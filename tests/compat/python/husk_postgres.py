@@ -63,7 +63,10 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
+        # durable: every commit waits for the disk, as on a production server (the benches'
+        # option); the tests' server never flushes, for speed.
+        self.durable = durable
         self.bin = pg_bin()
         self.user = pwd.getpwnam("postgres")
         _sweep_stale_dirs()
@@ -101,13 +104,17 @@ class PostgresServer:
         except OSError:
             return "<no log>"
 
+    def _durability(self) -> list:
+        if self.durable:
+            return ["-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"]
+        return ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+
     def start(self, timeout: float = 30) -> bool:
         """Starts the server on self.port; False if it exited (the port was taken)."""
         log = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [str(self.bin / "postgres"), "-D", str(self.data), "-h", "127.0.0.1",
-             "-p", str(self.port), "-k", str(self.dir), "-c", "fsync=off",
-             "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+             "-p", str(self.port), "-k", str(self.dir), *self._durability(),
              "-c", "max_connections=300"],
             user=self.user.pw_uid, group=self.user.pw_gid, extra_groups=[],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent,
