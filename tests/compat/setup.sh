@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what husk's E2B-SDK compatibility suite needs, idempotently:
 #   - Debian packages, only if missing: python3-venv (when python3 cannot make a venv),
-#     nodejs/npm (when `node`/`npm` are missing);
+#     nodejs/npm (when `node`/`npm` are missing), openssl (the cluster tests' certificates);
 #   - python/.venv with the pinned stock SDKs (e2b==2.63.0, e2b-code-interpreter==2.11.5) and
 #     pytest (python/requirements.txt);
 #   - js/node_modules with the pinned stock SDKs (e2b@2.51.0, @e2b/code-interpreter@2.8.0) via
@@ -37,6 +37,7 @@ if ! command -v node >/dev/null 2>&1; then
 elif ! command -v npm >/dev/null 2>&1; then
   need+=(npm)
 fi
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi

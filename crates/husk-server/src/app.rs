@@ -299,9 +299,10 @@ pub async fn serve(
     listener: TcpListener,
     state: AppState,
     limits: crate::listener::ConnLimits,
+    tls: Option<&crate::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    crate::listener::serve(listener, service(state), limits, shutdown).await
+    crate::listener::serve(listener, service(state), limits, tls, shutdown).await
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod sandbox;
 pub mod secrets;
 pub mod snapshots;
 pub mod templates;
+pub mod tls;
 pub mod transfers;
 mod upload;
 pub mod volumes;

@@ -89,13 +89,14 @@ impl NodeImages {
         store: Arc<Store>,
         token: ClusterToken,
         code: String,
+        peers_tls: &crate::tls::ClientTls,
     ) -> NodeImages {
         NodeImages {
             builds,
             store,
             token,
             code,
-            client: proxy::client(),
+            client: proxy::client(peers_tls),
             present: Mutex::default(),
             fetching: Mutex::default(),
         }

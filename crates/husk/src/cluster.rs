@@ -13,6 +13,7 @@ use std::time::Duration;
 use husk_core::store::cluster::{NodeLoad, NodeState};
 use husk_core::store::Store;
 use husk_server::cluster::ClusterToken;
+use husk_server::tls::ClientTls;
 
 /// How often a node tells the database it is alive, and how loaded.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -45,6 +46,44 @@ pub struct NodeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub shared_workspaces: bool,
+    #[command(flatten)]
+    pub cluster_tls: ClusterTlsArgs,
+}
+
+/// How a cluster's processes verify the nodes they reach at `https://` URLs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterTlsArgs {
+    /// PEM CA certificate(s) that sign the nodes' certificates (nodes started with
+    /// --tls-cert and an https:// --advertise-url). Without it, the host's CA certificates.
+    /// Read at start.
+    #[arg(long, value_name = "FILE", env = "HUSK_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
+    /// The name every node's certificate carries (one certificate for all nodes, e.g.
+    /// husk-node), checked whatever address a node is reached at. Without it, each node's
+    /// certificate must name the host of its --advertise-url.
+    #[arg(long, value_name = "NAME", env = "HUSK_CLUSTER_TLS_NAME")]
+    pub cluster_tls_name: Option<String>,
+}
+
+impl ClusterTlsArgs {
+    /// Read now, as root (a node's server cannot read the file later).
+    pub fn load(&self) -> Result<ClientTls, husk_server::tls::TlsError> {
+        let ca = match &self.cluster_ca {
+            Some(path) => Some((
+                path.as_path(),
+                husk_server::tls::read_bounded(
+                    "--cluster-ca",
+                    path,
+                    husk_server::tls::MAX_CERT_FILE,
+                )?,
+            )),
+            None => None,
+        };
+        ClientTls::for_nodes(
+            ca.as_ref().map(|(p, pem)| (*p, pem.as_slice())),
+            self.cluster_tls_name.as_deref(),
+        )
+    }
 }
 
 /// What a node is told, once checked.
@@ -55,6 +94,8 @@ pub struct NodeSettings {
     pub url: String,
     pub capacity: u32,
     pub shared_workspaces: bool,
+    /// How its peers are verified (a node fetches templates from them).
+    pub peers_tls: ClientTls,
 }
 
 /// `husk node`.
@@ -90,6 +131,34 @@ pub fn node_main(args: NodeArgs) -> i32 {
         ));
         return 2;
     }
+    // The URL says how gateways connect: it must be what the listener speaks.
+    match (
+        url.starts_with("https://"),
+        args.serve.tls.tls_cert.is_some(),
+    ) {
+        (true, false) => {
+            crate::report::say(&format!(
+                "--advertise-url {url}: an https:// URL needs --tls-cert and --tls-key (the \
+                 certificate gateways verify with --cluster-ca)"
+            ));
+            return 2;
+        }
+        (false, true) => {
+            crate::report::say(&format!(
+                "--advertise-url {url}: the listener serves HTTPS (--tls-cert): advertise an \
+                 https:// URL"
+            ));
+            return 2;
+        }
+        _ => {}
+    }
+    let peers_tls = match args.cluster_tls.load() {
+        Ok(t) => t,
+        Err(e) => {
+            crate::report::say(&crate::report::chain(&e));
+            return 2;
+        }
+    };
     crate::serve::main_with(
         args.serve,
         Some(NodeSettings {
@@ -98,6 +167,7 @@ pub fn node_main(args: NodeArgs) -> i32 {
             url,
             capacity: args.capacity,
             shared_workspaces: args.shared_workspaces,
+            peers_tls,
         }),
     )
 }
@@ -206,6 +276,10 @@ pub struct GatewayArgs {
     pub max_sandboxes: u32,
     #[command(flatten)]
     pub conn: crate::serve::ConnArgs,
+    #[command(flatten)]
+    pub tls: crate::serve::TlsArgs,
+    #[command(flatten)]
+    pub cluster_tls: ClusterTlsArgs,
 }
 
 /// `husk gateway`.
@@ -219,6 +293,13 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
     let token = match ClusterToken::load(&args.cluster_token_file) {
         Ok(t) => t,
         Err(e) => {
+            crate::report::say(&crate::report::chain(&e));
+            return 2;
+        }
+    };
+    let (tls, node_tls) = match (args.tls.load(), args.cluster_tls.load()) {
+        (Ok(tls), Ok(node_tls)) => (tls, node_tls),
+        (Err(e), _) | (_, Err(e)) => {
             crate::report::say(&crate::report::chain(&e));
             return 2;
         }
@@ -260,6 +341,7 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
                 default_quota: args.max_sandboxes,
                 body_policy: husk_server::body::BodyPolicy::default(),
                 team_body_bytes: husk_server::app::TEAM_BODY_BYTES,
+                node_tls,
             },
         ) {
             Ok(g) => g,
@@ -284,11 +366,20 @@ pub fn gateway_main(args: GatewayArgs) -> i32 {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        eprintln!("husk: gateway listening on http://{addr}");
+        if let (Some(tls), Some((cert, key))) = (&tls, args.tls.files()) {
+            tls.spawn_reload(move || {
+                husk_server::tls::CertFiles::read(&cert, &key).map_err(|e| crate::report::chain(&e))
+            });
+        }
+        eprintln!(
+            "husk: gateway listening on {}://{addr}",
+            crate::serve::scheme(tls.as_ref())
+        );
         husk_server::gateway::serve(
             listener,
             gateway,
             args.conn.limits(),
+            tls.as_ref(),
             crate::serve::wait_for_stop(signals),
         )
         .await;
@@ -311,6 +402,7 @@ mod tests {
             url: url.into(),
             capacity: 1,
             shared_workspaces: false,
+            peers_tls: ClientTls::for_nodes(None, None).unwrap(),
         }
     }
 

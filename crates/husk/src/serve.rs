@@ -126,7 +126,46 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub host: crate::cli::HostArgs,
+}
+
+/// HTTPS on the listener.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// Serve HTTPS only, with this PEM certificate chain (leaf first); read again every 2 s,
+    /// so a renewed certificate is used without a restart. Needs --tls-key.
+    #[arg(long, value_name = "FILE", env = "HUSK_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", env = "HUSK_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The two files, when given.
+    pub fn files(&self) -> Option<(PathBuf, PathBuf)> {
+        Some((self.tls_cert.clone()?, self.tls_key.clone()?))
+    }
+
+    /// The listener's TLS, read now (a server that cannot use its certificate does not start).
+    pub fn load(&self) -> Result<Option<husk_server::tls::ServerTls>, husk_server::tls::TlsError> {
+        let Some((cert, key)) = self.files() else {
+            return Ok(None);
+        };
+        let files = husk_server::tls::CertFiles::read(&cert, &key)?;
+        husk_server::tls::ServerTls::from_pem(&files.cert, &files.key).map(Some)
+    }
+}
+
+/// `http` or `https`, as the listener speaks.
+pub fn scheme(tls: Option<&husk_server::tls::ServerTls>) -> &'static str {
+    if tls.is_some() {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// What the listener admits: bounds on what a client without a key can make the server hold.
@@ -236,6 +275,15 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
             Ok(u) => u,
             Err(e) => return fail(e),
         };
+    // Read now, as root: the server that serves it is not (the state helper reads the files
+    // again for renewals).
+    let tls = match args.tls.load() {
+        Ok(t) => t,
+        Err(e) => {
+            crate::report::say(&crate::report::chain(&e));
+            return 2;
+        }
+    };
     // husk's own memory is charged to no sandbox, and if the kernel killed the server, every
     // team's sandboxes would end with it: in an OOM, sandbox processes go first, then their
     // agents, husk last (see husk_runtime::oom). Before the spawner is forked, which inherits
@@ -359,7 +407,10 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let token_file = node.as_ref().map(|n| n.token_file.clone());
+    let helper_files = husk_core::store::remote::HelperFiles {
+        cluster_token: node.as_ref().map(|n| n.token_file.clone()),
+        tls: args.tls.files(),
+    };
     let state = match RemoteStore::start(
         move || {
             let store = Store::open_at(&location).map(Arc::new).map_err(|e| {
@@ -375,7 +426,7 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
             let secrets = Arc::new(husk_core::secrets::Secrets::new(store.clone(), keys));
             Ok((store, secrets))
         },
-        token_file,
+        helper_files,
     ) {
         Ok(s) => Arc::new(s),
         Err(e) => return fail(e),
@@ -459,7 +510,10 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
                     builds: builds.clone(),
                     watched,
                 },
-                listener,
+                Listening {
+                    socket: listener,
+                    tls,
+                },
                 default_policy,
                 config,
             ));
@@ -532,12 +586,21 @@ struct Helpers {
     watched: Vec<Watched>,
 }
 
+/// The bound listening socket, and its TLS when it has a certificate.
+struct Listening {
+    socket: std::net::TcpListener,
+    tls: Option<husk_server::tls::ServerTls>,
+}
+
 async fn run(
     args: ServeArgs,
     node: Option<crate::cluster::NodeSettings>,
     store: Arc<Store>,
     helpers: Helpers,
-    listener: std::net::TcpListener,
+    Listening {
+        socket: listener,
+        tls,
+    }: Listening,
     default_policy: husk_net::NetPolicy,
     mut config: Config,
 ) -> i32 {
@@ -584,6 +647,7 @@ async fn run(
             manager.store_arc(),
             n.token.clone(),
             code,
+            &n.peers_tls,
         ));
         manager.set_image_source(images.clone());
         images
@@ -647,7 +711,8 @@ async fn run(
     // Said once the sandboxes an earlier server left are back: a client that waits for this
     // line finds them (connections made before wait in the listener's backlog).
     eprintln!(
-        "husk: listening on http://{addr} (state in {})",
+        "husk: listening on {}://{addr} (state in {})",
+        scheme(tls.as_ref()),
         args.state_dir.display()
     );
     // The open logged what is wrong, if anything; this says what is in force.
@@ -763,7 +828,15 @@ async fn run(
             );
         }
     };
-    husk_server::serve(listener, state, args.conn.limits(), shutdown).await;
+    if let Some(tls) = &tls {
+        // As with the token file: the helper reads the files this process may not.
+        let helper = state_helper.clone();
+        tls.spawn_reload(move || {
+            let (cert, key) = helper.tls_files().map_err(|e| crate::report::chain(&e))?;
+            Ok(husk_server::tls::CertFiles { cert, key })
+        });
+    }
+    husk_server::serve(listener, state, args.conn.limits(), tls.as_ref(), shutdown).await;
     if args.destroy_on_exit {
         manager.shutdown().await;
     } else {

@@ -9,11 +9,12 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from husk_compat import (
     LISTEN_RE,
@@ -25,6 +26,45 @@ from husk_compat import (
     wait_for,
 )
 from husk_postgres import PostgresServer
+
+
+@dataclass
+class ClusterTls:
+    """TLS between a cluster's processes: the nodes serve HTTPS with one certificate for
+    `name` (what a DaemonSet's nodes share), which gateways verify against `ca`; with
+    `gateway_cert`, the gateways serve HTTPS to clients too."""
+    ca: Path
+    cert: Path
+    key: Path
+    name: str = "husk-node"
+    gateway_cert: Optional[Path] = None
+    gateway_key: Optional[Path] = None
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_ca(directory: Path, name: str = "husk-test-ca") -> Tuple[Path, Path]:
+    """A CA certificate and its key (P-256), valid for a day: (ca.crt, ca.key)."""
+    crt, key = directory / f"{name}.crt", directory / f"{name}.key"
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(crt), "-subj", f"/CN={name}", "-days", "1")
+    return crt, key
+
+
+def make_cert(directory: Path, ca: Tuple[Path, Path], stem: str, san: str) -> Tuple[Path, Path]:
+    """A certificate signed by `ca` for `san` (e.g. DNS:husk-node or IP:127.0.0.1), and its
+    key: (stem.crt, stem.key)."""
+    crt, key, csr = directory / f"{stem}.crt", directory / f"{stem}.key", directory / f"{stem}.csr"
+    ext = directory / f"{stem}.ext"
+    ext.write_text(f"subjectAltName={san}\n")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={stem}")
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+            "-set_serial", str(secrets.randbits(63)), "-out", str(crt), "-days", "1",
+            "-extfile", str(ext))
+    return crt, key
 
 
 @dataclass
@@ -57,10 +97,12 @@ class Gateway:
 
 class Cluster:
     def __init__(self, pg: PostgresServer, nodes: int = 3, gateways: int = 2,
-                 node_args: tuple = (), shared_workspaces: bool = False, keep: bool = False) -> None:
+                 node_args: tuple = (), shared_workspaces: bool = False, keep: bool = False,
+                 tls: Optional[ClusterTls] = None) -> None:
         # keep: sandboxes outlive their node's process (as in production), instead of ending
         # with it (--destroy-on-exit, the tests' default).
         self.keep = keep
+        self.tls = tls
         self.pg = pg
         self.bin = husk_binary()
         self.database_url = pg.create_database()
@@ -89,11 +131,25 @@ class Cluster:
             raise
 
     def node_env(self, name: str) -> dict:
-        return {
+        env = {
             "HUSK_NODE_NAME": name,
             "HUSK_CLUSTER_TOKEN_FILE": str(self.token_file),
             "HUSK_ADVERTISE_URL": "http://127.0.0.1",
         }
+        if self.tls is not None:
+            env.update({
+                "HUSK_ADVERTISE_URL": "https://127.0.0.1",
+                "HUSK_TLS_CERT": str(self.tls.cert),
+                "HUSK_TLS_KEY": str(self.tls.key),
+                **self.cluster_tls_env(),
+            })
+        return env
+
+    def cluster_tls_env(self) -> dict:
+        """How a process verifies the nodes (a node its peers, a gateway every node)."""
+        if self.tls is None:
+            return {}
+        return {"HUSK_CLUSTER_CA": str(self.tls.ca), "HUSK_CLUSTER_TLS_NAME": self.tls.name}
 
     def add_node(self) -> HuskServer:
         name = f"node-{len(self.node_names) + 1}"
@@ -138,11 +194,16 @@ class Cluster:
         self.nodes[index] = node
         return node
 
-    def add_gateway(self) -> Gateway:
+    def add_gateway(self, env_extra: Optional[dict] = None, serve_tls: bool = True) -> Gateway:
         log_path = self.dir / f"gateway-{len(self.gateways) + 1}.log"
         env = dict(os.environ)
         env["HUSK_DATABASE_URL"] = self.database_url
         env["HUSK_CLUSTER_TOKEN_FILE"] = str(self.token_file)
+        env.update(self.cluster_tls_env())
+        if serve_tls and self.tls is not None and self.tls.gateway_cert is not None:
+            env["HUSK_TLS_CERT"] = str(self.tls.gateway_cert)
+            env["HUSK_TLS_KEY"] = str(self.tls.gateway_key)
+        env.update(env_extra or {})
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [str(self.bin), "gateway", "--listen", "127.0.0.1:0"],
@@ -166,7 +227,8 @@ class Cluster:
                 proc.kill()
                 proc.wait()
             raise
-        gw = Gateway(proc=proc, port=port, url=f"http://127.0.0.1:{port}", log_path=log_path)
+        scheme = "https" if b"listening on https://" in log_path.read_bytes() else "http"
+        gw = Gateway(proc=proc, port=port, url=f"{scheme}://127.0.0.1:{port}", log_path=log_path)
         self.gateways.append(gw)
         return gw
 
@@ -176,10 +238,16 @@ class Cluster:
         return dict(api_url=url, sandbox_url=url, api_key=api_key or self.admin_key,
                     request_timeout=30, **extra)
 
+    def client_tls(self, gateway: int = 0) -> Optional[ssl.SSLContext]:
+        """What a client verifies a gateway serving HTTPS with (None: plain HTTP)."""
+        if not self.gateways[gateway].url.startswith("https://"):
+            return None
+        return ssl.create_default_context(cafile=str(self.tls.ca))
+
     def nodes_listed(self, gateway: int = 0) -> list:
         """GET /husk/v1/cluster/nodes (admin)."""
         resp = http_request(self.gateways[gateway].port, "GET", "/husk/v1/cluster/nodes",
-                            headers={"X-API-Key": self.admin_key})
+                            headers={"X-API-Key": self.admin_key}, tls=self.client_tls(gateway))
         assert resp.status == 200, (resp.status, resp.body)
         return resp.json()
 

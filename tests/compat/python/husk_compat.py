@@ -12,6 +12,7 @@ import re
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -24,7 +25,8 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_BIN = REPO_ROOT / "target" / "x86_64-unknown-linux-gnu" / "debug" / "husk"
-LISTEN_RE = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
+# `https` when the listener has a certificate (--tls-cert).
+LISTEN_RE = re.compile(rb"listening on https?://127\.0\.0\.1:(\d+)")
 KEY_RE = re.compile(r"^e2b_[0-9a-f]{40}$")
 ENVD_PORT = 49983
 JUPYTER_PORT = 49999
@@ -376,7 +378,8 @@ def start_server(
     return HuskServer(
         bin=binary,
         state_dir=state_dir,
-        url=f"http://127.0.0.1:{port}",
+        url=("https" if b"listening on https://" in log_path.read_bytes() else "http")
+        + f"://127.0.0.1:{port}",
         port=port,
         admin_key=admin_key,
         proc=proc,
@@ -410,9 +413,13 @@ def http_request(
     headers: Optional[Dict[str, str]] = None,
     body: Optional[bytes] = None,
     timeout: float = 20,
+    tls: Optional["ssl.SSLContext"] = None,
 ) -> Response:
-    """One request to 127.0.0.1:port, the whole response body read."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    """One request to 127.0.0.1:port (over TLS with `tls`), the whole response body read."""
+    if tls is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=tls)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()

@@ -10,16 +10,22 @@ restarted mid-test loses nothing."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import socket
+import ssl
 import threading
 import time
 from pathlib import Path
+
+import subprocess
 
 import pytest
 from e2b import PtySize, Sandbox, SandboxQuery
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
-from husk_cluster import Cluster
+from husk_cluster import Cluster, ClusterTls, make_ca, make_cert
 from husk_compat import fetch_url, http_request, multipart, sandbox_headers, unique, wait_for
 from husk_postgres import PostgresServer
 
@@ -839,3 +845,108 @@ def test_a_server_of_its_own_serves_none_of_the_node_api(husk):
                      "/husk/v1/cluster/signed-files?path=/a&signature=v1_x"):
             r = http_request(husk.port, "GET", path, headers=headers)
             assert r.status == 404, r.text
+
+
+def served_certificate(port: int, ca: Path, name: str) -> dict:
+    """The certificate the listener on `port` presents, verified against `ca` for `name`."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=name) as tls:
+            return tls.getpeercert()
+
+
+def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg, tmp_path,
+                                                                          monkeypatch):
+    """Nodes serve only HTTPS, with one certificate for the name `husk-node` (what a
+    DaemonSet's nodes share), which gateways verify against the cluster's CA; the gateway
+    serves the SDK over HTTPS too. A certificate renewed in place is presented within
+    seconds, without a restart, while sandboxes keep working; a gateway expecting another
+    name reaches no node."""
+    ca = make_ca(tmp_path)
+    node_cert, node_key = make_cert(tmp_path, ca, "node", "DNS:husk-node")
+    gw_cert, gw_key = make_cert(tmp_path, ca, "gateway", "IP:127.0.0.1")
+    tls = ClusterTls(ca=ca[0], cert=node_cert, key=node_key,
+                     gateway_cert=gw_cert, gateway_key=gw_key)
+    c = Cluster(pg, nodes=2, gateways=1, tls=tls)
+    made: dict = {}
+    try:
+        assert c.gateways[0].url.startswith("https://")
+        # The stock SDK trusts the cluster's CA as any client on the host would.
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca[0]))
+        per_node = one_per_node(c, made)
+        for sbx in per_node.values():
+            assert sbx.commands.run("echo over tls").stdout == "over tls\n"
+            sbx.files.write("/tmp/f", "tls")
+            assert sbx.files.read("/tmp/f") == "tls"
+        # The nodes speak nothing but TLS...
+        for node in c.nodes:
+            with pytest.raises((http.client.HTTPException, OSError)):
+                http_request(node.port, "GET", "/health", timeout=10)
+        # ...present the certificate for the cluster's name, and still want the token.
+        first = served_certificate(c.nodes[0].port, ca[0], "husk-node")
+        assert ("DNS", "husk-node") in first["subjectAltName"]
+        no_name = ssl.create_default_context(cafile=str(ca[0]))
+        no_name.check_hostname = False
+        resp = http_request(c.nodes[0].port, "GET", "/sandboxes",
+                            headers={"X-API-Key": c.admin_key}, tls=no_name)
+        assert resp.status == 401, (resp.status, resp.body)
+        # Renewal (what cert-manager does to a Secret): new key and certificate, in place.
+        new_cert, new_key = make_cert(tmp_path, ca, "node-renewed", "DNS:husk-node")
+        os.replace(new_key, node_key)
+        os.replace(new_cert, node_cert)
+        for node in c.nodes:
+            wait_for(lambda: served_certificate(node.port, ca[0], "husk-node")["serialNumber"]
+                     != first["serialNumber"], 20, "the renewed certificate to be served", 0.1)
+            assert "the TLS certificate changed" in node.log_tail(20000)
+            # Caught half-written (the new key, the old certificate), it was not an error.
+            assert "stays in use" not in node.log_tail(20000)
+        for sbx in per_node.values():
+            assert sbx.commands.run("echo renewed").stdout == "renewed\n"
+        # A gateway verifying another name refuses every node: nothing is sent to them.
+        bad = c.add_gateway({"HUSK_CLUSTER_TLS_NAME": "husk-other"}, serve_tls=False)
+        assert bad.url.startswith("http://")
+        with pytest.raises(Exception) as refused:
+            Sandbox.create(timeout=60, **c.opts(1))
+        # The client is told no node can take it; the operator's log says why.
+        assert "503" in str(refused.value), str(refused.value)
+        assert "certificate not valid for name" in bad.log_tail(20000), bad.log_tail()
+    finally:
+        for sid in made:
+            try:
+                Sandbox.kill(sid, **c.opts(0))
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
+
+
+def test_a_node_refuses_an_advertised_url_its_listener_does_not_speak(pg, tmp_path):
+    ca = make_ca(tmp_path)
+    cert, key = make_cert(tmp_path, ca, "node", "DNS:husk-node")
+    c = Cluster(pg, nodes=0, gateways=1)
+    try:
+        base = [str(c.bin), "node", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "s")]
+        env = dict(os.environ, HUSK_DATABASE_URL=c.database_url,
+                   HUSK_CLUSTER_TOKEN_FILE=str(c.token_file))
+        runs = {
+            "https without a certificate": (["--advertise-url", "https://127.0.0.1"],
+                                            "needs --tls-cert"),
+            "http with a certificate": (["--advertise-url", "http://127.0.0.1", "--tls-cert",
+                                         str(cert), "--tls-key", str(key)], "advertise an https"),
+            "a key that is not the certificate's": (
+                ["--advertise-url", "https://127.0.0.1", "--tls-cert", str(cert), "--tls-key",
+                 str(ca[1])], "not the key of --tls-cert"),
+            "a certificate without its key": (["--advertise-url", "https://127.0.0.1",
+                                               "--tls-cert", str(cert)], "--tls-key"),
+            "a CA file without a certificate": (
+                ["--advertise-url", "http://127.0.0.1", "--cluster-ca", str(key)],
+                "no PEM certificate"),
+        }
+        for what, (args, said) in runs.items():
+            out = subprocess.run(base + args, capture_output=True, timeout=60, env=env)
+            err = out.stderr.decode(errors="replace")
+            assert out.returncode == 2, (what, out.returncode, err)
+            assert said in err, (what, err)
+        # Refused before it registered: the cluster has no node.
+        assert c.psql("SELECT count(*) FROM nodes") == "0"
+    finally:
+        c.close()

@@ -189,6 +189,9 @@ pub enum StateRequest {
     /// The cluster token file, read again (a node's server, unprivileged, cannot read the
     /// file; the helper reads the one path it was started with and no other).
     ClusterTokenFile,
+    /// The listener's certificate chain and key files (`--tls-cert`, `--tls-key`), read
+    /// again for the same reason, both at once.
+    TlsFiles,
 }
 
 /// The state helper's answers.
@@ -214,6 +217,11 @@ pub enum StateReply {
     Template(Option<Box<TemplateRecord>>),
     Templates(Vec<TemplateRecord>),
     Opened(Vec<u8>),
+    /// A certificate chain and its key.
+    TlsFiles {
+        cert: Vec<u8>,
+        key: Vec<u8>,
+    },
     Volume(Option<VolumeRecord>),
     Volumes(Vec<VolumeRecord>),
     Token(String),
@@ -380,11 +388,11 @@ impl RemoteStore {
     /// secrets with their master key). Blocks until the helper is ready. The calling process
     /// must be single-threaded.
     ///
-    /// `cluster_token_file` (a node's) is the one file the helper reads on request
-    /// ([`RemoteStore::cluster_token_file`]).
+    /// `files` are the only files the helper reads on request
+    /// ([`RemoteStore::cluster_token_file`], [`RemoteStore::tls_files`]).
     pub fn start(
         setup: impl FnOnce() -> Result<(Arc<Store>, Arc<Secrets>), String>,
-        cluster_token_file: Option<PathBuf>,
+        files: HelperFiles,
     ) -> Result<RemoteStore, Failure> {
         let forked = rt::fork("husk-state", CHANNELS + 1, &[], |channels| {
             let (store, secrets) = match setup() {
@@ -407,7 +415,7 @@ impl RemoteStore {
             if rt::ready(&channels, &Ok(())).is_err() {
                 return 1;
             }
-            serve(channels, &store, &secrets, cluster_token_file.as_deref());
+            serve(channels, &store, &secrets, &files);
             0
         })?;
         rt::await_ready::<()>("state", &forked)?;
@@ -521,6 +529,12 @@ impl RemoteStore {
     /// The cluster token file's text, as the helper reads it now.
     pub fn cluster_token_file(&self) -> Result<Zeroizing<Vec<u8>>, StoreError> {
         ask!(self, StateRequest::ClusterTokenFile, StateReply::Opened(v) => Zeroizing::new(v))
+    }
+
+    /// The listener's certificate chain and key, as the helper reads them now.
+    #[allow(clippy::type_complexity)]
+    pub fn tls_files(&self) -> Result<(Zeroizing<Vec<u8>>, Zeroizing<Vec<u8>>), StoreError> {
+        ask!(self, StateRequest::TlsFiles, StateReply::TlsFiles { cert, key } => (Zeroizing::new(cert), Zeroizing::new(key)))
     }
 
     pub fn set_node_state(&self, state: NodeState) -> Result<bool, StoreError> {
@@ -822,8 +836,18 @@ impl RemoteStore {
 /// Longest key string the server sends to be authenticated (a husk key is 44 bytes).
 const MAX_KEY_BYTES: usize = 256;
 
+/// The files a state helper reads when the server asks, fixed when it starts: the server runs
+/// unprivileged and cannot read them itself, and it can name no other.
+#[derive(Debug, Clone, Default)]
+pub struct HelperFiles {
+    /// A node's cluster token file.
+    pub cluster_token: Option<PathBuf>,
+    /// The listener's certificate chain and key (`--tls-cert`, `--tls-key`).
+    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
 /// Serves the channels until the server closes them, a thread each.
-fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets, token_file: Option<&Path>) {
+fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets, files: &HelperFiles) {
     rt::serve_channels(
         channels,
         "husk-state",
@@ -835,8 +859,22 @@ fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets, token_file: O
                 );
                 return (StateReply::Failed(f), None);
             }
-            if let (StateRequest::ClusterTokenFile, Some(path)) = (&req, token_file) {
-                return (read_token_file(path), None);
+            match (&req, files) {
+                (
+                    StateRequest::ClusterTokenFile,
+                    HelperFiles {
+                        cluster_token: Some(path),
+                        ..
+                    },
+                ) => return (read_token_file(path), None),
+                (
+                    StateRequest::TlsFiles,
+                    HelperFiles {
+                        tls: Some((cert, key)),
+                        ..
+                    },
+                ) => return (read_tls_files(cert, key), None),
+                _ => {}
             }
             (bounded(handle(store, secrets, req)), None)
         },
@@ -868,6 +906,29 @@ fn read_token_file(path: &Path) -> StateReply {
             "cluster token file {}: {e}",
             path.display()
         ))),
+    }
+}
+
+/// Largest certificate chain file the helper reads (`husk_server::tls::MAX_CERT_FILE`).
+const MAX_CERT_FILE: u64 = 64 << 10;
+/// Largest private key file the helper reads (`husk_server::tls::MAX_KEY_FILE`).
+const MAX_KEY_FILE: u64 = 16 << 10;
+
+/// The listener's certificate chain and key, each bounded; the path and the error when one
+/// cannot be read.
+fn read_tls_files(cert: &Path, key: &Path) -> StateReply {
+    use std::io::Read;
+    let read = |path: &Path, max: u64| {
+        let mut bytes = Vec::new();
+        match std::fs::File::open(path).and_then(|f| f.take(max + 1).read_to_end(&mut bytes)) {
+            Ok(n) if n as u64 <= max => Ok(bytes),
+            Ok(_) => Err(format!("{}: larger than {max} bytes", path.display())),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    };
+    match (read(cert, MAX_CERT_FILE), read(key, MAX_KEY_FILE)) {
+        (Ok(cert), Ok(key)) => StateReply::TlsFiles { cert, key },
+        (Err(e), _) | (_, Err(e)) => StateReply::Store(WireStoreError::Other(e)),
     }
 }
 
@@ -904,6 +965,8 @@ pub fn handle(store: &Store, secrets: &Secrets, req: StateRequest) -> StateReply
             Q::Nodes => R::Nodes(store.nodes()?),
             // Answered by `serve` on a node's helper, which has the file.
             Q::ClusterTokenFile => return Err(StoreError::NotClustered),
+            // Answered by `serve` on the helper of a listener with a certificate.
+            Q::TlsFiles => R::Store(WireStoreError::Other("no --tls-cert was given".into())),
             Q::SetTeamQuota { team, max } => {
                 store.set_team_quota(&team, max)?;
                 R::Unit
@@ -1090,9 +1153,12 @@ mod tests {
             let (a, b) = husk_runtime::sys::stream_pair().unwrap();
             ours.push(a);
             let (store, secrets) = (store.clone(), secrets.clone());
-            let token_file = dir.join("cluster-token");
+            let files = HelperFiles {
+                cluster_token: Some(dir.join("cluster-token")),
+                tls: Some((dir.join("tls.crt"), dir.join("tls.key"))),
+            };
             threads.push(std::thread::spawn(move || {
-                serve(vec![b], &store, &secrets, Some(&token_file))
+                serve(vec![b], &store, &secrets, &files)
             }));
         }
         Pair {
@@ -1128,6 +1194,39 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         let reply = handle(&store, &p.secrets, StateRequest::ClusterTokenFile);
         assert_eq!(reply, StateReply::Store(WireStoreError::NotClustered));
+    }
+
+    #[test]
+    fn the_helper_reads_the_certificate_and_key_it_was_given_both_at_once_and_bounded() {
+        let p = pair();
+        let (cert, key) = (p._dir.join("tls.crt"), p._dir.join("tls.key"));
+        std::fs::write(&cert, "CERT").unwrap();
+        assert!(matches!(
+            p.remote.tls_files(),
+            Err(StoreError::Remote(m)) if m.contains("tls.key") && m.contains("No such file")
+        ));
+        std::fs::write(&key, "KEY").unwrap();
+        let (c, k) = p.remote.tls_files().unwrap();
+        assert_eq!((c.as_slice(), k.as_slice()), (&b"CERT"[..], &b"KEY"[..]));
+        std::fs::write(&cert, vec![b'a'; MAX_CERT_FILE as usize]).unwrap();
+        assert_eq!(
+            p.remote.tls_files().unwrap().0.len(),
+            MAX_CERT_FILE as usize
+        );
+        std::fs::write(&cert, vec![b'a'; MAX_CERT_FILE as usize + 1]).unwrap();
+        assert!(matches!(
+            p.remote.tls_files(),
+            Err(StoreError::Remote(m)) if m.contains("larger than")
+        ));
+        std::fs::write(&key, vec![b'a'; MAX_KEY_FILE as usize + 1]).unwrap();
+        std::fs::write(&cert, "CERT").unwrap();
+        assert!(p.remote.tls_files().is_err(), "the key is bounded too");
+        // A helper given no files (a listener without TLS) reads nothing.
+        let store = Store::open_in_memory().unwrap();
+        let reply = handle(&store, &p.secrets, StateRequest::TlsFiles);
+        assert!(
+            matches!(reply, StateReply::Store(WireStoreError::Other(m)) if m.contains("--tls-cert"))
+        );
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct GatewayConfig {
     /// Bytes of create bodies one team's requests may hold in the gateway at once
     /// (`app::TEAM_BODY_BYTES`, as on a node).
     pub team_body_bytes: u64,
+    /// How nodes at `https://` URLs are verified.
+    pub node_tls: crate::tls::ClientTls,
 }
 
 /// One gateway.
@@ -94,7 +96,7 @@ impl Gateway {
             db: Db::start(store, threads)?,
             nodes: Nodes::default(),
             digests: Default::default(),
-            client: proxy::client(),
+            client: proxy::client(&config.node_tls),
             signed: Default::default(),
             fair: fair::Fair::new(fair::PER_KEY),
             bodies: crate::budget::Budget::new("request bodies", config.team_body_bytes),
@@ -584,9 +586,10 @@ pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     limits: crate::listener::ConnLimits,
+    tls: Option<&crate::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    crate::listener::serve(listener, service(gateway), limits, shutdown).await
+    crate::listener::serve(listener, service(gateway), limits, tls, shutdown).await
 }
 
 #[cfg(test)]
@@ -608,6 +611,7 @@ pub(super) mod tests {
             default_quota: 10,
             body_policy: crate::body::BodyPolicy::default(),
             team_body_bytes,
+            node_tls: crate::tls::ClientTls::for_nodes(None, None).unwrap(),
         };
         (Gateway::new(store, config).unwrap(), key)
     }

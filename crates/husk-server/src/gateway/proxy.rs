@@ -9,26 +9,36 @@ use axum::extract::Request;
 use axum::http::{header, uri::PathAndQuery, HeaderValue, Uri, Version};
 use axum::response::Response;
 use husk_core::store::Principal;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::cluster::{self, ClusterToken};
 use crate::sandbox::ingress::{relay_response, strip_hop_by_hop, upgrade_of};
+use crate::tls::ClientTls;
 
 /// How long connecting to a node may take before it counts as not answering.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The gateway's connections to nodes.
-pub type Client = hyper_util::client::legacy::Client<HttpConnector, Body>;
+/// The gateway's connections to nodes (and a node's to its peers).
+pub type Client = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Body>;
 
-/// A client keeping connections to nodes open between requests.
-pub fn client() -> Client {
+/// A client keeping connections to nodes open between requests: plain to `http://` nodes,
+/// TLS verified by `tls` to `https://` ones.
+pub fn client(tls: &ClientTls) -> Client {
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     http.set_nodelay(true);
+    // The connector below takes `https://`.
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.config())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
     hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
-        .build(http)
+        .build(connector)
 }
 
 /// Why a request did not reach a node's answer.

@@ -1,5 +1,5 @@
-//! One admitted connection, from its first byte to its end: the protocol sniffed under the
-//! header timeout, then hyper serving HTTP/1.1 (with upgrades) or HTTP/2 under husk's bounds,
+//! One admitted connection, from its first byte to its end: the TLS handshake (on a listener
+//! with a certificate) and the protocol sniffed under the header timeout, then hyper serving HTTP/1.1 (with upgrades) or HTTP/2 under husk's bounds,
 //! told to finish when it has been idle too long or the server stops.
 
 use std::convert::Infallible;
@@ -13,8 +13,10 @@ use axum::http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use super::admit::Slot;
@@ -64,18 +66,59 @@ pub(super) fn builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
 /// hyper refuses a smaller read buffer.
 const MIN_BUF: usize = 8192;
 
+/// What every connection of a listener is served with.
+pub(super) struct Served {
+    pub builder: Arc<auto::Builder<TokioExecutor>>,
+    pub limits: Arc<ConnLimits>,
+    pub tls: Option<TlsAcceptor>,
+}
+
 /// Serves one connection to its end.
 pub(super) async fn serve<S>(
-    mut tcp: TcpStream,
+    tcp: TcpStream,
     peer: SocketAddr,
     slot: Slot,
     svc: S,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    limits: Arc<ConnLimits>,
+    with: Arc<Served>,
     mut stop: watch::Receiver<()>,
 ) where
     S: HttpService,
 {
+    let Some(acceptor) = with.tls.clone() else {
+        return serve_stream(tcp, peer, slot, svc, with, stop).await;
+    };
+    // The handshake has the header timeout, as a request head has: a peer that starts one
+    // and stalls holds its slot no longer than one that sends half a head.
+    let tls = tokio::select! {
+        r = tokio::time::timeout(with.limits.header_timeout, acceptor.accept(tcp)) => match r {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => None,
+        },
+        _ = stop.changed() => None,
+    };
+    match tls {
+        Some(tls) => serve_stream(tls, peer, slot, svc, with, stop).await,
+        None => drop(slot),
+    }
+}
+
+/// Serves one connection, past its TLS handshake if it has one, to its end.
+async fn serve_stream<S, IO>(
+    mut tcp: IO,
+    peer: SocketAddr,
+    slot: Slot,
+    svc: S,
+    with: Arc<Served>,
+    mut stop: watch::Receiver<()>,
+) where
+    S: HttpService,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = &with.limits;
     // A peer that sends nothing (or a piece of the HTTP/2 preface) is closed after the header
     // timeout, as one that sends half a head is. A stop meanwhile closes it too.
     let prefix = tokio::select! {
@@ -106,7 +149,7 @@ pub(super) async fn serve<S>(
         })
     };
     let io = TokioIo::new(Sniffed::new(prefix, tcp, slot));
-    let conn = builder.serve_connection_with_upgrades(io, hyper_svc);
+    let conn = with.builder.serve_connection_with_upgrades(io, hyper_svc);
     tokio::pin!(conn);
     let idle = activity.idle_for(limits.idle_timeout);
     tokio::pin!(idle);

@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use super::admit::Slot;
 
@@ -32,7 +31,7 @@ impl Prefix {
 }
 
 /// Reads until the bytes decide the protocol (or the peer closes). The caller bounds it in time.
-pub(super) async fn sniff(tcp: &mut TcpStream) -> io::Result<Prefix> {
+pub(super) async fn sniff<IO: AsyncRead + Unpin>(tcp: &mut IO) -> io::Result<Prefix> {
     let mut p = Prefix {
         buf: [0; 24],
         len: 0,
@@ -51,17 +50,18 @@ pub(super) async fn sniff(tcp: &mut TcpStream) -> io::Result<Prefix> {
     Ok(p)
 }
 
-/// The stream hyper serves: the sniffed bytes, then the socket. It holds the connection's slot,
-/// so an upgraded connection (which takes this stream along) stays counted until it ends.
-pub(super) struct Sniffed {
+/// The stream hyper serves: the sniffed bytes, then the socket (or the TLS session on it). It
+/// holds the connection's slot, so an upgraded connection (which takes this stream along)
+/// stays counted until it ends.
+pub(super) struct Sniffed<IO> {
     // First, so that it is free by the time the peer sees the socket close.
     _slot: Slot,
     prefix: Prefix,
-    tcp: TcpStream,
+    tcp: IO,
 }
 
-impl Sniffed {
-    pub(super) fn new(prefix: Prefix, tcp: TcpStream, slot: Slot) -> Sniffed {
+impl<IO> Sniffed<IO> {
+    pub(super) fn new(prefix: Prefix, tcp: IO, slot: Slot) -> Sniffed<IO> {
         Sniffed {
             _slot: slot,
             prefix,
@@ -70,7 +70,7 @@ impl Sniffed {
     }
 }
 
-impl AsyncRead for Sniffed {
+impl<IO: AsyncRead + Unpin> AsyncRead for Sniffed<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -87,7 +87,7 @@ impl AsyncRead for Sniffed {
     }
 }
 
-impl AsyncWrite for Sniffed {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Sniffed<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -121,6 +121,7 @@ impl AsyncWrite for Sniffed {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
 
     async fn pair() -> (TcpStream, TcpStream) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -99,17 +99,26 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Serves `svc` on `listener` under `limits` until `shutdown` resolves; then stops accepting,
 /// tells every connection to finish, and waits at most `limits.shutdown_grace` for them.
+///
+/// With `tls`, every connection is TLS (its handshake under the header timeout); HTTP/1.1 and
+/// HTTP/2 are told apart inside it as on a plain connection.
 pub async fn serve<S>(
     listener: TcpListener,
     svc: S,
     limits: ConnLimits,
+    tls: Option<&crate::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) where
     S: HttpService,
 {
     let admission = Admission::new(limits.max_connections, limits.max_connections_per_ip);
-    let builder = Arc::new(conn::builder(&limits));
-    let limits = Arc::new(limits);
+    let plain = tls.is_none();
+    let served = Arc::new(conn::Served {
+        builder: Arc::new(conn::builder(&limits)),
+        limits: Arc::new(limits),
+        tls: tls.map(|t| t.acceptor()),
+    });
+    let limits = served.limits.clone();
     // Each connection holds a receiver: a send tells them all to finish, and `closed` resolves
     // when the last one has.
     let (stop, stopped) = watch::channel(());
@@ -137,7 +146,11 @@ pub async fn serve<S>(
         let slot = match admission.admit(peer.ip()) {
             Ok(s) => s,
             Err(why) => {
-                refuse(tcp);
+                // A TLS client would read the plain answer as a broken handshake: it is
+                // closed without one.
+                if plain {
+                    refuse(tcp);
+                }
                 if let Some(held_back) = refusals.hit(Instant::now()) {
                     tracing::warn!(%peer, held_back, "connection refused: {why} is reached");
                 }
@@ -152,8 +165,7 @@ pub async fn serve<S>(
             peer,
             slot,
             svc.clone(),
-            builder.clone(),
-            limits.clone(),
+            served.clone(),
             stopped.clone(),
         ));
     }

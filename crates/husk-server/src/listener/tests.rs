@@ -52,6 +52,11 @@ impl Drop for Server {
 /// `/` answers the peer's address as the request saw it; `/gate` waits for [`Server::gate`];
 /// `/echo` upgrades the connection and echoes what it reads.
 async fn start(limits: ConnLimits) -> Server {
+    start_with(limits, None).await
+}
+
+/// [`start`], serving TLS with `tls` when given.
+async fn start_with(limits: ConnLimits, tls: Option<crate::tls::ServerTls>) -> Server {
     let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let (e, g) = (entered.clone(), gate.clone());
     let app = Router::new()
@@ -71,9 +76,12 @@ async fn start(limits: ConnLimits) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, app, limits, async move {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(async move {
+        serve(listener, app, limits, tls.as_ref(), async move {
+            let _ = stopped.await;
+        })
+        .await
+    });
     Server {
         addr,
         stop: Some(stop),
@@ -430,4 +438,134 @@ async fn a_stop_lets_the_request_in_flight_finish_and_accepts_no_more() {
         .await
         .expect("serve did not return")
         .unwrap();
+}
+
+/// A listener serving TLS with a certificate for `husk-node`, and a client that trusts it.
+async fn start_tls(limits: ConnLimits) -> (Server, tokio_rustls::TlsConnector) {
+    let ca = crate::tls::tests::TestCa::new();
+    let (cert, key) = ca.leaf(&["husk-node"]);
+    let tls = crate::tls::ServerTls::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let client = crate::tls::ClientTls::for_nodes(
+        Some((std::path::Path::new("ca.pem"), ca.pem.as_bytes())),
+        Some("husk-node"),
+    )
+    .unwrap();
+    let mut config = client.config();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let server = start_with(limits, Some(tls)).await;
+    (server, tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+async fn tls_connect(
+    server: &Server,
+    connector: &tokio_rustls::TlsConnector,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let name = rustls::pki_types::ServerName::try_from("husk-node").unwrap();
+    connector
+        .connect(name, connect(server, 1).await)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_tls_listener_serves_http1_http2_and_upgrades_inside_tls() {
+    let (server, connector) = start_tls(patient()).await;
+    // HTTP/1.1, the peer's address seen as on a plain connection.
+    let mut s = tls_connect(&server, &connector).await;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    assert!(
+        text.ends_with(&s.get_ref().0.local_addr().unwrap().to_string()),
+        "{text}"
+    );
+    // HTTP/2, as ALPN offered it.
+    let s = tls_connect(&server, &connector).await;
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+            .await
+            .unwrap();
+    let _conn = tokio::spawn(conn);
+    assert!(h2_get(&mut send).await.starts_with("127.0.0.1:"));
+    // An upgrade: the echo runs inside the TLS session.
+    let mut s = tls_connect(&server, &connector).await;
+    s.write_all(b"GET /echo HTTP/1.1\r\nHost: t\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        tokio::time::timeout(DEADLINE, s.read_exact(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 "));
+    s.write_all(b"through tls").await.unwrap();
+    let mut echoed = [0u8; 11];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut echoed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&echoed, b"through tls");
+}
+
+#[tokio::test]
+async fn plain_http_to_a_tls_listener_is_closed_unanswered() {
+    let (server, _) = start_tls(patient()).await;
+    let mut s = connect(&server, 1).await;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let got = closed(&mut s).await;
+    // Nothing of the service's: at most a TLS alert record (content type 21).
+    assert!(got.is_empty() || got[0] == 21, "{got:?}");
+}
+
+#[tokio::test]
+async fn a_stalled_tls_handshake_is_closed_after_the_header_timeout_and_frees_its_slot() {
+    let (server, connector) = start_tls(ConnLimits {
+        header_timeout: Duration::from_millis(300),
+        max_connections_per_ip: 1,
+        ..patient()
+    })
+    .await;
+    // Silence, then half a ClientHello: each holds the peer's one slot until the timeout.
+    let mut silent = connect(&server, 1).await;
+    assert!(closed(&mut silent).await.is_empty());
+    let mut half = connect(&server, 1).await;
+    half.write_all(&[22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3])
+        .await
+        .unwrap();
+    assert!(closed(&mut half).await.is_empty());
+    // The slot is free again: a whole handshake from the same peer is served.
+    let poll = async {
+        loop {
+            let name = rustls::pki_types::ServerName::try_from("husk-node").unwrap();
+            if let Ok(mut s) = connector.connect(name, connect(&server, 1).await).await {
+                if s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let mut head = [0u8; 12];
+                    if s.read_exact(&mut head).await.is_ok() && &head == b"HTTP/1.1 200" {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(DEADLINE, poll)
+        .await
+        .expect("the stalled handshakes kept the slot");
 }
