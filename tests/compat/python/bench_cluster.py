@@ -8,19 +8,29 @@ database, its quota claim (creates), and one more HTTP hop.
 Creates sent direct go to the three nodes in turn, as the gateway spreads them, so that the
 difference does not depend on whether creates one after another on one node (its processes
 awake, its caches warm) are cheaper than creates spread over nodes sharing two CPUs.
-Creates to one node only are measured too, for reference."""
+Creates to one node only are measured too, for reference.
+
+With `tls` (`bench.sh --only cluster --cluster-tls`), the nodes serve HTTPS only, with a
+certificate of a CA made for the run, and the gateway verifies them; the clients still reach
+the gateway over plain HTTP (as behind a Service) and the nodes direct over HTTPS. Compare a
+run with and a run without it for what TLS on the gateway's hop costs."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
+import ssl
 import statistics
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Dict, List
 
 from bench_creates import sdk_creates
-from husk_cluster import Cluster
+from husk_cluster import Cluster, ClusterTls, make_ca, make_cert
 from husk_compat import envelope, parse_envelopes
 from husk_postgres import PostgresServer
 
@@ -30,7 +40,13 @@ def pct(values: List[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
+# Ports served over HTTPS (the nodes, with --cluster-tls), and how they are verified.
+TLS_PORTS: Dict[int, ssl.SSLContext] = {}
+
+
 def keep_alive(port: int) -> http.client.HTTPConnection:
+    if port in TLS_PORTS:
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=TLS_PORTS[port])
     return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
 
@@ -113,15 +129,26 @@ def commands_per_second(port: int, headers: Dict[str, str], workers: int, second
 
 
 def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20),
-                    durable: bool = False) -> None:
+                    durable: bool = False, tls: bool = False) -> None:
     rounds = 4 if iterations >= 20 else 2
     n = max(5, iterations // rounds)
     slice_s = seconds / rounds
     pg = PostgresServer(durable=durable)
     c = None
     held = []
+    certs = Path(tempfile.mkdtemp(prefix="husk-bench-tls-"))
     try:
-        c = Cluster(pg, nodes=3, gateways=1)
+        cluster_tls = None
+        if tls:
+            ca = make_ca(certs)
+            # The cluster's name for the gateway, the address for the clients sent direct.
+            cert, key = make_cert(certs, ca, "node", "DNS:husk-node,IP:127.0.0.1")
+            cluster_tls = ClusterTls(ca=ca[0], cert=cert, key=key)
+            os.environ["SSL_CERT_FILE"] = str(ca[0])  # the SDK, sent to the nodes direct
+        c = Cluster(pg, nodes=3, gateways=1, tls=cluster_tls)
+        if tls:
+            for each in c.nodes:
+                TLS_PORTS[each.port] = ssl.create_default_context(cafile=str(cluster_tls.ca))
         node, gw = c.nodes[0], c.gateways[0]
         token = c.token_file.read_text().strip()
         direct_headers = {"X-Husk-Cluster-Token": token, "X-Husk-Team": "default", "X-Husk-Admin": "1"}
@@ -136,6 +163,7 @@ def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20),
         spread = [n.port for n in c.nodes]
         print(f"cluster: one gateway in front of 3 nodes, beside the nodes direct (their cost alone), "
               f"PostgreSQL {version} on loopback ({'durable: fsync and synchronous_commit on' if durable else 'fsync off'}), "
+              f"{'gateway to nodes over TLS (nodes direct over HTTPS too), ' if tls else ''}"
               f"{rounds} rounds in ABBA order")
         # A sandbox on node 1 for the per-request figures and the commands.
         conn = keep_alive(node.port)
@@ -186,6 +214,7 @@ def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20),
         if c is not None:
             c.close()
         pg.close()
+        shutil.rmtree(certs, ignore_errors=True)
     g, d = figures["gateway"], figures["node"]
     rows = []
     for key, what in (("create", "create over HTTP (direct: to the 3 nodes in turn)"),

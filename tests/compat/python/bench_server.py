@@ -1158,6 +1158,9 @@ def main() -> None:
     ap.add_argument("--durable-postgres", action="store_true",
                     help="cluster: run PostgreSQL with fsync and synchronous_commit on, as in production "
                          "(default: off, for steadier figures)")
+    ap.add_argument("--cluster-tls", action="store_true",
+                    help="cluster: the nodes serve HTTPS only and the gateway verifies them (a CA and a "
+                         "certificate made for the run); the direct figures are then over HTTPS too")
     ap.add_argument("--only", choices=["abuse", "main", "hops", "pause", "snapshot", "restart",
                                        "interpreter", "creates", "density", "store", "cluster"],
                     help="run the abuse section alone, everything but it (e.g. against an older binary), "
@@ -1189,7 +1192,8 @@ def main() -> None:
     if args.only == "cluster":
         from bench_cluster import cluster_gateway
 
-        cluster_gateway(args.iterations, args.seconds, durable=args.durable_postgres)
+        cluster_gateway(args.iterations, args.seconds, durable=args.durable_postgres,
+                        tls=args.cluster_tls)
         return
     server = start_server()
     try:

@@ -902,6 +902,21 @@ def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg,
             assert "stays in use" not in node.log_tail(20000)
         for sbx in per_node.values():
             assert sbx.commands.run("echo renewed").stdout == "renewed\n"
+        # A template built on node 1 reaches node 2 over the node API's TLS: node 2 fetches
+        # the image from node 1, verifying it as the gateway does.
+        name = unique("tls-deb")
+        c.husk("template", "build", str(SPEC), "--name", name, "--quiet",
+               "--state-dir", str(c.nodes[0].state_dir), "--layer-cache", LAYER_CACHE,
+               timeout=1700)
+        try:
+            only_node(c, 1)
+            sbx = create(c, made, template=name)
+            assert sbx.sandbox_id[:4] == c.code_of(1)
+            assert sbx.commands.run("cat /etc/husk-compat").stdout == "compat-template\n"
+            assert "fetched a template image" in c.nodes[1].log_tail(40000)
+        finally:
+            only_node(c, None)
+            c.husk("template", "rm", name, "--state-dir", str(c.nodes[0].state_dir), check=False)
         # A gateway verifying another name refuses every node: nothing is sent to them.
         bad = c.add_gateway({"HUSK_CLUSTER_TLS_NAME": "husk-other"}, serve_tls=False)
         assert bad.url.startswith("http://")

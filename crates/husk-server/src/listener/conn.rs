@@ -1,6 +1,7 @@
 //! One admitted connection, from its first byte to its end: the TLS handshake (on a listener
-//! with a certificate) and the protocol sniffed under the header timeout, then hyper serving HTTP/1.1 (with upgrades) or HTTP/2 under husk's bounds,
-//! told to finish when it has been idle too long or the server stops.
+//! with a certificate) and the protocol sniffed under the header timeout, then hyper serving
+//! HTTP/1.1 (with upgrades) or HTTP/2 under husk's bounds, told to finish when it has been
+//! idle too long or the server stops.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
