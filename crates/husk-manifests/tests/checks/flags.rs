@@ -162,12 +162,20 @@ fn node_advertises_its_listen_port_at_the_pod_address_under_the_machines_name() 
             let url = husk::setting(h.container, &h.inv, "advertise-url")
                 .and_then(|s| s.literal().map(str::to_owned))
                 .unwrap_or_default();
-            let Some((host, url_port)) = url
-                .strip_prefix("http://")
-                .and_then(|hp| hp.rsplit_once(':'))
+            // The URL says how gateways connect, so it must be what the listener speaks: husk
+            // refuses an https:// URL without --tls-cert, and the reverse.
+            let tls = husk::setting(h.container, &h.inv, "tls-cert").is_some();
+            let scheme = if tls { "https://" } else { "http://" };
+            let Some((host, url_port)) =
+                url.strip_prefix(scheme).and_then(|hp| hp.rsplit_once(':'))
             else {
                 errors.push(format!(
-                    "{at}: advertise URL {url:?} is not http://HOST:PORT"
+                    "{at}: advertise URL {url:?} is not {scheme}HOST:PORT ({})",
+                    if tls {
+                        "the listener serves HTTPS: --tls-cert is set"
+                    } else {
+                        "the listener serves plain HTTP: no --tls-cert"
+                    }
                 ));
                 continue;
             };

@@ -2,8 +2,9 @@
 //! kustomization, built by `kubectl kustomize` on a copy with stand-in secret files, makes the
 //! same objects (kind, name, namespace) as the model says, each the same field for field (read
 //! into its API type on both sides; the generated Secrets' names without kustomize's hash
-//! suffix, and their contents, which are stand-ins, aside). Without kubectl this check says so
-//! and passes: the model's own checks still run.
+//! suffix, and their contents, which are stand-ins, aside: of those, the type, the keys and
+//! whether the name is hashed are compared). Without kubectl this check says so and passes:
+//! the model's own checks still run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -168,7 +169,38 @@ fn kubectl_kustomize_makes_what_the_model_says() {
                 .to_owned();
             let id = (kind.clone(), plain.to_owned(), ns);
             real.insert(id.clone());
-            if kind == "Secret" && plain != name {
+            if kind == "Secret" && build.generated_types.contains_key(plain) {
+                // A generated Secret: its type and keys as the model says, its name hashed
+                // exactly where the model says it is not fixed.
+                let fixed = build.fixed_names.contains(plain);
+                if fixed != (plain == name) {
+                    errors.push(format!(
+                        "{}: kubectl names the generated Secret {plain} {name:?}, which the \
+                         model says is {}",
+                        shown(&root),
+                        if fixed { "fixed" } else { "hashed" }
+                    ));
+                }
+                let real_type = v["type"].as_str().unwrap_or("Opaque");
+                let model_type = build.generated_types.get(plain).map(String::as_str);
+                if model_type != Some(real_type) {
+                    errors.push(format!(
+                        "{}: kubectl makes Secret {plain} of type {real_type}, the model \
+                         {model_type:?}",
+                        shown(&root)
+                    ));
+                }
+                let real_keys: BTreeSet<String> = v["data"]
+                    .as_object()
+                    .map(|d| d.keys().cloned().collect())
+                    .unwrap_or_default();
+                if build.secrets.get(plain) != Some(&real_keys) {
+                    errors.push(format!(
+                        "{}: kubectl gives Secret {plain} the keys {real_keys:?}, the model {:?}",
+                        shown(&root),
+                        build.secrets.get(plain)
+                    ));
+                }
                 continue;
             }
             match parse_object(&v) {

@@ -7,6 +7,7 @@ mod network;
 mod objects;
 mod rollout;
 mod security;
+mod tls;
 mod wiring;
 mod workspaces;
 

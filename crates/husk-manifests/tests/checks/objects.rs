@@ -126,6 +126,7 @@ fn kustomizations_name_only_files_that_exist_and_every_manifest_is_in_one() {
         "deploy/kubernetes/base",
         "deploy/kubernetes/overlays/with-postgres",
         "deploy/kubernetes/overlays/with-shared-workspaces",
+        "deploy/kubernetes/overlays/with-node-tls",
     ] {
         if !names.iter().any(|n| n == expected) {
             errors.push(format!("{expected} is not a kustomization that applies"));

@@ -243,9 +243,17 @@ fn secrets_claims_volumes_and_files_the_pods_use_exist() {
                 }
             }
         }
-        // Files husk reads (keys, tokens, CAs) are where a Secret volume puts them.
+        // Files husk reads (keys, tokens, certificates, CAs) are where a Secret volume puts
+        // them.
         for h in husk_containers(&all) {
-            for flag in ["master-key", "cluster-token-file", "database-ca"] {
+            for flag in [
+                "master-key",
+                "cluster-token-file",
+                "database-ca",
+                "tls-cert",
+                "tls-key",
+                "cluster-ca",
+            ] {
                 let Some(path) = husk::setting(h.container, &h.inv, flag)
                     .and_then(|s| s.literal().map(str::to_owned))
                 else {
@@ -328,6 +336,9 @@ fn the_cluster_token_reaches_running_pods_when_edited() {
     assert_none("the cluster token's rotation", errors);
 }
 
+/// The kubelet's probes speak what the listener speaks: HTTPS exactly where husk is given a
+/// certificate (`--tls-cert`: the listener then serves HTTPS only), else plain HTTP. The
+/// kubelet does not verify a probe's certificate, so the scheme is all a probe needs.
 #[test]
 fn probes_ask_for_health_on_the_listen_port() {
     let mut errors = Vec::new();
@@ -349,6 +360,8 @@ fn probes_ask_for_health_on_the_listen_port() {
                     "{at}: the --listen port {listen:?} is not a containerPort"
                 ));
             }
+            let tls = husk::setting(c, &h.inv, "tls-cert").is_some();
+            let scheme = if tls { "HTTPS" } else { "HTTP" };
             for (kind, probe, needed) in [
                 ("startup", &c.startup_probe, false),
                 ("liveness", &c.liveness_probe, true),
@@ -368,6 +381,18 @@ fn probes_ask_for_health_on_the_listen_port() {
                     errors.push(format!(
                         "{at}: the {kind} probe asks for {:?}, not /health",
                         get.path
+                    ));
+                }
+                let asked = get.scheme.as_deref().unwrap_or("HTTP");
+                if asked != scheme {
+                    errors.push(format!(
+                        "{at}: the {kind} probe speaks {asked} to a listener that serves {scheme} \
+                         only ({})",
+                        if tls {
+                            "--tls-cert is set"
+                        } else {
+                            "no --tls-cert"
+                        }
                     ));
                 }
                 let port = container_port(c, &get.port);

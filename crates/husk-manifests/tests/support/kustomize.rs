@@ -48,6 +48,9 @@ pub struct Patch {
 #[serde(deny_unknown_fields)]
 pub struct SecretGenerator {
     pub name: String,
+    /// The Secret's type (`kubernetes.io/tls`); kustomize makes `Opaque` ones without it.
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
     #[serde(default)]
     pub files: Vec<String>,
     #[serde(default)]
@@ -131,6 +134,8 @@ pub struct Build {
     pub generator_files: Vec<(PathBuf, String)>,
     /// Generated Secrets whose names get no hash suffix (edited in place, not rolled).
     pub fixed_names: BTreeSet<String>,
+    /// Generated Secrets by name, with their type (`Opaque` unless the generator says).
+    pub generated_types: BTreeMap<String, String>,
 }
 
 /// Builds the kustomization in `dir` (kind `Kustomization`).
@@ -230,6 +235,10 @@ fn gather_in(
         if generator.options.disable_name_suffix_hash {
             out.fixed_names.insert(generator.name.clone());
         }
+        out.generated_types.insert(
+            generator.name.clone(),
+            generator.type_.clone().unwrap_or_else(|| "Opaque".into()),
+        );
         let keys = out.secrets.entry(generator.name.clone()).or_default();
         for (key, path) in generator.entries() {
             keys.insert(key);
