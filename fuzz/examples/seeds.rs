@@ -652,6 +652,8 @@ fn helpers(c: &Corpus) {
         ("delete-snapshot", StateRequest::DeleteSnapshot { id: "snap123".into() }),
         ("volume-token", StateRequest::VolumeToken { id: "vol_0123".into() }),
         ("volumes", StateRequest::Volumes { team: "t".into() }),
+        ("cluster-token-file", StateRequest::ClusterTokenFile),
+        ("tls-files", StateRequest::TlsFiles),
     ];
     for (name, req) in state {
         c.write("state_helper", name, Input::default().bytes(&postcard::to_stdvec(&req).unwrap()));
