@@ -13,8 +13,8 @@
 //! against that name, whatever address it was reached at.
 
 use std::path::Path;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -32,6 +32,11 @@ pub const RELOAD: Duration = Duration::from_secs(2);
 pub const MAX_CERT_FILE: usize = 64 << 10;
 /// Largest private key file read.
 pub const MAX_KEY_FILE: usize = 16 << 10;
+/// How long before a listener's certificate expires the log starts saying so (then once a
+/// day): an expired node certificate cuts the node off from every gateway.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 86_400);
+/// How often the expiry is told again while it nears.
+const EXPIRY_REMINDER: Duration = Duration::from_secs(86_400);
 
 /// Why a certificate, key or CA cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -124,6 +129,79 @@ struct Current {
     key: RwLock<Arc<CertifiedKey>>,
     /// The files' bytes it was made from, to tell a change (a digest: the key stays out).
     digest: RwLock<[u8; 32]>,
+    /// When the leaf stops being valid, and when that was last told.
+    expiry: Mutex<Expiry>,
+}
+
+/// A certificate's end of validity, and the warnings about it.
+#[derive(Debug, Default)]
+struct Expiry {
+    not_after: Option<SystemTime>,
+    told: Option<SystemTime>,
+}
+
+impl Expiry {
+    fn of(key: &CertifiedKey) -> Expiry {
+        Expiry {
+            not_after: key.cert.first().and_then(|leaf| not_after(leaf)),
+            told: None,
+        }
+    }
+
+    /// What to log at `now`, if anything: once the end is within [`EXPIRY_WARNING`] (or past),
+    /// then once every [`EXPIRY_REMINDER`].
+    fn check(&mut self, now: SystemTime) -> Option<ExpiryNotice> {
+        let end = self.not_after?;
+        let left = end.duration_since(now).unwrap_or_default();
+        if left > EXPIRY_WARNING {
+            return None;
+        }
+        if let Some(told) = self.told {
+            if now.duration_since(told).unwrap_or_default() < EXPIRY_REMINDER {
+                return None;
+            }
+        }
+        self.told = Some(now);
+        Some(if left.is_zero() {
+            ExpiryNotice::Expired
+        } else {
+            ExpiryNotice::Soon {
+                days: left.as_secs().div_ceil(86_400),
+            }
+        })
+    }
+}
+
+/// What the log says of a certificate's expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryNotice {
+    /// Past its end: clients refuse it.
+    Expired,
+    /// Ends within this many days (rounded up).
+    Soon { days: u64 },
+}
+
+impl ExpiryNotice {
+    fn log(self) {
+        match self {
+            ExpiryNotice::Expired => tracing::error!(
+                "the TLS certificate has expired: clients refuse it; renew it (the files are \
+                 read again every 2 s)"
+            ),
+            ExpiryNotice::Soon { days } => tracing::warn!(
+                days,
+                "the TLS certificate expires within {days} day(s): renew it (the files are \
+                 read again every 2 s)"
+            ),
+        }
+    }
+}
+
+/// When a DER certificate stops being valid (`notAfter`), if it parses.
+fn not_after(der: &[u8]) -> Option<SystemTime> {
+    use x509_cert::der::Decode;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    Some(cert.tbs_certificate.validity.not_after.to_system_time())
 }
 
 impl ResolvesServerCert for Current {
@@ -159,6 +237,7 @@ impl ServerTls {
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerTls, TlsError> {
         let key = certified_key(cert_pem, key_pem)?;
         let current = Arc::new(Current {
+            expiry: Mutex::new(Expiry::of(&key)),
             key: RwLock::new(Arc::new(key)),
             digest: RwLock::new(digest(cert_pem, key_pem)),
         });
@@ -194,6 +273,11 @@ impl ServerTls {
             return Ok(false);
         }
         let key = certified_key(cert_pem, key_pem)?;
+        *self
+            .current
+            .expiry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Expiry::of(&key);
         *self.current.key.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(key);
         *self
             .current
@@ -201,6 +285,16 @@ impl ServerTls {
             .write()
             .unwrap_or_else(|p| p.into_inner()) = d;
         Ok(true)
+    }
+
+    /// What to say now of the certificate's expiry, if anything (said again once a day while
+    /// it nears, and at once for a new certificate).
+    pub fn expiry_notice(&self, now: SystemTime) -> Option<ExpiryNotice> {
+        self.current
+            .expiry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .check(now)
     }
 
     /// Reads the certificate and key again every [`RELOAD`] with `read` (blocking: `husk
@@ -213,6 +307,9 @@ impl ServerTls {
         let tls = self.clone();
         let read = Arc::new(read);
         tokio::spawn(async move {
+            if let Some(notice) = tls.expiry_notice(SystemTime::now()) {
+                notice.log();
+            }
             let mut tick = tokio::time::interval(RELOAD);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
@@ -228,7 +325,11 @@ impl ServerTls {
                     }
                     Err(_) => continue,
                 };
-                match tls.reload(&files.cert, &files.key) {
+                let reloaded = tls.reload(&files.cert, &files.key);
+                if let Some(notice) = tls.expiry_notice(SystemTime::now()) {
+                    notice.log();
+                }
+                match reloaded {
                     Ok(true) => {
                         failures.worked();
                         tracing::info!("the TLS certificate changed: it is in use");

@@ -26,9 +26,18 @@ impl TestCa {
 
     /// A certificate for `names` (DNS names or IP addresses) and its key, both PEM.
     pub(crate) fn leaf(&self, names: &[&str]) -> (String, String) {
-        let params =
+        self.leaf_until(names, None)
+    }
+
+    /// [`TestCa::leaf`], valid until `end` (rcgen's default end without it).
+    pub(crate) fn leaf_until(&self, names: &[&str], end: Option<SystemTime>) -> (String, String) {
+        let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .unwrap();
+        if let Some(end) = end {
+            params.not_before = (end - Duration::from_secs(365 * 86_400)).into();
+            params.not_after = end.into();
+        }
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         (cert.pem(), key.serialize_pem())
@@ -211,4 +220,46 @@ fn a_failed_reload_is_reported_once_it_fails_twice_and_then_not_again() {
     f.worked();
     assert!(!f.report(broken));
     assert!(f.report(broken));
+}
+
+#[test]
+fn the_log_says_when_a_certificate_nears_its_end_then_once_a_day_and_again_for_a_new_one() {
+    let ca = TestCa::new();
+    let day = Duration::from_secs(86_400);
+    let now = SystemTime::now();
+    let (far_cert, far_key) = ca.leaf_until(&["husk-node"], Some(now + 90 * day));
+    let tls = ServerTls::from_pem(far_cert.as_bytes(), far_key.as_bytes()).unwrap();
+    assert_eq!(tls.expiry_notice(now), None, "90 days left");
+    // Ten days left: told, then not again within the day, then again the next.
+    let (cert, key) = ca.leaf_until(
+        &["husk-node"],
+        Some(now + 10 * day - Duration::from_secs(60)),
+    );
+    assert_eq!(tls.reload(cert.as_bytes(), key.as_bytes()), Ok(true));
+    assert_eq!(
+        tls.expiry_notice(now),
+        Some(ExpiryNotice::Soon { days: 10 })
+    );
+    assert_eq!(tls.expiry_notice(now + Duration::from_secs(3600)), None);
+    assert_eq!(
+        tls.expiry_notice(now + day + Duration::from_secs(1)),
+        Some(ExpiryNotice::Soon { days: 9 })
+    );
+    // Past its end: expired, said at once.
+    assert_eq!(
+        tls.expiry_notice(now + 11 * day),
+        Some(ExpiryNotice::Expired)
+    );
+    // Renewed: nothing to say; an expired one put in its place is told at once.
+    assert_eq!(
+        tls.reload(far_cert.as_bytes(), far_key.as_bytes()),
+        Ok(true)
+    );
+    assert_eq!(tls.expiry_notice(now + 11 * day), None);
+    let (old_cert, old_key) = ca.leaf_until(&["husk-node"], Some(now - day));
+    assert_eq!(
+        tls.reload(old_cert.as_bytes(), old_key.as_bytes()),
+        Ok(true)
+    );
+    assert_eq!(tls.expiry_notice(now), Some(ExpiryNotice::Expired));
 }
