@@ -14,6 +14,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -58,6 +59,31 @@ def _database_for(state_dir: Path) -> Optional[str]:
 
 class Deadline(Exception):
     pass
+
+
+def sdk_in_process(code: str, env: Dict[str, str], args: Optional[dict] = None,
+                   timeout: float = 600) -> dict:
+    """Runs `code` with the stock SDK in a Python process of its own, with `env` added to the
+    environment from its start, as a user's program runs. The SDK's HTTP client reads the CA
+    certificates (SSL_CERT_FILE) once per process, so a test that trusts a CA of its own cannot
+    set it in the test process. `code` reads its inputs from `args` and sets `result` (a dict,
+    returned)."""
+    prelude = (
+        "import json, os, sys\n"
+        "from e2b import Sandbox\n"
+        "args = json.loads(os.environ['HUSK_SDK_ARGS'])\n"
+        "result = {}\n"
+    )
+    epilogue = "\nprint('HUSK-SDK-RESULT ' + json.dumps(result))\n"
+    full = dict(os.environ, **env, HUSK_SDK_ARGS=json.dumps(args or {}))
+    out = subprocess.run([sys.executable, "-c", prelude + code + epilogue], env=full,
+                         capture_output=True, timeout=timeout)
+    text = out.stdout.decode(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("HUSK-SDK-RESULT "):
+            return json.loads(line[len("HUSK-SDK-RESULT "):])
+    raise AssertionError(f"the SDK process failed ({out.returncode}):\n{text[-3000:]}\n"
+                         + out.stderr.decode(errors="replace")[-6000:])
 
 
 def wait_for(

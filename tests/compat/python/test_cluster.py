@@ -6,7 +6,8 @@ holds across nodes; a secret set once is usable on every node; the node API serv
 only and a client cannot pass for a gateway. Faults, each on a cluster of its own: a node
 killed (SIGKILL) has its sandboxes reported lost within seconds, their quota freed, and later
 creates land elsewhere; a gateway killed is invisible to the other's clients; PostgreSQL
-restarted mid-test loses nothing."""
+restarted mid-test loses nothing. TLS, on a cluster of its own: nodes on HTTPS verified by the
+gateways and by each other, certificates renewed live."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from e2b import PtySize, Sandbox, SandboxQuery
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 from husk_cluster import Cluster, ClusterTls, make_ca, make_cert
-from husk_compat import fetch_url, http_request, multipart, sandbox_headers, unique, wait_for
+from husk_compat import (fetch_url, http_request, multipart, sandbox_headers, sdk_in_process,
+                         unique, wait_for)
 from husk_postgres import PostgresServer
 
 SPEC = Path(__file__).resolve().parent.parent / "templates" / "debian" / "husk.toml"
@@ -855,29 +857,55 @@ def served_certificate(port: int, ca: Path, name: str) -> dict:
             return tls.getpeercert()
 
 
-def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg, tmp_path,
-                                                                          monkeypatch):
+# Run by the SDK in a process of its own that trusts the cluster's CA from its start
+# (sdk_in_process): creates through the gateway until every node holds one, each used.
+ONE_PER_NODE = """
+opts = dict(api_url=args["url"], sandbox_url=args["url"], api_key=args["key"], request_timeout=30)
+found, made = {}, []
+for _ in range(30):
+    sbx = Sandbox.create(timeout=120, template=args.get("template", "base"), **opts)
+    made.append(sbx.sandbox_id)
+    found.setdefault(sbx.sandbox_id[:4], sbx)
+    if set(found) >= set(args["codes"]):
+        break
+result = {"made": made, "ids": {}, "outs": {}}
+for code, sbx in found.items():
+    result["ids"][code] = sbx.sandbox_id
+    out = sbx.commands.run(args["cmd"]).stdout
+    sbx.files.write("/tmp/f", "tls")
+    result["outs"][code] = [out, sbx.files.read("/tmp/f")]
+"""
+RUN_IN = """
+opts = dict(api_url=args["url"], sandbox_url=args["url"], api_key=args["key"], request_timeout=30)
+result = {sid: Sandbox.connect(sid, **opts).commands.run(args["cmd"]).stdout for sid in args["ids"]}
+"""
+
+
+def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg, tmp_path):
     """Nodes serve only HTTPS, with one certificate for the name `husk-node` (what a
     DaemonSet's nodes share), which gateways verify against the cluster's CA; the gateway
     serves the SDK over HTTPS too. A certificate renewed in place is presented within
-    seconds, without a restart, while sandboxes keep working; a gateway expecting another
-    name reaches no node."""
+    seconds, without a restart, while sandboxes keep working; a template's image crosses
+    between nodes over TLS; a gateway expecting another name reaches no node."""
     ca = make_ca(tmp_path)
     node_cert, node_key = make_cert(tmp_path, ca, "node", "DNS:husk-node")
     gw_cert, gw_key = make_cert(tmp_path, ca, "gateway", "IP:127.0.0.1")
     tls = ClusterTls(ca=ca[0], cert=node_cert, key=node_key,
                      gateway_cert=gw_cert, gateway_key=gw_key)
     c = Cluster(pg, nodes=2, gateways=1, tls=tls)
-    made: dict = {}
+    made: list = []
+    # The stock SDK trusts the cluster's CA as any program on the host would.
+    trust = {"SSL_CERT_FILE": str(ca[0])}
     try:
-        assert c.gateways[0].url.startswith("https://")
-        # The stock SDK trusts the cluster's CA as any client on the host would.
-        monkeypatch.setenv("SSL_CERT_FILE", str(ca[0]))
-        per_node = one_per_node(c, made)
-        for sbx in per_node.values():
-            assert sbx.commands.run("echo over tls").stdout == "over tls\n"
-            sbx.files.write("/tmp/f", "tls")
-            assert sbx.files.read("/tmp/f") == "tls"
+        gw = c.gateways[0]
+        assert gw.url.startswith("https://")
+        args = {"url": gw.url, "key": c.admin_key, "cmd": "echo over tls",
+                "codes": [c.code_of(i) for i in range(2)]}
+        spread = sdk_in_process(ONE_PER_NODE, trust, args)
+        made += spread["made"]
+        assert sorted(spread["ids"]) == sorted(args["codes"]), spread
+        for code, outs in spread["outs"].items():
+            assert outs == ["over tls\n", "tls"], (code, outs)
         # The nodes speak nothing but TLS...
         for node in c.nodes:
             with pytest.raises((http.client.HTTPException, OSError)):
@@ -900,8 +928,9 @@ def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg,
             assert "the TLS certificate changed" in node.log_tail(20000)
             # Caught half-written (the new key, the old certificate), it was not an error.
             assert "stays in use" not in node.log_tail(20000)
-        for sbx in per_node.values():
-            assert sbx.commands.run("echo renewed").stdout == "renewed\n"
+        ran = sdk_in_process(RUN_IN, trust, {**args, "cmd": "echo renewed",
+                                             "ids": list(spread["ids"].values())})
+        assert set(ran.values()) == {"renewed\n"}, ran
         # A template built on node 1 reaches node 2 over the node API's TLS: node 2 fetches
         # the image from node 1, verifying it as the gateway does.
         name = unique("tls-deb")
@@ -910,9 +939,10 @@ def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg,
                timeout=1700)
         try:
             only_node(c, 1)
-            sbx = create(c, made, template=name)
-            assert sbx.sandbox_id[:4] == c.code_of(1)
-            assert sbx.commands.run("cat /etc/husk-compat").stdout == "compat-template\n"
+            built = sdk_in_process(ONE_PER_NODE, trust, {
+                **args, "template": name, "cmd": "cat /etc/husk-compat", "codes": [c.code_of(1)]})
+            made += built["made"]
+            assert built["outs"] == {c.code_of(1): ["compat-template\n", "tls"]}, built
             assert "fetched a template image" in c.nodes[1].log_tail(40000)
         finally:
             only_node(c, None)
@@ -928,7 +958,8 @@ def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg,
     finally:
         for sid in made:
             try:
-                Sandbox.kill(sid, **c.opts(0))
+                http_request(c.gateways[0].port, "DELETE", f"/sandboxes/{sid}",
+                             headers={"X-API-Key": c.admin_key}, tls=c.client_tls(0))
             except Exception:  # noqa: BLE001
                 pass
         c.close()
