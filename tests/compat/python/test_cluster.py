@@ -881,6 +881,8 @@ result = {sid: Sandbox.connect(sid, **opts).commands.run(args["cmd"]).stdout for
 """
 
 
+# A Debian template is built in it: from a cold layer cache that takes minutes.
+@pytest.mark.timeout(1800)
 def test_gateways_and_nodes_speak_tls_and_renewed_certificates_are_used_live(pg, tmp_path):
     """Nodes serve only HTTPS, with one certificate for the name `husk-node` (what a
     DaemonSet's nodes share), which gateways verify against the cluster's CA; the gateway
