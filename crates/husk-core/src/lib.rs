@@ -12,6 +12,7 @@ pub mod ids;
 pub mod keys;
 pub mod manager;
 pub mod net_rules;
+pub mod operator_files;
 pub mod process;
 pub mod runs;
 pub mod saved_layers;

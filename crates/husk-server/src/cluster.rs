@@ -34,7 +34,7 @@ pub const MIN_TOKEN_LEN: usize = 32;
 pub const MAX_TOKEN_LEN: usize = 512;
 
 /// Largest token file read: a few tokens (during a rotation), with room to spare.
-pub const MAX_TOKEN_FILE: usize = 16 << 10;
+pub const MAX_TOKEN_FILE: usize = husk_core::operator_files::MAX_TOKEN_FILE;
 /// How often every process reads its token file again (a rotation takes effect within it).
 pub const RELOAD: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -158,59 +158,40 @@ impl ClusterToken {
         F: Fn() -> Result<Zeroizing<Vec<u8>>, String> + Send + Sync + 'static,
     {
         let token = self.clone();
-        let read = std::sync::Arc::new(read);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(RELOAD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            let mut reported: Option<[u8; 32]> = None;
-            loop {
-                tick.tick().await;
-                let read = read.clone();
-                let text = match tokio::task::spawn_blocking(move || read()).await {
-                    Ok(Ok(text)) => text,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "reading the cluster token file failed");
-                        continue;
-                    }
-                    Err(_) => continue,
-                };
-                match token.reload(&text) {
-                    Ok(true) => {
-                        reported = None;
-                        tracing::info!(
-                            accepted = token.accepted(),
-                            "the cluster token file changed: its tokens are in use"
-                        );
-                    }
-                    Ok(false) => {}
-                    Err(e) if reported != Some(digest(&text)) => {
-                        reported = Some(digest(&text));
-                        tracing::error!("{e}: the tokens read before stay in use");
-                    }
-                    Err(_) => {}
+        let mut reported: Option<[u8; 32]> = None;
+        crate::reread::spawn(
+            "cluster token file",
+            RELOAD,
+            read,
+            move |text: Zeroizing<Vec<u8>>| match token.reload(&text) {
+                Ok(true) => {
+                    reported = None;
+                    tracing::info!(
+                        accepted = token.accepted(),
+                        "the cluster token file changed: its tokens are in use"
+                    );
                 }
-            }
-        });
+                Ok(false) => {}
+                Err(e) if reported != Some(digest(&text)) => {
+                    reported = Some(digest(&text));
+                    tracing::error!("{e}: the tokens read before stay in use");
+                }
+                Err(_) => {}
+            },
+        );
     }
 }
 
 /// The token file at `path`, read whole (at most [`MAX_TOKEN_FILE`]).
 pub fn read_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, TokenError> {
-    use std::io::Read;
-    let err = |source| TokenError::Read {
-        path: path.display().to_string(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(err)?;
-    let mut text = Zeroizing::new(Vec::new());
-    file.take(MAX_TOKEN_FILE as u64 + 1)
-        .read_to_end(&mut text)
-        .map_err(err)?;
-    if text.len() > MAX_TOKEN_FILE {
-        return Err(TokenError::Invalid(path.display().to_string()));
-    }
-    Ok(text)
+    use husk_core::operator_files::{read, ReadError};
+    read(path, MAX_TOKEN_FILE).map_err(|e| match e {
+        ReadError::Io(source) => TokenError::Read {
+            path: path.display().to_string(),
+            source,
+        },
+        ReadError::TooLarge { .. } => TokenError::Invalid(path.display().to_string()),
+    })
 }
 
 fn digest(text: &[u8]) -> [u8; 32] {

@@ -15,6 +15,7 @@ pub mod node_images;
 pub mod openapi;
 pub mod pools;
 pub mod ration;
+pub mod reread;
 pub(crate) mod rest;
 pub mod runs;
 pub mod sandbox;

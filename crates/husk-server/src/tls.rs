@@ -28,10 +28,10 @@ use zeroize::Zeroizing;
 
 /// How often a listener's certificate and key are read again.
 pub const RELOAD: Duration = Duration::from_secs(2);
-/// Largest certificate chain file read (a leaf and a few intermediates, with room to spare).
-pub const MAX_CERT_FILE: usize = 64 << 10;
+/// Largest certificate chain (or CA bundle) file read.
+pub use husk_core::operator_files::MAX_CERT_FILE;
 /// Largest private key file read.
-pub const MAX_KEY_FILE: usize = 16 << 10;
+pub use husk_core::operator_files::MAX_KEY_FILE;
 /// How long before a listener's certificate expires the log starts saying so (then once a
 /// day): an expired node certificate cuts the node off from every gateway.
 pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 86_400);
@@ -71,27 +71,17 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// Reads a file whole, at most `max` bytes (a certificate or key file).
+/// Reads a file whole, at most `max` bytes (a certificate, key or CA file; `what` is its flag).
 pub fn read_bounded(
     what: &'static str,
     path: &Path,
     max: usize,
 ) -> Result<Zeroizing<Vec<u8>>, TlsError> {
-    use std::io::Read;
-    let err = |error: String| TlsError::Read {
+    husk_core::operator_files::read(path, max).map_err(|e| TlsError::Read {
         what,
         path: path.display().to_string(),
-        error,
-    };
-    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    let mut bytes = Zeroizing::new(Vec::new());
-    file.take(max as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| err(e.to_string()))?;
-    if bytes.len() > max {
-        return Err(err(format!("larger than {max} bytes")));
-    }
-    Ok(bytes)
+        error: e.to_string(),
+    })
 }
 
 /// A certificate chain and its key, from PEM, checked to belong together.
@@ -304,41 +294,25 @@ impl ServerTls {
     where
         F: Fn() -> Result<CertFiles, String> + Send + Sync + 'static,
     {
+        if let Some(notice) = self.expiry_notice(SystemTime::now()) {
+            notice.log();
+        }
         let tls = self.clone();
-        let read = Arc::new(read);
-        tokio::spawn(async move {
+        let mut failures = Failures::default();
+        crate::reread::spawn("TLS certificate", RELOAD, read, move |files: CertFiles| {
+            let reloaded = tls.reload(&files.cert, &files.key);
             if let Some(notice) = tls.expiry_notice(SystemTime::now()) {
                 notice.log();
             }
-            let mut tick = tokio::time::interval(RELOAD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            let mut failures = Failures::default();
-            loop {
-                tick.tick().await;
-                let read = read.clone();
-                let files = match tokio::task::spawn_blocking(move || read()).await {
-                    Ok(Ok(files)) => files,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "reading the TLS certificate failed");
-                        continue;
-                    }
-                    Err(_) => continue,
-                };
-                let reloaded = tls.reload(&files.cert, &files.key);
-                if let Some(notice) = tls.expiry_notice(SystemTime::now()) {
-                    notice.log();
+            match reloaded {
+                Ok(true) => {
+                    failures.worked();
+                    tracing::info!("the TLS certificate changed: it is in use");
                 }
-                match reloaded {
-                    Ok(true) => {
-                        failures.worked();
-                        tracing::info!("the TLS certificate changed: it is in use");
-                    }
-                    Ok(false) => failures.worked(),
-                    Err(e) => {
-                        if failures.report(digest(&files.cert, &files.key)) {
-                            tracing::error!("{e}: the certificate read before stays in use");
-                        }
+                Ok(false) => failures.worked(),
+                Err(e) => {
+                    if failures.report(digest(&files.cert, &files.key)) {
+                        tracing::error!("{e}: the certificate read before stays in use");
                     }
                 }
             }

@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
+use crate::operator_files::{self, MAX_CERT_FILE, MAX_KEY_FILE, MAX_TOKEN_FILE};
+
 use super::cluster::{Heartbeat, NodeLoad, NodeRow, NodeState};
 use super::{
     KeyInfo, LostSandbox, Principal, PutMode, RunRow, RunTable, SandboxRecord, SavedSandboxRecord,
@@ -887,46 +889,28 @@ fn serve(channels: Vec<OwnedFd>, store: &Store, secrets: &Secrets, files: &Helpe
     );
 }
 
-/// Largest cluster token file the helper reads (a few tokens during a rotation).
-const MAX_TOKEN_FILE: u64 = 16 << 10;
+/// `path` read whole and bounded, or why not as the server is told it (`what` and the path).
+fn read_operator_file(what: &str, path: &Path, max: usize) -> Result<Vec<u8>, String> {
+    operator_files::read(path, max)
+        .map(|mut bytes| std::mem::take(&mut *bytes))
+        .map_err(|e| format!("{what} {}: {e}", path.display()))
+}
 
 /// The cluster token file's text; its path and the error only when it cannot be read.
 fn read_token_file(path: &Path) -> StateReply {
-    use std::io::Read;
-    let mut text = Vec::new();
-    let read =
-        std::fs::File::open(path).and_then(|f| f.take(MAX_TOKEN_FILE + 1).read_to_end(&mut text));
-    match read {
-        Ok(n) if n as u64 <= MAX_TOKEN_FILE => StateReply::Opened(text),
-        Ok(_) => StateReply::Store(WireStoreError::Other(format!(
-            "cluster token file {}: larger than {MAX_TOKEN_FILE} bytes",
-            path.display()
-        ))),
-        Err(e) => StateReply::Store(WireStoreError::Other(format!(
-            "cluster token file {}: {e}",
-            path.display()
-        ))),
+    match read_operator_file("cluster token file", path, MAX_TOKEN_FILE) {
+        Ok(text) => StateReply::Opened(text),
+        Err(e) => StateReply::Store(WireStoreError::Other(e)),
     }
 }
 
-/// Largest certificate chain file the helper reads (`husk_server::tls::MAX_CERT_FILE`).
-const MAX_CERT_FILE: u64 = 64 << 10;
-/// Largest private key file the helper reads (`husk_server::tls::MAX_KEY_FILE`).
-const MAX_KEY_FILE: u64 = 16 << 10;
-
-/// The listener's certificate chain and key, each bounded; the path and the error when one
-/// cannot be read.
+/// The listener's certificate chain and key, both read at once; the path and the error when
+/// one cannot be read.
 fn read_tls_files(cert: &Path, key: &Path) -> StateReply {
-    use std::io::Read;
-    let read = |path: &Path, max: u64| {
-        let mut bytes = Vec::new();
-        match std::fs::File::open(path).and_then(|f| f.take(max + 1).read_to_end(&mut bytes)) {
-            Ok(n) if n as u64 <= max => Ok(bytes),
-            Ok(_) => Err(format!("{}: larger than {max} bytes", path.display())),
-            Err(e) => Err(format!("{}: {e}", path.display())),
-        }
-    };
-    match (read(cert, MAX_CERT_FILE), read(key, MAX_KEY_FILE)) {
+    match (
+        read_operator_file("--tls-cert", cert, MAX_CERT_FILE),
+        read_operator_file("--tls-key", key, MAX_KEY_FILE),
+    ) {
         (Ok(cert), Ok(key)) => StateReply::TlsFiles { cert, key },
         (Err(e), _) | (_, Err(e)) => StateReply::Store(WireStoreError::Other(e)),
     }
@@ -1188,7 +1172,7 @@ mod tests {
             p.remote.cluster_token_file().unwrap().as_slice(),
             b"one\ntwo\n"
         );
-        std::fs::write(&file, vec![b'a'; MAX_TOKEN_FILE as usize + 1]).unwrap();
+        std::fs::write(&file, vec![b'a'; MAX_TOKEN_FILE + 1]).unwrap();
         assert!(p.remote.cluster_token_file().is_err(), "bounded");
         // A helper without a file (a server of its own) has nothing to read.
         let store = Store::open_in_memory().unwrap();
@@ -1208,17 +1192,14 @@ mod tests {
         std::fs::write(&key, "KEY").unwrap();
         let (c, k) = p.remote.tls_files().unwrap();
         assert_eq!((c.as_slice(), k.as_slice()), (&b"CERT"[..], &b"KEY"[..]));
-        std::fs::write(&cert, vec![b'a'; MAX_CERT_FILE as usize]).unwrap();
-        assert_eq!(
-            p.remote.tls_files().unwrap().0.len(),
-            MAX_CERT_FILE as usize
-        );
-        std::fs::write(&cert, vec![b'a'; MAX_CERT_FILE as usize + 1]).unwrap();
+        std::fs::write(&cert, vec![b'a'; MAX_CERT_FILE]).unwrap();
+        assert_eq!(p.remote.tls_files().unwrap().0.len(), MAX_CERT_FILE);
+        std::fs::write(&cert, vec![b'a'; MAX_CERT_FILE + 1]).unwrap();
         assert!(matches!(
             p.remote.tls_files(),
             Err(StoreError::Remote(m)) if m.contains("larger than")
         ));
-        std::fs::write(&key, vec![b'a'; MAX_KEY_FILE as usize + 1]).unwrap();
+        std::fs::write(&key, vec![b'a'; MAX_KEY_FILE + 1]).unwrap();
         std::fs::write(&cert, "CERT").unwrap();
         assert!(p.remote.tls_files().is_err(), "the key is bounded too");
         // A helper given no files (a listener without TLS) reads nothing.

@@ -37,12 +37,7 @@ fn husk_containers_pass_only_flags_and_variables_the_binary_accepts() {
     for (root, build) in roots(&kubernetes_dir()) {
         let all = pods::all(&build.docs);
         for h in husk_containers(&all) {
-            let at = format!(
-                "{}: {} container {}",
-                shown(&root),
-                h.pods.owner,
-                h.container.name
-            );
+            let at = h.at(&root);
             let sub = h.inv.subcommand.clone();
             let help = match helps.entry(sub.clone()).or_insert_with(|| husk::help(&sub)) {
                 Ok(help) => help,
@@ -75,12 +70,7 @@ fn husk_containers_set_what_their_subcommand_needs() {
     for (root, build) in roots(&kubernetes_dir()) {
         let all = pods::all(&build.docs);
         for h in husk_containers(&all) {
-            let at = format!(
-                "{}: {} container {}",
-                shown(&root),
-                h.pods.owner,
-                h.container.name
-            );
+            let at = h.at(&root);
             let Some((_, needs)) = NEEDS.iter().find(|(s, _)| *s == h.inv.subcommand) else {
                 errors.push(format!(
                     "{at}: runs `husk {}`; a cluster runs `node` and `gateway`",

@@ -141,12 +141,7 @@ fn images_are_husk_at_the_workspace_version_and_the_dockerfile_builds_it() {
     let mut errors = Vec::new();
     for (root, build) in kustomize::roots(&kubernetes_dir()) {
         for p in pods::all(&build.docs) {
-            for c in p
-                .spec
-                .containers
-                .iter()
-                .chain(p.spec.init_containers.iter().flatten())
-            {
+            for c in pods::containers(p.spec) {
                 let image = c.image.as_deref().unwrap_or_default();
                 if husk::is_husk(c) {
                     if image != expected {

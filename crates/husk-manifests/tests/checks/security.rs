@@ -128,11 +128,7 @@ fn everything_but_the_node_runs_without_privilege() {
                 errors.push(format!("{at}: mounts a host path"));
             }
             let pod = spec.security_context.clone().unwrap_or_default();
-            for c in spec
-                .containers
-                .iter()
-                .chain(spec.init_containers.iter().flatten())
-            {
+            for c in pods::containers(spec) {
                 let at = format!("{at} container {}", c.name);
                 let sc = c.security_context.clone().unwrap_or_default();
                 if sc.run_as_non_root.or(pod.run_as_non_root) != Some(true) {

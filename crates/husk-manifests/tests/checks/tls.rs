@@ -15,7 +15,9 @@ use super::assert_none;
 use crate::support::husk::{self, Setting};
 use crate::support::kustomize::{roots, Build};
 use crate::support::pods::{self, Pods};
-use crate::support::{husk_containers, kubernetes_dir, running, shown, HuskContainer};
+use crate::support::{
+    husk_containers, kubernetes_dir, running, shown, uses_component, HuskContainer,
+};
 
 /// The component that makes the Secret from files, and the part that sets up the pods.
 const COMPONENT: &str = "components/node-tls";
@@ -32,15 +34,6 @@ const NAME: &str = "husk-node";
 
 /// husk's settings of TLS: the listener's pair, and how the nodes are verified.
 const SETTINGS: [&str; 4] = ["tls-cert", "tls-key", "cluster-ca", "cluster-tls-name"];
-
-/// Whether `build` uses the component in `dir` (below deploy/kubernetes).
-fn uses(build: &Build, dir: &str) -> bool {
-    let dir = kubernetes_dir().join(dir);
-    let dir = dir
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    build.components.contains(&dir)
-}
 
 /// The Secret volume a mount of a pod mounts, if it is one.
 fn secret_volume<'a>(pods: &'a Pods<'a>, mount: &VolumeMount) -> Option<&'a Volume> {
@@ -157,7 +150,7 @@ fn nodes_serve_https_where_the_component_is_and_everyone_verifies_them_by_one_na
     let mut errors = Vec::new();
     let mut with_component = 0;
     for (root, build) in roots(&kubernetes_dir()) {
-        if !uses(&build, PODS) {
+        if !uses_component(&build, PODS) {
             continue;
         }
         with_component += 1;
@@ -172,7 +165,7 @@ fn nodes_serve_https_where_the_component_is_and_everyone_verifies_them_by_one_na
             }
             None => errors.push(format!("{here}: Secret {SECRET} is not made")),
         }
-        if uses(&build, COMPONENT) {
+        if uses_component(&build, COMPONENT) {
             // Made from files here: as cert-manager makes it, so that a Certificate can take
             // the component's place without the pods noticing.
             let made = build.generated_types.get(SECRET).map(String::as_str);
@@ -232,7 +225,7 @@ fn without_the_component_nobody_is_given_a_certificate_a_ca_or_a_name() {
     let mut errors = Vec::new();
     let mut base_checked = false;
     for (root, build) in roots(&kubernetes_dir()) {
-        if uses(&build, PODS) {
+        if uses_component(&build, PODS) {
             continue;
         }
         base_checked |= root == base;
@@ -323,12 +316,7 @@ fn only_nodes_are_given_the_nodes_private_key() {
                     }
                 }
             }
-            for c in p
-                .spec
-                .containers
-                .iter()
-                .chain(p.spec.init_containers.iter().flatten())
-            {
+            for c in pods::containers(p.spec) {
                 for e in c.env.iter().flatten() {
                     let r = e
                         .value_from
@@ -379,12 +367,7 @@ fn a_renewed_node_certificate_reaches_running_pods() {
             ));
         }
         for p in pods::all(&build.docs) {
-            for c in p
-                .spec
-                .containers
-                .iter()
-                .chain(p.spec.init_containers.iter().flatten())
-            {
+            for c in pods::containers(p.spec) {
                 for m in c.volume_mounts.iter().flatten() {
                     let Some(volume) = secret_volume(&p, m) else {
                         continue;
@@ -425,12 +408,7 @@ fn certificates_come_with_their_keys_and_names_with_their_ca() {
     for (root, build) in roots(&kubernetes_dir()) {
         let all = pods::all(&build.docs);
         for h in husk_containers(&all) {
-            let at = format!(
-                "{}: {} container {}",
-                shown(&root),
-                h.pods.owner,
-                h.container.name
-            );
+            let at = h.at(&root);
             let has = |flag| husk::setting(h.container, &h.inv, flag).is_some();
             if has("tls-cert") != has("tls-key") {
                 errors.push(format!(

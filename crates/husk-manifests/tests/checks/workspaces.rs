@@ -11,7 +11,7 @@ use super::assert_none;
 use crate::support::husk::{self, Setting};
 use crate::support::kustomize::{roots, Build};
 use crate::support::{
-    husk_containers, kubernetes_dir, pods, running, shown, HuskContainer, Object,
+    husk_containers, kubernetes_dir, pods, running, shown, uses_component, HuskContainer, Object,
 };
 
 /// The component, below deploy/kubernetes.
@@ -19,15 +19,6 @@ const COMPONENT: &str = "components/shared-workspaces";
 
 /// husk's flag (and so its variable, `HUSK_SHARED_WORKSPACES`).
 const FLAG: &str = "shared-workspaces";
-
-/// Whether `build` uses the component.
-fn uses_component(build: &Build) -> bool {
-    let dir = kubernetes_dir().join(COMPONENT);
-    let dir = dir
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    build.components.contains(&dir)
-}
 
 /// Where the node keeps workspaces: `--state-dir`'s `workspaces/`, as husk makes it.
 fn workspaces_dir(h: &HuskContainer<'_>) -> Option<String> {
@@ -87,7 +78,7 @@ fn nodes_share_workspaces_where_the_component_is_from_one_read_write_many_claim(
     let mut errors = Vec::new();
     let mut with_component = 0;
     for (root, build) in roots(&kubernetes_dir()) {
-        if !uses_component(&build) {
+        if !uses_component(&build, COMPONENT) {
             continue;
         }
         with_component += 1;
@@ -217,7 +208,7 @@ fn nodes_without_shared_storage_are_not_told_they_have_it() {
     let mut errors = Vec::new();
     let mut base_checked = false;
     for (root, build) in roots(&kubernetes_dir()) {
-        if uses_component(&build) {
+        if uses_component(&build, COMPONENT) {
             continue;
         }
         base_checked |= root == base;

@@ -275,6 +275,27 @@ pub fn husk_containers<'a>(pods: &'a [pods::Pods<'a>]) -> Vec<HuskContainer<'a>>
     out
 }
 
+impl HuskContainer<'_> {
+    /// Where it is, for messages: the kustomization `root`, the workload and the container.
+    pub fn at(&self, root: &Path) -> String {
+        format!(
+            "{}: {} container {}",
+            shown(root),
+            self.pods.owner,
+            self.container.name
+        )
+    }
+}
+
+/// Whether `build` uses the component in `dir` (relative to `deploy/kubernetes`).
+pub fn uses_component(build: &kustomize::Build, dir: &str) -> bool {
+    let dir = kubernetes_dir().join(dir);
+    let dir = dir
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    build.components.contains(&dir)
+}
+
 /// The husk containers running `subcommand`; panics unless there is at least one.
 pub fn running<'a>(all: &'a [HuskContainer<'a>], subcommand: &str) -> Vec<&'a HuskContainer<'a>> {
     let found: Vec<_> = all

@@ -24,6 +24,13 @@ pub struct Pods<'a> {
     pub claims: Vec<String>,
 }
 
+/// Every container of a pod: its containers, then its init containers.
+pub fn containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+}
+
 /// Every workload's pods in `docs`. A workload without a selector or pod spec panics: the
 /// API server refuses one.
 pub fn all(docs: &[Doc]) -> Vec<Pods<'_>> {

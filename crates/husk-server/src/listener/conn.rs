@@ -90,8 +90,10 @@ pub(super) async fn serve<S>(
     };
     // The handshake has the header timeout, as a request head has: a peer that starts one
     // and stalls holds its slot no longer than one that sends half a head.
+    let handshake = tokio::time::timeout(with.limits.header_timeout, acceptor.accept(tcp));
+    tokio::pin!(handshake);
     let tls = tokio::select! {
-        r = tokio::time::timeout(with.limits.header_timeout, acceptor.accept(tcp)) => match r {
+        r = &mut handshake => match r {
             Ok(Ok(tls)) => Some(tls),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -103,6 +105,8 @@ pub(super) async fn serve<S>(
     };
     match tls {
         Some(tls) => serve_stream(tls, peer, slot, svc, with, stop).await,
+        // The slot first, as below: free by the time the peer sees the close (a handshake cut
+        // short still holds the socket, which goes with it at the end of this function).
         None => drop(slot),
     }
 }
