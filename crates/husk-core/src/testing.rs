@@ -36,7 +36,13 @@ pub enum AgentMode {
     HangUp,
     /// As `Serve`, but never answers a disk-usage call (a slow or hostile agent).
     NoDisk,
+    /// As `Serve`, but takes [`SLOW_DEADLINE`] to take a backstop (a busy agent: whoever
+    /// asked has it only once the reply came).
+    SlowDeadline,
 }
+
+/// How long an agent in [`AgentMode::SlowDeadline`] takes to take a backstop.
+pub const SLOW_DEADLINE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// A path the fake agent stats with a reply of the wrong kind, as a broken agent could.
 pub const WRONG_KIND: &str = "/wrong-kind";
@@ -488,7 +494,7 @@ fn serve(sock: &mut UnixStream, agent: &FakeAgent) {
         };
         let (id, req) = match (msg, mode) {
             (ToAgent::Hello(_), AgentMode::HangUp) => return,
-            (ToAgent::Hello(_), AgentMode::Serve | AgentMode::NoDisk) => {
+            (ToAgent::Hello(_), AgentMode::Serve | AgentMode::NoDisk | AgentMode::SlowDeadline) => {
                 if husk_proto::write_msg(sock, &FromAgent::Hello { version: VERSION }).is_err() {
                     return;
                 }
@@ -546,6 +552,9 @@ fn serve(sock: &mut UnixStream, agent: &FakeAgent) {
                 Ok(Reply::Done)
             }
             Request::Deadline { unix_ms } => {
+                if mode == AgentMode::SlowDeadline {
+                    std::thread::sleep(SLOW_DEADLINE);
+                }
                 agent
                     .deadlines
                     .lock()

@@ -165,7 +165,16 @@ impl Manager {
                 }
             };
             // On failure the reservation is dropped, giving its place back.
-            let result = result.map(|sb| this.go_live(sb, reservation));
+            let result = match result {
+                Ok(sb) => {
+                    // Its backstop is set before the create answers, not left to its
+                    // supervisor: a server that dies the moment after must still leave a
+                    // sandbox that ends at its timeout.
+                    this.sync_kept(&sb).await;
+                    Ok(this.go_live(sb, reservation))
+                }
+                Err(e) => Err(e),
+            };
             drop(pin);
             result
         })

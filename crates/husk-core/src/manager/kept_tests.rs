@@ -238,6 +238,22 @@ async fn what_cannot_be_taken_up_is_lost_what_is_over_is_forgotten_and_strays_go
 }
 
 #[tokio::test]
+async fn a_create_answers_only_once_its_sandbox_has_its_backstop() {
+    // An agent slow to take it: a create that left it to the supervisor would answer first,
+    // and a server killed then would leave a sandbox that never ends.
+    let f = fixture();
+    f.host
+        .set_agent_mode(crate::testing::AgentMode::SlowDeadline);
+    let m = f.manager();
+    let sb = m
+        .create(&team("a"), req(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    let end = (sb.end_at().unix_timestamp_nanos() / 1_000_000) as u64;
+    assert_eq!(f.host.deadline(&sb.runtime_id), Some(Some(end)));
+}
+
+#[tokio::test]
 async fn the_backstop_follows_the_timeout_and_pauses() {
     let f = fixture();
     let m = f.manager();
