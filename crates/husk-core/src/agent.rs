@@ -92,6 +92,14 @@ impl std::future::IntoFuture for PendingReply {
     }
 }
 
+/// Whether the reply to a [`Request::Deadline`] says the agent holds its backstop.
+pub fn deadline_taken(reply: Result<Reply, CallError>) -> Result<(), CallError> {
+    match reply? {
+        Reply::Done => Ok(()),
+        _ => Err(CallError::Gone),
+    }
+}
+
 /// Output of one process, until its `End` (or until the sandbox is gone: `None` without `End`).
 pub struct ProcStream {
     rx: mpsc::Receiver<ProcEvent>,
@@ -404,14 +412,21 @@ impl AgentClient {
 
     /// Sets a kept sandbox's backstop: when it ends if no server is connected to it then.
     pub async fn set_deadline(&self, at: Option<std::time::SystemTime>) -> Result<(), CallError> {
+        let reply = self.submit_deadline(at).await?;
+        deadline_taken(reply.await)
+    }
+
+    /// [`Self::set_deadline`] in two steps: this returns once the call is on its way, and
+    /// [`deadline_taken`] of its reply says whether the agent holds the backstop.
+    pub async fn submit_deadline(
+        &self,
+        at: Option<std::time::SystemTime>,
+    ) -> Result<PendingReply, CallError> {
         let unix_ms = at.map(|t| {
             t.duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis().min(u128::from(u64::MAX)) as u64)
         });
-        match self.call(Request::Deadline { unix_ms }).await? {
-            Reply::Done => Ok(()),
-            _ => Err(CallError::Gone),
-        }
+        self.submit(Request::Deadline { unix_ms }).await
     }
 
     /// Closes the connection from the server's side: the agent exits, ending the sandbox, or,

@@ -165,16 +165,7 @@ impl Manager {
                 }
             };
             // On failure the reservation is dropped, giving its place back.
-            let result = match result {
-                Ok(sb) => {
-                    // Its backstop is set before the create answers, not left to its
-                    // supervisor: a server that dies the moment after must still leave a
-                    // sandbox that ends at its timeout.
-                    this.sync_kept(&sb).await;
-                    Ok(this.go_live(sb, reservation))
-                }
-                Err(e) => Err(e),
-            };
+            let result = result.map(|sb| this.go_live(sb, reservation));
             drop(pin);
             result
         })
@@ -234,7 +225,10 @@ impl Manager {
             }
         };
         let booted_at = std::time::Instant::now();
-        match self.register(who, id, req, &template, limits, booted, identity) {
+        match self
+            .register(who, id, req, &template, limits, booted, identity)
+            .await
+        {
             Ok(sb) => {
                 let _ = sb.phases.set(super::CreatePhases {
                     spawn: spawned - started,
@@ -376,10 +370,10 @@ impl Manager {
         })
     }
 
-    /// Gives a booted sandbox its tenant's identity and records it in the store; the caller
-    /// makes it live ([`Self::go_live`]).
+    /// Gives a booted sandbox its tenant's identity and its backstop, and records it in the
+    /// store; the caller makes it live ([`Self::go_live`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn register(
+    pub(super) async fn register(
         self: &Arc<Self>,
         who: &Principal,
         id: String,
@@ -467,7 +461,10 @@ impl Manager {
             metadata: sb.metadata.clone(),
             description: description.clone(),
         };
-        match self.store.insert_sandbox(&record) {
+        let inserted = self
+            .arm_backstop(&sb, || self.store.insert_sandbox(&record))
+            .await;
+        match inserted {
             // Its supervisor writes it again only once something changed.
             Ok(()) => sb.kept_as_saved(description.unwrap_or_default()),
             Err(e) => tracing::warn!(sandbox = %id, error = %e, "could not record sandbox"),

@@ -211,6 +211,16 @@ impl LiveSandbox {
     }
 }
 
+/// The backstop `sb`'s agent should hold: its deadline when it is killed at its timeout and
+/// not paused; none otherwise (a paused sandbox, or one paused at its timeout, waits for a
+/// server).
+fn backstop_of(sb: &LiveSandbox) -> Option<SystemTime> {
+    match (sb.is_paused(), sb.lifecycle.on_timeout) {
+        (false, OnTimeout::Kill) => Some(SystemTime::from(sb.end_at())),
+        _ => None,
+    }
+}
+
 /// What [`Manager::take_up`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TakenUp {
@@ -228,10 +238,7 @@ impl Manager {
     /// paused sandbox, or one paused at its timeout, waits for a server), and its
     /// description. Called by its supervisor.
     pub(super) async fn sync_kept(&self, sb: &LiveSandbox) {
-        let backstop = match (sb.is_paused(), sb.lifecycle.on_timeout) {
-            (false, OnTimeout::Kill) => Some(SystemTime::from(sb.end_at())),
-            _ => None,
-        };
+        let backstop = backstop_of(sb);
         let send = {
             let st = sb.kept.lock().unwrap_or_else(|p| p.into_inner());
             st.deadline != Some(backstop)
@@ -257,6 +264,36 @@ impl Manager {
             Ok(_) => sb.kept.lock().unwrap_or_else(|p| p.into_inner()).saved = json,
             Err(e) => tracing::warn!(sandbox = %sb.id, error = %e, "could not record the sandbox"),
         }
+    }
+
+    /// A new sandbox's backstop, sent before its create answers rather than left to its
+    /// supervisor: a server killed the moment after must still leave a sandbox that ends at
+    /// its timeout. `meanwhile` runs while the agent takes it (the create writes its record
+    /// there), so the two waits overlap.
+    pub(super) async fn arm_backstop<T>(
+        &self,
+        sb: &LiveSandbox,
+        meanwhile: impl FnOnce() -> T,
+    ) -> T {
+        if sb.is_paused() {
+            return meanwhile();
+        }
+        let backstop = backstop_of(sb);
+        let started = tokio::time::Instant::now();
+        let submitted =
+            tokio::time::timeout(BACKSTOP_CALL, sb.agent.submit_deadline(backstop)).await;
+        let out = meanwhile();
+        if let Ok(Ok(reply)) = submitted {
+            let left = BACKSTOP_CALL.saturating_sub(started.elapsed());
+            let taken =
+                tokio::time::timeout(left, async { crate::agent::deadline_taken(reply.await) })
+                    .await;
+            if matches!(taken, Ok(Ok(()))) {
+                sb.kept.lock().unwrap_or_else(|p| p.into_inner()).deadline = Some(backstop);
+            }
+        }
+        // Otherwise its supervisor tries again.
+        out
     }
 
     /// Before `sb` is frozen: no backstop while it is paused (it waits for a server).

@@ -667,6 +667,7 @@ impl Manager {
             .map_err(|e| CoreError::internal("the warm sandbox's kernels", e))?;
         booted.contexts = Arc::new(contexts);
         self.register(who, id, req, template, limits, booted, None)
+            .await
     }
 }
 
