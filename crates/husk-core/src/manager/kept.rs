@@ -244,12 +244,9 @@ impl Manager {
             st.deadline != Some(backstop)
         };
         // Never to a frozen agent, which cannot answer (a pause tells it first: see
-        // `clear_backstop`); bounded in time all the same.
+        // `clear_backstop`).
         if send && !sb.is_paused() {
-            let told = tokio::time::timeout(BACKSTOP_CALL, sb.agent.set_deadline(backstop)).await;
-            if matches!(told, Ok(Ok(()))) {
-                sb.kept.lock().unwrap_or_else(|p| p.into_inner()).deadline = Some(backstop);
-            }
+            self.send_backstop(sb, backstop, || ()).await;
         }
         let Ok(json) = Running::of(sb).to_json() else {
             return;
@@ -275,10 +272,23 @@ impl Manager {
         sb: &LiveSandbox,
         meanwhile: impl FnOnce() -> T,
     ) -> T {
-        if sb.is_paused() {
-            return meanwhile();
-        }
-        let backstop = backstop_of(sb);
+        self.send_backstop(sb, backstop_of(sb), meanwhile).await
+    }
+
+    /// Before `sb` is frozen: no backstop while it is paused (it waits for a server).
+    pub(super) async fn clear_backstop(&self, sb: &LiveSandbox) {
+        self.send_backstop(sb, None, || ()).await;
+    }
+
+    /// Sends `backstop` to `sb`'s agent, runs `meanwhile` while the agent takes it, and notes
+    /// it as sent once the agent has it. The whole call waits at most [`BACKSTOP_CALL`] for the
+    /// agent; one that did not answer in time is not noted, so the supervisor sends it again.
+    async fn send_backstop<T>(
+        &self,
+        sb: &LiveSandbox,
+        backstop: Option<SystemTime>,
+        meanwhile: impl FnOnce() -> T,
+    ) -> T {
         let started = tokio::time::Instant::now();
         let submitted =
             tokio::time::timeout(BACKSTOP_CALL, sb.agent.submit_deadline(backstop)).await;
@@ -292,16 +302,7 @@ impl Manager {
                 sb.kept.lock().unwrap_or_else(|p| p.into_inner()).deadline = Some(backstop);
             }
         }
-        // Otherwise its supervisor tries again.
         out
-    }
-
-    /// Before `sb` is frozen: no backstop while it is paused (it waits for a server).
-    pub(super) async fn clear_backstop(&self, sb: &LiveSandbox) {
-        let told = tokio::time::timeout(BACKSTOP_CALL, sb.agent.set_deadline(None)).await;
-        if matches!(told, Ok(Ok(()))) {
-            sb.kept.lock().unwrap_or_else(|p| p.into_inner()).deadline = Some(None);
-        }
     }
 
     /// Server stop, keeping its sandboxes: each one's description is written as it is now,
