@@ -41,7 +41,11 @@ fn main() {
             .collect();
         std::process::exit(sudo::main(&args));
     }
-    let cli = cli::Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(args) = cli::RunCli::parse_if_run(&argv) {
+        std::process::exit(run::main(args));
+    }
+    let cli = cli::Cli::parse_from(argv);
     let code = match cli.command {
         cli::Command::Run(args) => run::main(*args),
         cli::Command::Batch(args) => batch::main(*args),
