@@ -32,16 +32,17 @@ mod workspace;
 use clap::Parser;
 
 fn main() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Inside a server sandbox this binary is also /usr/local/bin/sudo.
-    let argv0 = std::env::args_os().next().unwrap_or_default();
-    if std::path::Path::new(&argv0).file_name() == Some("sudo".as_ref()) {
-        let args: Vec<String> = std::env::args_os()
+    let argv0 = argv.first().map(std::path::Path::new);
+    if argv0.and_then(|p| p.file_name()) == Some("sudo".as_ref()) {
+        let args: Vec<String> = argv
+            .iter()
             .skip(1)
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         std::process::exit(sudo::main(&args));
     }
-    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(args) = cli::RunCli::parse_if_run(&argv) {
         std::process::exit(run::main(args));
     }

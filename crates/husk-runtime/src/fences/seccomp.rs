@@ -154,18 +154,17 @@ fn search(keys: &[(u32, Target)], out: &mut Vec<Insn>) -> Result<(), FenceError>
         return Ok(());
     }
     let mid = keys.len() / 2;
-    let at = out.len();
+    let mut lower = Vec::new();
+    search(&keys[..mid], &mut lower)?;
+    // From the node, over the lower half, to the upper half's first instruction.
+    let over_lower = offset(0, lower.len() + 1)?;
     out.push(Insn::Plain(jump(
         BPF_JMP | BPF_JGE | BPF_K,
         keys[mid].0,
-        0,
+        over_lower,
         0,
     )));
-    search(&keys[..mid], out)?;
-    let upper = offset(at, out.len())?;
-    if let Insn::Plain(node) = &mut out[at] {
-        node.jt = upper;
-    }
+    out.append(&mut lower);
     search(&keys[mid..], out)
 }
 
