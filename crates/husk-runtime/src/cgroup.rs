@@ -26,6 +26,9 @@ use crate::systemd::{Delegation, SystemdError};
 /// The leaf cgroup that takes the processes of the cgroup husk manages (v2 only).
 pub const LEAF: &str = "husk-leaf";
 
+/// The file in the run directory that names the scope husk processes share.
+const SHARED_SCOPE_STATE: &str = "run-scope";
+
 /// A controller husk uses for limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Controller {
@@ -156,6 +159,10 @@ pub struct CgroupOptions {
     /// left there when it stops the unit, and cannot start it again while a sub-cgroup with
     /// controllers holds processes.
     pub own_scope: bool,
+    /// On a systemd host, outside a delegated unit, and without `own_scope`: share one scope
+    /// with the other husk processes of the run directory, kept this long after the last one
+    /// ends ([`crate::shared_scope`]); `None` asks systemd for a scope of its own each time.
+    pub shared_scope_linger: Option<Duration>,
 }
 
 /// How husk got the cgroup it manages, for logs and `husk doctor`.
@@ -239,8 +246,9 @@ fn base_of(own: PathBuf) -> PathBuf {
 impl CgroupLayout {
     /// Gets a cgroup husk may manage and prepares it ([`CgroupLayout::prepare`]): on a systemd
     /// host whose controllers come from v2, asks systemd for delegation first (see the module
-    /// documentation). The caller must be single-threaded.
-    pub fn acquire(options: &CgroupOptions) -> Result<Self, CgroupError> {
+    /// documentation). `run_dir` holds the state of the scope shared by husk processes
+    /// ([`CgroupOptions::shared_scope_linger`]). The caller must be single-threaded.
+    pub fn acquire(options: &CgroupOptions, run_dir: &Path) -> Result<Self, CgroupError> {
         let mut layout = Self::discover()?;
         if !layout.v2_controllers.is_empty() && crate::systemd::booted() {
             // A unit's cgroup is named after the unit (`husk.service`).
@@ -251,9 +259,13 @@ impl CgroupLayout {
                 .filter(|base| !options.own_scope && marked_delegated(base))
                 .and_then(|base| base.file_name())
                 .map(|name| name.to_string_lossy().into_owned());
-            let delegation = match marked_unit {
-                Some(unit) => Delegation::Delegated { unit },
-                None => crate::systemd::ensure_delegated_with(options.own_scope)
+            let delegation = match (marked_unit, options.shared_scope_linger) {
+                (Some(unit), _) => Delegation::Delegated { unit },
+                (None, Some(linger)) if !options.own_scope => {
+                    crate::shared_scope::delegate(&run_dir.join(SHARED_SCOPE_STATE), linger)
+                        .map_err(CgroupError::Systemd)?
+                }
+                (None, _) => crate::systemd::ensure_delegated_with(options.own_scope)
                     .map_err(CgroupError::Systemd)?,
             };
             if matches!(delegation, Delegation::Scope { .. }) {
@@ -292,7 +304,7 @@ impl CgroupLayout {
             let root = mount_root_of(base);
             check_available(&root, &layout.v2_controllers, &[])?;
             return Ok(format!(
-                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for a transient scope with Delegate=yes at start (husk serve does everywhere, so that its sandboxes outlive it)",
+                "{needed} from cgroup v2: {} is not delegated, so husk asks systemd (D-Bus) for a transient scope with Delegate=yes at start (husk serve does everywhere, so that its sandboxes outlive it); husk processes from here share one, husk-run-<pid>.scope, kept 60 s after the last (HUSK_SCOPE_LINGER), so only the first waits for systemd",
                 base.display()
             ));
         }
@@ -582,10 +594,22 @@ fn mount_root_of(cgroup: &Path) -> PathBuf {
     root.to_owned()
 }
 
+/// The v2 cgroup husk would manage for process `pid` (this process with `None`): its cgroup, or
+/// the parent of its [`LEAF`]. `None` where it is gone or has no v2 cgroup.
+pub(crate) fn v2_base_of(pid: Option<libc::pid_t>) -> Option<PathBuf> {
+    let own = match pid {
+        Some(p) => fs::read_to_string(format!("/proc/{p}/cgroup")).ok()?,
+        None => fs::read_to_string("/proc/self/cgroup").ok()?,
+    };
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let layout = CgroupLayout::from_tables(&own, &mountinfo).ok()?;
+    layout.v2?.parent().map(Path::to_owned)
+}
+
 /// Whether systemd marked `cgroup` as delegated (the `trusted.delegate` attribute it sets on
 /// the cgroup of every unit with `Delegate=yes`, since systemd 251). Older systemd is asked
 /// over D-Bus instead.
-fn marked_delegated(cgroup: &Path) -> bool {
+pub(crate) fn marked_delegated(cgroup: &Path) -> bool {
     crate::sys::cpath(cgroup)
         .ok()
         .and_then(|p| crate::sys::getxattr(&p, "trusted.delegate").ok().flatten())

@@ -46,6 +46,7 @@ pub mod probe;
 pub mod pty;
 pub mod rootfs;
 pub mod service;
+pub mod shared_scope;
 pub mod spawner;
 pub mod spec;
 pub mod sys;

@@ -183,7 +183,7 @@ impl Spawner {
             fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
                 .map_err(io_ctx("protect run dir"))?;
         }
-        let layout = CgroupLayout::acquire(cgroups)?;
+        let layout = CgroupLayout::acquire(cgroups, run_dir)?;
         let template = host_template::ensure(run_dir).map_err(io_ctx("build host template"))?;
         let fences = Fences::prepare().map_err(|e| SpawnError::Fences(e.to_string()))?;
         let host_netns = sys::open(c"/proc/thread-self/ns/net", libc::O_RDONLY, 0)

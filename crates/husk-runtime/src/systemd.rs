@@ -43,6 +43,9 @@ pub enum SystemdError {
     /// The helper process could not run or report.
     #[error("the D-Bus helper process: {0}")]
     Helper(String),
+    /// The scope husk processes share ([`crate::shared_scope`]) could not be used.
+    #[error("the shared scope: cannot {what}: {}", io::Error::from_raw_os_error(*.errno))]
+    SharedScope { what: String, errno: i32 },
 }
 
 /// How the calling process got, or already had, a delegated cgroup.
@@ -72,6 +75,27 @@ pub fn ensure_delegated() -> Result<Delegation, SystemdError> {
 /// [`ensure_delegated`]; with `own_scope`, a scope of its own even when the unit is delegated
 /// already (see [`crate::cgroup::CgroupOptions::own_scope`]).
 pub fn ensure_delegated_with(own_scope: bool) -> Result<Delegation, SystemdError> {
+    ensure(own_scope, None)
+}
+
+/// The scope to ask for instead of `husk-<pid>.scope`: one that other processes join too
+/// ([`crate::shared_scope`]).
+#[derive(Debug, Clone)]
+pub(crate) struct ScopeSpec {
+    /// The unit's name (`….scope`).
+    pub unit: String,
+    /// Processes moved into it besides the caller (its holder).
+    pub also: Vec<u32>,
+    /// Its `Description=`.
+    pub description: String,
+}
+
+/// [`ensure_delegated`], with the scope `spec` asks for when the caller's unit is not delegated.
+pub(crate) fn ensure_delegated_into(spec: ScopeSpec) -> Result<Delegation, SystemdError> {
+    ensure(false, Some(spec))
+}
+
+fn ensure(own_scope: bool, spec: Option<ScopeSpec>) -> Result<Delegation, SystemdError> {
     match sys::settled_thread_count() {
         Ok(1) => {}
         Ok(n) => {
@@ -87,7 +111,7 @@ pub fn ensure_delegated_with(own_scope: bool) -> Result<Delegation, SystemdError
     let child = unsafe { sys::fork() }.map_err(|e| SystemdError::Helper(format!("fork: {e}")))?;
     if child == 0 {
         drop(rd);
-        let answer = converse(pid as u32, own_scope);
+        let answer = converse(pid as u32, own_scope, spec);
         let bytes = postcard::to_allocvec(&answer).unwrap_or_default();
         let _ = sys::write_all(wr.as_fd(), &bytes);
         sys::exit_now(0);
@@ -113,13 +137,17 @@ fn read_answer(fd: std::os::fd::BorrowedFd<'_>) -> Result<Vec<u8>, SystemdError>
 }
 
 /// In the helper process: the whole conversation, on a single-threaded async runtime.
-fn converse(pid: u32, own_scope: bool) -> Result<Delegation, SystemdError> {
+fn converse(
+    pid: u32,
+    own_scope: bool,
+    spec: Option<ScopeSpec>,
+) -> Result<Delegation, SystemdError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| SystemdError::Helper(format!("runtime: {e}")))?;
     rt.block_on(async {
-        tokio::time::timeout(DEADLINE, dbus::delegate(pid, own_scope))
+        tokio::time::timeout(DEADLINE, dbus::delegate(pid, own_scope, spec))
             .await
             .unwrap_or(Err(SystemdError::Timeout))
     })
@@ -130,7 +158,7 @@ mod dbus {
     use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
     use zbus::Connection;
 
-    use super::{Delegation, SystemdError};
+    use super::{Delegation, ScopeSpec, SystemdError};
 
     const DEST: &str = "org.freedesktop.systemd1";
     const PATH: &str = "/org/freedesktop/systemd1";
@@ -190,7 +218,11 @@ mod dbus {
         })
     }
 
-    pub(super) async fn delegate(pid: u32, own_scope: bool) -> Result<Delegation, SystemdError> {
+    pub(super) async fn delegate(
+        pid: u32,
+        own_scope: bool,
+        spec: Option<ScopeSpec>,
+    ) -> Result<Delegation, SystemdError> {
         let conn = connect().await?;
         let unit_path: OwnedObjectPath = conn
             .call_method(Some(DEST), PATH, Some(MANAGER), "GetUnitByPID", &(pid,))
@@ -214,7 +246,16 @@ mod dbus {
                 return Ok(Delegation::Delegated { unit });
             }
         }
-        let scope = format!("husk-{pid}.scope");
+        let ScopeSpec {
+            unit: scope,
+            also,
+            description,
+        } = spec.unwrap_or_else(|| ScopeSpec {
+            unit: format!("husk-{pid}.scope"),
+            also: Vec::new(),
+            description: format!("husk sandboxes of {unit} (pid {pid})"),
+        });
+        let pids: Vec<u32> = std::iter::once(pid).chain(also).collect();
         // Subscribe before starting, so that the job's end cannot be missed.
         let rule = zbus::MatchRule::builder()
             .msg_type(zbus::message::Type::Signal)
@@ -231,11 +272,8 @@ mod dbus {
             .call_method(Some(DEST), PATH, Some(MANAGER), "Subscribe", &())
             .await;
         let properties: Vec<(&str, Value<'_>)> = vec![
-            (
-                "Description",
-                Value::from(format!("husk sandboxes of {unit} (pid {pid})")),
-            ),
-            ("PIDs", Value::from(vec![pid])),
+            ("Description", Value::from(description)),
+            ("PIDs", Value::from(pids)),
             ("Delegate", Value::from(true)),
             // Gone from systemd's memory once its last process is, failed or not.
             ("CollectMode", Value::from("inactive-or-failed")),

@@ -139,6 +139,31 @@ pub struct HostArgs {
     pub unenforced_limits: Vec<husk_runtime::cgroup::Controller>,
 }
 
+/// How long the systemd scope husk processes share outlives the last of them: 60 s, or
+/// `HUSK_SCOPE_LINGER` (a duration such as `10s`; `0` gives each husk process a scope of its
+/// own, as before sharing existed). A value that does not parse is said and the default kept.
+pub(crate) fn shared_scope_linger(env: Option<String>) -> Option<std::time::Duration> {
+    const DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
+    let v = env.as_deref().map(str::trim).unwrap_or("");
+    if v.is_empty() {
+        return Some(DEFAULT);
+    }
+    let zero = v
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .parse::<f64>()
+        .is_ok_and(|n| n == 0.0);
+    if zero {
+        return None;
+    }
+    match crate::units::parse_duration(v) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("husk: HUSK_SCOPE_LINGER: {e}; using 60s");
+            Some(DEFAULT)
+        }
+    }
+}
+
 fn parse_controller(s: &str) -> Result<husk_runtime::cgroup::Controller, String> {
     s.trim().parse()
 }
@@ -149,6 +174,7 @@ impl HostArgs {
         husk_runtime::cgroup::CgroupOptions {
             unenforced: self.unenforced_limits.clone(),
             own_scope: false,
+            shared_scope_linger: shared_scope_linger(std::env::var("HUSK_SCOPE_LINGER").ok()),
         }
     }
 }
@@ -274,6 +300,28 @@ pub struct WorkerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_scope_lingers_a_minute_unless_told_otherwise() {
+        let secs = |v: Option<&str>| shared_scope_linger(v.map(str::to_owned));
+        let s = std::time::Duration::from_secs;
+        assert_eq!(secs(None), Some(s(60)));
+        assert_eq!(secs(Some("")), Some(s(60)));
+        assert_eq!(secs(Some("5s")), Some(s(5)));
+        assert_eq!(secs(Some(" 2m ")), Some(s(120)));
+        assert_eq!(
+            secs(Some("250ms")),
+            Some(std::time::Duration::from_millis(250))
+        );
+        // Zero, in any unit, is a scope per process.
+        for zero in ["0", "0s", "0ms", "0.0"] {
+            assert_eq!(secs(Some(zero)), None, "{zero}");
+        }
+        // What does not parse keeps the default (and is said on stderr).
+        for bad in ["soon", "-5s", "5 parsecs"] {
+            assert_eq!(secs(Some(bad)), Some(s(60)), "{bad}");
+        }
+    }
 
     /// What a parse of `husk run ARGS` gave: the flags, or clap's message, kind and exit code.
     fn outcome(r: Result<RunArgs, clap::Error>) -> String {

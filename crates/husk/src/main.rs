@@ -43,6 +43,14 @@ fn main() {
             .collect();
         std::process::exit(sudo::main(&args));
     }
+    // The holder of the scope husk processes share on a systemd host (started by husk itself,
+    // never by hand: husk_runtime::shared_scope).
+    if argv
+        .get(1)
+        .is_some_and(|a| a == husk_runtime::shared_scope::HOLD_ARG)
+    {
+        std::process::exit(husk_runtime::shared_scope::hold_main(&argv[2..]));
+    }
     if let Some(args) = cli::RunCli::parse_if_run(&argv) {
         std::process::exit(run::main(args));
     }

@@ -338,9 +338,11 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
             ))
         }
     };
-    // Sandboxes that outlive the server live outside its unit (systemd hosts).
+    // Sandboxes that outlive the server live outside its unit (systemd hosts). A server is
+    // one long-lived process: a scope of its own, never the one short husk processes share.
     let cgroups = husk_runtime::cgroup::CgroupOptions {
         own_scope: !args.destroy_on_exit,
+        shared_scope_linger: None,
         ..args.host.cgroups()
     };
     // One per CPU: a create's time is mostly the kernel's (namespaces, cgroups, mounts),
