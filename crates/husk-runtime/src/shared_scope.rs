@@ -270,6 +270,26 @@ fn idle_now(me: i32, base: &Path) -> Option<bool> {
     Some(idle(me, &procs, leaf.as_deref(), husk.as_deref()))
 }
 
+/// The holder's decision once its scope has been idle for its linger: it takes the state
+/// file's lock (`lock`, without waiting) and leaves only if the scope is still idle under it
+/// (`still_idle`), keeping the lock to its exit so that nobody joins a scope it leaves;
+/// found in use again (a process joined between the look and the lock), it stays and lets
+/// the lock go (`unlock`), or every later husk process would wait for it.
+fn leave_now(
+    lock: impl FnOnce() -> bool,
+    still_idle: impl FnOnce() -> bool,
+    unlock: impl FnOnce(),
+) -> bool {
+    if !lock() {
+        return false;
+    }
+    if still_idle() {
+        return true;
+    }
+    unlock();
+    false
+}
+
 /// The holder (`husk __hold-scope STATE LINGER_MS`): waits to be named in the state file, then
 /// stays while the scope is in use and for `linger` after, and exits. Returns the exit code.
 pub fn hold_main(args: &[OsString]) -> i32 {
@@ -309,7 +329,7 @@ pub fn hold_main(args: &[OsString]) -> i32 {
     loop {
         std::thread::sleep(tick);
         // The scope is wherever this process is (husk processes move it between the scope
-        // and its leaf); gone, or named no more, there is nothing left to hold.
+        // and its leaf); gone, there is nothing left to hold.
         let Some(base) = cgroup::v2_base_of(None) else {
             return 0;
         };
@@ -321,15 +341,20 @@ pub fn hold_main(args: &[OsString]) -> i32 {
                 if since.elapsed() < linger {
                     continue;
                 }
-                // Under the lock, nobody joins; exiting with it held, nobody joins after.
-                if sys::flock_try_exclusive(file.as_fd()).unwrap_or(false)
-                    && idle_now(me, &base) == Some(true)
-                {
+                let leave = leave_now(
+                    || sys::flock_try_exclusive(file.as_fd()).unwrap_or(false),
+                    || idle_now(me, &base) == Some(true),
+                    || {
+                        let _ = sys::flock_unlock(file.as_fd());
+                    },
+                );
+                if leave {
                     if named() {
                         let _ = fs::write(&state, "");
                     }
                     return 0;
                 }
+                idle_since = None;
             }
         }
     }
@@ -357,6 +382,33 @@ mod tests {
         ] {
             assert_eq!(Entry::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_holder_leaves_only_under_the_lock_and_lets_it_go_when_it_stays() {
+        use std::cell::Cell;
+        let (checked, unlocked) = (Cell::new(false), Cell::new(false));
+        let run = |locked: bool, idle: bool| {
+            checked.set(false);
+            unlocked.set(false);
+            leave_now(
+                || locked,
+                || {
+                    checked.set(true);
+                    idle
+                },
+                || unlocked.set(true),
+            )
+        };
+        // Idle under the lock: it leaves, keeping the lock to its exit.
+        assert!(run(true, true));
+        assert!(checked.get() && !unlocked.get());
+        // A process joined between the look and the lock: it stays and lets the lock go.
+        assert!(!run(true, false));
+        assert!(checked.get() && unlocked.get());
+        // Someone else holds the lock: it stays, without looking, and unlocks nothing.
+        assert!(!run(false, true));
+        assert!(!checked.get() && !unlocked.get());
     }
 
     #[test]

@@ -177,6 +177,12 @@ pub fn flock_try_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
+/// Releases a `flock` held on `fd`.
+pub fn flock_unlock(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    cvt_i(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) }).map(drop)
+}
+
 /// Writes all of `buf` to a raw fd, retrying on EINTR.
 pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
