@@ -262,7 +262,13 @@ impl CgroupLayout {
             let delegation = match (marked_unit, options.shared_scope_linger) {
                 (Some(unit), _) => Delegation::Delegated { unit },
                 (None, Some(linger)) if !options.own_scope => {
-                    crate::shared_scope::delegate(&run_dir.join(SHARED_SCOPE_STATE), linger)
+                    // The unit the process leaves, for logs: its cgroup's name.
+                    let from = layout
+                        .v2
+                        .as_ref()
+                        .and_then(|p| p.parent()?.file_name())
+                        .map_or_else(|| "?".into(), |n| n.to_string_lossy().into_owned());
+                    crate::shared_scope::delegate(&run_dir.join(SHARED_SCOPE_STATE), linger, from)
                         .map_err(CgroupError::Systemd)?
                 }
                 (None, _) => crate::systemd::ensure_delegated_with(options.own_scope)
@@ -323,8 +329,18 @@ impl CgroupLayout {
 
     /// Discovers the hierarchies from /proc/self/cgroup and /proc/self/mountinfo.
     pub fn discover() -> Result<Self, CgroupError> {
-        let cg = fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| CgroupError::Discover(format!("/proc/self/cgroup: {e}")))?;
+        Self::discover_for(None)
+    }
+
+    /// [`CgroupLayout::discover`] as process `pid` would see it from this mount namespace
+    /// (this process with `None`).
+    fn discover_for(pid: Option<libc::pid_t>) -> Result<Self, CgroupError> {
+        let cgroup = pid.map_or_else(
+            || "/proc/self/cgroup".to_owned(),
+            |p| format!("/proc/{p}/cgroup"),
+        );
+        let cg = fs::read_to_string(&cgroup)
+            .map_err(|e| CgroupError::Discover(format!("{cgroup}: {e}")))?;
         let mi = fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| CgroupError::Discover(format!("/proc/self/mountinfo: {e}")))?;
         Self::from_tables(&cg, &mi)
@@ -597,12 +613,7 @@ fn mount_root_of(cgroup: &Path) -> PathBuf {
 /// The v2 cgroup husk would manage for process `pid` (this process with `None`): its cgroup, or
 /// the parent of its [`LEAF`]. `None` where it is gone or has no v2 cgroup.
 pub(crate) fn v2_base_of(pid: Option<libc::pid_t>) -> Option<PathBuf> {
-    let own = match pid {
-        Some(p) => fs::read_to_string(format!("/proc/{p}/cgroup")).ok()?,
-        None => fs::read_to_string("/proc/self/cgroup").ok()?,
-    };
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let layout = CgroupLayout::from_tables(&own, &mountinfo).ok()?;
+    let layout = CgroupLayout::discover_for(pid).ok()?;
     layout.v2?.parent().map(Path::to_owned)
 }
 

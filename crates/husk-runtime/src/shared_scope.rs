@@ -51,6 +51,10 @@ const LOCK_WAIT: Duration = Duration::from_secs(45);
 /// failed or was killed).
 const NAMED_WAIT: Duration = Duration::from_secs(60);
 
+/// How long a process keeps trying to move into a scope that another husk process is
+/// preparing or giving back at that moment.
+const JOIN_WAIT: Duration = Duration::from_millis(20);
+
 /// The state file's content for a systemd that does not mark delegated units.
 const UNMARKED: &str = "unmarked";
 
@@ -101,8 +105,13 @@ fn err(what: &str) -> impl FnOnce(io::Error) -> SystemdError + '_ {
 /// after its last user). Returns what [`crate::systemd::ensure_delegated`] returns: a scope
 /// (the caller moved; rediscover its cgroup) or, on a systemd that does not mark delegated
 /// units and finds the caller's unit delegated, that unit. The caller must be
-/// single-threaded (it forks) and its own cgroup must not be marked delegated.
-pub(crate) fn delegate(state: &Path, linger: Duration) -> Result<Delegation, SystemdError> {
+/// single-threaded (it forks) and its own cgroup must not be marked delegated; `from` names
+/// the unit it is in, for logs.
+pub(crate) fn delegate(
+    state: &Path,
+    linger: Duration,
+    from: String,
+) -> Result<Delegation, SystemdError> {
     let mut file = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -116,7 +125,6 @@ pub(crate) fn delegate(state: &Path, linger: Duration) -> Result<Delegation, Sys
     let mut text = String::new();
     file.read_to_string(&mut text)
         .map_err(err("read the state file"))?;
-    let from = own_unit();
     match Entry::parse(&text) {
         Some(Entry::Unmarked) => {
             // Nothing to share: unlocked, so that these processes do not wait on each other.
@@ -170,26 +178,23 @@ pub(crate) fn delegate(state: &Path, linger: Duration) -> Result<Delegation, Sys
 
 /// Takes the exclusive lock on `file`, polling until `wait` has passed.
 fn lock_within(file: &fs::File, wait: Duration) -> Result<(), SystemdError> {
-    let deadline = Instant::now() + wait;
-    loop {
-        if sys::flock_try_exclusive(file.as_fd()).map_err(err("lock the state file"))? {
-            return Ok(());
+    let mut failed = None;
+    let locked = cgroup::poll_until(Instant::now() + wait, || {
+        match sys::flock_try_exclusive(file.as_fd()) {
+            Ok(held) => held,
+            Err(e) => {
+                failed = Some(e);
+                true
+            }
         }
-        if Instant::now() >= deadline {
-            return Err(SystemdError::SharedScope {
-                what: "lock the state file (held by another husk process)".into(),
-                errno: libc::ETIMEDOUT,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(2));
+    });
+    if let Some(e) = failed {
+        return Err(err("lock the state file")(e));
     }
-}
-
-/// The unit the calling process is in, from its cgroup's name (for logs).
-fn own_unit() -> String {
-    cgroup::v2_base_of(None)
-        .and_then(|b| b.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "?".into())
+    locked.ok_or_else(|| SystemdError::SharedScope {
+        what: "lock the state file (held by another husk process)".into(),
+        errno: libc::ETIMEDOUT,
+    })
 }
 
 /// Moves the calling process into the scope of `holder`, if that holder is alive, in the
@@ -204,15 +209,12 @@ fn join(holder: i32) -> Option<String> {
     // Into the leaf while husk processes there have enabled controllers below the scope
     // (v2 refuses processes in a cgroup that has them), else into the scope itself; another
     // process may be giving the scope back or preparing it meanwhile, hence a few tries.
-    for _ in 0..20 {
-        for dir in [base.join(LEAF), base.clone()] {
-            if fs::write(dir.join("cgroup.procs"), &me).is_ok() {
-                return Some(unit);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    None
+    let moved = cgroup::poll_until(Instant::now() + JOIN_WAIT, || {
+        [base.join(LEAF), base.clone()]
+            .iter()
+            .any(|dir| fs::write(dir.join("cgroup.procs"), &me).is_ok())
+    });
+    moved.map(|()| unit)
 }
 
 /// Starts the holder: `husk __hold-scope STATE LINGER_MS`, from this process's own image, in
@@ -317,12 +319,8 @@ pub fn hold_main(args: &[OsString]) -> i32 {
             .and_then(Entry::parse)
             == Some(Entry::Scope { holder: me })
     };
-    let deadline = Instant::now() + NAMED_WAIT;
-    while !named() {
-        if Instant::now() >= deadline {
-            return 1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if cgroup::poll_until(Instant::now() + NAMED_WAIT, named).is_none() {
+        return 1;
     }
     let tick = (linger / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
     let mut idle_since: Option<Instant> = None;

@@ -10,7 +10,7 @@ use common::*;
 
 use std::fs;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -83,14 +83,45 @@ impl Drop for Scope {
     }
 }
 
-fn start_holder(state: &Path) -> Child {
-    Command::new(HUSK)
-        .args(["__hold-scope"])
-        .arg(state)
-        .arg(LINGER_MS.to_string())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap()
+/// A holder started on an empty state file and moved into a stand-in scope of its own; it
+/// waits to be named ([`Held::name`]). Dropping the scope kills it if it is still there.
+struct Held {
+    holder: Child,
+    scope: Scope,
+    state: PathBuf,
+    _dir: TempDir,
+}
+
+impl Held {
+    fn start(tag: &str) -> Held {
+        let dir = TempDir::new(tag);
+        let state = dir.path().join("run-scope");
+        fs::write(&state, "").unwrap();
+        let holder = Command::new(HUSK)
+            .args(["__hold-scope"])
+            .arg(&state)
+            .arg(LINGER_MS.to_string())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let scope = Scope::new(holder.id());
+        scope.put("", holder.id());
+        Held {
+            holder,
+            scope,
+            state,
+            _dir: dir,
+        }
+    }
+
+    /// Names the holder in the state file, as the process that started its scope does.
+    fn name(&self) {
+        fs::write(
+            &self.state,
+            format!("husk-run-{}.scope\n", self.holder.id()),
+        )
+        .unwrap();
+    }
 }
 
 /// Whether `child` is still running after `wait` (the holder must not end meanwhile).
@@ -104,34 +135,29 @@ fn exits_within(child: &mut Child, wait: Duration) -> Option<std::process::ExitS
 
 #[test]
 fn the_holder_stays_while_its_scope_is_used_and_ends_after_its_linger() {
-    let dir = TempDir::new("holder");
-    let state = dir.path().join("run-scope");
-    fs::write(&state, "").unwrap();
-    let mut holder = start_holder(&state);
-    let mut scope = Scope::new(holder.id());
-    scope.put("", holder.id());
-    let caller = scope.user("husk-leaf");
-    fs::write(&state, format!("husk-run-{}.scope\n", holder.id())).unwrap();
+    let mut h = Held::start("holder");
+    let caller = h.scope.user("husk-leaf");
+    h.name();
 
     // Another process in the scope (a husk process in the leaf): the holder stays.
     assert!(
-        still_running(&mut holder, Duration::from_millis(4 * LINGER_MS)),
+        still_running(&mut h.holder, Duration::from_millis(4 * LINGER_MS)),
         "the holder left while a process was in its scope"
     );
     // That process gone, but a sandbox still running below `husk/`: it stays.
-    let sandbox = scope.user("husk/s1");
-    scope.end(caller);
+    let sandbox = h.scope.user("husk/s1");
+    h.scope.end(caller);
     assert!(
-        still_running(&mut holder, Duration::from_millis(4 * LINGER_MS)),
+        still_running(&mut h.holder, Duration::from_millis(4 * LINGER_MS)),
         "the holder left while a sandbox cgroup was populated"
     );
     // The last one gone: it ends after its linger, and says so in the state file.
-    scope.end(sandbox);
-    let status = exits_within(&mut holder, Duration::from_secs(10))
+    h.scope.end(sandbox);
+    let status = exits_within(&mut h.holder, Duration::from_secs(10))
         .expect("the holder stayed on with nothing in its scope");
     assert!(status.success(), "{status:?}");
     assert_eq!(
-        fs::read_to_string(&state).unwrap(),
+        fs::read_to_string(&h.state).unwrap(),
         "",
         "the state still names it"
     );
@@ -139,26 +165,20 @@ fn the_holder_stays_while_its_scope_is_used_and_ends_after_its_linger() {
 
 #[test]
 fn the_holder_does_not_leave_while_another_process_holds_the_lock() {
-    let dir = TempDir::new("holder-lock");
-    let state = dir.path().join("run-scope");
-    fs::write(&state, "").unwrap();
-    let mut holder = start_holder(&state);
-    let scope = Scope::new(holder.id());
-    scope.put("", holder.id());
+    let mut h = Held::start("holder-lock");
     // A process joining holds the lock: the holder, idle, must wait for it.
-    let lock = fs::File::open(&state).unwrap();
+    let lock = fs::File::open(&h.state).unwrap();
     // SAFETY: flock takes no pointers; the fd is valid while `lock` lives.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    fs::write(&state, format!("husk-run-{}.scope\n", holder.id())).unwrap();
+    h.name();
     assert!(
-        still_running(&mut holder, Duration::from_millis(6 * LINGER_MS)),
+        still_running(&mut h.holder, Duration::from_millis(6 * LINGER_MS)),
         "the holder left while another process held the lock"
     );
     drop(lock);
-    let status = exits_within(&mut holder, Duration::from_secs(10))
+    let status = exits_within(&mut h.holder, Duration::from_secs(10))
         .expect("the holder stayed on after the lock was released");
     assert!(status.success(), "{status:?}");
-    drop(scope);
 }
 
 #[test]
