@@ -144,7 +144,11 @@ pub(super) struct Pools {
     pools: Mutex<HashMap<String, Pool>>,
     /// Creates under way (claims and fresh ones): the refill waits for none.
     creating: AtomicUsize,
-    /// Told when a create ends or a sandbox is claimed.
+    /// A refill pass found creates under way and put its work off: the last of them to end
+    /// wakes the refill. Only then: a pass after every create would list the templates and
+    /// read the host's memory for nothing, once per create.
+    deferred: std::sync::atomic::AtomicBool,
+    /// Told when a create ends after a pass was put off, or a sandbox is claimed.
     wake: Arc<Notify>,
     memory: Mutex<MemoryProbe>,
     started: std::sync::atomic::AtomicBool,
@@ -157,6 +161,7 @@ impl Default for Pools {
         Pools {
             pools: Mutex::new(HashMap::new()),
             creating: AtomicUsize::new(0),
+            deferred: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::new(Notify::new()),
             memory: Mutex::new(Arc::new(super::host_memory_available)),
             started: std::sync::atomic::AtomicBool::new(false),
@@ -174,7 +179,11 @@ pub(super) struct Creating<'a>(&'a Pools);
 
 impl Drop for Creating<'_> {
     fn drop(&mut self) {
-        if self.0.creating.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // SeqCst with `Pools::put_off`: either that pass sees this create gone, or this sees
+        // the pass put off (see there).
+        if self.0.creating.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.0.deferred.swap(false, Ordering::SeqCst)
+        {
             self.0.wake.notify_one();
         }
     }
@@ -184,6 +193,20 @@ impl Pools {
     pub(super) fn creating(&self) -> Creating<'_> {
         self.creating.fetch_add(1, Ordering::AcqRel);
         Creating(self)
+    }
+
+    /// Whether a refill pass must wait for creates under way; if so, the last of them wakes
+    /// it when it ends. The mark is set before the count is read and the create's end lowers
+    /// the count before it reads the mark (all SeqCst), so a create that ends while the pass
+    /// looks is either not counted or sees the mark: never a pass put off with nobody left
+    /// to wake it.
+    fn put_off(&self) -> bool {
+        self.deferred.store(true, Ordering::SeqCst);
+        if self.creating.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        self.deferred.store(false, Ordering::SeqCst);
+        false
     }
 
     fn memory_available(&self) -> Option<u64> {
@@ -271,7 +294,7 @@ impl Manager {
             return MAX_BACKOFF;
         }
         // Never while a create is under way.
-        if self.pools.creating.load(Ordering::Acquire) > 0 {
+        if self.pools.put_off() {
             return PASS;
         }
         let floor = self.config.warm_memory_floor;
@@ -693,5 +716,38 @@ mod tests {
         for bad in ["x", "=3", "x=-1", "x=many", "x=1001"] {
             assert!(bad.parse::<WarmTarget>().is_err(), "{bad}");
         }
+    }
+
+    /// Whether the refill has been woken (a permit is waiting), taking the permit.
+    fn woken(p: &Pools) -> bool {
+        let notified = p.wake.notified();
+        tokio::pin!(notified);
+        // `enable` takes a stored permit at once, without a runtime.
+        notified.as_mut().enable()
+    }
+
+    #[test]
+    fn a_create_wakes_the_refill_only_when_a_pass_was_put_off() {
+        let p = Pools::default();
+        // No pass put off: creates that end wake nothing (no pass per create).
+        drop(p.creating());
+        let (a, b) = (p.creating(), p.creating());
+        drop(a);
+        drop(b);
+        assert!(!woken(&p));
+        assert!(!p.put_off(), "no create under way");
+        drop(p.creating());
+        assert!(!woken(&p), "a pass that ran leaves no mark");
+
+        // A pass put off by two creates: the first to end does not wake it, the last does,
+        // once.
+        let (a, b) = (p.creating(), p.creating());
+        assert!(p.put_off());
+        drop(a);
+        assert!(!woken(&p));
+        drop(b);
+        assert!(woken(&p));
+        drop(p.creating());
+        assert!(!woken(&p), "the mark is spent");
     }
 }
