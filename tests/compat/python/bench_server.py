@@ -4,9 +4,10 @@ Prints, from one run against one server it starts itself:
 - create -> agent ready, server side (the create response's Server-Timing) and as the client sees it;
 - an authenticated request that does little else (the key check, a list of the team's sandboxes);
 - SDK `Sandbox.create()` + first `commands.run("true")`;
-- creates per second at a given concurrency (each worker creates, then kills), over plain HTTP;
-  and through the stock SDK at concurrencies 1, 20 and 100 beside bubblewrap launches at the
-  same concurrency (bench_creates.py);
+- creates per second at a given concurrency (each worker creates, then kills), over plain HTTP,
+  with the CPU each cycle took by process (server, spawners and sandboxes, helpers, client, the
+  kernel's workers: cpu_share.py); and through the stock SDK at concurrencies 1, 20 and 100
+  beside bubblewrap launches at the same concurrency (bench_creates.py);
 - `commands.run("true")` in a ready sandbox (SDK and raw Connect) beside a bare fork+exec of
   /bin/true from this process (the peer);
 - upload and download MB/s of one file over plain HTTP and through the SDK (the SDK's own
@@ -64,6 +65,7 @@ from typing import Callable, List, Optional
 from e2b import Sandbox
 
 from bench_creates import creates_table, sdk_creates
+from cpu_share import CpuShare
 from bench_density import density
 from husk_compat import (
     CODE_INTERPRETER_PRESETS,
@@ -177,7 +179,10 @@ def sdk_create_first_command(opts: dict, n: int) -> None:
     line("SDK Sandbox.create() + commands.run('true')", times)
 
 
-def creates_per_second(port: int, key: str, workers: int, seconds: float) -> None:
+def creates_per_second(port: int, key: str, workers: int, seconds: float,
+                       server_pid: Optional[int] = None) -> None:
+    """Create+kill cycles per second over plain HTTP, each worker a connection of its own;
+    with `server_pid`, also where each cycle's CPU went (cpu_share.py)."""
     count = [0] * workers
     errors: List[str] = []
     stop_at = time.monotonic() + seconds
@@ -198,6 +203,7 @@ def creates_per_second(port: int, key: str, workers: int, seconds: float) -> Non
             conn.getresponse().read()
         conn.close()
 
+    share = CpuShare(server_pid) if server_pid else None
     t = time.perf_counter()
     threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
     for th in threads:
@@ -209,6 +215,8 @@ def creates_per_second(port: int, key: str, workers: int, seconds: float) -> Non
         raise RuntimeError(f"creates/s worker failed: {errors[0]}")
     total = sum(count)
     print(f"  creates/s at concurrency {workers} (create+kill cycles)   {total / elapsed:7.1f}/s   ({total} in {elapsed:.1f} s)")
+    if share and total:
+        print(f"    per cycle, {share.line(total)}")
 
 
 def command_latency(opts: dict, port: int, key: str, n: int) -> None:
@@ -1207,6 +1215,7 @@ def main() -> None:
             snapshots_forks(server, args.iterations, args.loaded_mb)
             return
         if args.only == "creates":
+            creates_per_second(server.port, key, args.concurrency, args.seconds, server.proc.pid)
             creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds)
             return
         if args.only == "interpreter":
@@ -1216,7 +1225,7 @@ def main() -> None:
         raw_creates(server.port, key, args.iterations)
         keyed_request_latency(server.port, key, args.iterations * 5)
         sdk_create_first_command(opts, args.iterations)
-        creates_per_second(server.port, key, args.concurrency, args.seconds)
+        creates_per_second(server.port, key, args.concurrency, args.seconds, server.proc.pid)
         creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds)
         command_latency(opts, server.port, key, args.iterations)
         if args.only == "hops":

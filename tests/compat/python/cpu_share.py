@@ -1,0 +1,104 @@
+"""Where a benchmark's CPU goes: a server's process tree, by role, beside the whole machine.
+
+`CpuShare(server_pid)` snapshots the CPU time (user + system, with that of children already
+reaped) of every process under the server, grouped by what it is, together with this process
+(the client) and the machine's busy time from /proc/stat; `.per(n)` says what each took per
+unit of work since the snapshot, in ms. A sandbox's processes are children of the spawner that
+made it and are counted with it once reaped; what no process is charged for (the kernel's
+workers: network namespaces and cgroups released after a destroy, soft interrupts) is the
+machine's busy time minus all the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Tuple
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+# Process names (comm) of the server's helpers, and what to call them.
+ROLES = {
+    "husk-state": "state helper",
+    "husk-net": "network helper",
+    "husk-files": "files helper",
+    "husk-build": "build helper",
+}
+SPAWNERS = "spawners and sandboxes"
+
+
+def _stat(pid: int) -> Tuple[str, int, float]:
+    """(comm, ppid, CPU seconds with reaped children) of `pid`; raises OSError if gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read()
+    comm = st[st.index("(") + 1:st.rindex(")")]
+    fields = st.rsplit(")", 1)[1].split()
+    # utime, stime, cutime, cstime are fields 14-17 of stat(5); fields[0] here is field 3.
+    cpu = sum(int(x) for x in fields[11:15]) / HZ
+    return comm, int(fields[1]), cpu
+
+
+def _tree(root: int) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            _, ppid, _ = _stat(int(name))
+        except (OSError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out = [root]
+    i = 0
+    while i < len(out):
+        out += children.get(out[i], [])
+        i += 1
+    return out
+
+
+def _machine_busy() -> float:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # Everything but idle and iowait.
+    return (sum(v) - v[3] - v[4]) / HZ
+
+
+class CpuShare:
+    def __init__(self, server_pid: int) -> None:
+        self.root = server_pid
+        self.pids = _tree(server_pid)
+        self.before = {}
+        for pid in self.pids:
+            try:
+                self.before[pid] = _stat(pid)
+            except OSError:
+                pass
+        self.machine = _machine_busy()
+        self.client = sum(os.times()[:2])
+
+    def _role(self, pid: int, comm: str) -> str:
+        if pid == self.root:
+            return "server"
+        return ROLES.get(comm, SPAWNERS if comm == "husk" else comm)
+
+    def per(self, n: int) -> Dict[str, float]:
+        """ms of CPU per unit of work (n units) since the snapshot, by role, with `client`,
+        `rest of the machine` and `total`."""
+        out: Dict[str, float] = {}
+        for pid, (comm, _, cpu0) in self.before.items():
+            try:
+                _, _, cpu1 = _stat(pid)
+            except OSError:
+                continue
+            role = self._role(pid, comm)
+            out[role] = out.get(role, 0.0) + (cpu1 - cpu0) * 1e3 / n
+        out["client"] = (sum(os.times()[:2]) - self.client) * 1e3 / n
+        total = (_machine_busy() - self.machine) * 1e3 / n
+        out["rest of the machine"] = max(0.0, total - sum(out.values()))
+        out["total"] = total
+        return out
+
+    def line(self, n: int) -> str:
+        shares = self.per(n)
+        total = shares.pop("total")
+        parts = [f"{k} {v:.2f}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005]
+        return f"{total:.2f} ms of CPU each: " + ", ".join(parts)
