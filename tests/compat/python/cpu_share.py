@@ -37,7 +37,8 @@ def _stat(pid: int) -> Tuple[str, int, float]:
     return comm, int(fields[1]), cpu
 
 
-def _tree(root: int) -> List[int]:
+def _tree(root: int) -> Dict[int, int]:
+    """Every process under `root` (itself included), each with its parent."""
     children: Dict[int, List[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -47,12 +48,14 @@ def _tree(root: int) -> List[int]:
         except (OSError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(name))
-    out = [root]
-    i = 0
-    while i < len(out):
-        out += children.get(out[i], [])
-        i += 1
-    return out
+    parent = {root: 0}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            parent[child] = pid
+            todo.append(child)
+    return parent
 
 
 def _machine_busy() -> float:
@@ -65,31 +68,42 @@ def _machine_busy() -> float:
 class CpuShare:
     def __init__(self, server_pid: int) -> None:
         self.root = server_pid
-        self.pids = _tree(server_pid)
-        self.before = {}
-        for pid in self.pids:
+        parent = _tree(server_pid)
+        self.before: Dict[int, Tuple[str, float]] = {}
+        comms: Dict[int, str] = {}
+        for pid in parent:
             try:
-                self.before[pid] = _stat(pid)
+                comm, _, cpu = _stat(pid)
             except OSError:
-                pass
+                continue
+            comms[pid] = comm
+            self.before[pid] = ("", cpu)
+        for pid, (_, cpu) in list(self.before.items()):
+            self.before[pid] = (self._role(pid, parent, comms), cpu)
         self.machine = _machine_busy()
         self.client = sum(os.times()[:2])
 
-    def _role(self, pid: int, comm: str) -> str:
+    def _role(self, pid: int, parent: Dict[int, int], comms: Dict[int, str]) -> str:
+        """The server itself; a helper, or a process a helper started; else a spawner or a
+        process of a sandbox (a spawner's comm is the binary's name, whatever it is)."""
         if pid == self.root:
             return "server"
-        return ROLES.get(comm, SPAWNERS if comm == "husk" else comm)
+        p = pid
+        while p in parent and p != self.root:
+            if comms.get(p) in ROLES:
+                return ROLES[comms[p]]
+            p = parent[p]
+        return SPAWNERS
 
     def per(self, n: int) -> Dict[str, float]:
         """ms of CPU per unit of work (n units) since the snapshot, by role, with `client`,
         `rest of the machine` and `total`."""
         out: Dict[str, float] = {}
-        for pid, (comm, _, cpu0) in self.before.items():
+        for pid, (role, cpu0) in self.before.items():
             try:
                 _, _, cpu1 = _stat(pid)
             except OSError:
                 continue
-            role = self._role(pid, comm)
             out[role] = out.get(role, 0.0) + (cpu1 - cpu0) * 1e3 / n
         out["client"] = (sum(os.times()[:2]) - self.client) * 1e3 / n
         total = (_machine_busy() - self.machine) * 1e3 / n
