@@ -12,7 +12,9 @@ machine's busy time minus all the rest.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
+
+from husk_compat import children
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -26,33 +28,24 @@ ROLES = {
 SPAWNERS = "spawners and sandboxes"
 
 
-def _stat(pid: int) -> Tuple[str, int, float]:
-    """(comm, ppid, CPU seconds with reaped children) of `pid`; raises OSError if gone."""
+def _stat(pid: int) -> Tuple[str, float]:
+    """(comm, CPU seconds with reaped children) of `pid`; raises OSError if gone."""
     with open(f"/proc/{pid}/stat") as f:
         st = f.read()
     comm = st[st.index("(") + 1:st.rindex(")")]
     fields = st.rsplit(")", 1)[1].split()
     # utime, stime, cutime, cstime are fields 14-17 of stat(5); fields[0] here is field 3.
     cpu = sum(int(x) for x in fields[11:15]) / HZ
-    return comm, int(fields[1]), cpu
+    return comm, cpu
 
 
 def _tree(root: int) -> Dict[int, int]:
     """Every process under `root` (itself included), each with its parent."""
-    children: Dict[int, List[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            _, ppid, _ = _stat(int(name))
-        except (OSError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
     parent = {root: 0}
     todo = [root]
     while todo:
         pid = todo.pop()
-        for child in children.get(pid, []):
+        for child in children(pid):
             parent[child] = pid
             todo.append(child)
     return parent
@@ -69,17 +62,15 @@ class CpuShare:
     def __init__(self, server_pid: int) -> None:
         self.root = server_pid
         parent = _tree(server_pid)
-        self.before: Dict[int, Tuple[str, float]] = {}
-        comms: Dict[int, str] = {}
+        stats: Dict[int, Tuple[str, float]] = {}
         for pid in parent:
             try:
-                comm, _, cpu = _stat(pid)
+                comm, cpu = _stat(pid)
             except OSError:
                 continue
-            comms[pid] = comm
-            self.before[pid] = ("", cpu)
-        for pid, (_, cpu) in list(self.before.items()):
-            self.before[pid] = (self._role(pid, parent, comms), cpu)
+            stats[pid] = (comm, cpu)
+        comms = {pid: comm for pid, (comm, _) in stats.items()}
+        self.before = {pid: (self._role(pid, parent, comms), cpu) for pid, (_, cpu) in stats.items()}
         self.machine = _machine_busy()
         self.client = sum(os.times()[:2])
 
@@ -101,7 +92,7 @@ class CpuShare:
         out: Dict[str, float] = {}
         for pid, (role, cpu0) in self.before.items():
             try:
-                _, _, cpu1 = _stat(pid)
+                _, cpu1 = _stat(pid)
             except OSError:
                 continue
             out[role] = out.get(role, 0.0) + (cpu1 - cpu0) * 1e3 / n

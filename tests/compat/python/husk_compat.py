@@ -276,6 +276,17 @@ def unmount_beneath(directory: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
+def children(pid: int) -> List[int]:
+    """The children of process `pid` (of all its threads); none if it is gone."""
+    out: List[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(p) for p in task.read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
 def start_time(pid: int) -> Optional[int]:
     """Field 22 of /proc/PID/stat (the process' start time, in clock ticks since boot): a pid
     with its start time names one process for good."""

@@ -32,6 +32,7 @@ from e2b import (
 
 from husk_compat import (
     HuskServer,
+    children,
     counter,
     http_request,
     remove_state_dir,
@@ -65,16 +66,6 @@ WEB_BODY = b"served from inside, across restarts\n"
 
 
 # --- the host's view ---------------------------------------------------------------------------
-
-
-def children(pid: int) -> List[int]:
-    out: List[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            out += [int(p) for p in task.read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 def comm(pid: int) -> str:
