@@ -199,7 +199,7 @@ def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20),
                 f["envd"] += request_times(port, "GET", "/health", in_sandbox[name], n * 4)
             for k in concurrencies:
                 for name in order:
-                    rate, _ = sdk_creates(targets[name][2], k, slice_s)
+                    rate, _, _ = sdk_creates(targets[name][2], k, slice_s)
                     figures[name][k].append(rate)
             for workers, key in ((1, "cmd1"), (8, "cmd8")):
                 for name in order:

@@ -4,10 +4,11 @@ Prints, from one run against one server it starts itself:
 - create -> agent ready, server side (the create response's Server-Timing) and as the client sees it;
 - an authenticated request that does little else (the key check, a list of the team's sandboxes);
 - SDK `Sandbox.create()` + first `commands.run("true")`;
-- creates per second at a given concurrency (each worker creates, then kills), over plain HTTP,
-  with the CPU each cycle took by process (server, spawners and sandboxes, helpers, client, the
-  kernel's workers: cpu_share.py); and through the stock SDK at concurrencies 1, 20 and 100
-  beside bubblewrap launches at the same concurrency (bench_creates.py);
+- creates per second at concurrencies 1, 20 and 100 (each worker creates, then kills), over
+  plain HTTP and through the stock SDK, each with the CPU a cycle took by process (server,
+  spawners and sandboxes, helpers, client, the kernel's workers: cpu_share.py), beside
+  bubblewrap launches at the same concurrency and the machine's CPU per launch
+  (bench_creates.py);
 - `commands.run("true")` in a ready sandbox (SDK and raw Connect) beside a bare fork+exec of
   /bin/true from this process (the peer);
 - upload and download MB/s of one file over plain HTTP and through the SDK (the SDK's own
@@ -57,7 +58,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -65,7 +65,6 @@ from typing import Callable, List, Optional
 from e2b import Sandbox
 
 from bench_creates import creates_table, sdk_creates
-from cpu_share import CpuShare
 from bench_density import density
 from husk_compat import (
     CODE_INTERPRETER_PRESETS,
@@ -177,46 +176,6 @@ def sdk_create_first_command(opts: dict, n: int) -> None:
         times.append((time.perf_counter() - t) * 1000)
         sbx.kill()
     line("SDK Sandbox.create() + commands.run('true')", times)
-
-
-def creates_per_second(port: int, key: str, workers: int, seconds: float,
-                       server_pid: Optional[int] = None) -> None:
-    """Create+kill cycles per second over plain HTTP, each worker a connection of its own;
-    with `server_pid`, also where each cycle's CPU went (cpu_share.py)."""
-    count = [0] * workers
-    errors: List[str] = []
-    stop_at = time.monotonic() + seconds
-
-    def work(i: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        body = json.dumps({"templateID": "base", "timeout": 60}).encode()
-        while time.monotonic() < stop_at:
-            conn.request("POST", "/v2/sandboxes", body, {"X-API-KEY": key})
-            resp = conn.getresponse()
-            data = resp.read()
-            if resp.status != 201:
-                errors.append(f"{resp.status} {data[:200]!r}")
-                return
-            count[i] += 1
-            sid = json.loads(data)["sandboxID"]
-            conn.request("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": key})
-            conn.getresponse().read()
-        conn.close()
-
-    share = CpuShare(server_pid) if server_pid else None
-    t = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
-    if errors:
-        raise RuntimeError(f"creates/s worker failed: {errors[0]}")
-    total = sum(count)
-    print(f"  creates/s at concurrency {workers} (create+kill cycles)   {total / elapsed:7.1f}/s   ({total} in {elapsed:.1f} s)")
-    if share and total:
-        print(f"    per cycle, {share.line(total)}")
 
 
 def command_latency(opts: dict, port: int, key: str, n: int) -> None:
@@ -1027,7 +986,7 @@ def store_backends(iterations: int, seconds: float, concurrencies=(1, 20)) -> No
                 f["keyed"] += keyed_request_times(s.port, s.admin_key, keyed)
             for c in concurrencies:
                 for i in order:
-                    rate, _ = sdk_creates(servers[i].opts(), c, slice_s)
+                    rate, _, _ = sdk_creates(servers[i].opts(), c, slice_s)
                     figures[i][c].append(rate)
     finally:
         try:
@@ -1151,9 +1110,8 @@ def server_restart(n: int, rounds: int = 3) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--concurrencies", default="1,20,100",
-                    help="the SDK creates/s table's concurrencies (comma-separated)")
+                    help="the creates/s table's concurrencies (comma-separated)")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--batch-items", type=int, default=20)
@@ -1215,8 +1173,8 @@ def main() -> None:
             snapshots_forks(server, args.iterations, args.loaded_mb)
             return
         if args.only == "creates":
-            creates_per_second(server.port, key, args.concurrency, args.seconds, server.proc.pid)
-            creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds)
+            creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds,
+                          server.proc.pid, (server.port, key))
             return
         if args.only == "interpreter":
             code_interpreter(max(5, args.iterations // 4))
@@ -1225,8 +1183,8 @@ def main() -> None:
         raw_creates(server.port, key, args.iterations)
         keyed_request_latency(server.port, key, args.iterations * 5)
         sdk_create_first_command(opts, args.iterations)
-        creates_per_second(server.port, key, args.concurrency, args.seconds, server.proc.pid)
-        creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds)
+        creates_table(opts, [int(c) for c in args.concurrencies.split(",")], args.seconds,
+                      server.proc.pid, (server.port, key))
         command_latency(opts, server.port, key, args.iterations)
         if args.only == "hops":
             # A create with a network attaches a link through the network helper; workspace

@@ -51,7 +51,8 @@ def _tree(root: int) -> Dict[int, int]:
     return parent
 
 
-def _machine_busy() -> float:
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy since boot (all CPUs)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     # Everything but idle and iowait.
@@ -71,7 +72,7 @@ class CpuShare:
             stats[pid] = (comm, cpu)
         comms = {pid: comm for pid, (comm, _) in stats.items()}
         self.before = {pid: (self._role(pid, parent, comms), cpu) for pid, (_, cpu) in stats.items()}
-        self.machine = _machine_busy()
+        self.machine = machine_busy()
         self.client = sum(os.times()[:2])
 
     def _role(self, pid: int, parent: Dict[int, int], comms: Dict[int, str]) -> str:
@@ -86,9 +87,11 @@ class CpuShare:
             p = parent[p]
         return SPAWNERS
 
-    def per(self, n: int) -> Dict[str, float]:
+    def per(self, n: int, client_cpu: float = 0.0) -> Dict[str, float]:
         """ms of CPU per unit of work (n units) since the snapshot, by role, with `client`,
-        `rest of the machine` and `total`."""
+        `rest of the machine` and `total`. `client_cpu`: CPU seconds of clients in other
+        processes over the same time (they report their own: their start-up, before the
+        snapshot, must not count), added to this process's."""
         out: Dict[str, float] = {}
         for pid, (role, cpu0) in self.before.items():
             try:
@@ -96,14 +99,14 @@ class CpuShare:
             except OSError:
                 continue
             out[role] = out.get(role, 0.0) + (cpu1 - cpu0) * 1e3 / n
-        out["client"] = (sum(os.times()[:2]) - self.client) * 1e3 / n
-        total = (_machine_busy() - self.machine) * 1e3 / n
+        out["client"] = (sum(os.times()[:2]) - self.client + client_cpu) * 1e3 / n
+        total = (machine_busy() - self.machine) * 1e3 / n
         out["rest of the machine"] = max(0.0, total - sum(out.values()))
         out["total"] = total
         return out
 
-    def line(self, n: int) -> str:
-        shares = self.per(n)
+    def line(self, n: int, client_cpu: float = 0.0) -> str:
+        shares = self.per(n, client_cpu)
         total = shares.pop("total")
         parts = [f"{k} {v:.2f}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005]
         return f"{total:.2f} ms of CPU each: " + ", ".join(parts)
