@@ -1,7 +1,8 @@
 //! `husk bench`: the figures behind husk's performance budgets, each measured side by side with
 //! its peer in the same run (timings on shared machines drift; ratios hold).
 //!
-//! - one-shot: `husk run -- true` against `bwrap --unshare-all ... true`, interleaved.
+//! - one-shot: `husk run -- true` against `bwrap --unshare-all ... true` and, where installed
+//!   and able to run here, the OCI runtimes `crun` and `runc` ([`crate::bench_oci`]), interleaved.
 //! - create → ready and destroy latency of idle sandboxes, in process (the server-side figure).
 //! - throughput: N worker processes creating and destroying sandboxes for a fixed time, idle
 //!   (creates per second) and with `true` run in each (one-shot cycles per second).
@@ -41,7 +42,7 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx]
 }
 
-fn time_cmd(cmd: &mut Command) -> Result<f64, String> {
+pub(crate) fn time_cmd(cmd: &mut Command) -> Result<f64, String> {
     let start = Instant::now();
     let status = cmd
         .stdin(Stdio::null())
@@ -101,11 +102,24 @@ pub(crate) fn stats(name: &str, v: &mut [f64]) -> (f64, f64) {
 }
 
 fn oneshot(runs: usize) -> Result<(), String> {
+    use crate::bench_oci::{Found, OciPeer};
     let exe = std::env::current_exe().map_err(chain)?;
     let have_bwrap = Command::new("bwrap")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
+    // Each runtime runs once here: a warm-up, and the test of whether it works on this host.
+    let mut oci = Vec::new();
+    let mut absent = Vec::new();
+    for runtime in ["crun", "runc"] {
+        match OciPeer::find(runtime) {
+            Found::Ready(peer) => oci.push((peer, Vec::new())),
+            Found::Missing => absent.push(format!("  {runtime}: not installed - no figure")),
+            Found::Failed(e) => {
+                absent.push(format!("  {runtime}: cannot run here ({e}) - no figure"))
+            }
+        }
+    }
     println!("one-shot run of `true` ({runs} runs each, interleaved):");
     let (mut husk, mut bwrap) = (Vec::new(), Vec::new());
     // Warm the page cache and the host template once.
@@ -119,6 +133,10 @@ fn oneshot(runs: usize) -> Result<(), String> {
         if have_bwrap {
             bwrap.push(time_cmd(&mut bwrap_cmd()).map_err(|e| format!("bwrap: {e}"))?);
         }
+        for (peer, times) in &mut oci {
+            let ms = time_cmd(&mut peer.command()).map_err(|e| format!("{}: {e}", peer.runtime))?;
+            times.push(ms);
+        }
     }
     let (h, _) = stats("husk run -- true", &mut husk);
     if have_bwrap {
@@ -126,6 +144,17 @@ fn oneshot(runs: usize) -> Result<(), String> {
         println!("  ratio husk/bwrap (p50)       {:.2}", h / b);
     } else {
         println!("  bwrap: not installed (apt-get install bubblewrap) - no peer figure");
+    }
+    for (peer, times) in &mut oci {
+        let (o, _) = stats(&format!("{} run (husk's limits)", peer.runtime), times);
+        println!(
+            "  ratio husk/{:<17} {:.2}",
+            format!("{} (p50)", peer.runtime),
+            h / o
+        );
+    }
+    for line in absent {
+        println!("{line}");
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 mod batch;
 mod bench;
 mod bench_net;
+mod bench_oci;
 mod bench_rules;
 mod cli;
 mod client;
