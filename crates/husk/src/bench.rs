@@ -42,6 +42,16 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx]
 }
 
+/// Whether `program --version` runs and succeeds: the peer is on this machine.
+pub(crate) fn installed(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 pub(crate) fn time_cmd(cmd: &mut Command) -> Result<f64, String> {
     let start = Instant::now();
     let status = cmd
@@ -104,10 +114,7 @@ pub(crate) fn stats(name: &str, v: &mut [f64]) -> (f64, f64) {
 fn oneshot(runs: usize) -> Result<(), String> {
     use crate::bench_oci::{Found, OciPeer};
     let exe = std::env::current_exe().map_err(chain)?;
-    let have_bwrap = Command::new("bwrap")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let have_bwrap = installed("bwrap");
     // Each runtime runs once here: a warm-up, and the test of whether it works on this host.
     let mut oci = Vec::new();
     let mut absent = Vec::new();

@@ -17,7 +17,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Container root's first host uid and gid: above husk's uid slots (`uidrange`: from
 /// 0x4000_0000, 16,384 ranges of 65,536).
@@ -44,19 +44,15 @@ impl OciPeer {
     /// Writes a bundle for `runtime` and runs it once (a warm-up that also says whether the
     /// runtime works on this host).
     pub(crate) fn find(runtime: &'static str) -> Found {
-        let installed = Command::new(runtime)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !installed {
+        if !crate::bench::installed(runtime) {
             return Found::Missing;
         }
+        // Random, so that a directory left by an earlier process of the same pid is never
+        // written into.
         let bundle = std::env::temp_dir().join(format!(
             "husk-bench-{runtime}-{}-{:x}",
             std::process::id(),
-            rand_suffix()
+            husk_runtime::sys::random_u64().unwrap_or_default()
         ));
         let mut peer = OciPeer {
             runtime,
@@ -110,15 +106,6 @@ impl Drop for OciPeer {
         // Empty mount points and symlinks only: the container's mounts were its own.
         let _ = fs::remove_dir_all(&self.bundle);
     }
-}
-
-/// A random number for the bundle's directory, so that a directory left by an earlier process
-/// of the same pid is never written into.
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id().into());
-    h.finish()
 }
 
 /// The container's configuration (OCI runtime spec 1.0): `true` with husk's isolation and

@@ -24,12 +24,11 @@ import shutil
 import ssl
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List
 
-from bench_creates import sdk_creates
+from bench_creates import sdk_creates, timed_workers
 from husk_cluster import Cluster, ClusterTls, make_ca, make_cert
 from husk_compat import envelope, parse_envelopes
 from husk_postgres import PostgresServer
@@ -117,15 +116,10 @@ def commands_per_second(port: int, headers: Dict[str, str], workers: int, second
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 
-    t = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    elapsed = timed_workers(workers, work)
     if errors:
         raise RuntimeError(errors[0])
-    return sum(counts) / (time.perf_counter() - t)
+    return sum(counts) / elapsed
 
 
 def cluster_gateway(iterations: int, seconds: float, concurrencies=(1, 20),

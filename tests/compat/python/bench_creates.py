@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from cpu_share import CpuShare, machine_busy
 
@@ -40,6 +40,17 @@ MAX_PROCS = max(2, os.cpu_count() or 2)
 def _pct(values: List[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def timed_workers(workers: int, work: Callable[[int], None]) -> float:
+    """Runs `work(i)` for i in 0..workers, each on a thread of its own; seconds until all end."""
+    t = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
 
 
 async def _client_loop(opts: dict, tasks: int, start_at: float,
@@ -112,13 +123,7 @@ def plain_creates(port: int, key: str, workers: int, seconds: float,
         conn.close()
 
     share = CpuShare(server_pid) if server_pid else None
-    t = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
+    elapsed = timed_workers(workers, work)
     if errors:
         raise RuntimeError(f"creates/s over plain HTTP at concurrency {workers}: {errors[0]}")
     total = sum(count)
@@ -194,13 +199,7 @@ def bwrap_launches(workers: int, seconds: float) -> Tuple[float, List[float], fl
             counts[i] += 1
 
     busy = machine_busy()
-    t = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
+    elapsed = timed_workers(workers, work)
     if errors:
         raise RuntimeError(errors[0])
     n = sum(counts)
