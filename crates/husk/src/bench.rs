@@ -131,7 +131,7 @@ fn oneshot(runs: usize) -> Result<(), String> {
     let (mut husk, mut bwrap) = (Vec::new(), Vec::new());
     // Warm the page cache and the host template once.
     time_cmd(Command::new(&exe).args(["run", "--", "/usr/bin/true"]))?;
-    for _ in 0..runs {
+    for run in 0..runs {
         husk.push(time_cmd(Command::new(&exe).args([
             "run",
             "--",
@@ -140,10 +140,19 @@ fn oneshot(runs: usize) -> Result<(), String> {
         if have_bwrap {
             bwrap.push(time_cmd(&mut bwrap_cmd()).map_err(|e| format!("bwrap: {e}"))?);
         }
-        for (peer, times) in &mut oci {
-            let ms = time_cmd(&mut peer.command()).map_err(|e| format!("{}: {e}", peer.runtime))?;
-            times.push(ms);
-        }
+        time_peers(
+            &mut oci,
+            (run + 1, runs),
+            &mut absent,
+            |peer| {
+                let ms = time_cmd(&mut peer.command());
+                if ms.is_err() {
+                    peer.delete_last();
+                }
+                ms
+            },
+            |peer| peer.runtime,
+        );
     }
     let (h, _) = stats("husk run -- true", &mut husk);
     if have_bwrap {
@@ -164,6 +173,37 @@ fn oneshot(runs: usize) -> Result<(), String> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// Times one run (`at`: this run and of how many) of each peer, in order. A peer whose run
+/// fails is dropped, its figures with it, and `dropped` gets a line saying at which run and
+/// why (the error's first line): husk's figures and the other peers' are kept. An OCI
+/// runtime's run depends on the host's cgroup set-up, which systemd may change between two
+/// runs (it takes a controller out of a parent's `cgroup.subtree_control` when no unit below
+/// asks for it any more).
+fn time_peers<P>(
+    peers: &mut Vec<(P, Vec<f64>)>,
+    at: (usize, usize),
+    dropped: &mut Vec<String>,
+    mut time: impl FnMut(&mut P) -> Result<f64, String>,
+    name: impl Fn(&P) -> &str,
+) {
+    peers.retain_mut(|(peer, times)| match time(peer) {
+        Ok(ms) => {
+            times.push(ms);
+            true
+        }
+        Err(e) => {
+            dropped.push(format!(
+                "  {}: failed at run {} of {} ({}) - no figure",
+                name(peer),
+                at.0,
+                at.1,
+                e.lines().next().unwrap_or("no message")
+            ));
+            false
+        }
+    });
 }
 
 /// Sequential create → ready and destroy latency of idle sandboxes, in this process.
@@ -558,5 +598,40 @@ pub fn main(args: BenchArgs) -> i32 {
             eprintln!("husk bench: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_fails_is_dropped_with_its_reason_and_the_others_go_on() {
+        // Two fake peers: "flaky" fails at its second run, "steady" never does.
+        let mut peers = vec![(("flaky", 0), Vec::new()), (("steady", 0), Vec::new())];
+        let mut dropped = Vec::new();
+        for run in 1..=3 {
+            time_peers(
+                &mut peers,
+                (run, 3),
+                &mut dropped,
+                |(name, n): &mut (&str, u32)| {
+                    *n += 1;
+                    if *name == "flaky" && *n == 2 {
+                        Err("cgroup controller `cpu` is not available\nmore log".to_owned())
+                    } else {
+                        Ok(f64::from(*n))
+                    }
+                },
+                |(name, _)| name,
+            );
+        }
+        assert_eq!(peers.len(), 1);
+        assert_eq!(peers[0].0 .0, "steady");
+        assert_eq!(peers[0].1, vec![1.0, 2.0, 3.0]);
+        assert_eq!(
+            dropped,
+            vec!["  flaky: failed at run 2 of 3 (cgroup controller `cpu` is not available) - no figure"]
+        );
     }
 }

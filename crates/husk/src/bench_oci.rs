@@ -73,12 +73,26 @@ impl OciPeer {
     pub(crate) fn command(&mut self) -> Command {
         self.runs += 1;
         let mut c = Command::new(self.runtime);
-        c.arg("run").arg("--bundle").arg(&self.bundle).arg(format!(
-            "husk-bench-{}-{}",
-            std::process::id(),
-            self.runs
-        ));
+        c.arg("run")
+            .arg("--bundle")
+            .arg(&self.bundle)
+            .arg(self.container(self.runs));
         c
+    }
+
+    /// Deletes the last run's container, in whatever state a failed run left it (best
+    /// effort: a run that failed before the runtime recorded it leaves nothing to delete).
+    pub(crate) fn delete_last(&self) {
+        let _ = Command::new(self.runtime)
+            .args(["delete", "--force"])
+            .arg(self.container(self.runs))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    fn container(&self, run: u64) -> String {
+        format!("husk-bench-{}-{run}", std::process::id())
     }
 
     fn write_bundle(&self) -> io::Result<()> {
