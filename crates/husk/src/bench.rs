@@ -179,8 +179,8 @@ fn oneshot(runs: usize) -> Result<(), String> {
 /// fails is dropped, its figures with it, and `dropped` gets a line saying at which run and
 /// why (the error's first line): husk's figures and the other peers' are kept. An OCI
 /// runtime's run depends on the host's cgroup set-up, which systemd may change between two
-/// runs (it takes a controller out of a parent's `cgroup.subtree_control` when no unit below
-/// asks for it any more).
+/// runs (crun, on Debian's 6.1 from an ordinary service: "the requested cgroup controller
+/// `cpu` is not available" at a run after several that worked).
 fn time_peers<P>(
     peers: &mut Vec<(P, Vec<f64>)>,
     at: (usize, usize),
