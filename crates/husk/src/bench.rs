@@ -111,7 +111,7 @@ pub(crate) fn stats(name: &str, v: &mut [f64]) -> (f64, f64) {
     (p50, p99)
 }
 
-fn oneshot(runs: usize) -> Result<(), String> {
+fn oneshot(runs: usize, beside: Option<&Path>) -> Result<(), String> {
     use crate::bench_oci::{Found, OciPeer};
     let exe = std::env::current_exe().map_err(chain)?;
     let have_bwrap = installed("bwrap");
@@ -128,15 +128,18 @@ fn oneshot(runs: usize) -> Result<(), String> {
         }
     }
     println!("one-shot run of `true` ({runs} runs each, interleaved):");
-    let (mut husk, mut bwrap) = (Vec::new(), Vec::new());
+    let (mut husk, mut bwrap, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    let run_true = |exe: &Path| time_cmd(Command::new(exe).args(["run", "--", "/usr/bin/true"]));
     // Warm the page cache and the host template once.
-    time_cmd(Command::new(&exe).args(["run", "--", "/usr/bin/true"]))?;
+    run_true(&exe)?;
+    if let Some(b) = beside {
+        run_true(b).map_err(|e| format!("{}: {e}", b.display()))?;
+    }
     for run in 0..runs {
-        husk.push(time_cmd(Command::new(&exe).args([
-            "run",
-            "--",
-            "/usr/bin/true",
-        ]))?);
+        husk.push(run_true(&exe)?);
+        if let Some(b) = beside {
+            other.push(run_true(b).map_err(|e| format!("{}: {e}", b.display()))?);
+        }
         if have_bwrap {
             bwrap.push(time_cmd(&mut bwrap_cmd()).map_err(|e| format!("bwrap: {e}"))?);
         }
@@ -155,6 +158,10 @@ fn oneshot(runs: usize) -> Result<(), String> {
         );
     }
     let (h, _) = stats("husk run -- true", &mut husk);
+    if let Some(b) = beside {
+        let (o, _) = stats(&format!("beside: {}", b.display()), &mut other);
+        println!("  ratio husk/beside (p50)      {:.2}", h / o);
+    }
     if have_bwrap {
         let (b, _) = stats("bwrap --unshare-all true", &mut bwrap);
         println!("  ratio husk/bwrap (p50)       {:.2}", h / b);
@@ -566,7 +573,7 @@ pub fn main(args: BenchArgs) -> i32 {
     let wanted = |f: BenchFigure| args.only.is_empty() || args.only.contains(&f);
     let result = (|| {
         if wanted(BenchFigure::Oneshot) {
-            oneshot(args.runs)?;
+            oneshot(args.runs, args.beside.as_deref())?;
         }
         if wanted(BenchFigure::Latency) {
             latency(args.runs)?;

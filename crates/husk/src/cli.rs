@@ -270,6 +270,10 @@ pub struct BenchArgs {
     /// Measure only these figures (repeatable; default: all).
     #[arg(long, value_enum, value_name = "FIGURE")]
     pub only: Vec<BenchFigure>,
+    /// Another husk binary (an earlier build, a variant) whose one-shot runs interleaved with
+    /// this one's: a before and after in one run.
+    #[arg(long, value_name = "PATH")]
+    pub beside: Option<PathBuf>,
 }
 
 /// The figures `husk bench` measures, in the order it measures them.
