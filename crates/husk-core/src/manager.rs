@@ -33,6 +33,7 @@ mod pool;
 mod pool_tests;
 mod request;
 mod saved;
+mod server_stats;
 mod snapshot;
 #[cfg(test)]
 mod snapshot_tests;
@@ -54,6 +55,9 @@ pub use request::{
     WorkspaceMount, MAX_ENV_BYTES, MAX_WORKSPACE_MOUNTS,
 };
 pub use saved::{Description, DESCRIPTION_VERSION};
+pub use server_stats::{
+    CreateFailure, CreateFigures, CreateSource, DurationFigures, ServerStats, CREATE_BUCKETS,
+};
 pub use snapshot::{
     canonical_name, Snapshot, SnapshotFilter, SnapshotState, DEFAULT_SNAPSHOT_QUOTA, MAX_FORKS,
 };
@@ -268,6 +272,8 @@ pub struct Manager {
     capture_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Warm pools (`pool.rs`).
     pools: pool::Pools,
+    /// How creates ended, for the operator's metrics (`server_stats.rs`).
+    create_stats: server_stats::CreateStats,
 }
 
 /// The server's sandbox networking (the network helper) and its default policy.
@@ -345,6 +351,7 @@ impl Manager {
             collecting: tokio::sync::Mutex::new(()),
             capture_slots: Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),
+            create_stats: server_stats::CreateStats::default(),
             store,
             host,
             config,

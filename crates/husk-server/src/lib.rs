@@ -14,6 +14,7 @@ pub mod net_rules;
 pub mod node_images;
 pub mod openapi;
 pub mod pools;
+pub mod prometheus;
 pub mod ration;
 pub mod reread;
 pub(crate) mod rest;

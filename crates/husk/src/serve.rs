@@ -21,6 +21,12 @@ pub struct ServeArgs {
     /// Address to listen on (HTTP/1.1 and h2c). Port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
+    /// Also serve the operator's metrics (Prometheus text format, `GET /metrics`) on this
+    /// address: a listener apart from the API's, answering without a key, so bind it where
+    /// only the operator's scraper reaches (e.g. 127.0.0.1:9464). Port 0 picks a free one.
+    /// [default: no metrics listener]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Where the database (unless --database-url), the admin key, templates, workspaces and
     /// paused sandboxes live.
     #[arg(long, value_name = "DIR", default_value = husk_core::store::DEFAULT_STATE_DIR)]
@@ -478,9 +484,16 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
     // is still single-threaded (Landlock binds the calling thread and those it starts). A
     // failure here still stops the helpers in order, below.
     let ready = (|| {
-        let listener = std::net::TcpListener::bind(args.listen)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| format!("listen on {}: {}", args.listen, crate::report::chain(&e)))?;
+        let bind = |addr: SocketAddr, what: &str| {
+            std::net::TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|e| format!("{what} on {addr}: {}", crate::report::chain(&e)))
+        };
+        let listener = bind(args.listen, "listen")?;
+        let metrics = args
+            .metrics_listen
+            .map(|addr| bind(addr, "--metrics-listen"))
+            .transpose()?;
         let mut helpers: Vec<(&'static str, i32)> =
             spawner.pids().into_iter().map(|p| ("spawner", p)).collect();
         helpers.extend([
@@ -495,11 +508,11 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
             .enable_all()
             .build()
             .map_err(|e| format!("async runtime: {}", crate::report::chain(&e)))?;
-        Ok::<_, String>((listener, watched, runtime))
+        Ok::<_, String>((listener, metrics, watched, runtime))
     })();
     let keep = !args.destroy_on_exit;
     let code = match ready {
-        Ok((listener, watched, runtime)) => {
+        Ok((listener, metrics, watched, runtime)) => {
             let code = runtime.block_on(run(
                 args,
                 node,
@@ -515,6 +528,7 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
                 Listening {
                     socket: listener,
                     tls,
+                    metrics,
                 },
                 default_policy,
                 config,
@@ -592,6 +606,8 @@ struct Helpers {
 struct Listening {
     socket: std::net::TcpListener,
     tls: Option<husk_server::tls::ServerTls>,
+    /// The operator's metrics listener (--metrics-listen).
+    metrics: Option<std::net::TcpListener>,
 }
 
 async fn run(
@@ -602,6 +618,7 @@ async fn run(
     Listening {
         socket: listener,
         tls,
+        metrics,
     }: Listening,
     default_policy: husk_net::NetPolicy,
     mut config: Config,
@@ -639,6 +656,7 @@ async fn run(
         disk_mb: config.limits.disk_bytes >> 20,
     };
     let code = config.id_prefix.clone();
+    let spawners = spawner.pids().len();
     let manager = match Manager::new(store, spawner, config) {
         Ok(m) => m,
         Err(e) => return fail(crate::report::chain(&e)),
@@ -710,6 +728,13 @@ async fn run(
         Ok(_) => {}
         Err(e) => return fail(crate::report::chain(&e)),
     }
+    let metrics = match metrics {
+        Some(socket) => match serve_metrics(socket, manager.clone(), spawners) {
+            Ok(m) => Some(m),
+            Err(e) => return fail(e),
+        },
+        None => None,
+    };
     // Said once the sandboxes an earlier server left are back: a client that waits for this
     // line finds them (connections made before wait in the listener's backlog).
     eprintln!(
@@ -839,12 +864,62 @@ async fn run(
         });
     }
     husk_server::serve(listener, state, args.conn.limits(), tls.as_ref(), shutdown).await;
+    if let Some((stop, task)) = metrics {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
     if args.destroy_on_exit {
         manager.shutdown().await;
     } else {
         manager.stop_keeping().await;
     }
     i32::from(failed.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Connections the metrics listener holds at once (all, and from one address): a scraper or
+/// two need a few; the bound keeps anyone else who reaches it from holding more.
+const METRICS_CONNECTIONS: (usize, usize) = (64, 16);
+
+/// Serves `GET /metrics` on `socket` (`husk_server::prometheus`) until the sender returned is
+/// used; says where.
+fn serve_metrics(
+    socket: std::net::TcpListener,
+    manager: Arc<Manager>,
+    spawners: usize,
+) -> Result<
+    (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    String,
+> {
+    let listener = tokio::net::TcpListener::from_std(socket)
+        .map_err(|e| format!("--metrics-listen: {}", crate::report::chain(&e)))?;
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let router = husk_server::prometheus::router(
+        manager,
+        husk_server::prometheus::ServerInfo {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            spawners,
+        },
+    );
+    let limits = husk_server::ConnLimits {
+        max_connections: METRICS_CONNECTIONS.0,
+        max_connections_per_ip: METRICS_CONNECTIONS.1,
+        ..husk_server::ConnLimits::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        husk_server::listener::serve(listener, router, limits, None, async move {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    eprintln!("husk: metrics on http://{addr}/metrics (Prometheus text format, no key)");
+    Ok((stop, task))
 }
 
 /// A helper the server watches: its name, pid and pidfd.

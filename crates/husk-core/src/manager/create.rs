@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 
 use super::limits::Reservation;
-use super::{write, CoreError, CreateRequest, LiveSandbox, Manager};
+use super::{write, CoreError, CreateFailure, CreateRequest, CreateSource, LiveSandbox, Manager};
 use crate::agent::AgentClient;
 use crate::store::{Principal, SandboxRecord};
 use crate::template::Resolved;
@@ -80,6 +80,24 @@ impl Manager {
         identity: Option<Identity>,
         pin: Option<String>,
     ) -> Result<Arc<LiveSandbox>, CoreError> {
+        let started = std::time::Instant::now();
+        let result = self.create_sourced(who, req, identity, pin).await;
+        let outcome = match &result {
+            Ok((_, source)) => Ok(*source),
+            Err(e) => Err(CreateFailure::of(e)),
+        };
+        self.create_stats.record(outcome, started.elapsed());
+        result.map(|(sb, _)| sb)
+    }
+
+    /// [`Manager::create_as`], saying where the sandbox came from.
+    async fn create_sourced(
+        self: &Arc<Self>,
+        who: &Principal,
+        req: CreateRequest,
+        identity: Option<Identity>,
+        pin: Option<String>,
+    ) -> Result<(Arc<LiveSandbox>, CreateSource), CoreError> {
         // The pools refill only while no create is under way.
         let _creating = self.pools.creating();
         // The environment was checked when the request was made (EnvVars).
@@ -123,6 +141,11 @@ impl Manager {
             (None, None) => self.take_warm(&req, &template),
             _ => None,
         };
+        let source = match (&identity, &pin) {
+            (Some(_), _) => CreateSource::Resume,
+            (None, Some(_)) => CreateSource::Snapshot,
+            (None, None) => CreateSource::New,
+        };
         tokio::spawn(async move {
             let result = match warm {
                 Some(w) => match this
@@ -139,7 +162,7 @@ impl Manager {
                     )
                     .await
                 {
-                    Ok(sb) => Ok(sb),
+                    Ok(sb) => Ok((sb, CreateSource::Pool)),
                     Err(e) => {
                         tracing::warn!(
                             template = %template.name,
@@ -151,7 +174,9 @@ impl Manager {
                             mounts,
                             rules,
                         };
-                        this.create_reserved(&who, req, template, given, None).await
+                        this.create_reserved(&who, req, template, given, None)
+                            .await
+                            .map(|sb| (sb, source))
                     }
                 },
                 None => {
@@ -162,10 +187,11 @@ impl Manager {
                     };
                     this.create_reserved(&who, req, template, given, identity)
                         .await
+                        .map(|sb| (sb, source))
                 }
             };
             // On failure the reservation is dropped, giving its place back.
-            let result = result.map(|sb| this.go_live(sb, reservation));
+            let result = result.map(|(sb, source)| (this.go_live(sb, reservation), source));
             drop(pin);
             result
         })

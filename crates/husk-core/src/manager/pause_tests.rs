@@ -156,6 +156,18 @@ async fn a_filesystem_pause_saves_destroys_and_boots_the_same_sandbox_again() {
     // saved layer, with what it was created with.
     let (back, resumed) = f.m.resume(&a, &id, None, false).await.unwrap();
     assert!(resumed);
+    // The operator's metrics count it as a resume, beside the first create.
+    let counts: Vec<(&str, u64)> =
+        f.m.server_stats()
+            .creates
+            .done
+            .iter()
+            .map(|(s, d)| (s.name(), d.count))
+            .collect();
+    assert_eq!(
+        counts,
+        vec![("new", 1), ("pool", 0), ("snapshot", 0), ("resume", 1)]
+    );
     assert_eq!(
         (back.id.as_str(), back.access_token.as_str()),
         (id.as_str(), token.as_str())

@@ -247,3 +247,31 @@ async fn a_templates_spec_asks_for_a_pool_and_warm_overrides_it() {
     );
     assert_eq!(targets(vec![t("asks", 0)]), vec![]);
 }
+
+#[tokio::test]
+async fn a_claim_counts_as_a_create_from_the_pool_and_the_pool_shows_in_the_servers_figures() {
+    let (m, _host) = pooled(1, 0);
+    m.spawn_pools();
+    until("the pool to fill", || ready(&m) == 1).await;
+    let stats = m.server_stats();
+    // The warm sandbox is no team's: not counted as running.
+    assert_eq!((stats.running, stats.pools.len()), (0, 1));
+    assert_eq!((stats.pools[0].target, stats.pools[0].ready), (1, 1));
+    m.create(&team("a"), req()).await.unwrap();
+    // A claim wakes the refill at once: the second create may find a warm sandbox or not.
+    let second = m.create(&team("a"), req()).await.unwrap();
+    let stats = m.server_stats();
+    let counts: Vec<(&str, u64)> = stats
+        .creates
+        .done
+        .iter()
+        .map(|(s, d)| (s.name(), d.count))
+        .collect();
+    let pool = &stats.pools[0];
+    // Whether the second create found the pool refilled depends on timing; the totals do not.
+    assert_eq!(counts[1].1, pool.claimed, "{counts:?} {pool:?}");
+    assert_eq!(counts[0].1 + counts[1].1, 2, "{counts:?}");
+    assert!(pool.claimed >= 1, "{pool:?}");
+    assert_eq!(stats.running, 2);
+    assert!(!second.id.is_empty());
+}

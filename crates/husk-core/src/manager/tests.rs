@@ -646,3 +646,58 @@ async fn creates_at_exactly_the_quota_are_never_refused() {
     }
     assert_eq!(m.count(), 0);
 }
+
+/// Counts by label value.
+type Counts = Vec<(&'static str, u64)>;
+
+/// Good creates, counted by source with their durations, and failed ones by kind.
+fn creates_of(m: &Manager) -> (Counts, Counts) {
+    let f = m.server_stats().creates;
+    (
+        f.done.iter().map(|(s, d)| (s.name(), d.count)).collect(),
+        f.failed.iter().map(|(k, n)| (k.name(), *n)).collect(),
+    )
+}
+
+#[tokio::test]
+async fn every_create_is_counted_once_by_how_it_ended() {
+    let (m, host) = manager(2);
+    let a = team("a");
+    let fresh = creates_of(&m);
+    assert_eq!(
+        fresh,
+        (
+            vec![("new", 0), ("pool", 0), ("snapshot", 0), ("resume", 0)],
+            vec![("rejected", 0), ("host_full", 0), ("failed", 0)]
+        )
+    );
+    let one = m.create(&a, req()).await.unwrap();
+    m.create(&a, req()).await.unwrap();
+    // The quota of two: the request's fault.
+    assert!(matches!(
+        m.create(&a, req()).await,
+        Err(CoreError::QuotaExceeded { .. })
+    ));
+    m.kill(&a, &one.id).await.unwrap();
+    host.fail_next(Failure::new(FailureKind::Exhausted, "no uid range left"));
+    assert!(m.create(&a, req()).await.is_err());
+    host.fail_next(Failure::new(FailureKind::Internal, "the spawner broke"));
+    assert!(m.create(&a, req()).await.is_err());
+    let mut unknown = req();
+    unknown.template = "no-such-template".into();
+    assert!(m.create(&a, unknown).await.is_err());
+    assert_eq!(
+        creates_of(&m),
+        (
+            vec![("new", 2), ("pool", 0), ("snapshot", 0), ("resume", 0)],
+            vec![("rejected", 2), ("host_full", 1), ("failed", 1)]
+        )
+    );
+    let stats = m.server_stats();
+    let new = &stats.creates.done[0].1;
+    // Each good create took some time, and the histogram's last bucket holds them all.
+    assert!(new.sum_seconds > 0.0);
+    assert_eq!(new.cumulative.last().map(|b| b.1), Some(2));
+    assert_eq!((stats.running, stats.paused), (1, 0));
+    assert!(stats.pools.is_empty());
+}
