@@ -56,7 +56,8 @@ pub use request::{
 };
 pub use saved::{Description, DESCRIPTION_VERSION};
 pub use server_stats::{
-    CreateFailure, CreateFigures, CreateSource, DurationFigures, ServerStats, CREATE_BUCKETS,
+    CreateFailure, CreateFigures, CreateSource, DurationFigures, EndReason, ServerStats,
+    CREATE_BUCKETS,
 };
 pub use snapshot::{
     canonical_name, Snapshot, SnapshotFilter, SnapshotState, DEFAULT_SNAPSHOT_QUOTA, MAX_FORKS,

@@ -199,6 +199,17 @@ pub fn render(stats: &ServerStats, info: &ServerInfo) -> String {
     }
     let mut f = Family::new(
         &mut out,
+        "husk_sandbox_ends_total",
+        "counter",
+        "Sandboxes ended since the server started, by why: killed (through the API), timeout \
+         (its timeout, or paused past --paused-retention), agent_gone (its PID 1 ended \
+         unasked: a crash, or a kill from the host).",
+    );
+    for (reason, n) in &stats.ends {
+        f.sample("", &[("reason", reason.name())], *n);
+    }
+    let mut f = Family::new(
+        &mut out,
         "husk_sandbox_create_duration_seconds",
         "histogram",
         "Time the server took for each create that succeeded (the request's arrival to the \
@@ -306,7 +317,9 @@ pub fn render(stats: &ServerStats, info: &ServerInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use husk_core::manager::{CreateFailure, CreateFigures, CreateSource, DurationFigures};
+    use husk_core::manager::{
+        CreateFailure, CreateFigures, CreateSource, DurationFigures, EndReason,
+    };
 
     fn stats() -> ServerStats {
         let durations = |count: u64| DurationFigures {
@@ -329,6 +342,11 @@ mod tests {
                     (CreateFailure::Failed, 1),
                 ],
             },
+            ends: vec![
+                (EndReason::Killed, 5),
+                (EndReason::Timeout, 0),
+                (EndReason::AgentGone, 1),
+            ],
             running: 4,
             paused: 1,
             pools: vec![husk_core::manager::PoolStats {
@@ -362,6 +380,8 @@ mod tests {
             "husk_sandbox_creates_total{source=\"pool\"} 0",
             "husk_sandbox_create_failures_total{reason=\"rejected\"} 2",
             "husk_sandbox_create_failures_total{reason=\"failed\"} 1",
+            "husk_sandbox_ends_total{reason=\"killed\"} 5",
+            "husk_sandbox_ends_total{reason=\"agent_gone\"} 1",
             "husk_sandbox_create_duration_seconds_bucket{source=\"new\",le=\"0.005\"} 0",
             "husk_sandbox_create_duration_seconds_bucket{source=\"new\",le=\"0.01\"} 3",
             "husk_sandbox_create_duration_seconds_bucket{source=\"new\",le=\"+Inf\"} 3",

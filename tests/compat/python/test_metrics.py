@@ -2,7 +2,7 @@
 
 A server with a warm pool of `base` and a metrics listener of its own: creates through the stock
 SDK (`e2b.Sandbox`, pinned 2.63.0), one the pool serves, one of an unknown template, one over a
-team's quota, then kills; after each step `/metrics` is parsed with prometheus_client's own
+team's quota, then kills (counted as ends); after each step `/metrics` is parsed with prometheus_client's own
 text parser (the format Prometheus scrapes) and its counts checked against what was done. The
 API's listener does not serve the metrics, to a key of any team or to nobody; the metrics
 listener serves nothing else."""
@@ -104,6 +104,7 @@ def test_creates_kills_and_the_pool_are_counted_as_they_happen(metered):
         ("husk_sandboxes", "gauge"),
         ("husk_sandbox_creates", "counter"),
         ("husk_sandbox_create_failures", "counter"),
+        ("husk_sandbox_ends", "counter"),
         ("husk_sandbox_create_duration_seconds", "histogram"),
         ("husk_pool_ready", "gauge"),
         ("husk_pool_claims", "counter"),
@@ -158,7 +159,9 @@ def test_creates_kills_and_the_pool_are_counted_as_they_happen(metered):
     finally:
         first.kill()
         second.kill()
-    wait_until(port, "the kills to show", lambda f: running(f) == 0)
+    ended = wait_until(port, "the kills to show", lambda f: running(f) == 0)
+    assert value(ended, "husk_sandbox_ends", "husk_sandbox_ends_total", reason="killed") == 2
+    assert value(ended, "husk_sandbox_ends", "husk_sandbox_ends_total", reason="agent_gone") == 0
 
 
 def test_the_metrics_are_on_their_own_listener_only(metered):

@@ -251,14 +251,12 @@ impl Manager {
 
     /// Kills a sandbox of `who`'s team, running or paused.
     pub async fn kill(&self, who: &Principal, id: &str) -> Result<(), CoreError> {
-        if self.get(who, id).is_ok() && self.remove(id).await {
-            return Ok(());
-        }
-        if self.kill_dormant(&who.team, id).await {
-            return Ok(());
-        }
-        // A resume under way when the kill came has made it live meanwhile.
-        if self.get(who, id).is_ok() && self.remove(id).await {
+        let killed = (self.get(who, id).is_ok() && self.remove(id).await)
+            || self.kill_dormant(&who.team, id).await
+            // A resume under way when the kill came has made it live meanwhile.
+            || (self.get(who, id).is_ok() && self.remove(id).await);
+        if killed {
+            self.count_end(super::EndReason::Killed);
             return Ok(());
         }
         // A lost one is not there to kill either; the answer says what became of it.

@@ -584,6 +584,9 @@ impl Manager {
                 n += 1;
             }
         }
+        for _ in 0..n {
+            self.count_end(super::EndReason::Timeout);
+        }
         if n > 0 {
             tracing::info!(count = n, "killed sandboxes paused beyond the retention");
         }

@@ -98,6 +98,30 @@ impl CreateFailure {
     }
 }
 
+/// Why a sandbox ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// Killed through the API.
+    Killed,
+    /// Its timeout came (or, paused, the server's `--paused-retention`).
+    Timeout,
+    /// Its agent (PID 1) ended with nobody asking: the sandbox crashed or was killed from the
+    /// host. The kind to look into.
+    AgentGone,
+}
+
+impl EndReason {
+    pub const ALL: [EndReason; 3] = [EndReason::Killed, EndReason::Timeout, EndReason::AgentGone];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EndReason::Killed => "killed",
+            EndReason::Timeout => "timeout",
+            EndReason::AgentGone => "agent_gone",
+        }
+    }
+}
+
 /// A histogram of durations: counts per bucket of [`CREATE_BUCKETS`] (not cumulative), and
 /// the sum.
 #[derive(Default)]
@@ -135,16 +159,29 @@ impl Histogram {
     }
 }
 
-/// The counters of creates, kept by the manager for as long as it runs.
+/// The counters of creates and ends, kept by the manager for as long as it runs.
 #[derive(Default)]
 pub(super) struct CreateStats {
     /// Per [`CreateSource`], in `ALL`'s order: the duration of each good create.
     done: [Histogram; 4],
     /// Per [`CreateFailure`], in `ALL`'s order.
     failed: [AtomicU64; 3],
+    /// Per [`EndReason`], in `ALL`'s order.
+    ended: [AtomicU64; 3],
 }
 
 impl CreateStats {
+    pub(super) fn record_end(&self, reason: EndReason) {
+        self.ended[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn ends(&self) -> Vec<(EndReason, u64)> {
+        EndReason::ALL
+            .iter()
+            .map(|&r| (r, self.ended[r as usize].load(Ordering::Relaxed)))
+            .collect()
+    }
+
     pub(super) fn record(&self, outcome: Result<CreateSource, CreateFailure>, took: Duration) {
         match outcome {
             Ok(source) => self.done[source as usize].observe(took),
@@ -189,6 +226,8 @@ pub struct CreateFigures {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerStats {
     pub creates: CreateFigures,
+    /// Sandboxes ended since the server started, by why.
+    pub ends: Vec<(EndReason, u64)>,
     /// Sandboxes of the teams, running (warm ones are not the teams' and not counted).
     pub running: u64,
     /// Paused, in place or saved to disk.
@@ -201,6 +240,11 @@ pub struct ServerStats {
 }
 
 impl Manager {
+    /// Counts a sandbox's end.
+    pub(super) fn count_end(&self, reason: EndReason) {
+        self.create_stats.record_end(reason);
+    }
+
     /// The server's figures now (see [`ServerStats`]).
     pub fn server_stats(&self) -> ServerStats {
         let (mut running, mut paused) = (0u64, 0u64);
@@ -214,6 +258,7 @@ impl Manager {
         paused += read(&self.dormant).len() as u64;
         ServerStats {
             creates: self.create_stats.figures(),
+            ends: self.create_stats.ends(),
             running,
             paused,
             pools: self.pool_stats(),

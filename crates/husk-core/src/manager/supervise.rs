@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use super::{read, write, CoreError, LiveSandbox, Manager, OnTimeout, PauseMode};
+use super::{read, write, CoreError, EndReason, LiveSandbox, Manager, OnTimeout, PauseMode};
 
 impl Manager {
     /// Ends the sandbox at its timeout, or when its agent dies.
     pub(super) async fn supervise(self: Arc<Self>, sb: Arc<LiveSandbox>) {
-        loop {
+        let reason = loop {
             // Its backstop and record follow what changed (see kept.rs).
             self.sync_kept(&sb).await;
             if sb.is_paused() {
@@ -25,7 +25,7 @@ impl Manager {
                             return;
                         }
                         tracing::info!(sandbox = %sb.id, "agent gone: destroying sandbox");
-                        break;
+                        break EndReason::AgentGone;
                     }
                 }
             }
@@ -48,7 +48,7 @@ impl Manager {
                     }
                 }
                 tracing::info!(sandbox = %sb.id, "timeout: destroying sandbox");
-                break;
+                break EndReason::Timeout;
             }
             let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
             tokio::select! {
@@ -60,11 +60,14 @@ impl Manager {
                         return;
                     }
                     tracing::info!(sandbox = %sb.id, "agent gone: destroying sandbox");
-                    break;
+                    break EndReason::AgentGone;
                 }
             }
+        };
+        // Counted only if this was the end (a kill may have removed it meanwhile).
+        if self.remove(&sb.id).await {
+            self.count_end(reason);
         }
-        self.remove(&sb.id).await;
     }
 
     /// Whether `sb` is (still) one of the manager's live sandboxes.

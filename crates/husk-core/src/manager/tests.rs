@@ -701,3 +701,42 @@ async fn every_create_is_counted_once_by_how_it_ended() {
     assert_eq!((stats.running, stats.paused), (1, 0));
     assert!(stats.pools.is_empty());
 }
+
+fn ends_of(m: &Manager) -> Counts {
+    m.server_stats()
+        .ends
+        .iter()
+        .map(|(r, n)| (r.name(), *n))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_end_is_counted_once_by_why() {
+    let (m, host) = manager(5);
+    let a = team("a");
+    assert_eq!(
+        ends_of(&m),
+        vec![("killed", 0), ("timeout", 0), ("agent_gone", 0)]
+    );
+    let killed = m.create(&a, req()).await.unwrap();
+    m.kill(&a, &killed.id).await.unwrap();
+    // Killed again, or by another team: nothing ends, nothing is counted.
+    assert!(m.kill(&a, &killed.id).await.is_err());
+    let mine = m.create(&a, req()).await.unwrap();
+    assert!(m.kill(&team("b"), &mine.id).await.is_err());
+    // Its agent dies unasked.
+    assert!(host.kill_agent(&mine.runtime_id));
+    let mut short = req();
+    short.timeout = Duration::from_millis(50);
+    let timed = m.create(&a, short).await.unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while m.count() > 0 {
+        assert!(std::time::Instant::now() < deadline, "{} left", m.count());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(host.destroyed().contains(&timed.runtime_id));
+    assert_eq!(
+        ends_of(&m),
+        vec![("killed", 1), ("timeout", 1), ("agent_gone", 1)]
+    );
+}
