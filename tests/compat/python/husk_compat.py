@@ -606,6 +606,39 @@ def counter(sbx) -> int:
     return got[-1][0] if got else 0
 
 
+METRICS_RE = re.compile(rb"metrics on http://127\.0\.0\.1:(\d+)/metrics")
+
+
+def metrics_port(server: "HuskServer") -> int:
+    """The port of the server's metrics listener (`--metrics-listen 127.0.0.1:0`), from its log."""
+    m = METRICS_RE.search(server.log_path.read_bytes())
+    if not m:
+        raise AssertionError(f"the server did not say where its metrics are:\n{server.log_tail()}")
+    return int(m.group(1))
+
+
+def scrape_metrics(port: int) -> dict:
+    """`GET /metrics` on a metrics listener, parsed by prometheus_client's own parser (the
+    format Prometheus scrapes): {family name: family}, a counter's name without `_total`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = http_request(port, "GET", "/metrics")
+    assert r.status == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.headers
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def metric(families: dict, family: str, sample: str, **labels) -> float:
+    """The one sample `sample` of `family` with `labels`."""
+    found = [
+        s.value
+        for s in families[family].samples
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert len(found) == 1, f"{sample}{labels}: {found} in {families[family].samples}"
+    return found[0]
+
+
 def pool_of(server, template: str = "base") -> dict:
     """`GET /husk/v1/pools` (the server's admin key): the figures of `template`'s warm pool."""
     r = http_request(server.port, "GET", "/husk/v1/pools", {"X-API-Key": server.admin_key})

@@ -27,8 +27,8 @@ from e2b import PtySize, Sandbox, SandboxQuery
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 from husk_cluster import Cluster, ClusterTls, make_ca, make_cert
-from husk_compat import (fetch_url, http_request, multipart, sandbox_headers, sdk_in_process,
-                         unique, wait_for)
+from husk_compat import (fetch_url, http_request, metric, metrics_port, multipart,
+                         sandbox_headers, scrape_metrics, sdk_in_process, unique, wait_for)
 from husk_postgres import PostgresServer
 
 SPEC = Path(__file__).resolve().parent.parent / "templates" / "debian" / "husk.toml"
@@ -48,7 +48,8 @@ def pg():
 
 @pytest.fixture(scope="module")
 def cluster(pg):
-    c = Cluster(pg, nodes=3, gateways=2)
+    # Each node with its operator's metrics (test_each_node_counts_its_own_in_its_metrics).
+    c = Cluster(pg, nodes=3, gateways=2, node_args=("--metrics-listen", "127.0.0.1:0"))
     try:
         yield c
     finally:
@@ -128,6 +129,40 @@ def test_creates_spread_over_the_nodes(cluster, made):
         return live if all(live[c] >= per[c] for c in per) else None
 
     wait_for(counted, 10, "the nodes' heartbeats to count their sandboxes")
+
+
+def test_each_node_counts_its_own_in_its_metrics(cluster, made):
+    """Each node's metrics listener (`--metrics-listen`) counts the creates placed on it and
+    the kills of its sandboxes, whichever gateway they came through; it asks for no cluster
+    token and serves none of the node's API."""
+    ports = [metrics_port(n) for n in cluster.nodes]
+    codes = [cluster.code_of(i) for i in range(len(cluster.nodes))]
+
+    def counts(port):
+        f = scrape_metrics(port)
+        return (
+            metric(f, "husk_sandbox_creates", "husk_sandbox_creates_total", source="new"),
+            metric(f, "husk_sandbox_ends", "husk_sandbox_ends_total", reason="killed"),
+        )
+
+    before = [counts(p) for p in ports]
+    placed: dict = {}
+    sandboxes = []
+    for i in range(6):
+        sbx = create(cluster, made, gateway=i % 2)
+        placed[sbx.sandbox_id[:4]] = placed.get(sbx.sandbox_id[:4], 0) + 1
+        sandboxes.append(sbx)
+    for sbx in sandboxes[:2]:
+        sbx.kill()
+    killed: dict = {}
+    for sbx in sandboxes[:2]:
+        killed[sbx.sandbox_id[:4]] = killed.get(sbx.sandbox_id[:4], 0) + 1
+    for port, code, (new0, killed0) in zip(ports, codes, before):
+        new1, killed1 = counts(port)
+        assert (new1 - new0, killed1 - killed0) == (placed.get(code, 0), killed.get(code, 0)), code
+    # The node's API stays behind its token; its metrics listener has nothing else.
+    r = http_request(ports[0], "GET", "/v2/sandboxes", {"X-API-Key": cluster.admin_key})
+    assert r.status == 404, r.text
 
 
 def test_every_api_works_through_either_gateway_on_every_node(cluster, made):

@@ -2,50 +2,28 @@
 
 A server with a warm pool of `base` and a metrics listener of its own: creates through the stock
 SDK (`e2b.Sandbox`, pinned 2.63.0), one the pool serves, one of an unknown template, one over a
-team's quota, then kills (counted as ends); after each step `/metrics` is parsed with prometheus_client's own
-text parser (the format Prometheus scrapes) and its counts checked against what was done. The
-API's listener does not serve the metrics, to a key of any team or to nobody; the metrics
-listener serves nothing else."""
+team's quota, then kills (counted as ends); after each step `/metrics` is parsed with
+prometheus_client's own text parser (the format Prometheus scrapes) and its counts checked
+against what was done. The API's listener does not serve the metrics, to a key of any team or
+to nobody; the metrics listener serves nothing else. (A cluster's nodes: test_cluster.py.)"""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 from e2b import Sandbox
-from prometheus_client.parser import text_string_to_metric_families
 
-from husk_compat import http_request, start_server
+from husk_compat import (
+    METRICS_RE,
+    http_request,
+    metric as value,
+    metrics_port,
+    scrape_metrics as scrape,
+    start_server,
+)
 
 pytestmark = pytest.mark.timeout(180, func_only=True)
-
-METRICS_RE = re.compile(rb"metrics on http://127\.0\.0\.1:(\d+)/metrics")
-
-
-def metrics_port(server) -> int:
-    m = METRICS_RE.search(server.log_path.read_bytes())
-    assert m, f"the server did not say where its metrics are:\n{server.log_tail()}"
-    return int(m.group(1))
-
-
-def scrape(port: int) -> dict:
-    """`GET /metrics`, parsed: {family name: family} (a counter's name without `_total`, as
-    the parser names it)."""
-    r = http_request(port, "GET", "/metrics")
-    assert r.status == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.headers
-    return {f.name: f for f in text_string_to_metric_families(r.text)}
-
-
-def value(families: dict, family: str, sample: str, **labels) -> float:
-    found = [
-        s.value
-        for s in families[family].samples
-        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
-    ]
-    assert len(found) == 1, f"{sample}{labels}: {found} in {families[family].samples}"
-    return found[0]
 
 
 def creates(families: dict, source: str) -> float:
