@@ -273,8 +273,8 @@ pub struct Manager {
     capture_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Warm pools (`pool.rs`).
     pools: pool::Pools,
-    /// How creates ended, for the operator's metrics (`server_stats.rs`).
-    create_stats: server_stats::CreateStats,
+    /// How creates and sandboxes ended, for the operator's metrics (`server_stats.rs`).
+    counters: server_stats::Counters,
 }
 
 /// The server's sandbox networking (the network helper) and its default policy.
@@ -352,7 +352,7 @@ impl Manager {
             collecting: tokio::sync::Mutex::new(()),
             capture_slots: Mutex::new(HashMap::new()),
             pools: pool::Pools::default(),
-            create_stats: server_stats::CreateStats::default(),
+            counters: server_stats::Counters::default(),
             store,
             host,
             config,

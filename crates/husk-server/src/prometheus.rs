@@ -105,12 +105,6 @@ impl From<u64> for Value {
     }
 }
 
-impl From<u32> for Value {
-    fn from(v: u32) -> Value {
-        Value::Count(v.into())
-    }
-}
-
 impl From<f64> for Value {
     fn from(v: f64) -> Value {
         Value::Float(v)

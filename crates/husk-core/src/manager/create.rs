@@ -86,7 +86,7 @@ impl Manager {
             Ok((_, source)) => Ok(*source),
             Err(e) => Err(CreateFailure::of(e)),
         };
-        self.create_stats.record(outcome, started.elapsed());
+        self.counters.record(outcome, started.elapsed());
         result.map(|(sb, _)| sb)
     }
 
@@ -137,14 +137,11 @@ impl Manager {
         let who = who.clone();
         // A new sandbox of a template with a pool is a warm one, if the pool has one the
         // request fits.
-        let warm = match (&identity, &pin) {
-            (None, None) => self.take_warm(&req, &template),
-            _ => None,
-        };
-        let source = match (&identity, &pin) {
-            (Some(_), _) => CreateSource::Resume,
-            (None, Some(_)) => CreateSource::Snapshot,
-            (None, None) => CreateSource::New,
+        // (A claim that succeeds is counted as the pool's instead.)
+        let (warm, source) = match (&identity, &pin) {
+            (None, None) => (self.take_warm(&req, &template), CreateSource::New),
+            (Some(_), _) => (None, CreateSource::Resume),
+            (None, Some(_)) => (None, CreateSource::Snapshot),
         };
         tokio::spawn(async move {
             let result = match warm {

@@ -573,7 +573,7 @@ impl Manager {
             .filter(|d| d.description.paused_at() < before)
             .map(|d| (d.description.team.clone(), d.description.id.clone()))
             .collect();
-        let mut n = 0;
+        let mut n: usize = 0;
         for id in resident {
             if self.remove(&id).await {
                 n += 1;
@@ -584,9 +584,7 @@ impl Manager {
                 n += 1;
             }
         }
-        for _ in 0..n {
-            self.count_end(super::EndReason::Timeout);
-        }
+        self.count_ends(super::EndReason::Timeout, n as u64);
         if n > 0 {
             tracing::info!(count = n, "killed sandboxes paused beyond the retention");
         }

@@ -157,15 +157,8 @@ async fn a_filesystem_pause_saves_destroys_and_boots_the_same_sandbox_again() {
     let (back, resumed) = f.m.resume(&a, &id, None, false).await.unwrap();
     assert!(resumed);
     // The operator's metrics count it as a resume, beside the first create.
-    let counts: Vec<(&str, u64)> =
-        f.m.server_stats()
-            .creates
-            .done
-            .iter()
-            .map(|(s, d)| (s.name(), d.count))
-            .collect();
     assert_eq!(
-        counts,
+        super::tests::created_by_source(&f.m),
         vec![("new", 1), ("pool", 0), ("snapshot", 0), ("resume", 1)]
     );
     assert_eq!(

@@ -261,12 +261,7 @@ async fn a_claim_counts_as_a_create_from_the_pool_and_the_pool_shows_in_the_serv
     // A claim wakes the refill at once: the second create may find a warm sandbox or not.
     let second = m.create(&team("a"), req()).await.unwrap();
     let stats = m.server_stats();
-    let counts: Vec<(&str, u64)> = stats
-        .creates
-        .done
-        .iter()
-        .map(|(s, d)| (s.name(), d.count))
-        .collect();
+    let counts = super::tests::created_by_source(&m);
     let pool = &stats.pools[0];
     // Whether the second create found the pool refilled depends on timing; the totals do not.
     assert_eq!(counts[1].1, pool.claimed, "{counts:?} {pool:?}");

@@ -161,7 +161,7 @@ impl Histogram {
 
 /// The counters of creates and ends, kept by the manager for as long as it runs.
 #[derive(Default)]
-pub(super) struct CreateStats {
+pub(super) struct Counters {
     /// Per [`CreateSource`], in `ALL`'s order: the duration of each good create.
     done: [Histogram; 4],
     /// Per [`CreateFailure`], in `ALL`'s order.
@@ -170,9 +170,9 @@ pub(super) struct CreateStats {
     ended: [AtomicU64; 3],
 }
 
-impl CreateStats {
-    pub(super) fn record_end(&self, reason: EndReason) {
-        self.ended[reason as usize].fetch_add(1, Ordering::Relaxed);
+impl Counters {
+    pub(super) fn record_ends(&self, reason: EndReason, n: u64) {
+        self.ended[reason as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     fn ends(&self) -> Vec<(EndReason, u64)> {
@@ -242,7 +242,12 @@ pub struct ServerStats {
 impl Manager {
     /// Counts a sandbox's end.
     pub(super) fn count_end(&self, reason: EndReason) {
-        self.create_stats.record_end(reason);
+        self.count_ends(reason, 1);
+    }
+
+    /// Counts `n` sandboxes' ends.
+    pub(super) fn count_ends(&self, reason: EndReason, n: u64) {
+        self.counters.record_ends(reason, n);
     }
 
     /// The server's figures now (see [`ServerStats`]).
@@ -257,8 +262,8 @@ impl Manager {
         }
         paused += read(&self.dormant).len() as u64;
         ServerStats {
-            creates: self.create_stats.figures(),
-            ends: self.create_stats.ends(),
+            creates: self.counters.figures(),
+            ends: self.counters.ends(),
             running,
             paused,
             pools: self.pool_stats(),
@@ -274,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_duration_lands_in_its_bucket_and_buckets_read_cumulative() {
-        let s = CreateStats::default();
+        let s = Counters::default();
         s.record(Ok(CreateSource::Pool), Duration::from_millis(3));
         s.record(Ok(CreateSource::Pool), Duration::from_millis(10));
         s.record(Ok(CreateSource::Pool), Duration::from_millis(40));

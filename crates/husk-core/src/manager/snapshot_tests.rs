@@ -254,15 +254,8 @@ async fn a_fork_starts_sandboxes_with_the_sources_settings_on_one_snapshot() {
     assert_eq!(forks.len(), 3);
     let forks: Vec<_> = forks.into_iter().map(Result::unwrap).collect();
     // The operator's metrics count each fork as made from a snapshot.
-    let counts: Vec<(&str, u64)> =
-        f.m.server_stats()
-            .creates
-            .done
-            .iter()
-            .map(|(s, d)| (s.name(), d.count))
-            .collect();
     assert_eq!(
-        counts,
+        super::tests::created_by_source(&f.m),
         vec![("new", 1), ("pool", 0), ("snapshot", 3), ("resume", 0)]
     );
     // One capture for all; each fork its own id and credentials, the source's settings.

@@ -648,14 +648,24 @@ async fn creates_at_exactly_the_quota_are_never_refused() {
 }
 
 /// Counts by label value.
-type Counts = Vec<(&'static str, u64)>;
+pub(super) type Counts = Vec<(&'static str, u64)>;
 
-/// Good creates, counted by source with their durations, and failed ones by kind.
+/// Good creates, counted by source (the operator's metrics).
+pub(super) fn created_by_source(m: &Manager) -> Counts {
+    m.server_stats()
+        .creates
+        .done
+        .iter()
+        .map(|(s, d)| (s.name(), d.count))
+        .collect()
+}
+
+/// Good creates by source, and failed ones by kind.
 fn creates_of(m: &Manager) -> (Counts, Counts) {
-    let f = m.server_stats().creates;
+    let failed = m.server_stats().creates.failed;
     (
-        f.done.iter().map(|(s, d)| (s.name(), d.count)).collect(),
-        f.failed.iter().map(|(k, n)| (k.name(), *n)).collect(),
+        created_by_source(m),
+        failed.iter().map(|(k, n)| (k.name(), *n)).collect(),
     )
 }
 
