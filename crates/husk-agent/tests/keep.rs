@@ -7,6 +7,7 @@
 //! are too). Whatever it leaves is destroyed when it ends, also when it fails: a spawner of
 //! the test's owner takes up what is left and destroys it.
 
+use std::os::fd::AsFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use husk_core::agent::AgentClient;
@@ -35,6 +36,41 @@ fn spawner(owner: &str) -> SpawnerService {
 fn kill(spawner: SpawnerService) {
     sys::kill(spawner.pid(), libc::SIGKILL).expect("kill the spawner");
     let _ = sys::waitpid(spawner.pid(), 0);
+}
+
+/// A process that takes the uid slot lock of sandbox `id` (`s<slot>-…`), as another husk's
+/// reaper does for a moment, and lets it go after `hold`: its pid, once the lock is held. It
+/// exits 0 if it held the lock until then, 1 if it could not take it.
+fn hold_slot_lock(id: &str, hold: Duration) -> libc::pid_t {
+    let slot: u32 = id
+        .split('-')
+        .next()
+        .and_then(|s| s.strip_prefix('s'))
+        .and_then(|s| s.parse().ok())
+        .expect("a sandbox id names its slot");
+    let locks = std::path::Path::new(husk_runtime::spawner::DEFAULT_RUN_DIR).join("uid-slots");
+    let (r, w) = sys::pipe().expect("a pipe");
+    // SAFETY: the test is single-threaded (its async runtime is current-thread); the child
+    // only takes a lock, writes, sleeps and exits.
+    let pid = unsafe { sys::fork() }.expect("fork");
+    if pid == 0 {
+        drop(r);
+        let held = husk_runtime::uidrange::try_take(&locks, slot);
+        let Ok(Some(_lock)) = held else {
+            sys::exit_now(1)
+        };
+        let _ = sys::write_all(w.as_fd(), b"+");
+        std::thread::sleep(hold);
+        sys::exit_now(0)
+    }
+    drop(w);
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        sys::read(r.as_fd(), &mut byte).expect("read the holder's pipe"),
+        1,
+        "another process takes the free slot lock of a kept sandbox"
+    );
+    pid
 }
 
 fn hello() -> Hello {
@@ -118,9 +154,21 @@ async fn cases(first: SpawnerService, owner: &str) {
     stranger.shutdown().expect("stop the other owner's spawner");
     assert!(alive(a_pid) && alive(b_pid));
 
-    // The owner's next spawner takes both up; a new connection replaces the old one, and the
-    // sandbox kept its processes (same pid, same tag) and its environment.
+    // The owner's next spawner takes both up, also while another process holds a's slot lock
+    // when it starts (another husk's reaper or create probing the slot, or the previous
+    // spawner still exiting): it tries again rather than leave a live sandbox behind. A new
+    // connection replaces the old one, and the sandbox kept its processes (same pid, same tag)
+    // and its environment.
+    let holder = hold_slot_lock(&a.id, Duration::from_millis(1500));
     let second = spawner(owner);
+    assert_eq!(
+        sys::waitpid(holder, 0)
+            .ok()
+            .flatten()
+            .map(|(_, status)| status.code()),
+        Some(0),
+        "the slot's other holder held it while the spawner started"
+    );
     let mut ids: Vec<String> = second.adopted().iter().map(|x| x.id.clone()).collect();
     ids.sort();
     let mut want = vec![a.id.clone(), b.id.clone()];

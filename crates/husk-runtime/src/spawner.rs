@@ -24,6 +24,7 @@ use crate::spec::{MountIds, NetworkMode, RootSource, SandboxSpec};
 use crate::sys::{self, ExitStatus, Forked};
 use crate::uidrange::{self, UidRange, RANGE};
 
+mod adopt;
 mod assign;
 
 pub(crate) use assign::validate_assignment;
@@ -223,81 +224,6 @@ impl Spawner {
         self.worker = worker;
         self.reaped.set(true);
         Ok(())
-    }
-
-    /// Takes up the kept sandboxes of this spawner's owner whose PID 1 still runs (call it
-    /// before [`Spawner::reap_stale`], which would count them as others'): each with its uid
-    /// slot held again, its cgroups, its rendezvous and writable layer taken back from PID 1.
-    /// An entry that cannot be taken up (its PID 1 ended, a descriptor is gone) is left to the
-    /// reaper.
-    pub fn adopt(&self) -> Vec<Sandbox> {
-        self.adopt_where(|_| true)
-    }
-
-    /// [`Spawner::adopt`], of the kept sandboxes whose id `wanted` accepts only: several
-    /// spawners of one server share them out by id, each taking up its own. The entry is read
-    /// before the slot is locked, so that no spawner holds, even briefly, another's slot.
-    pub(crate) fn adopt_where(&self, wanted: impl Fn(&str) -> bool) -> Vec<Sandbox> {
-        let Some(owner) = &self.owner else {
-            return Vec::new();
-        };
-        let mut adopted = Vec::new();
-        for slot in self.registered_slots() {
-            let named = fs::read_to_string(self.registry_entry(slot))
-                .ok()
-                .and_then(|t| crate::keep::split_entry(&t).1)
-                .map(|keep| keep.id);
-            if !named.is_some_and(|id| wanted(&id)) {
-                continue;
-            }
-            let Ok(Some(uids)) = uidrange::try_take(&self.lock_path(), slot) else {
-                continue;
-            };
-            let entry = self.registry_entry(slot);
-            let Some((cgroup, Some(keep))) = fs::read_to_string(&entry)
-                .ok()
-                .map(|t| crate::keep::split_entry(&t))
-            else {
-                continue;
-            };
-            if keep.owner != *owner || keep.id.split('-').next().and_then(parse_slot) != Some(slot)
-            {
-                continue;
-            }
-            let Some(cgroup) = SandboxCgroup::from_registry(&cgroup) else {
-                continue;
-            };
-            let Some(pidfd) = keep.alive() else {
-                continue;
-            };
-            let take = |fd| sys::pidfd_getfd(pidfd.as_fd(), fd);
-            let Ok(rendezvous) = take(keep.send) else {
-                continue;
-            };
-            let upper = match keep.layer.map(take).transpose() {
-                Ok(u) => u,
-                Err(_) => continue,
-            };
-            adopted.push(Sandbox {
-                id: keep.id,
-                pid: keep.pid,
-                pidfd: Some(pidfd),
-                control: None,
-                cgroup,
-                uids: Some(uids),
-                limits_memory: 0,
-                files_in_memory: 0,
-                pty_master: None,
-                upper,
-                fate: None,
-                destroyed: false,
-                registry: Some(entry),
-                agent_conn: None,
-                rendezvous: Some(rendezvous),
-                adopted: true,
-            });
-        }
-        adopted
     }
 
     /// A new, empty network namespace (owned by the host's user namespace). The spawner enters
