@@ -24,6 +24,7 @@ mod sandbox;
 mod secret;
 mod serve;
 mod server_user;
+mod state_lock;
 mod sudo;
 mod template;
 mod template_progress;

@@ -344,6 +344,12 @@ pub fn main_with(args: ServeArgs, node: Option<crate::cluster::NodeSettings>) ->
             ))
         }
     };
+    // One server per state directory, checked before anything is started or taken up
+    // (crate::state_lock). Held until this process ends.
+    let _state_lock = match crate::state_lock::StateLock::take(&args.state_dir) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
     // Sandboxes that outlive the server live outside its unit (systemd hosts). A server is
     // one long-lived process: a scope of its own, never the one short husk processes share.
     let cgroups = husk_runtime::cgroup::CgroupOptions {

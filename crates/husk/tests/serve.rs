@@ -391,11 +391,35 @@ fn spawner_of(server_pid: u32) -> u32 {
     spawners[0]
 }
 
+/// What `husk serve` on `state` printed and how it ended, killed if it still ran after 30 s.
+fn second_server_on(state: &std::path::Path) -> std::process::Output {
+    let mut child = Command::new(HUSK)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--egress",
+            "off",
+            "--state-dir",
+        ])
+        .arg(state)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    if wait_for(Duration::from_secs(30), || child.try_wait().unwrap()).is_none() {
+        let _ = child.kill();
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// Sandboxes outlive their server (`husk serve` by default): an orderly stop, a crash of the
 /// server and a crash of its spawner leave their processes running, and the next server takes
 /// them up (same id, credentials, processes, files), and so does another binary (an upgrade).
 /// One whose deadline passes while no server runs ends by its own backstop and is forgotten,
-/// not lost. The last server (`--destroy-on-exit`) takes everything with it: nothing of any
+/// not lost. A second server on the same state directory refuses to start while the first
+/// runs. The last server (`--destroy-on-exit`) takes everything with it: nothing of any
 /// sandbox remains.
 #[test]
 fn sandboxes_outlive_stops_and_crashes_of_their_server() {
@@ -443,6 +467,19 @@ fn sandboxes_outlive_stops_and_crashes_of_their_server() {
             "{what}: the sandbox's processes are gone"
         );
     };
+
+    // A second server on the same state directory stops at start, names the first, and
+    // changes nothing: the sandbox is still the first's, and its record is not reported lost
+    // (the next server takes it up, below).
+    let second = second_server_on(state.path());
+    assert_eq!(second.status.code(), Some(1), "{second:?}");
+    let said = String::from_utf8_lossy(&second.stderr);
+    let first = server.child().id();
+    assert!(
+        said.contains(&format!("is in use by another husk server (pid {first})")),
+        "{said}"
+    );
+    check(&server);
 
     // An orderly stop.
     stop_in_order(&mut server);
