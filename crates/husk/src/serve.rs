@@ -25,7 +25,7 @@ pub struct ServeArgs {
     /// address: a listener apart from the API's, answering without a key, so bind it where
     /// only the operator's scraper reaches (e.g. 127.0.0.1:9464). Port 0 picks a free one.
     /// [default: no metrics listener]
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", env = "HUSK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// Where the database (unless --database-url), the admin key, templates, workspaces and
     /// paused sandboxes live.

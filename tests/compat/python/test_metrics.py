@@ -168,3 +168,14 @@ def test_without_the_flag_there_is_no_metrics_listener():
         assert METRICS_RE.search(server.log_path.read_bytes()) is None, server.log_tail()
     finally:
         server.close()
+
+
+def test_the_variable_opens_the_listener_as_the_flag_does():
+    # HUSK_METRICS_LISTEN is how deploy/kubernetes/components/metrics sets it.
+    server = start_server(env_extra={"HUSK_METRICS_LISTEN": "127.0.0.1:0"})
+    try:
+        families = scrape(metrics_port(server))
+        assert families["husk_build_info"].type == "gauge", sorted(families)
+        assert families["husk_sandboxes"].type == "gauge", sorted(families)
+    finally:
+        server.close()

@@ -3,6 +3,7 @@
 
 mod flags;
 mod kubectl;
+mod metrics;
 mod network;
 mod objects;
 mod rollout;

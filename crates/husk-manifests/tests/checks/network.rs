@@ -2,7 +2,7 @@
 //! defines them (a pod no policy selects for a direction is open in it; a selected one admits
 //! what any rule of any of its policies admits) on the connections that matter: gateways to
 //! nodes, nodes to nodes (template images), clients to gateways, PostgreSQL, DNS, sandboxes'
-//! internet, and what must stay out.
+//! internet, Prometheus to the nodes' metrics (components/metrics), and what must stay out.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -22,16 +22,39 @@ enum Peer<'a> {
     Pod(&'a Pods<'a>),
     /// A pod none of the manifests makes (another application of the cluster).
     Stranger,
+    /// Prometheus's pod (labelled as kube-prometheus's and the Prometheus Operator's are), in
+    /// a namespace of its own.
+    Scraper,
     Ip(Ipv4Addr),
 }
+
+/// The namespace of the manifests' pods and policies (and of the stranger).
+const NAMESPACE: &str = "husk";
 
 impl Peer<'_> {
     fn labels(&self) -> Option<BTreeMap<String, String>> {
         match self {
             Peer::Pod(p) => Some(p.labels.clone()),
             Peer::Stranger => Some(BTreeMap::from([("app".into(), "stranger".into())])),
+            Peer::Scraper => Some(BTreeMap::from([(
+                "app.kubernetes.io/name".into(),
+                "prometheus".into(),
+            )])),
             Peer::Ip(_) => None,
         }
+    }
+
+    /// The labels of its namespace (the API server sets `kubernetes.io/metadata.name`).
+    fn namespace_labels(&self) -> Option<BTreeMap<String, String>> {
+        let name = match self {
+            Peer::Pod(_) | Peer::Stranger => NAMESPACE,
+            Peer::Scraper => "monitoring",
+            Peer::Ip(_) => return None,
+        };
+        Some(BTreeMap::from([(
+            "kubernetes.io/metadata.name".into(),
+            name.into(),
+        )]))
     }
 
     fn spec(&self) -> Option<&PodSpec> {
@@ -61,14 +84,27 @@ fn peer_admitted(peers: Option<&Vec<NetworkPolicyPeer>>, peer: Peer<'_>) -> bool
         (Peer::Ip(ip), Some(block)) => {
             in_cidr(ip, &block.cidr) && !block.except.iter().flatten().any(|e| in_cidr(ip, e))
         }
-        (Peer::Ip(_), None) | (Peer::Pod(_) | Peer::Stranger, Some(_)) => false,
-        (Peer::Pod(_) | Peer::Stranger, None) => {
-            np.namespace_selector.is_none()
-                && np
-                    .pod_selector
-                    .as_ref()
-                    .zip(peer.labels())
-                    .is_some_and(|(s, l)| selects(s, &l))
+        (Peer::Ip(_), None) | (Peer::Pod(_) | Peer::Stranger | Peer::Scraper, Some(_)) => false,
+        (Peer::Pod(_) | Peer::Stranger | Peer::Scraper, None) => {
+            let (Some(labels), Some(namespace)) = (peer.labels(), peer.namespace_labels()) else {
+                return false;
+            };
+            // No namespace selector: the policy's own namespace; no pod selector: every pod
+            // of the namespaces selected (the API requires one of the two).
+            let in_namespace = match &np.namespace_selector {
+                None => {
+                    namespace
+                        .get("kubernetes.io/metadata.name")
+                        .map(String::as_str)
+                        == Some(NAMESPACE)
+                }
+                Some(s) => selects(s, &namespace),
+            };
+            let pod = match &np.pod_selector {
+                None => np.namespace_selector.is_some(),
+                Some(s) => selects(s, &labels),
+            };
+            in_namespace && pod
         }
     })
 }
@@ -212,6 +248,9 @@ fn network_policies_admit_the_clusters_traffic_and_nothing_else() {
                 .expect("a --listen port")
         };
         let (node_port, gateway_port) = (port_of(node), port_of(gateway));
+        // components/metrics' port, where a node serves it (metrics.rs checks the rest).
+        let metrics_port = husk::setting(node.container, &node.inv, "metrics-listen")
+            .and_then(|s| s.literal().and_then(husk::listen_port));
         let (n, g) = (Peer::Pod(node.pods), Peer::Pod(gateway.pods));
         let world = Peer::Ip(Ipv4Addr::new(203, 0, 113, 9));
         let public = Peer::Ip(Ipv4Addr::new(1, 1, 1, 1));
@@ -321,6 +360,61 @@ fn network_policies_admit_the_clusters_traffic_and_nothing_else() {
             ("a sandbox to the LAN", n, lan, 80, "TCP", false),
             ("a node to another pod", n, Peer::Stranger, 80, "TCP", false),
         ];
+        let scraper = Peer::Scraper;
+        cases.push((
+            "Prometheus to a node's API",
+            scraper,
+            n,
+            node_port,
+            "TCP",
+            false,
+        ));
+        match metrics_port {
+            Some(port) => cases.extend([
+                (
+                    "Prometheus to a node's metrics",
+                    scraper,
+                    n,
+                    port,
+                    "TCP",
+                    true,
+                ),
+                (
+                    "another pod to a node's metrics",
+                    Peer::Stranger,
+                    n,
+                    port,
+                    "TCP",
+                    false,
+                ),
+                ("a gateway to a node's metrics", g, n, port, "TCP", false),
+                (
+                    "the outside world to a node's metrics",
+                    world,
+                    n,
+                    port,
+                    "TCP",
+                    false,
+                ),
+                (
+                    "Prometheus to a node's other ports",
+                    scraper,
+                    n,
+                    22,
+                    "TCP",
+                    false,
+                ),
+            ]),
+            // Without the component nothing listens there, and nothing may reach it either.
+            None => cases.push((
+                "Prometheus to a node's port 9464",
+                scraper,
+                n,
+                9464,
+                "TCP",
+                false,
+            )),
+        }
         let husk_pods: Vec<&Pods<'_>> = all
             .iter()
             .filter(|p| p.spec.containers.iter().any(husk::is_husk))

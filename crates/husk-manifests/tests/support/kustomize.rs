@@ -275,8 +275,9 @@ fn gather_in(
 /// element of a list), and the field that names an element (the API's patchMergeKey). The
 /// model refuses a patch that reaches into any other list of an object: kustomize replaces
 /// some lists whole and merges others by keys of their own, and the model must not guess.
-const MERGE_KEYS: [(&str, &str); 7] = [
+const MERGE_KEYS: [(&str, &str); 8] = [
     ("spec.template.spec.containers", "name"),
+    ("spec.template.spec.containers[].ports", "containerPort"),
     ("spec.template.spec.initContainers", "name"),
     ("spec.template.spec.volumes", "name"),
     ("spec.template.spec.containers[].env", "name"),

@@ -17,6 +17,8 @@ pub struct Pods<'a> {
     pub owner: String,
     pub selector: &'a LabelSelector,
     pub labels: BTreeMap<String, String>,
+    /// The pod template's annotations.
+    pub annotations: BTreeMap<String, String>,
     pub spec: &'a PodSpec,
     /// Replicas (a DaemonSet: none, one per machine).
     pub replicas: Option<i32>,
@@ -64,6 +66,11 @@ pub fn all(docs: &[Doc]) -> Vec<Pods<'_>> {
                 .metadata
                 .as_ref()
                 .and_then(|m| m.labels.clone())
+                .unwrap_or_default(),
+            annotations: template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.clone())
                 .unwrap_or_default(),
             spec: template
                 .spec
