@@ -21,7 +21,8 @@ use crate::{sys, uidrange};
 
 /// How long a spawner keeps trying the slots of its owner's live kept sandboxes whose lock
 /// another process holds. Those holders let go within milliseconds; only a second server on
-/// the same state directory holds them for good, and then its sandboxes are its own.
+/// the same state directory would hold them for good, and `husk serve` refuses to be one (it
+/// locks the directory first).
 pub(crate) const ADOPT_WAIT: Duration = Duration::from_secs(10);
 
 /// How often those slots are tried.
