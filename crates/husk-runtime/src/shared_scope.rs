@@ -112,14 +112,7 @@ pub(crate) fn delegate(
     linger: Duration,
     from: String,
 ) -> Result<Delegation, SystemdError> {
-    let mut file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(state)
-        .map_err(err("open the state file"))?;
+    let mut file = sys::create_lock_file(state).map_err(err("open the state file"))?;
     lock_within(&file, LOCK_WAIT)?;
     // The lock is the open file's: it ends when `file` is closed, on every path out.
     let mut text = String::new();

@@ -136,16 +136,7 @@ pub fn held_by_legacy(legacy: &Path, slot: u32) -> bool {
 /// `<dir>/<slot>`, created on first use and never removed: a lock file removed while someone
 /// holds it would let the next allocator lock a new file of the same name.
 fn open_lock_file(dir: &Path, slot: u32) -> io::Result<File> {
-    let open = || {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(dir.join(slot.to_string()))
-    };
+    let open = || crate::sys::create_lock_file(&dir.join(slot.to_string()));
     match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::DirBuilder::new()

@@ -15,10 +15,9 @@
 //! The tools that open the directory beside a running server (`husk key`, `husk template
 //! build`, …) do not take it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use husk_runtime::sys;
@@ -56,15 +55,7 @@ impl StateLock {
             dir: dir.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(dir.join(LOCK_FILE))
-            .map_err(io)?;
+        let file = sys::create_lock_file(&dir.join(LOCK_FILE)).map_err(io)?;
         let mut whole = sys::lock_range(libc::F_WRLCK, 0, 0);
         if sys::fcntl_lock(file.as_raw_fd(), libc::F_SETLK, &mut whole).map_err(io)? {
             return Ok(StateLock { _file: file });

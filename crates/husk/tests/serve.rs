@@ -339,16 +339,7 @@ fn the_server_runs_unprivileged_under_its_fences() {
         ("0:5", "unprivileged user"),
         ("ghost-user", "no user"),
     ] {
-        let out = Command::new(HUSK)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--egress",
-                "off",
-                "--state-dir",
-            ])
-            .arg(state.path())
+        let out = serve_command(state.path())
             .args(["--server-user", user])
             .output()
             .unwrap();
@@ -391,18 +382,24 @@ fn spawner_of(server_pid: u32) -> u32 {
     spawners[0]
 }
 
+/// `husk serve` on `state`, on a free loopback port, without egress (a command to add to).
+fn serve_command(state: &std::path::Path) -> Command {
+    let mut cmd = Command::new(HUSK);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--egress",
+        "off",
+        "--state-dir",
+    ])
+    .arg(state);
+    cmd
+}
+
 /// What `husk serve` on `state` printed and how it ended, killed if it still ran after 30 s.
 fn second_server_on(state: &std::path::Path) -> std::process::Output {
-    let mut child = Command::new(HUSK)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--egress",
-            "off",
-            "--state-dir",
-        ])
-        .arg(state)
+    let mut child = serve_command(state)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -18,6 +18,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import subprocess
@@ -146,20 +147,15 @@ def test_each_node_counts_its_own_in_its_metrics(cluster, made):
         )
 
     before = [counts(p) for p in ports]
-    placed: dict = {}
-    sandboxes = []
-    for i in range(6):
-        sbx = create(cluster, made, gateway=i % 2)
-        placed[sbx.sandbox_id[:4]] = placed.get(sbx.sandbox_id[:4], 0) + 1
-        sandboxes.append(sbx)
+    sandboxes = [create(cluster, made, gateway=i % 2) for i in range(6)]
     for sbx in sandboxes[:2]:
         sbx.kill()
-    killed: dict = {}
-    for sbx in sandboxes[:2]:
-        killed[sbx.sandbox_id[:4]] = killed.get(sbx.sandbox_id[:4], 0) + 1
+    # By node: a sandbox id begins with its node's code.
+    placed = Counter(sbx.sandbox_id[:4] for sbx in sandboxes)
+    killed = Counter(sbx.sandbox_id[:4] for sbx in sandboxes[:2])
     for port, code, (new0, killed0) in zip(ports, codes, before):
         new1, killed1 = counts(port)
-        assert (new1 - new0, killed1 - killed0) == (placed.get(code, 0), killed.get(code, 0)), code
+        assert (new1 - new0, killed1 - killed0) == (placed[code], killed[code]), code
     # The node's API stays behind its token; its metrics listener has nothing else.
     r = http_request(ports[0], "GET", "/v2/sandboxes", {"X-API-Key": cluster.admin_key})
     assert r.status == 404, r.text

@@ -162,6 +162,20 @@ pub fn write_file(path: &Path, value: &[u8]) -> io::Result<()> {
     f.write_all(value)
 }
 
+/// Opens the lock file `path` read-write, creating it (0600) if missing, never through a
+/// symlink, closed at exec; its contents are left as they are.
+pub fn create_lock_file(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// A record lock of `kind` (`F_WRLCK`, `F_RDLCK`) over `len` bytes from `start` (`len` 0: to
 /// the end of the file), for [`fcntl_lock`].
 pub fn lock_range(kind: libc::c_int, start: libc::off_t, len: libc::off_t) -> libc::flock {
